@@ -1,0 +1,3 @@
+from gearshift.cli import main
+
+main(prog_name="gearshift")

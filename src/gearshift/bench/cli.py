@@ -1,0 +1,16 @@
+"""`gearshift bench NAME`: each benchmark module exposes a click command named `command`."""
+
+from __future__ import annotations
+
+import click
+
+from gearshift.cli import LazyGroup
+
+BENCHMARKS = {
+    "policy": "gearshift.bench.policy:command",
+}
+
+
+@click.group(cls=LazyGroup, lazy=BENCHMARKS)
+def bench() -> None:
+    """Run a benchmark; every figure comes with a baseline measured in the same run."""

@@ -1,0 +1,120 @@
+"""Dims and gears: how a raw size maps onto a gear set.
+
+A dim's gears are a sorted tuple of distinct positive ints within `[min, max]`.
+A raw value `r` (`min <= r <= max`) runs as:
+
+- `r <= largest gear`: one chunk, the smallest gear >= r (padded to it);
+- `r > largest`, splittable: `r // largest` full largest-gear chunks, plus the
+  remainder mapped to its own gear (when non-zero);
+- `r > largest`, not splittable: eager, no chunk, no padding (counted).
+
+Padded work is the sum of the chunks' gears (`r` itself when eager).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gearshift.errors import ShapeError
+
+Gears = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One dynamic axis kind of a profile.
+
+    `gears` are the initial gears (default: the power-of-two ladder between
+    `min` and `max`, plus `max`); `align` rounds gears the policy adds up to a
+    multiple; `min`/`max` bound both raw values and gears.
+    """
+
+    gears: Sequence[int] | None = None
+    min: int = 1
+    max: int = 8192
+    align: int = 1
+    splittable: bool = False
+    pad_value: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("min", "max", "align"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ShapeError(f"Dim.{name} must be a positive int, got {value!r}")
+        if self.min > self.max:
+            raise ShapeError(f"Dim.min {self.min} exceeds Dim.max {self.max}")
+        if self.gears is not None:
+            gears = normalize_gears(self.gears)
+            if gears[0] < self.min or gears[-1] > self.max:
+                raise ShapeError(f"Dim gears {list(gears)} fall outside [{self.min}, {self.max}]")
+            object.__setattr__(self, "gears", gears)
+
+    @property
+    def initial_gears(self) -> Gears:
+        return self.gears if self.gears is not None else ladder(self.min, self.max)
+
+    def check(self, name: str, raw: int) -> None:
+        """Raise ShapeError unless `raw` is an int within the bounds."""
+        if isinstance(raw, bool) or not isinstance(raw, (int, np.integer)):
+            raise ShapeError(f"{name}={raw!r}: expected an int")
+        if not self.min <= raw <= self.max:
+            raise ShapeError(f"{name}={raw} is outside [{self.min}, {self.max}]")
+
+    def aligned(self, value: int) -> int:
+        """`value` rounded up to a multiple of `align`, clamped to `[min, max]`."""
+        up = -(-int(value) // self.align) * self.align
+        return max(self.min, min(self.max, up))
+
+
+def normalize_gears(gears: Sequence[int]) -> Gears:
+    """Sorted distinct positive ints; ShapeError on anything else or on an empty set."""
+    out = set()
+    for g in gears:
+        if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
+            raise ShapeError(f"gears must be positive ints, got {g!r}")
+        out.add(int(g))
+    if not out:
+        raise ShapeError("a dim needs at least one gear")
+    return tuple(sorted(out))
+
+
+def ladder(low: int, high: int) -> Gears:
+    """Powers of two within `[low, high]`, plus `high` itself."""
+    out = {1 << k for k in range(high.bit_length()) if low <= 1 << k <= high}
+    out.add(high)
+    return tuple(sorted(out))
+
+
+def gear_for(gears: Gears, raw: int) -> int | None:
+    """Smallest gear >= raw, or None when raw exceeds the largest."""
+    i = bisect.bisect_left(gears, raw)
+    return gears[i] if i < len(gears) else None
+
+
+def chunks_for(gears: Gears, raw: int, splittable: bool) -> Gears:
+    """The gear of every chunk `raw` runs as; `()` means eager."""
+    g = gear_for(gears, raw)
+    if g is not None:
+        return (g,)
+    if not splittable:
+        return ()
+    top = gears[-1]
+    full, rest = divmod(raw, top)
+    tail = (gear_for(gears, rest),) if rest else ()
+    return (top,) * full + tail  # type: ignore[return-value]
+
+
+def padded_work(gears: Gears, raw: np.ndarray, splittable: bool) -> np.ndarray:
+    """Vectorised padded work of each raw value (sum of its chunks; raw when eager)."""
+    g = np.asarray(gears, dtype=np.int64)
+    raw = np.asarray(raw, dtype=np.int64)
+    top = g[-1]
+    if splittable:  # raw <= top is the case full == 0 (or full == 1, rest == 0)
+        full, rest = np.divmod(raw, top)
+        tail = g[np.minimum(np.searchsorted(g, rest), len(g) - 1)]
+        return full * top + np.where(rest > 0, tail, 0)
+    return np.where(raw > top, raw, g[np.minimum(np.searchsorted(g, raw), len(g) - 1)])

@@ -1,0 +1,64 @@
+"""Typed exceptions at the library boundary.
+
+Every error a caller can act on is a `GearshiftError`; those caused by bad
+input are also `ValueError`s so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+
+class GearshiftError(Exception):
+    """Base class of every error gearshift raises on purpose."""
+
+
+class ConfigError(GearshiftError, ValueError):
+    """A configuration key is unknown or its value is out of range."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+class ShapeError(GearshiftError, ValueError):
+    """A request shape is invalid: non-positive, over a bound, or an unknown dim."""
+
+
+class TraceError(GearshiftError, ValueError):
+    """A trace file cannot be read: missing, malformed, or out of order."""
+
+
+class NamespaceError(GearshiftError, ValueError):
+    """A namespace name is invalid."""
+
+
+class LayoutError(GearshiftError):
+    """A shared-memory segment has the wrong magic or a layout version we cannot read."""
+
+
+class PayloadError(GearshiftError, ValueError):
+    """A snapshot or mailbox payload is oversized or cannot be decoded within limits."""
+
+
+class ControllerNotFound(GearshiftError):
+    """No live controller serves the namespace."""
+
+
+class ControllerRunning(GearshiftError):
+    """Another live controller already owns the namespace."""
+
+    def __init__(self, namespace: str, pid: int) -> None:
+        super().__init__(f"namespace {namespace!r} is owned by a live controller, pid {pid}")
+        self.namespace = namespace
+        self.pid = pid
+
+
+class ProfileMismatch(GearshiftError, ValueError):
+    """A profile registered under an existing name on the same device differs from it."""
+
+
+class StateError(GearshiftError):
+    """The controller's state file is corrupt or of a newer format."""
+
+
+class BackendUnavailable(GearshiftError):
+    """A graph backend (cuda, npu) is not usable in this process."""
