@@ -1,0 +1,206 @@
+"""Replay a trace through a gear policy in virtual time, as the controller would run it.
+
+The trace is cut at every `check_interval_seconds` after its first event. Events
+of a segment run on the gears in force when it starts and are then folded into
+the per-dim statistics; at the check that ends it, `should_update` (memory
+reading: the last one at or before the check) may trigger a `decide` round
+whose gears apply from the check on. The controller's own clock starts at the
+trace's first event, so the first interval-driven update comes one
+`update_interval_seconds` later. Static policies replay with the same segments
+and never decide.
+
+Gear sets per trace column (`policy_dims`): bounds `[1, P]` with P the smallest
+power of two >= the column's largest value (or the largest given gear, if
+larger); default gears (adaptive, static) = the power-of-two ladder up to P,
+which is also `pow2`; `optimal` = the hindsight-optimal K gears of the column
+(default K: as many as that ladder). `BATCHSIZE` is splittable, other dims not.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from gearshift.config import PolicyConfig
+from gearshift.dims import Dim, Gears, ladder, padded_work
+from gearshift.errors import ShapeError
+from gearshift.optimal import optimal_gears
+from gearshift.trace import Trace
+
+POLICIES = ("adaptive", "static", "pow2", "optimal")
+SPLITTABLE = frozenset({"BATCHSIZE"})
+
+
+@dataclass(frozen=True)
+class Change:
+    """One gear change of a decision round at check time `t`, triggered by `trigger`."""
+
+    t: float
+    trigger: str
+    dim: str
+    gear: int
+    action: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DimResult:
+    """Work and gears of one dim; per-segment arrays align with `SimulationResult.starts`."""
+
+    raw_work: int
+    padded_work: int
+    mean_gears: float
+    split_events: int
+    eager_events: int
+    adds: int
+    evictions: int
+    gears: tuple[Gears, ...]
+    segment_raw: np.ndarray
+    segment_padded: np.ndarray
+
+    @property
+    def padding_overhead(self) -> float:
+        return self.padded_work / self.raw_work - 1.0
+
+    @property
+    def final_gears(self) -> Gears:
+        return self.gears[-1]
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    trace: str
+    events: int
+    duration: float
+    updates: int
+    starts: np.ndarray
+    dims: dict[str, DimResult]
+    changes: tuple[Change, ...]
+
+    def summary(self) -> dict[str, object]:
+        """JSON-ready figures: per dim padding, gears, churn; every change with its reason."""
+        hours = self.duration / 3600.0
+        return {
+            "events": self.events,
+            "updates": self.updates,
+            "dims": {
+                name: {
+                    "padding_overhead": d.padding_overhead,
+                    "mean_gears": d.mean_gears,
+                    "final_gears": list(d.final_gears),
+                    "adds": d.adds,
+                    "evictions": d.evictions,
+                    "split_events": d.split_events,
+                    "eager_events": d.eager_events,
+                    "churn_per_hour": (d.adds + d.evictions) / hours if hours else 0.0,
+                }
+                for name, d in self.dims.items()
+            },
+            "decisions": [vars(c) for c in self.changes],
+        }
+
+
+def policy_dims(
+    trace: Trace,
+    policy: str,
+    gears: Mapping[str, Gears] | None = None,
+    k: Mapping[str, int] | None = None,
+    splittable: Mapping[str, bool] | None = None,
+) -> dict[str, Dim]:
+    """The Dim of every trace column under `policy` (module docstring); ShapeError on misuse."""
+    gears, k, splittable = dict(gears or {}), dict(k or {}), dict(splittable or {})
+    if policy not in POLICIES:
+        raise ShapeError(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
+    for option, given in (("gears", gears), ("k", k), ("splittable", splittable)):
+        unknown = set(given) - set(trace.dims)
+        if unknown:
+            raise ShapeError(
+                f"{option}: unknown dim {', '.join(sorted(unknown))} "
+                f"(the trace has {', '.join(trace.dims)})"
+            )
+    if gears and policy not in ("adaptive", "static"):
+        raise ShapeError(f"gears: not used by policy {policy} (only adaptive, static)")
+    if k and policy != "optimal":
+        raise ShapeError(f"k: only used by policy optimal, not {policy}")
+    out = {}
+    for name, values in trace.dims.items():
+        cover = 1 << (int(values.max()) - 1).bit_length()
+        initial = gears.get(name) or ladder(1, cover)
+        if policy == "optimal":
+            initial = optimal_gears(values, k.get(name, len(ladder(1, cover))))
+        split = splittable.get(name, name in SPLITTABLE)
+        out[name] = Dim(gears=initial, max=max(cover, *initial), splittable=split)
+    return out
+
+
+def simulate(
+    trace: Trace, dims: Mapping[str, Dim], config: PolicyConfig, *, adaptive: bool = True
+) -> SimulationResult:
+    """Replay `trace` (every column a dim of `dims`) through the policy, or static gears."""
+    if adaptive:  # TEMP until policy lands
+        from gearshift.policy import decide, initial_states, should_update
+        from gearshift.stats import DimStats
+
+    t = trace.t
+    start, end = float(t[0]), float(t[-1])
+    checks = start + config.check_interval_seconds * np.arange(
+        1, int((end - start) // config.check_interval_seconds) + 1
+    )
+    cuts = np.r_[0, np.searchsorted(t, checks, side="left"), t.size]
+    starts = np.r_[start, checks]
+    current = {name: dim.initial_gears for name, dim in dims.items()}
+    if adaptive:
+        states = initial_states(dims, start)
+        stats = {name: DimStats(config) for name in dims}
+    gears = {name: [] for name in dims}
+    raw = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
+    padded = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
+    changes: list[Change] = []
+    last_update, updates = start, 0
+    for seg, (lo, hi) in enumerate(itertools.pairwise(cuts)):
+        for name, dim in dims.items():
+            values = trace.dims[name][lo:hi]
+            gears[name].append(current[name])
+            raw[name][seg] = values.sum()
+            padded[name][seg] = padded_work(current[name], values, dim.splittable).sum()
+            if adaptive:
+                stats[name].fold(t[lo:hi], values)
+        if seg == checks.size or not adaptive:
+            continue
+        now = float(checks[seg])
+        mem = None if trace.mem_usage is None or hi == 0 else float(trace.mem_usage[hi - 1])
+        trigger = should_update(last_update, now, mem, config)
+        if trigger is None:
+            continue
+        views = {name: s.view(now) for name, s in stats.items()}
+        decision = decide(dims, states, views, mem, now, config)
+        states, last_update, updates = decision.states, now, updates + 1
+        current = {name: state.gears for name, state in states.items()}
+        changes += [
+            Change(now, trigger, c.dim, c.gear, c.action, c.reason) for c in decision.changes
+        ]
+    weights = np.diff(np.r_[starts, end])
+    dim_results = {}
+    for name, dim in dims.items():
+        values, top = trace.dims[name], np.array([g[-1] for g in gears[name]])
+        over = values > np.repeat(top, np.diff(cuts))
+        counts = np.array([len(g) for g in gears[name]], dtype=np.float64)
+        actions = [c.action for c in changes if c.dim == name]
+        dim_results[name] = DimResult(
+            raw_work=int(raw[name].sum()),
+            padded_work=int(padded[name].sum()),
+            mean_gears=float(np.average(counts, weights=weights)) if end > start else counts[0],
+            split_events=int(over.sum()) if dim.splittable else 0,
+            eager_events=0 if dim.splittable else int(over.sum()),
+            adds=actions.count("add"),
+            evictions=actions.count("evict"),
+            gears=tuple(gears[name]),
+            segment_raw=raw[name],
+            segment_padded=padded[name],
+        )
+    return SimulationResult(
+        trace.name, t.size, end - start, updates, starts, dim_results, tuple(changes)
+    )

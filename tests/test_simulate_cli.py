@@ -1,0 +1,140 @@
+"""`gearshift simulate` through click's CliRunner: output, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gearshift.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
+
+KEYS = {
+    "padding_overhead",
+    "mean_gears",
+    "final_gears",
+    "adds",
+    "evictions",
+    "split_events",
+    "eager_events",
+    "churn_per_hour",
+}
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["simulate", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_json_pow2_on_a_shipped_trace() -> None:
+    code, out, _ = run("azure_code_batched", "--policy", "pow2", "--json")
+    assert code == EXIT_OK
+    data = json.loads(out)
+    assert list(data)[:6] == ["trace", "policy", "events", "updates", "wall_seconds", "dims"]
+    assert (data["trace"], data["policy"], data["events"]) == ("azure_code_batched", "pow2", 3738)
+    assert set(data["dims"]) == {"BATCHSIZE", "SEQLEN"}
+    assert all(set(d) == KEYS for d in data["dims"].values())
+    assert data["dims"]["SEQLEN"]["final_gears"][-1] == 8192
+
+
+def test_optimal_with_k_per_dim_and_for_all() -> None:
+    code, out, _ = run(
+        "azure_code_batched", "--policy", "optimal", "--k", "3", "--k", "SEQLEN=7", "--json"
+    )
+    assert code == EXIT_OK
+    dims = json.loads(out)["dims"]
+    assert len(dims["BATCHSIZE"]["final_gears"]) == 3 and len(dims["SEQLEN"]["final_gears"]) == 7
+
+
+def test_static_table_counts_eager_and_split(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("t,BATCHSIZE,SEQLEN\n0,9,100\n1,3,900\n2,2,300\n")
+    code, out, _ = run(
+        str(trace), "--policy", "static", "--gears", "BATCHSIZE=4", "--gears", "SEQLEN=128,512"
+    )
+    assert code == EXIT_OK
+    header, batch, seq = out.splitlines()[1:]
+    assert header.split()[:3] == ["dim", "padding", "mean"]
+    assert batch.split() == ["BATCHSIZE", "0.4286", "1.00", "0", "0", "0.0", "1", "0", "4"]
+    assert seq.split() == ["SEQLEN", "0.1846", "2.00", "0", "0", "0.0", "0", "1", "128,512"]
+    code, out, _ = run(
+        str(trace),
+        "--policy",
+        "static",
+        "--gears",
+        "SEQLEN=128,512",
+        "--splittable",
+        "SEQLEN=yes",
+        "--splittable",
+        "BATCHSIZE=no",
+    )
+    assert code == EXIT_OK
+    assert out.splitlines()[2].split()[6:8] == ["0", "0"]  # BATCHSIZE: 1..16, covers
+    assert out.splitlines()[3].split()[6:8] == ["1", "0"]
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    out = tmp_path / "p.png"
+    code, _, _ = run("azure_code_batched", "--policy", "pow2", "--plot", str(out))
+    assert code == EXIT_OK
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code, _, err = run("azure_code_batched", "--policy", "pow2", "--plot", str(tmp_path / "p"))
+    assert code == EXIT_ERROR
+    assert err == "error: --plot needs matplotlib: pip install 'gearshift[plot]'\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "message"),
+    [
+        (None, EXIT_ERROR, "trace not found: "),
+        ("t,SEQLEN\n0,1.5\n", EXIT_ERROR, "line 2: SEQLEN=1.5 is not an integer size"),
+        ("t,SEQLEN\n0,-1\n", EXIT_ERROR, "line 2: SEQLEN=-1 is not a positive size"),
+        ("t,SEQLEN\n1,1\n0,1\n", EXIT_ERROR, "line 3: t=0 is earlier than the row before"),
+        ("t,SEQ-LEN\n0,1\n", EXIT_ERROR, "malformed column name 'SEQ-LEN'"),
+    ],
+)
+def test_bad_traces(tmp_path: Path, text: str | None, code: int, message: str) -> None:
+    path = tmp_path / "bad.csv"
+    if text is not None:
+        path.write_text(text)
+    exit_code, out, err = run(str(path), "--policy", "pow2")
+    assert exit_code == code and out == ""
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "nope=1"], "error: nope: unknown key"),
+        (["--set", "window_seconds=-1"], "error: window_seconds: -1.0 is outside"),
+        (["--config", "/nonexistent.toml"], "error: config: file not found: /nonexistent.toml"),
+        (["--gears", "SEQLEN"], "error: --gears: expected DIM=VALUE, got 'SEQLEN'"),
+        (["--gears", "SEQLEN=1,x"], "error: --gears: expected DIM=G1,G2,... of positive ints"),
+        (
+            ["--gears", "SEQLEN=0,4"],
+            "error: --gears: expected DIM=G1,G2,... of positive ints, got SEQLEN=0,4",
+        ),
+        (["--gears", "SEQ=1,2"], "error: gears: unknown dim SEQ (the trace has SEQLEN)"),
+        (["--policy", "pow2", "--gears", "SEQLEN=8"], "error: gears: not used by policy pow2"),
+        (["--policy", "optimal", "--k", "0"], "error: --k: expected a positive int, got '0'"),
+        (["--policy", "optimal", "--k", "X=2"], "error: k: unknown dim X"),
+        (["--splittable", "SEQLEN=maybe"], "error: --splittable: expected DIM=yes|no"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(args: list[str], message: str) -> None:
+    code, out, err = run("azure_code_prefill", *args)
+    assert code == EXIT_USAGE and out == ""
+    assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_help_documents_the_defaults() -> None:
+    result = CliRunner().invoke(main, ["simulate", "--help"])
+    assert result.exit_code == EXIT_OK
+    text = " ".join(result.output.split())
+    assert "Default: yes for BATCHSIZE" in text and "power-of-two ladder" in text
