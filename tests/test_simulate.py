@@ -99,3 +99,55 @@ def test_segments_follow_the_check_interval() -> None:
     assert result.dims["SEQLEN"].segment_raw.tolist() == [3, 12, 48]
     assert result.dims["SEQLEN"].segment_padded.tolist() == [128, 128, 128]
     assert result.duration == 150.5
+
+
+def steady(seconds: int, value: int, mem: list[float] | None = None) -> Trace:
+    """One event per second of `value`, with an optional memory reading per event."""
+    t = np.arange(seconds, dtype=float)
+    return Trace(
+        "steady", t, {"SEQLEN": np.full(seconds, value)}, None if mem is None else np.array(mem)
+    )
+
+
+def test_adaptive_gears_apply_from_the_update_on() -> None:
+    trace = steady(600, 600)  # pads 0.41 on 1024: a pad-driven addition at 600, at t=300
+    result = simulate(trace, {"SEQLEN": Dim(gears=(1024,), max=1024)}, PolicyConfig())
+    d = result.dims["SEQLEN"]
+    assert result.updates == 1 and (d.adds, d.evictions) == (1, 0)
+    assert [(c.t, c.trigger, c.action, c.gear) for c in result.changes] == [
+        (300.0, "interval", "add", 600)
+    ]
+    assert "pad-driven" in result.changes[0].reason
+    assert d.final_gears == (600, 1024)
+    assert d.padded_work == 300 * 1024 + 300 * 600
+    assert d.mean_gears == pytest.approx((300 * 1 + 299 * 2) / 599)
+    churn = result.summary()["dims"]["SEQLEN"]["churn_per_hour"]
+    assert churn == pytest.approx(3600 / 599)
+
+
+def test_virtual_time_starts_at_the_first_event() -> None:
+    shifted = steady(600, 600)
+    shifted = Trace("late", shifted.t + 0.1, shifted.dims)
+    result = simulate(shifted, {"SEQLEN": Dim(gears=(1024,), max=1024)}, PolicyConfig())
+    assert [c.t for c in result.changes] == [300.0] and result.starts[1] == 60.0
+
+
+@pytest.mark.parametrize(("high_at", "updates"), [(59, 1), (60, 0)])
+def test_memory_reading_before_the_check_triggers_early(high_at: int, updates: int) -> None:
+    mem = [0.95 if s == high_at else 0.5 for s in range(200)]
+    result = simulate(
+        steady(200, 600, mem), {"SEQLEN": Dim(gears=(1024,), max=1024)}, PolicyConfig()
+    )
+    assert result.updates == updates
+    assert result.dims["SEQLEN"].adds == 0  # under pressure an addition must replace an eviction
+
+
+def test_adaptive_on_a_shipped_trace_is_deterministic() -> None:
+    trace = load_trace("azure_code_decode")
+    dims = policy_dims(trace, "adaptive")
+    first, second = (simulate(trace, dims, PolicyConfig()) for _ in range(2))
+    assert first.summary() == second.summary()
+    assert first.updates == int(trace.duration // 300)
+    d = first.dims["BATCHSIZE"]
+    assert d.adds == sum(c.action == "add" for c in first.changes)
+    assert len(d.gears) == first.starts.size and d.raw_work == trace.dims["BATCHSIZE"].sum()

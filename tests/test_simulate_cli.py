@@ -39,6 +39,21 @@ def test_json_pow2_on_a_shipped_trace() -> None:
     assert data["dims"]["SEQLEN"]["final_gears"][-1] == 8192
 
 
+def test_adaptive_json_lists_every_decision_with_its_reason(tmp_path: Path) -> None:
+    config = tmp_path / "policy.toml"
+    config.write_text("[policy]\nupdate_interval_seconds = 120.0\n")
+    code, out, _ = run("azure_code_prefill", "--json", "--config", str(config))
+    assert code == EXIT_OK
+    data = json.loads(out)
+    assert data["policy"] == "adaptive" and data["updates"] == 28  # 3436 s // 120 s
+    dim = data["dims"]["SEQLEN"]
+    assert set(dim) == KEYS and dim["adds"] + dim["evictions"] > 0
+    decisions = data["decisions"]
+    assert sum(d["action"] == "add" for d in decisions) == dim["adds"]
+    assert all(set(d) == {"t", "trigger", "dim", "gear", "action", "reason"} for d in decisions)
+    assert all(d["t"] % 120 == 0 and d["reason"] for d in decisions)
+
+
 def test_optimal_with_k_per_dim_and_for_all() -> None:
     code, out, _ = run(
         "azure_code_batched", "--policy", "optimal", "--k", "3", "--k", "SEQLEN=7", "--json"

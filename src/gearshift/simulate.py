@@ -1,13 +1,13 @@
 """Replay a trace through a gear policy in virtual time, as the controller would run it.
 
-The trace is cut at every `check_interval_seconds` after its first event. Events
-of a segment run on the gears in force when it starts and are then folded into
-the per-dim statistics; at the check that ends it, `should_update` (memory
-reading: the last one at or before the check) may trigger a `decide` round
-whose gears apply from the check on. The controller's own clock starts at the
-trace's first event, so the first interval-driven update comes one
-`update_interval_seconds` later. Static policies replay with the same segments
-and never decide.
+Virtual time is seconds since the trace's first event, when the controller
+starts (so checks at exact multiples of `check_interval_seconds` and the first
+interval-driven update one `update_interval_seconds` in). Events of each segment
+between two checks run on the gears in force when it starts and are then folded
+into the per-dim statistics; at the check that ends it, `should_update` (memory
+reading: the last one before the check) may trigger a `decide` round whose
+gears apply from the check on. Static policies replay the same segments and
+never decide.
 
 Gear sets per trace column (`policy_dims`): bounds `[1, P]` with P the smallest
 power of two >= the column's largest value (or the largest given gear, if
@@ -28,6 +28,8 @@ from gearshift.config import PolicyConfig
 from gearshift.dims import Dim, Gears, ladder, padded_work
 from gearshift.errors import ShapeError
 from gearshift.optimal import optimal_gears
+from gearshift.policy import decide, initial_states, should_update
+from gearshift.stats import DimStats
 from gearshift.trace import Trace
 
 POLICIES = ("adaptive", "static", "pow2", "optimal")
@@ -72,6 +74,9 @@ class DimResult:
 
 @dataclass(frozen=True)
 class SimulationResult:
+    """One replay: `starts` are the segments' start times (seconds since the first event),
+    `updates` the decision rounds run, `changes` every change they made, with its reason."""
+
     trace: str
     events: int
     duration: float
@@ -140,26 +145,21 @@ def simulate(
     trace: Trace, dims: Mapping[str, Dim], config: PolicyConfig, *, adaptive: bool = True
 ) -> SimulationResult:
     """Replay `trace` (every column a dim of `dims`) through the policy, or static gears."""
-    if adaptive:  # TEMP until policy lands
-        from gearshift.policy import decide, initial_states, should_update
-        from gearshift.stats import DimStats
-
-    t = trace.t
-    start, end = float(t[0]), float(t[-1])
-    checks = start + config.check_interval_seconds * np.arange(
-        1, int((end - start) // config.check_interval_seconds) + 1
-    )
+    t = trace.t - trace.t[0]
+    end = float(t[-1])
+    interval = config.check_interval_seconds
+    checks = interval * np.arange(1, int(end // interval) + 1)
     cuts = np.r_[0, np.searchsorted(t, checks, side="left"), t.size]
-    starts = np.r_[start, checks]
+    starts = np.r_[0.0, checks]
     current = {name: dim.initial_gears for name, dim in dims.items()}
     if adaptive:
-        states = initial_states(dims, start)
+        states = initial_states(dims, 0.0)
         stats = {name: DimStats(config) for name in dims}
     gears = {name: [] for name in dims}
     raw = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
     padded = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
     changes: list[Change] = []
-    last_update, updates = start, 0
+    last_update, updates = 0.0, 0
     for seg, (lo, hi) in enumerate(itertools.pairwise(cuts)):
         for name, dim in dims.items():
             values = trace.dims[name][lo:hi]
@@ -182,25 +182,45 @@ def simulate(
         changes += [
             Change(now, trigger, c.dim, c.gear, c.action, c.reason) for c in decision.changes
         ]
-    weights = np.diff(np.r_[starts, end])
-    dim_results = {}
-    for name, dim in dims.items():
-        values, top = trace.dims[name], np.array([g[-1] for g in gears[name]])
-        over = values > np.repeat(top, np.diff(cuts))
-        counts = np.array([len(g) for g in gears[name]], dtype=np.float64)
-        actions = [c.action for c in changes if c.dim == name]
-        dim_results[name] = DimResult(
-            raw_work=int(raw[name].sum()),
-            padded_work=int(padded[name].sum()),
-            mean_gears=float(np.average(counts, weights=weights)) if end > start else counts[0],
-            split_events=int(over.sum()) if dim.splittable else 0,
-            eager_events=0 if dim.splittable else int(over.sum()),
-            adds=actions.count("add"),
-            evictions=actions.count("evict"),
-            gears=tuple(gears[name]),
-            segment_raw=raw[name],
-            segment_padded=padded[name],
+    weights = np.diff(np.r_[starts, end]) if end > 0 else np.ones(starts.size)
+    sizes = np.diff(cuts)
+    dim_results = {
+        name: _dim_result(
+            trace.dims[name],
+            dim,
+            tuple(gears[name]),
+            sizes,
+            weights,
+            raw[name],
+            padded[name],
+            [c.action for c in changes if c.dim == name],
         )
-    return SimulationResult(
-        trace.name, t.size, end - start, updates, starts, dim_results, tuple(changes)
+        for name, dim in dims.items()
+    }
+    return SimulationResult(trace.name, t.size, end, updates, starts, dim_results, tuple(changes))
+
+
+def _dim_result(
+    values: np.ndarray,
+    dim: Dim,
+    gears: tuple[Gears, ...],
+    sizes: np.ndarray,
+    weights: np.ndarray,
+    raw: np.ndarray,
+    padded: np.ndarray,
+    actions: list[str],
+) -> DimResult:
+    """Totals of one dim from its per-segment gears (`sizes` events each) and work."""
+    over = int((values > np.repeat([g[-1] for g in gears], sizes)).sum())
+    return DimResult(
+        raw_work=int(raw.sum()),
+        padded_work=int(padded.sum()),
+        mean_gears=float(np.average([len(g) for g in gears], weights=weights)),
+        split_events=over if dim.splittable else 0,
+        eager_events=0 if dim.splittable else over,
+        adds=actions.count("add"),
+        evictions=actions.count("evict"),
+        gears=gears,
+        segment_raw=raw,
+        segment_padded=padded,
     )
