@@ -1,0 +1,66 @@
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+from gearshift.config import PolicyConfig
+from gearshift.controller import state
+from gearshift.controller.state import DeviceState, ProfileState
+from gearshift.dims import Dim
+from gearshift.errors import StateError
+
+CONFIG = PolicyConfig()
+
+
+def _devices(now: float) -> dict[int, DeviceState]:
+    dims = {"BATCHSIZE": Dim(gears=[1, 8, 64], splittable=True), "SEQLEN": Dim(max=4096, align=16)}
+    profile = ProfileState.new(dims, now, CONFIG)
+    profile.stats["SEQLEN"].fold(np.array([now - 1.0, now]), np.array([700, 900]))
+    return {0: DeviceState(version=7, last_update=now - 5, profiles={"decode": profile})}
+
+
+def test_round_trip_keeps_gears_times_stats_and_version(tmp_path: Path) -> None:
+    state.save(tmp_path, _devices(100.0))
+    back = state.load(tmp_path, 200.0, CONFIG)
+    profile = back[0].profiles["decode"]
+    assert back[0].version == 7 and back[0].last_update == 95.0
+    assert profile.gears() == {"BATCHSIZE": [1, 8, 64], "SEQLEN": list(Dim(max=4096).initial_gears)}
+    assert profile.states["BATCHSIZE"].created == {1: 100.0, 8: 100.0, 64: 100.0}
+    assert profile.dims["SEQLEN"].align == 16 and profile.dims["BATCHSIZE"].splittable
+    assert profile.stats["SEQLEN"].view(100.0).counts.tolist() == [1, 1]
+    assert [p.name for p in tmp_path.iterdir()] == [state.STATE_FILE]  # no temp file left
+
+
+def test_missing_file_is_a_fresh_start(tmp_path: Path) -> None:
+    assert state.load(tmp_path, 0.0, CONFIG) == {}
+
+
+def test_other_boot_keeps_gears_with_fresh_protection(tmp_path: Path) -> None:
+    data = msgpack.unpackb(state.encode(_devices(100.0)), strict_map_key=False)
+    data["boot_id"] = "another-boot"
+    back = state.decode(msgpack.packb(data), 5.0, CONFIG)
+    profile = back[0].profiles["decode"]
+    assert back[0].version == 7 and back[0].last_update is None
+    assert profile.states["BATCHSIZE"].created == {1: 5.0, 8: 5.0, 64: 5.0}
+    assert profile.stats["SEQLEN"].view(5.0).total_count == 0
+
+
+def test_changed_time_settings_restart_stats_only(tmp_path: Path) -> None:
+    state.save(tmp_path, _devices(100.0))
+    back = state.load(tmp_path, 100.0, PolicyConfig(window_seconds=600.0))
+    assert back[0].profiles["decode"].stats["SEQLEN"].view(100.0).total_count == 0
+    assert back[0].profiles["decode"].gears()["BATCHSIZE"] == [1, 8, 64]
+
+
+@pytest.mark.parametrize("blob, message", [
+    (b"\xc1garbage", "corrupt state"),
+    (msgpack.packb({"format": 99, "boot_id": "", "devices": {}}), "newer"),
+    (msgpack.packb({"format": 1, "boot_id": "", "devices": {"0": {"version": 1}}}), "corrupt"),
+])
+def test_bad_files_raise_state_error_naming_the_file(tmp_path: Path, blob: bytes,
+                                                     message: str) -> None:
+    (tmp_path / state.STATE_FILE).write_bytes(blob)
+    with pytest.raises(StateError, match=message) as info:
+        state.load(tmp_path, 0.0, CONFIG)
+    assert state.STATE_FILE in str(info.value)
