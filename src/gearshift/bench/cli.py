@@ -7,6 +7,7 @@ import click
 from gearshift.cli import LazyGroup
 
 BENCHMARKS = {
+    "optimal": "gearshift.bench.optimal:command",
     "policy": "gearshift.bench.policy:command",
 }
 

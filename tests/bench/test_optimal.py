@@ -1,0 +1,30 @@
+"""`gearshift bench optimal` runs, agrees with the quadratic DP, and reports its keys."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from gearshift.bench.optimal import command, quadratic_cost
+
+
+def test_quadratic_baseline_is_the_optimum_of_a_tiny_case() -> None:
+    # {2, 3, 10} with one gear per value pads nothing; two gears: {3, 10} pads 1 on value 2.
+    assert quadratic_cost(np.array([10, 2, 3]), np.ones(3), 3) == pytest.approx(15)
+    assert quadratic_cost(np.array([10, 2, 3]), np.ones(3), 2) == pytest.approx(16)
+    assert quadratic_cost(np.array([10, 2, 3]), np.ones(3), 1) == pytest.approx(30)
+
+
+def test_bench_reports_json() -> None:
+    result = CliRunner().invoke(
+        command, ["--values", "300", "--baseline-values", "100", "--k", "5", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["values"] == 300 and data["baseline_values"] == 100
+    assert (
+        data["speedup_at_baseline"] == data["quadratic_ms_at_baseline"] / data["dp_ms_at_baseline"]
+    )
