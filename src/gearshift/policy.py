@@ -1,0 +1,265 @@
+"""The gear policy of seed 000 §4–§8, §10: a pure function of state, statistics, memory, time.
+
+One round per profile: each dim is decided on its own (§10). Per dim, against the gears at
+the start of the round: at most one eviction (§6), then additions at the median of the raw
+samples behind too much padding or splitting (§7), limited by the per-dim cap and, under
+memory pressure, by the evictions of the round (§8). No clock, I/O, threads or torch here;
+choices where the seed is ambiguous are in docs/policy.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gearshift.config import PolicyConfig
+from gearshift.dims import Dim, Gears
+from gearshift.stats import Histogram
+
+
+@dataclass(frozen=True)
+class DimState:
+    """Gears of one dim, when each was added, and protections set by the replacement-loss rule."""
+
+    gears: Gears
+    created: Mapping[int, float]
+    protected_until: Mapping[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GearChange:
+    dim: str
+    gear: int
+    action: str  # "add" | "evict" | "protect"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    states: dict[str, DimState]
+    changes: tuple[GearChange, ...]
+
+    @property
+    def changed(self) -> bool:
+        """Whether any gear was added or evicted (a protection alone changes no gear)."""
+        return any(c.action != "protect" for c in self.changes)
+
+
+@dataclass(frozen=True)
+class GearStat:
+    """One gear's window statistics against a gear set (seed 000 §4–§5).
+
+    A pad sample maps to the gear without split; a split sample exceeds the largest gear and
+    counts on it. Averages share one denominator (all of the gear's samples), as in §4.
+    Medians are unweighted (each event in the window once); a candidate is its median rounded
+    up and aligned by the dim. `replace_loss` is None for the largest gear (never evicted).
+    """
+
+    gear: int
+    hit_rate: float
+    avg_pad: float
+    avg_split: float
+    pad_sample_count: int
+    split_sample_count: int
+    pad_median: float | None
+    split_median: float | None
+    pad_candidate: int | None
+    split_candidate: int | None
+    last_hit: float | None
+    replace_loss: float | None
+    score: float
+
+    @property
+    def sample_count(self) -> int:
+        return self.pad_sample_count + self.split_sample_count
+
+
+def initial_states(dims: Mapping[str, Dim], now: float) -> dict[str, DimState]:
+    """Every dim at its initial gears, created at `now`."""
+    return {name: DimState(dim.initial_gears, dict.fromkeys(dim.initial_gears, now))
+            for name, dim in dims.items()}
+
+
+def memory_pressure(memory_usage: float | None, config: PolicyConfig) -> bool:
+    """Usage at or over the threshold; never when either is None (§8)."""
+    limit = config.device_memory_usage_threshold_ratio
+    return memory_usage is not None and limit is not None and memory_usage >= limit
+
+
+def should_update(last_update: float | None, now: float, memory_usage: float | None,
+                  config: PolicyConfig) -> str | None:
+    """Why a round is due now: "interval" (never run, or the interval elapsed), "memory"
+    (pressure, before the interval), or None."""
+    if last_update is None or now - last_update >= config.update_interval_seconds:
+        return "interval"
+    return "memory" if memory_pressure(memory_usage, config) else None
+
+
+def gear_stats(gears: Gears, hist: Histogram, dim: Dim,
+               config: PolicyConfig | None = None) -> tuple[GearStat, ...]:
+    """Per-gear statistics of `hist` against `gears` (sorted), scored with `config`'s weights.
+
+    Cost grows with the distinct values and the gears, never with the number of events.
+    Splittable and non-splittable dims count the same way (DESIGN.md §2); `dim` aligns the
+    addition candidates.
+    """
+    config = config or PolicyConfig()
+    g = np.asarray(gears, np.int64)
+    n = len(g)
+    v, w, c = hist.values, hist.weights, hist.counts
+    block = np.searchsorted(g, v)  # gear index of a pad sample; n marks a split sample
+    split = block == n
+    gear_of = np.minimum(block, n - 1)
+    pad = np.where(split, 0.0, (g[gear_of] - v) / g[gear_of])
+    spl = np.where(split, (v - g[-1]) / v, 0.0)
+    weight = np.bincount(gear_of, w, n)
+    safe = np.where(weight > 0, weight, 1.0)
+    avg_pad = np.bincount(gear_of, w * pad, n) / safe
+    avg_split = np.bincount(gear_of, w * spl, n) / safe
+    total = weight.sum()
+    hit = weight / total if total > 0 else np.zeros(n)
+    score = config.w_h * hit - config.w_p * avg_pad - config.w_sp * avg_split
+    counts = np.bincount(block, c, n + 1).astype(np.int64)  # pad samples per gear, then split
+    medians = _block_medians(v, c, block, n + 1)
+    last = np.full(n, -np.inf)
+    np.maximum.at(last, gear_of, hist.last_seen)
+    # Without gear i (< n-1), its samples pad up to gear i+1, the best remaining gear.
+    nxt = g[np.minimum(block + 1, n - 1)]
+    loss = np.bincount(block, np.where(block < n - 1, w * (nxt - v) / nxt, 0.0), n + 1)[:n] / safe
+    return tuple(
+        GearStat(gear=int(g[i]), hit_rate=float(hit[i]), avg_pad=float(avg_pad[i]),
+                 avg_split=float(avg_split[i]), pad_sample_count=int(counts[i]),
+                 split_sample_count=int(counts[n]) if i == n - 1 else 0,
+                 pad_median=_opt(medians[i]), split_median=_opt(medians[n]) if i == n - 1 else None,
+                 pad_candidate=_aligned(dim, medians[i]),
+                 split_candidate=_aligned(dim, medians[n]) if i == n - 1 else None,
+                 last_hit=_opt(last[i]), replace_loss=float(loss[i]) if i < n - 1 else None,
+                 score=float(score[i]))
+        for i in range(n))
+
+
+def _block_medians(v: np.ndarray, c: np.ndarray, block: np.ndarray, blocks: int) -> np.ndarray:
+    """Median of the samples of each block (v sorted, so blocks are contiguous): the mean of
+    the two middle samples when their number is even, as `statistics.median`; NaN if empty."""
+    if not len(v):
+        return np.full(blocks, np.nan)
+    cum = np.concatenate(([0], np.cumsum(c)))
+    ids = np.arange(blocks)
+    start = cum[np.searchsorted(block, ids, "left")]
+    size = cum[np.searchsorted(block, ids, "right")] - start
+    lo = np.minimum(np.searchsorted(cum, start + (size - 1) // 2, "right") - 1, len(v) - 1)
+    hi = np.minimum(np.searchsorted(cum, start + size // 2, "right") - 1, len(v) - 1)
+    return np.where(size > 0, (v[lo] + v[hi]) / 2, np.nan)
+
+
+def _opt(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _aligned(dim: Dim, median: float) -> int | None:
+    return dim.aligned(math.ceil(median)) if math.isfinite(median) else None
+
+
+def decide(dims: Mapping[str, Dim], states: Mapping[str, DimState],
+           stats: Mapping[str, Histogram], memory_usage: float | None, now: float,
+           config: PolicyConfig) -> Decision:
+    """One decision round for one profile; dims are decided independently (seed 000 §10)."""
+    pressure = memory_pressure(memory_usage, config)
+    new_states: dict[str, DimState] = {}
+    changes: list[GearChange] = []
+    for name, dim in dims.items():
+        state = states[name]
+        table = gear_stats(state.gears, stats.get(name, Histogram.empty()), dim, config)
+        out = _eviction(name, state, table, now, config)
+        evicted = [c.gear for c in out if c.action == "evict"]
+        budget = len(evicted) if pressure else math.inf
+        note = (f"; replaces an eviction under memory pressure {memory_usage:.2f} >= "
+                f"{config.device_memory_usage_threshold_ratio}" if pressure else "")
+        count = len(state.gears) - len(evicted)
+        out += _additions(name, state.gears, count, table, budget, note, config)
+        new_states[name] = _apply(state, out, now, config)
+        changes += out
+    return Decision(new_states, tuple(changes))
+
+
+def _eviction(name: str, state: DimState, table: tuple[GearStat, ...], now: float,
+              config: PolicyConfig) -> list[GearChange]:
+    """At most one eviction (§6): filters, then zero-use first, then the lowest score; a
+    replacement loss over the threshold blocks it and extends the gear's protection."""
+    if len(state.gears) <= config.min_gear_count_per_type:
+        return []
+    candidates = [s for s in table[:-1] if not _protected(s, state, now, config)]
+    if not candidates:
+        return []
+    # Zero-use first, then the lowest score; ties: the larger gear (frees more memory).
+    s = min(candidates, key=lambda s: (s.sample_count > 0, s.score, -s.gear))
+    assert s.replace_loss is not None  # the largest gear is never a candidate
+    if s.replace_loss > config.replace_loss_threshold:
+        until = now + config.recent_use_protect_seconds
+        return [GearChange(name, s.gear, "protect", (
+            f"eviction blocked: replacement loss {s.replace_loss:.2f} > "
+            f"{config.replace_loss_threshold} (score {s.score:.3f}); protected until {until:g}"))]
+    why = ("no use in the window" if s.sample_count == 0 else
+           f"lowest score {s.score:.3f} (hit {s.hit_rate:.3f}, pad {s.avg_pad:.2f}, "
+           f"split {s.avg_split:.2f}, {s.sample_count} samples)")
+    return [GearChange(name, s.gear, "evict", f"{why}; replacement loss {s.replace_loss:.2f} "
+                       f"<= {config.replace_loss_threshold}")]
+
+
+def _protected(s: GearStat, state: DimState, now: float, config: PolicyConfig) -> bool:
+    """Recent use or creation (`now − max(created, last hit) < recent_use_protect_seconds`),
+    or a protection set by the replacement-loss rule."""
+    hit = s.last_hit if s.last_hit is not None else -math.inf
+    used = max(state.created.get(s.gear, -math.inf), hit)
+    return (now - used < config.recent_use_protect_seconds
+            or now < state.protected_until.get(s.gear, -math.inf))
+
+
+def _additions(name: str, gears: Gears, count: int, table: tuple[GearStat, ...],
+               budget: float, note: str, config: PolicyConfig) -> list[GearChange]:
+    """Pad- and split-driven candidates (§7), in pressure order, without exact duplicates,
+    within the per-dim cap (`count` gears are left after evictions) and the budget."""
+    found = []  # (pressure, samples, candidate, reason)
+    for s in table:
+        if s.pad_sample_count >= config.add_min_samples and s.avg_pad >= config.pad_add_threshold:
+            found.append(_candidate(s, "pad", s.avg_pad, config.pad_add_threshold,
+                                    s.pad_sample_count, s.pad_median, s.pad_candidate))
+        if (s.split_sample_count >= config.add_min_samples
+                and s.avg_split >= config.split_add_threshold):
+            found.append(_candidate(s, "split", s.avg_split, config.split_add_threshold,
+                                    s.split_sample_count, s.split_median, s.split_candidate))
+    found.sort(key=lambda f: (-f[0], -f[1], f[2]))
+    taken: set[int] = set(gears)
+    out: list[GearChange] = []
+    for _, _, gear, reason in found:
+        if gear in taken:
+            continue
+        if len(out) >= budget or count + len(out) >= config.max_gears_per_type:
+            break
+        taken.add(gear)
+        out.append(GearChange(name, gear, "add", reason + note))
+    return out
+
+
+def _candidate(s: GearStat, kind: str, avg: float, threshold: float, samples: int,
+               median: float | None, gear: int | None) -> tuple[float, int, int, str]:
+    assert median is not None and gear is not None  # samples >= add_min_samples >= 1
+    where = "largest gear" if kind == "split" else "gear"
+    reason = (f"{kind}-driven from {where} {s.gear}: avg_{kind} {avg:.2f} >= {threshold} over "
+              f"{samples} {kind} samples, median {median:g}")
+    return avg - threshold, samples, gear, reason if gear == median else f"{reason} -> {gear}"
+
+
+def _apply(state: DimState, changes: list[GearChange], now: float,
+           config: PolicyConfig) -> DimState:
+    evicted = {c.gear for c in changes if c.action == "evict"}
+    added = {c.gear for c in changes if c.action == "add"}
+    gears = tuple(sorted(set(state.gears) - evicted | added))
+    created = {g: t for g, t in state.created.items() if g in gears} | dict.fromkeys(added, now)
+    protected = {g: t for g, t in state.protected_until.items() if g in gears and t > now}
+    protected |= {c.gear: now + config.recent_use_protect_seconds
+                  for c in changes if c.action == "protect"}
+    return DimState(gears, created, protected)

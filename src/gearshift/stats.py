@@ -1,0 +1,169 @@
+"""Decayed per-raw-value histograms of one (profile, dim), in time slices (DESIGN.md §3).
+
+An event at `t` folds into slice `k = floor(t / slice_seconds)` as `exp(λ·(t − k·slice))`;
+a read at `now` scales slice k by `exp(−λ·(now − k·slice))`, so every event weighs exactly
+`exp(−λ·(now − t))`, λ = ln 2 / half-life. A slice counts while it may hold an event inside
+the window, `(k + 1)·slice > now − window`: the hard window is exact to one slice (events at
+most `slice_seconds` older than the window may still count, none inside it is lost).
+
+Storage is a ring of `ceil(window / slice) + 1` slice rows × the distinct values seen in the
+live slices, never the events; columns no live slice uses are dropped when a row is recycled.
+Pure: no clock; times are whatever clock the caller uses for `now`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gearshift.config import PolicyConfig
+from gearshift.errors import ShapeError, StateError
+
+_NO_SLICE = np.iinfo(np.int64).min
+_STATE_KEYS = ("window_seconds", "half_life_seconds", "slice_seconds")
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Decayed per-raw-value statistics of one (profile, dim) at a given `now`.
+
+    `values` are sorted and distinct; `weights[i]` is the sum of `exp(−λ·(now − t_e))` over
+    the events of `values[i]` inside the window, `counts[i]` their number (> 0), and
+    `last_seen[i]` the latest of their times.
+    """
+
+    values: np.ndarray
+    weights: np.ndarray
+    counts: np.ndarray
+    last_seen: np.ndarray
+
+    @staticmethod
+    def empty() -> Histogram:
+        return Histogram(np.empty(0, np.int64), np.empty(0), np.empty(0, np.int64), np.empty(0))
+
+    @property
+    def total_weight(self) -> float:
+        return float(self.weights.sum())
+
+    @property
+    def total_count(self) -> int:
+        return int(self.counts.sum())
+
+
+class DimStats:
+    """Decayed histogram of one (profile, dim)'s raw values in time slices.
+
+    Memory is bounded by slices × distinct values, never by the number of events.
+    """
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self._params = {k: float(getattr(config, k)) for k in _STATE_KEYS}
+        self._slice = config.slice_seconds
+        self._window = config.window_seconds
+        self._lam = math.log(2) / config.half_life_seconds
+        rows = math.ceil(self._window / self._slice) + 1
+        self._keys = np.full(rows, _NO_SLICE, np.int64)  # slice index held by each row
+        self._values = np.empty(0, np.int64)  # distinct values, sorted (the columns)
+        self._acc = np.zeros((rows, 0))  # Σ exp(λ·(t − k·slice)) per (row, value)
+        self._cnt = np.zeros((rows, 0), np.int64)
+        self._last = np.empty(0)  # latest event time per value
+
+    def fold(self, times: np.ndarray, values: np.ndarray) -> None:
+        """Add one batch of events (float64 seconds, int64 raw sizes), in any order.
+
+        Events older than the ring (a full window behind the newest slice) are ignored.
+        """
+        t = np.asarray(times, np.float64)
+        v = np.asarray(values, np.int64)
+        if t.ndim != 1 or t.shape != v.shape:
+            raise ShapeError(f"fold needs two 1-D arrays of one length, got {t.shape} {v.shape}")
+        if not len(t):
+            return
+        k = np.floor(t / self._slice).astype(np.int64)
+        lowest = max(int(k.max()), int(self._keys.max())) - len(self._keys) + 1
+        if int(k.min()) < lowest:
+            keep = k >= lowest
+            t, v, k = t[keep], v[keep], k[keep]
+            if not len(t):
+                return
+        slices = [(kk, k == kk) for kk in range(int(k.min()), int(k.max()) + 1)]
+        rows = [(self._claim(kk), m) for kk, m in slices if m.any()]
+        self._add_columns(v)
+        col = np.searchsorted(self._values, v)
+        width = len(self._values)
+        e = np.exp(self._lam * (t - k * self._slice))
+        for row, m in rows:
+            c, w = (col, e) if len(rows) == 1 else (col[m], e[m])
+            self._acc[row] += np.bincount(c, weights=w, minlength=width)
+            self._cnt[row] += np.bincount(c, minlength=width)
+        np.maximum.at(self._last, col, t)
+
+    def view(self, now: float) -> Histogram:
+        """The histogram at `now`: slices older than the window left out, decayed exactly."""
+        live = (self._keys.astype(np.float64) + 1) * self._slice > now - self._window
+        live &= self._keys != _NO_SLICE
+        scale = np.exp(-self._lam * (now - self._keys[live] * self._slice))
+        counts = self._cnt[live].sum(axis=0)
+        seen = counts > 0
+        weights = scale @ self._acc[live]
+        return Histogram(self._values[seen], weights[seen], counts[seen], self._last[seen])
+
+    def _claim(self, k: int) -> int:
+        """The row of slice k; recycling a row drops its old slice and unused columns."""
+        row = k % len(self._keys)
+        if self._keys[row] != k:
+            self._keys[row] = k
+            self._acc[row] = 0.0
+            self._cnt[row] = 0
+            used = self._cnt.any(axis=0)
+            if not used.all():
+                self._values, self._last = self._values[used], self._last[used]
+                self._acc, self._cnt = self._acc[:, used], self._cnt[:, used]
+        return row
+
+    def _add_columns(self, v: np.ndarray) -> None:
+        col = np.minimum(np.searchsorted(self._values, v), max(len(self._values) - 1, 0))
+        known = self._values[col] == v if len(self._values) else np.zeros(len(v), bool)
+        if known.all():
+            return
+        merged = np.union1d(self._values, v[~known])
+        old = np.searchsorted(merged, self._values)
+        acc = np.zeros((len(self._keys), len(merged)))
+        cnt = np.zeros((len(self._keys), len(merged)), np.int64)
+        last = np.full(len(merged), -np.inf)
+        acc[:, old], cnt[:, old], last[old] = self._acc, self._cnt, self._last
+        self._values, self._acc, self._cnt, self._last = merged, acc, cnt, last
+
+    def to_state(self) -> dict[str, Any]:
+        """A msgpack-able dict of the whole histogram (little-endian arrays as bytes)."""
+        return {**self._params, "keys": self._keys.astype("<i8").tobytes(),
+                "values": self._values.astype("<i8").tobytes(),
+                "acc": self._acc.astype("<f8").tobytes(), "cnt": self._cnt.astype("<i8").tobytes(),
+                "last": self._last.astype("<f8").tobytes()}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], config: PolicyConfig) -> DimStats:
+        """Restore `to_state()`; StateError when malformed or saved under other time settings."""
+        stats = cls(config)
+        try:
+            for key in _STATE_KEYS:
+                if float(state[key]) != stats._params[key]:
+                    raise StateError(f"stats saved with {key}={state[key]}, config has "
+                                     f"{stats._params[key]}")
+            rows = len(stats._keys)
+            keys = np.frombuffer(state["keys"], "<i8").astype(np.int64)
+            values = np.frombuffer(state["values"], "<i8").astype(np.int64)
+            shape = (rows, len(values))
+            acc = np.frombuffer(state["acc"], "<f8").astype(np.float64).reshape(shape)
+            cnt = np.frombuffer(state["cnt"], "<i8").astype(np.int64).reshape(shape)
+            last = np.frombuffer(state["last"], "<f8").astype(np.float64)
+        except (KeyError, TypeError, ValueError) as e:
+            raise StateError(f"malformed stats state: {e}") from None
+        if len(keys) != rows or len(last) != len(values):
+            raise StateError("malformed stats state: array sizes disagree")
+        stats._keys, stats._values, stats._acc, stats._cnt, stats._last = (
+            keys, values, acc, cnt, last)
+        return stats

@@ -1,0 +1,133 @@
+"""DimStats: exact decay, hard window, bounded memory, persistence."""
+
+from __future__ import annotations
+
+import math
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gearshift.config import PolicyConfig
+from gearshift.errors import ShapeError, StateError
+from gearshift.stats import DimStats, Histogram
+
+CFG = PolicyConfig()  # window 300 s, half-life 150 s, slices of 10 s
+LAM = math.log(2) / CFG.half_life_seconds
+
+
+def direct(times: np.ndarray, values: np.ndarray, now: float, since: float) -> dict:
+    """value -> (decayed weight, count, last seen) over events at or after `since`, by a loop."""
+    out: dict = {}
+    for t, v in zip(times.tolist(), values.tolist(), strict=True):
+        if t >= since:
+            w, c, last = out.get(v, (0.0, 0, -math.inf))
+            out[v] = (w + math.exp(-LAM * (now - t)), c + 1, max(last, t))
+    return out
+
+
+def as_dict(h: Histogram) -> dict:
+    return {int(v): (float(w), int(c), float(t))
+            for v, w, c, t in zip(h.values, h.weights, h.counts, h.last_seen, strict=True)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1000), st.integers(1, 50)), min_size=1, max_size=300),
+       st.integers(1, 4), st.floats(0, 400))
+def test_decay_is_exact_against_a_direct_sum(events, batches, ahead):
+    """Any order, any batching: weights equal the direct sum over the live slices' events."""
+    times = np.array([t for t, _ in events])
+    values = np.array([v for _, v in events], np.int64)
+    stats = DimStats(CFG)
+    for part in np.array_split(np.arange(len(times)), batches):
+        stats.fold(times[part], values[part])
+    now = float(times.max()) + ahead
+    # the window edge rounded down to a slice: the documented bound of the hard window
+    edge = math.floor((now - CFG.window_seconds) / CFG.slice_seconds) * CFG.slice_seconds
+    newest_slice = math.floor(times.max() / CFG.slice_seconds)
+    ring = (newest_slice - math.ceil(CFG.window_seconds / CFG.slice_seconds)) * CFG.slice_seconds
+    want = direct(times, values, now, since=max(edge, ring))
+    got = as_dict(stats.view(now))
+    assert got.keys() == want.keys()
+    for v, (w, c, last) in want.items():
+        assert got[v][0] == pytest.approx(w, rel=1e-12)
+        assert got[v][1:] == (c, last)
+
+
+def test_view_is_sorted_and_totals_add_up():
+    stats = DimStats(CFG)
+    stats.fold(np.array([5.0, 1.0, 3.0, 2.0]), np.array([30, 10, 30, 20]))
+    h = stats.view(5.0)
+    assert h.values.tolist() == [10, 20, 30]
+    assert h.counts.tolist() == [1, 1, 2]
+    assert h.total_count == 4
+    assert h.total_weight == pytest.approx(sum(math.exp(-LAM * (5 - t)) for t in (5, 1, 3, 2)))
+
+
+@pytest.mark.parametrize(("event", "now", "counted"), [
+    (0.0, 299.9, True),    # inside the window
+    (0.0, 305.0, True),    # 5 s past it, but in the slice [0, 10) that straddles the edge
+    (0.0, 310.0, False),   # the whole slice is older than the window
+    (95.0, 394.0, True),
+    (95.0, 400.0, False),  # slice [90, 100) ends at the edge
+])
+def test_hard_window_drops_slices_wholly_older_than_the_window(event, now, counted):
+    stats = DimStats(CFG)
+    stats.fold(np.array([event]), np.array([7]))
+    assert (stats.view(now).total_count == 1) is counted
+
+
+def test_events_a_full_ring_behind_the_newest_are_ignored():
+    stats = DimStats(CFG)
+    stats.fold(np.array([1000.0]), np.array([5]))
+    stats.fold(np.array([10.0, 999.0]), np.array([6, 5]))
+    assert as_dict(stats.view(1000.0)).keys() == {5}
+    assert stats.view(1000.0).total_count == 2
+
+
+def test_memory_is_bounded_by_distinct_values_not_events():
+    stats = DimStats(CFG)
+    rng = np.random.default_rng(1)
+    for step in range(200):  # 200 batches over 2000 s, 10 distinct values per 300 s era
+        t = np.sort(rng.uniform(step * 10, step * 10 + 10, 5000))
+        era = step * 10 // 300
+        stats.fold(t, rng.integers(era * 10, era * 10 + 10, 5000))
+    state = stats.to_state()
+    columns = len(state["values"]) // 8
+    assert columns <= 20  # the live era and at most the one before it, never 200 x 5000 events
+    assert len(state["acc"]) == columns * 31 * 8
+    assert set(stats.view(2000.0).values.tolist()) == set(range(50, 70))  # t >= 1700
+
+
+def test_state_round_trips_through_msgpack():
+    stats = DimStats(CFG)
+    stats.fold(np.array([1.0, 2.0, 30.0]), np.array([4, 9, 4]))
+    packed = msgpack.packb(stats.to_state())
+    back = DimStats.from_state(msgpack.unpackb(packed), CFG)
+    assert as_dict(back.view(40.0)) == as_dict(stats.view(40.0))
+    back.fold(np.array([41.0]), np.array([9]))
+    assert back.view(41.0).counts.tolist() == [2, 2]
+
+
+@pytest.mark.parametrize(("state", "message"), [
+    ({"half_life_seconds": 60.0}, "half_life_seconds"),
+    ({"acc": b"\0" * 3}, "malformed"),
+    ({"keys": None}, "malformed"),
+])
+def test_bad_state_is_a_state_error(state, message):
+    stats = DimStats(CFG)
+    stats.fold(np.array([1.0]), np.array([4]))
+    with pytest.raises(StateError, match=message):
+        DimStats.from_state({**stats.to_state(), **state}, CFG)
+
+
+def test_fold_rejects_mismatched_arrays():
+    with pytest.raises(ShapeError):
+        DimStats(CFG).fold(np.array([1.0, 2.0]), np.array([3]))
+
+
+def test_empty_histogram():
+    assert DimStats(CFG).view(0.0).total_count == 0
+    assert Histogram.empty().total_weight == 0.0
