@@ -115,7 +115,7 @@ def simulate(
         }
         click.echo(json.dumps({**head, **summary}))
     else:
-        click.echo(_table(result, policy, wall))
+        click.echo(_table(result, summary["dims"], policy, wall))
     if plot:
         _plot(result, plot)
 
@@ -166,14 +166,14 @@ def _split(items: Iterable[str]) -> dict[str, bool]:
     return out
 
 
-def _table(result: replay.SimulationResult, policy: str, wall: float) -> str:
+def _table(result: replay.SimulationResult, dims: dict, policy: str, wall: float) -> str:
     lines = [
         f"{result.trace}: {policy}, {result.events} events over {result.duration / 60:.1f} min, "
         f"{result.updates} updates, {len(result.changes)} changes, {wall:.2f} s",
         f"{'dim':<12}{'padding':>9}{'mean gears':>12}{'adds':>6}{'evicts':>8}{'churn/h':>9}"
         f"{'split':>7}{'eager':>7}  final gears",
     ]
-    for name, d in result.summary()["dims"].items():  # type: ignore[union-attr]
+    for name, d in dims.items():
         lines.append(
             f"{name:<12}{d['padding_overhead']:>9.4f}{d['mean_gears']:>12.2f}{d['adds']:>6}"
             f"{d['evictions']:>8}{d['churn_per_hour']:>9.1f}{d['split_events']:>7}"
