@@ -1,0 +1,142 @@
+"""The adaptive runner: variants over N dims, routing to ready variants, release via the pool."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import gearshift as gs
+from gearshift.client.backends import CpuBackend
+from gearshift.client.pool import GraphResourcePool
+
+H = 4
+torch.manual_seed(0)
+LAYER = torch.nn.Linear(H, H)
+
+
+@torch.no_grad()
+def model(x: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(LAYER(x)) * mask.unsqueeze(-1) * scale
+
+
+def make(s_splittable: bool = False) -> gs.AdaptiveRunner:
+    dims = {
+        "BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=64, splittable=True),
+        "SEQLEN": gs.Dim(gears=[8, 16], max=64, splittable=s_splittable),
+    }
+    transform = gs.Transform(
+        model, dims, inputs={"x": ("B", "S", None), "mask": ("B", "S"), "scale": (None,)}
+    )
+    return gs.AdaptiveRunner(transform, call(1, 1), pool=GraphResourcePool(CpuBackend()))
+
+
+def call(b: int, s: int) -> dict[str, torch.Tensor]:
+    return {"x": torch.randn(b, s, H), "mask": torch.ones(b, s), "scale": torch.rand(H) + 0.5}
+
+
+def all_variants(r: gs.AdaptiveRunner) -> list[dict[str, int]]:
+    return [{"BATCHSIZE": b, "SEQLEN": s} for b in r.gears["BATCHSIZE"] for s in r.gears["SEQLEN"]]
+
+
+def check(r: gs.AdaptiveRunner, b: int, s: int) -> None:
+    t = call(b, s)
+    torch.testing.assert_close(r.run(t), model(**t))
+
+
+def test_capture_then_replay_equals_eager_and_never_captures() -> None:
+    r = make()
+    assert r.capture(all_variants(r)) == 6 and r.capture(all_variants(r)) == 0
+    assert r.ready() == [(1, 8), (1, 16), (2, 8), (2, 16), (4, 8), (4, 16)]
+    assert len(r.pool) == 6 and r.stats["captures"] == 6
+    graphs = {g: id(r._variants[g].graph) for g in r.ready()}
+    for b, s in [(1, 1), (3, 9), (4, 16), (2, 5), (11, 7)]:  # 11 = 4 + 4 + 3: three replays
+        check(r, b, s)
+    assert r.stats == {"replays": 7, "eager": 0, "captures": 6}
+    assert {g: id(r._variants[g].graph) for g in r.ready()} == graphs
+
+
+def test_results_do_not_alias_graph_outputs() -> None:
+    r = make()
+    r.capture(all_variants(r))
+    t1, t2 = call(2, 8), call(2, 8)
+    y1 = r.run(t1)
+    r.run(t2)
+    torch.testing.assert_close(y1, model(**t1))
+
+
+def test_not_ready_variant_routes_to_smallest_ready_cover_else_eager() -> None:
+    r = make()
+    r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16}])
+    check(r, 1, 3)  # (1, 8) not ready: runs on (2, 16), the smallest that covers it
+    assert r.stats == {"replays": 1, "eager": 0, "captures": 2}
+    assert r._variants[2, 16].inputs["mask"][1].eq(0).all()  # padding row filled
+    r.release("BATCHSIZE", 4)
+    r.release("BATCHSIZE", 2)
+    check(r, 3, 3)  # nothing ready: eager chunk
+    assert r.stats["eager"] == 1 and r.stats["replays"] == 1
+
+
+def test_non_splittable_overflow_runs_eager() -> None:
+    r = make()
+    r.capture(all_variants(r))
+    check(r, 2, 17)
+    assert r.stats == {"replays": 0, "eager": 1, "captures": 6}
+
+
+def test_two_split_dims() -> None:
+    r = make(s_splittable=True)
+    r.capture(all_variants(r))
+    check(r, 6, 40)  # B: 4 + 2, S: 16 + 16 + 8
+    assert r.stats["replays"] == 6
+
+
+def test_release_frees_every_variant_of_a_gear_once() -> None:
+    r = make()
+    r.capture(all_variants(r))
+    assert r.release("SEQLEN", 8) == 3
+    assert r.ready() == [(1, 16), (2, 16), (4, 16)] and len(r.pool) == 3
+    assert r.release("BATCHSIZE", 1) == 1  # (1, 8) already went with SEQLEN 8
+    assert r.release("BATCHSIZE", 1) == 0
+    assert r.ready() == [(2, 16), (4, 16)]
+    check(r, 1, 8)  # runs on (2, 16)
+    assert r.stats["replays"] == 1
+    with pytest.raises(gs.ShapeError, match="unknown dim 'HEADS'"):
+        r.release("HEADS", 1)
+
+
+def test_new_larger_gear_grows_the_buffers() -> None:
+    r = make()
+    r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}])
+    old = r._variants[4, 16].inputs["x"]
+    r.gears = {"BATCHSIZE": (1, 2, 4, 8), "SEQLEN": (8, 16, 32)}
+    r.capture([{"BATCHSIZE": 8, "SEQLEN": 32}])
+    assert r._variants[8, 32].inputs["x"].shape == (8, 32, H)
+    assert r._variants[4, 16].inputs["x"] is old  # the old variant keeps its buffers
+    for b, s in [(7, 30), (3, 16), (4, 10)]:
+        check(r, b, s)
+    assert r.stats["replays"] == 3
+
+
+def test_bad_variants_and_static_axes() -> None:
+    r = make()
+    with pytest.raises(gs.ShapeError, match="one gear per dim"):
+        r.capture([{"BATCHSIZE": 4}])
+    with pytest.raises(gs.ShapeError, match="SEQLEN=65 is outside"):
+        r.capture([{"BATCHSIZE": 4, "SEQLEN": 65}])
+    bad = call(2, 8) | {"scale": torch.ones(H + 1)}
+    with pytest.raises(gs.ShapeError, match="scale axis 0 is 5; the graphs were built for 4"):
+        r.run(bad)
+
+
+def test_capture_on_a_warm_up_thread_while_serving() -> None:
+    r = make()
+    r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}])
+    warm_up = threading.Thread(target=r.capture, args=(all_variants(r),))
+    warm_up.start()
+    for i in range(40):
+        check(r, 1 + i % 9, 1 + i % 16)
+    warm_up.join(timeout=30)
+    assert not warm_up.is_alive() and len(r.ready()) == 6
+    assert r.stats["eager"] == 0 and r.stats["replays"] >= 40

@@ -1,0 +1,177 @@
+"""Transform/recover: padded, chunked execution equals eager execution; bindings are checked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gearshift as gs
+from gearshift.client.transform import Span, Transform
+
+H = 8
+torch.manual_seed(0)
+LAYER = torch.nn.Linear(H, H)
+
+
+@torch.no_grad()
+def rowwise(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(LAYER(x)) * 2 + 1
+
+
+@torch.no_grad()
+def masked(x: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    y = torch.tanh(LAYER(x)) * mask.unsqueeze(-1)
+    return {"y": y, "pooled": y.sum(1)}
+
+
+def dims2(s_splittable: bool) -> dict[str, gs.Dim]:
+    return {
+        "BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=12, splittable=True),
+        "SEQLEN": gs.Dim(gears=[4, 8, 16], max=40, splittable=s_splittable, pad_value=0.0),
+    }
+
+
+def inputs(b: int, s: int) -> dict[str, torch.Tensor]:
+    return {"x": torch.randn(b, s, H), "mask": (torch.rand(b, s) > 0.3).float()}
+
+
+ONE = Transform(
+    rowwise,
+    {"BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8], max=40, splittable=True)},
+    inputs={"x": ("B", None)},
+)
+TWO = Transform(masked, dims2(False), inputs={"x": ("B", "S", None), "mask": ("B", "S")})
+TWO_SPLIT = Transform(
+    lambda x, mask: masked(x, mask)["y"],
+    dims2(True),
+    inputs={"x": ("B", "S", None), "mask": ("B", "S")},
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 40))
+def test_one_dim_equals_eager(b: int) -> None:
+    x = torch.randn(b, H)
+    torch.testing.assert_close(ONE({"x": x}), rowwise(x))
+    assert ONE.outputs == [("BATCHSIZE", None)]  # found by symbolic tracing
+
+
+def test_one_dim_plan_splits_over_the_largest_gear() -> None:
+    plan = ONE.plan({"BATCHSIZE": 19})
+    assert plan is not None
+    assert plan.spans["BATCHSIZE"] == (Span(0, 8, 8), Span(8, 8, 8), Span(16, 3, 4))
+    assert ONE.plan({"BATCHSIZE": 3}).spans["BATCHSIZE"] == (Span(0, 3, 4),)  # type: ignore[union-attr]
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 12), s=st.integers(1, 40))
+def test_two_dims_equals_eager_with_eager_overflow(b: int, s: int) -> None:
+    t = inputs(b, s)
+    got, want = TWO(t), masked(**t)
+    torch.testing.assert_close(got, want)
+    assert (TWO.plan({"BATCHSIZE": b, "SEQLEN": s}) is None) == (s > 16)  # SEQLEN not splittable
+    assert TWO.outputs == [("BATCHSIZE", "SEQLEN", None), ("BATCHSIZE", None)]  # y, pooled
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 12), s=st.integers(1, 40))
+def test_two_dims_both_split_equals_eager(b: int, s: int) -> None:
+    t = inputs(b, s)
+    torch.testing.assert_close(TWO_SPLIT(t), masked(**t)["y"])
+
+
+def test_gears_can_be_given_per_call() -> None:
+    t = inputs(5, 9)
+    plan = TWO.plan({"BATCHSIZE": 5, "SEQLEN": 9}, {"BATCHSIZE": (3, 6), "SEQLEN": (10,)})
+    assert plan is not None and [c["BATCHSIZE"].gear for c in plan.chunks()] == [6]
+    torch.testing.assert_close(TWO(t, {"BATCHSIZE": (3, 6), "SEQLEN": (10,)}), masked(**t))
+
+
+def test_transform_pads_each_axis_with_its_pad_value() -> None:
+    dims = {"BATCHSIZE": gs.Dim(gears=[4], max=4), "SEQLEN": gs.Dim(gears=[3], max=3, pad_value=-1)}
+    t = Transform(lambda x: x, dims, inputs={"x": ("S", "B")})
+    x = torch.ones(2, 3)  # S=2, B=3
+    chunk = t.plan(t.check({"x": x})).chunks()[0]  # type: ignore[union-attr]
+    padded = t.transform({"x": x}, chunk)["x"]
+    # S (axis 0) pads a whole row with -1, then B (axis 1) a whole column with 0: the last wins
+    assert padded.tolist() == [[1, 1, 1, 0], [1, 1, 1, 0], [-1, -1, -1, 0]]
+
+
+def test_declared_outputs_skip_tracing() -> None:
+    def data_dependent(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if bool(x.abs().sum() >= 0) else x
+
+    dims = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=9, splittable=True)}
+    with pytest.raises(gs.ShapeError, match="declare outputs"):
+        Transform(data_dependent, dims, inputs={"x": ("B", None)})({"x": torch.ones(3, 2)})
+    t = Transform(data_dependent, dims, inputs={"x": ("B", None)}, outputs=("B", None))
+    x = torch.randn(9, 2)
+    torch.testing.assert_close(t({"x": x}), x * 2)
+
+
+def test_output_axis_that_is_not_one_symbol_must_be_declared() -> None:
+    t = Transform(lambda x: x.reshape(-1), {"BATCHSIZE": gs.Dim(max=8)}, inputs={"x": ("B", None)})
+    with pytest.raises(gs.ShapeError, match="not one dim's: declare outputs"):
+        t({"x": torch.ones(3, 2)})
+
+
+def test_join_needs_the_split_axis_in_every_output() -> None:
+    t = Transform(masked, dims2(True), inputs={"x": ("B", "S", None), "mask": ("B", "S")})
+    with pytest.raises(gs.ShapeError, match="output 1 has no SEQLEN axis"):
+        t(inputs(2, 20))  # SEQLEN splits, but "pooled" summed it away
+
+
+@pytest.mark.parametrize(
+    ("tensors", "match"),
+    [
+        ({"x": torch.ones(0, 3, H), "mask": torch.ones(0, 3)}, r"x axis 0: BATCHSIZE=0 is outside"),
+        (
+            {"x": torch.ones(13, 3, H), "mask": torch.ones(13, 3)},
+            r"BATCHSIZE=13 is outside \[1, 12\]",
+        ),
+        (
+            {"x": torch.ones(2, 3, H), "mask": torch.ones(4, 3)},
+            r"mask axis 0 \(BATCHSIZE\) is 4, but x",
+        ),
+        ({"x": torch.ones(2, 3, H), "mask": torch.ones(2, 5)}, r"mask axis 1 \(SEQLEN\) is 5"),
+        ({"x": torch.ones(2, 3), "mask": torch.ones(2, 3)}, r"x: expected 3 axes"),
+        ({"x": torch.ones(2, 3, H)}, r"expected inputs \['mask', 'x'\]"),
+    ],
+)
+def test_bad_tensors_are_clear_errors(tensors: dict[str, torch.Tensor], match: str) -> None:
+    with pytest.raises(gs.ShapeError, match=match):
+        TWO.check(tensors)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "match"),
+    [
+        ({"BATCHSIZE": -1, "SEQLEN": 3}, r"BATCHSIZE=-1 is outside"),
+        ({"BATCHSIZE": 0, "SEQLEN": 3}, r"BATCHSIZE=0 is outside"),
+        ({"BATCHSIZE": 2, "SEQLEN": 41}, r"SEQLEN=41 is outside \[1, 40\]"),
+        ({"BATCHSIZE": 2, "SEQLEN": 3, "HEADS": 1}, r"unknown dim\(s\) \['HEADS'\]"),
+        ({"BATCHSIZE": 2}, r"missing a size for dim SEQLEN"),
+    ],
+)
+def test_bad_sizes_are_clear_errors(sizes: dict[str, int], match: str) -> None:
+    with pytest.raises(gs.ShapeError, match=match):
+        TWO.plan(sizes)
+
+
+def test_bad_bindings_are_clear_errors() -> None:
+    dims = dims2(False)
+    with pytest.raises(gs.ShapeError, match="unknown symbol 'T'"):
+        Transform(masked, dims, inputs={"x": ("B", "T", None)})
+    with pytest.raises(gs.ShapeError, match="unknown dim 'HEADS'"):
+        Transform(masked, dims, inputs={"x": ("B", "S")}, symbols={"B": "HEADS"})
+    with pytest.raises(gs.ShapeError, match=r"no input axis carries dim\(s\) \['SEQLEN'\]"):
+        Transform(masked, dims, inputs={"x": ("B", None, None)})
+    custom = Transform(
+        masked,
+        dims,
+        inputs={"x": ("b", "s", None), "mask": ("b", "s")},
+        symbols={"b": "BATCHSIZE", "s": "SEQLEN"},
+    )
+    assert custom.inputs["mask"] == ("BATCHSIZE", "SEQLEN")
