@@ -22,6 +22,15 @@ def test_cpu_graph_replays_on_the_static_buffers() -> None:
     assert graph.outputs is None
 
 
+def test_cpu_graph_runs_without_autograd() -> None:
+    layer = torch.nn.Linear(2, 2)
+    static = torch.zeros(3, 2)
+    graph = CpuBackend().graph(lambda: layer(static))
+    assert not graph.capture().requires_grad
+    graph.replay()
+    assert graph.outputs.grad_fn is None
+
+
 def test_cpu_memory_reading_is_configurable() -> None:
     backend = CpuBackend()
     free, total = backend.mem_get_info()

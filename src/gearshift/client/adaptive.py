@@ -66,13 +66,11 @@ class AdaptiveRunner:
         self.index = KeyGearIndex()
         self.gears: dict[str, Gears] = {d: s.initial_gears for d, s in transform.dims.items()}
         self.stats = {"replays": 0, "eager": 0, "captures": 0}
-        self._static = {
-            n: (
-                tuple(None if d else s for d, s in zip(axes, example[n].shape, strict=True)),
-                example[n].dtype,
-            )
+        self._shapes = {  # per input: its static sizes, None on bound axes
+            n: tuple(None if d else s for d, s in zip(axes, example[n].shape, strict=True))
             for n, axes in transform.inputs.items()
         }
+        self._dtypes = {n: example[n].dtype for n in transform.bound}
         self._unbound = {
             n: example[n].clone() for n in transform.inputs if n not in transform.bound
         }
@@ -162,18 +160,12 @@ class AdaptiveRunner:
 
     def _allocate(self, caps: Variant) -> dict[str, torch.Tensor]:
         at = dict(zip(self.names, caps, strict=True))
-        return {
-            n: torch.zeros(
-                [
-                    at[d] if s is None else s
-                    for d, s in zip(self.transform.inputs[n], shape, strict=True)
-                ],
-                dtype=dtype,
-                device=self.device,
-            )
-            for n, (shape, dtype) in self._static.items()
-            if n in self.transform.bound
-        }
+        buffers = {}
+        for name, dtype in self._dtypes.items():
+            axes = zip(self.transform.inputs[name], self._shapes[name], strict=True)
+            shape = [at[d] if s is None else s for d, s in axes]
+            buffers[name] = torch.zeros(shape, dtype=dtype, device=self.device)
+        return buffers
 
     def _views(self, gears: Variant) -> dict[str, torch.Tensor]:
         if any(map(operator.gt, gears, self._caps)):
@@ -189,7 +181,7 @@ class AdaptiveRunner:
         return views
 
     def _check_static(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        for name, (shape, _) in self._static.items():
+        for name, shape in self._shapes.items():
             for axis, size in enumerate(shape):
                 if size is not None and tensors[name].shape[axis] != size:
                     raise ShapeError(

@@ -4,6 +4,7 @@ A backend makes graphs of a zero-argument function and reads device memory.
 `Graph.capture()` runs the function once and keeps what it returned as
 `outputs`; every `replay()` rewrites those same tensors from the inputs the
 function closes over (static buffers), exactly as a device graph does.
+Graphs are for inference: captures and replays run without autograd.
 """
 
 from __future__ import annotations
@@ -49,11 +50,13 @@ class CpuGraph:
         self.fn: Callable[[], Any] | None = fn
         self.outputs: Any = None
 
+    @torch.no_grad()
     def capture(self) -> Any:
         assert self.fn is not None, "capture after reset"
         self.outputs = self.fn()
         return self.outputs
 
+    @torch.no_grad()
     def replay(self) -> None:
         assert self.fn is not None, "replay after reset"
         for dst, src in zip(tree_leaves(self.outputs), tree_leaves(self.fn()), strict=True):
@@ -98,6 +101,7 @@ class DeviceGraph:
         self.graph = backend.graph_cls()
         self.outputs: Any = None
 
+    @torch.no_grad()
     def capture(self) -> Any:
         assert self.fn is not None, "capture after reset"
         mod, index = self.backend.module, self.backend.index
