@@ -140,3 +140,21 @@ def test_capture_on_a_warm_up_thread_while_serving() -> None:
     warm_up.join(timeout=30)
     assert not warm_up.is_alive() and len(r.ready()) == 6
     assert r.stats["eager"] == 0 and r.stats["replays"] >= 40
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_variants_match_eager() -> None:
+    layer = torch.nn.Linear(H, H).cuda()
+
+    @torch.no_grad()
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(layer(x))
+
+    dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=64, splittable=True)}
+    transform = gs.Transform(f, dims, inputs={"x": ("B", None)})
+    r = gs.AdaptiveRunner(transform, {"x": torch.ones(1, H, device="cuda")})
+    r.capture([{"BATCHSIZE": g} for g in (1, 2, 4)])
+    for b in (1, 3, 4, 9):
+        x = torch.randn(b, H, device="cuda")
+        torch.testing.assert_close(r.run({"x": x}), f(x))
+    assert r.stats["eager"] == 0 and r.release("BATCHSIZE", 4) == 1
