@@ -7,7 +7,8 @@ the window, `(k + 1)·slice > now − window`: the hard window is exact to one s
 most `slice_seconds` older than the window may still count, none inside it is lost).
 
 Storage is a ring of `ceil(window / slice) + 1` slice rows × the distinct values seen in the
-live slices, never the events; columns no live slice uses are dropped when a row is recycled.
+ring's slices (columns, grown by doubling), never the events; columns no slice uses any more
+are dropped when a row is recycled.
 Pure: no clock; times are whatever clock the caller uses for `now`.
 """
 
@@ -64,12 +65,14 @@ class DimStats:
         self._slice = config.slice_seconds
         self._window = config.window_seconds
         self._lam = math.log(2) / config.half_life_seconds
-        rows = math.ceil(self._window / self._slice) + 1
-        self._keys = np.full(rows, _NO_SLICE, np.int64)  # slice index held by each row
-        self._values = np.empty(0, np.int64)  # distinct values, sorted (the columns)
-        self._acc = np.zeros((rows, 0))  # Σ exp(λ·(t − k·slice)) per (row, value)
-        self._cnt = np.zeros((rows, 0), np.int64)
-        self._last = np.empty(0)  # latest event time per value
+        self._keys = np.full(math.ceil(self._window / self._slice) + 1, _NO_SLICE, np.int64)
+        # Columns 0..n-1 in the order values first came; spare capacity beyond n is zero.
+        self._n = 0
+        self._values = np.empty(0, np.int64)
+        self._acc = np.zeros((len(self._keys), 0))  # Σ exp(λ·(t − k·slice)) per (row, column)
+        self._cnt = np.zeros((len(self._keys), 0), np.int64)
+        self._last = np.empty(0)  # latest event time per column
+        self._reindex()
 
     def fold(self, times: np.ndarray, values: np.ndarray) -> None:
         """Add one batch of events (float64 seconds, int64 raw sizes), in any order.
@@ -91,14 +94,13 @@ class DimStats:
                 return
         slices = [(kk, k == kk) for kk in range(int(k.min()), int(k.max()) + 1)]
         rows = [(self._claim(kk), m) for kk, m in slices if m.any()]
-        self._add_columns(v)
-        col = np.searchsorted(self._values, v)
-        width = len(self._values)
+        col = self._columns(v)  # after the claims: recycling a row may drop columns
         e = np.exp(self._lam * (t - k * self._slice))
+        n = self._n
         for row, m in rows:
             c, w = (col, e) if len(rows) == 1 else (col[m], e[m])
-            self._acc[row] += np.bincount(c, weights=w, minlength=width)
-            self._cnt[row] += np.bincount(c, minlength=width)
+            self._acc[row, :n] += np.bincount(c, weights=w, minlength=n)
+            self._cnt[row, :n] += np.bincount(c, minlength=n)
         np.maximum.at(self._last, col, t)
 
     def view(self, now: float) -> Histogram:
@@ -106,43 +108,65 @@ class DimStats:
         live = (self._keys.astype(np.float64) + 1) * self._slice > now - self._window
         live &= self._keys != _NO_SLICE
         scale = np.exp(-self._lam * (now - self._keys[live] * self._slice))
-        counts = self._cnt[live].sum(axis=0)
-        seen = counts > 0
-        weights = scale @ self._acc[live]
-        return Histogram(self._values[seen], weights[seen], counts[seen], self._last[seen])
+        n = self._n
+        counts = self._cnt[live, :n].sum(axis=0)
+        weights = scale @ self._acc[live, :n]
+        cols = self._order[counts[self._order] > 0]  # seen in the window, by value
+        return Histogram(self._values[cols], weights[cols], counts[cols], self._last[cols])
 
     def _claim(self, k: int) -> int:
-        """The row of slice k; recycling a row drops its old slice and unused columns."""
+        """The row of slice k; recycling a row drops its old slice and the columns no row uses."""
         row = k % len(self._keys)
         if self._keys[row] != k:
             self._keys[row] = k
             self._acc[row] = 0.0
             self._cnt[row] = 0
-            used = self._cnt.any(axis=0)
-            if not used.all():
-                self._values, self._last = self._values[used], self._last[used]
-                self._acc, self._cnt = self._acc[:, used], self._cnt[:, used]
+            used = np.flatnonzero(self._cnt[:, :self._n].any(axis=0))
+            if len(used) < self._n:  # shrink when a quarter or less of the capacity is used
+                cap = len(self._values)
+                self._resize(used, 2 * len(used) if 4 * len(used) <= cap else cap)
         return row
 
-    def _add_columns(self, v: np.ndarray) -> None:
-        col = np.minimum(np.searchsorted(self._values, v), max(len(self._values) - 1, 0))
-        known = self._values[col] == v if len(self._values) else np.zeros(len(v), bool)
-        if known.all():
-            return
-        merged = np.union1d(self._values, v[~known])
-        old = np.searchsorted(merged, self._values)
-        acc = np.zeros((len(self._keys), len(merged)))
-        cnt = np.zeros((len(self._keys), len(merged)), np.int64)
-        last = np.full(len(merged), -np.inf)
-        acc[:, old], cnt[:, old], last[old] = self._acc, self._cnt, self._last
-        self._values, self._acc, self._cnt, self._last = merged, acc, cnt, last
+    def _columns(self, v: np.ndarray) -> np.ndarray:
+        """The column of each value, adding columns for values not seen yet."""
+        pos = np.searchsorted(self._sorted, v)
+        known = pos < self._n
+        known[known] = self._sorted[pos[known]] == v[known]
+        if not known.all():
+            new = np.unique(v[~known])
+            n = self._n
+            if n + len(new) > len(self._values):
+                self._resize(np.arange(n), max(2 * len(self._values), n + len(new)))
+            self._values[n:n + len(new)] = new
+            self._n = n + len(new)
+            self._reindex()
+            pos = np.searchsorted(self._sorted, v)
+        return self._order[pos]
+
+    def _resize(self, keep: np.ndarray, capacity: int) -> None:
+        """Keep columns `keep` (in order) as the first ones, within `capacity` columns."""
+        values = np.zeros(capacity, np.int64)
+        acc = np.zeros((len(self._keys), capacity))
+        cnt = np.zeros((len(self._keys), capacity), np.int64)
+        last = np.full(capacity, -np.inf)
+        m = len(keep)
+        values[:m], acc[:, :m], cnt[:, :m], last[:m] = (
+            self._values[keep], self._acc[:, keep], self._cnt[:, keep], self._last[keep])
+        self._values, self._acc, self._cnt, self._last, self._n = values, acc, cnt, last, m
+        self._reindex()
+
+    def _reindex(self) -> None:
+        self._order = np.argsort(self._values[:self._n])  # columns by value
+        self._sorted = self._values[self._order]
 
     def to_state(self) -> dict[str, Any]:
         """A msgpack-able dict of the whole histogram (little-endian arrays as bytes)."""
+        n = self._n
         return {**self._params, "keys": self._keys.astype("<i8").tobytes(),
-                "values": self._values.astype("<i8").tobytes(),
-                "acc": self._acc.astype("<f8").tobytes(), "cnt": self._cnt.astype("<i8").tobytes(),
-                "last": self._last.astype("<f8").tobytes()}
+                "values": self._values[:n].astype("<i8").tobytes(),
+                "acc": self._acc[:, :n].astype("<f8").tobytes(),
+                "cnt": self._cnt[:, :n].astype("<i8").tobytes(),
+                "last": self._last[:n].astype("<f8").tobytes()}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], config: PolicyConfig) -> DimStats:
@@ -166,4 +190,6 @@ class DimStats:
             raise StateError("malformed stats state: array sizes disagree")
         stats._keys, stats._values, stats._acc, stats._cnt, stats._last = (
             keys, values, acc, cnt, last)
+        stats._n = len(values)
+        stats._reindex()
         return stats

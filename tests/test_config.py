@@ -1,0 +1,116 @@
+"""PolicyConfig: seed defaults, validation naming the key, TOML and KEY=VALUE overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from gearshift.config import PolicyConfig, from_mapping, load_policy_config, parse_overrides
+from gearshift.errors import ConfigError
+
+
+def test_seed_defaults():
+    c = PolicyConfig()
+    assert (c.window_seconds, c.half_life_seconds) == (300.0, 150.0)
+    assert (c.w_h, c.w_p, c.w_sp) == (0.60, 0.20, 0.20)
+    assert (c.update_interval_seconds, c.check_interval_seconds) == (300.0, 60.0)
+    assert c.device_memory_usage_threshold_ratio == 0.90
+    assert c.recent_use_protect_seconds == 300.0
+    assert (c.replace_loss_threshold, c.pad_add_threshold, c.split_add_threshold) == (
+        0.60, 0.35, 0.20)
+    assert (c.add_min_samples, c.min_gear_count_per_type, c.max_gears_per_type) == (5, 1, 64)
+    assert c.policy_mode == "seed"
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("window_seconds", 0.0, r"outside \(0.0, inf\]"),
+    ("half_life_seconds", -1.0, "outside"),
+    ("slice_seconds", 400.0, "exceeds window_seconds"),
+    ("w_h", 1.5, r"outside \[0.0, 1.0\]"),
+    ("pad_add_threshold", -0.1, "outside"),
+    ("replace_loss_threshold", float("nan"), "expected a number"),
+    ("device_memory_usage_threshold_ratio", 0.0, r"outside \(0.0, 1.0\]"),
+    ("recent_use_protect_seconds", -5.0, "outside"),
+    ("add_min_samples", 0, "outside"),
+    ("add_min_samples", 2.5, "expected an integer"),
+    ("min_gear_count_per_type", True, "expected an integer"),
+    ("max_gears_per_type", 0, "outside"),
+    ("policy_mode", "fancy", "not one of seed"),
+    ("w_p", "0.2", "expected a number"),
+])
+def test_invalid_values_are_rejected_naming_the_key(key, value, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        PolicyConfig(**{key: value})
+    assert e.value.key == key
+    assert str(e.value).startswith(f"{key}: ")
+    assert isinstance(e.value, ValueError)
+
+
+def test_cap_below_the_minimum_is_rejected():
+    with pytest.raises(ConfigError, match="below min_gear_count_per_type") as e:
+        PolicyConfig(min_gear_count_per_type=4, max_gears_per_type=3)
+    assert e.value.key == "max_gears_per_type"
+
+
+def test_none_disables_the_memory_threshold():
+    assert PolicyConfig(device_memory_usage_threshold_ratio=None)
+    assert from_mapping(PolicyConfig, {"device_memory_usage_threshold_ratio": False}
+                        ).device_memory_usage_threshold_ratio is None
+
+
+@pytest.mark.parametrize("table", ["", "[policy]\n"])
+def test_toml_at_top_level_or_under_policy(tmp_path: Path, table: str):
+    path = tmp_path / "c.toml"
+    path.write_text(f"{table}window_seconds = 120\nadd_min_samples = 3\n"
+                    "device_memory_usage_threshold_ratio = false\n")
+    c = load_policy_config(path)
+    assert (c.window_seconds, c.add_min_samples) == (120, 3)
+    assert c.device_memory_usage_threshold_ratio is None
+
+
+@pytest.mark.parametrize(("text", "key", "message"), [
+    ("windowseconds = 3\n", "windowseconds", "unknown key"),
+    ("w_h = 2.0\n", "w_h", "outside"),
+    ("w_h = \n", "config", "not valid TOML"),
+])
+def test_bad_toml_names_the_key(tmp_path: Path, text: str, key: str, message: str):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as e:
+        load_policy_config(path)
+    assert e.value.key == key
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="file not found"):
+        load_policy_config("/nonexistent/gearshift.toml")
+
+
+def test_overrides_are_parsed_by_field_type_and_win_over_the_file(tmp_path: Path):
+    path = tmp_path / "c.toml"
+    path.write_text("[policy]\nw_h = 0.5\nadd_min_samples = 3\n")
+    c = load_policy_config(path, ["add_min_samples=7", "w_h = 0.7",
+                                  "device_memory_usage_threshold_ratio=none"])
+    assert (c.add_min_samples, c.w_h, c.device_memory_usage_threshold_ratio) == (7, 0.7, None)
+    assert parse_overrides(PolicyConfig, ["policy_mode=seed"]) == {"policy_mode": "seed"}
+
+
+@pytest.mark.parametrize(("item", "key", "message"), [
+    ("add_min_samples=many", "add_min_samples", "cannot parse"),
+    ("nosuchkey=1", "nosuchkey", "unknown key"),
+    ("w_h", "w_h", "expected KEY=VALUE"),
+    ("w_h=9", "w_h", "outside"),
+])
+def test_bad_overrides_name_the_key(item: str, key: str, message: str):
+    with pytest.raises(ConfigError, match=message) as e:
+        load_policy_config(None, [item])
+    assert e.value.key == key
+
+
+def test_scaled_divides_every_duration():
+    c = PolicyConfig().scaled(10)
+    assert (c.window_seconds, c.half_life_seconds, c.slice_seconds) == (30.0, 15.0, 1.0)
+    assert c.recent_use_protect_seconds == 30.0
+    assert dataclasses.replace(c, w_h=0.6) == c  # weights and counts untouched

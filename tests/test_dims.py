@@ -1,0 +1,87 @@
+"""Dims and gears: ladder, routing, chunking, padded work, validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gearshift.dims import Dim, chunks_for, gear_for, ladder, normalize_gears, padded_work
+from gearshift.errors import ShapeError
+
+
+@pytest.mark.parametrize(("low", "high", "gears"), [
+    (1, 64, (1, 2, 4, 8, 16, 32, 64)),
+    (3, 100, (4, 8, 16, 32, 64, 100)),
+    (16, 16, (16,)),
+    (5, 7, (7,)),
+])
+def test_ladder(low, high, gears):
+    assert ladder(low, high) == gears
+
+
+@pytest.mark.parametrize(("raw", "gear"), [(1, 8), (8, 8), (9, 32), (32, 32), (33, None)])
+def test_gear_for(raw, gear):
+    assert gear_for((8, 32), raw) == gear
+
+
+@pytest.mark.parametrize(("raw", "splittable", "chunks"), [
+    (130, True, (64, 64, 2)),  # BATCHSIZE=130 on 1..64: two full chunks and the remainder
+    (128, True, (64, 64)),
+    (64, True, (64,)),
+    (63, True, (64,)),
+    (130, False, ()),  # not splittable: eager
+    (3, False, (4,)),
+])
+def test_chunks_for(raw, splittable, chunks):
+    assert chunks_for(ladder(1, 64), raw, splittable) == chunks
+
+
+@given(st.lists(st.integers(1, 500), min_size=1, max_size=10),
+       st.lists(st.integers(1, 3000), min_size=1, max_size=50), st.booleans())
+def test_padded_work_is_the_sum_of_the_chunks(gears, raws, splittable):
+    g = normalize_gears(gears)
+    expected = [sum(chunks_for(g, r, splittable)) or r for r in raws]
+    assert padded_work(g, np.array(raws), splittable).tolist() == expected
+
+
+def test_dim_defaults_and_initial_gears():
+    assert Dim(max=100).initial_gears == ladder(1, 100)
+    assert Dim(gears=[64, 16, 16, 32]).initial_gears == (16, 32, 64)
+
+
+@pytest.mark.parametrize(("value", "align", "low", "high", "out"), [
+    (41, 8, 1, 256, 48),
+    (48, 8, 1, 256, 48),
+    (250, 16, 1, 250, 250),  # clamped to max
+    (1, 16, 4, 256, 16),
+    (2, 1, 4, 256, 4),  # clamped to min
+])
+def test_aligned(value, align, low, high, out):
+    assert Dim(min=low, max=high, align=align).aligned(value) == out
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"min": 0}, "Dim.min must be a positive int"),
+    ({"max": 2.5}, "Dim.max must be a positive int"),
+    ({"align": True}, "Dim.align must be a positive int"),
+    ({"min": 10, "max": 5}, "exceeds Dim.max"),
+    ({"gears": [8, 300], "max": 256}, "outside"),
+    ({"gears": [0, 8]}, "positive ints"),
+    ({"gears": []}, "at least one gear"),
+])
+def test_dim_validation(kwargs, message):
+    with pytest.raises(ShapeError, match=message):
+        Dim(**kwargs)
+
+
+@pytest.mark.parametrize(("raw", "ok"), [(1, True), (256, True), (0, False), (257, False),
+                                         (np.int64(5), True), (2.0, False), (True, False)])
+def test_check(raw, ok):
+    dim = Dim(max=256)
+    if ok:
+        dim.check("B", raw)
+    else:
+        with pytest.raises(ShapeError, match="B="):
+            dim.check("B", raw)
