@@ -11,7 +11,6 @@ statistics, and versions still continue.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import tempfile
@@ -25,6 +24,7 @@ from gearshift.config import PolicyConfig
 from gearshift.dims import Dim
 from gearshift.errors import StateError
 from gearshift.policy import DimState, initial_states
+from gearshift.protocol import dim_from_dict, dim_to_dict
 from gearshift.stats import DimStats
 
 log = logging.getLogger(__name__)
@@ -64,16 +64,6 @@ def boot_id() -> str:
             return f.read().strip()
     except OSError:  # pragma: no cover - non-Linux
         return ""
-
-
-def dim_to_dict(dim: Dim) -> dict[str, Any]:
-    out = dataclasses.asdict(dim)
-    out["gears"] = list(dim.gears) if dim.gears is not None else None
-    return out
-
-
-def dim_from_dict(data: dict[str, Any]) -> Dim:
-    return Dim(**data)
 
 
 def _dim_state_to_dict(s: DimState) -> dict[str, Any]:

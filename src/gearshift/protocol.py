@@ -1,0 +1,96 @@
+"""Messages between workers and the controller, above the shared-memory primitives.
+
+Registration (worker -> controller, the slot's request mailbox), once per profile:
+
+    {"op": "register", "profile": P, "name": NAME, "dims": [[DIM, {Dim fields}], ...]}
+
+`P` is the worker-local profile id (0..65535) that the worker's ring records carry; dims
+are in the order of the records' `values`. The controller answers in the reply mailbox with
+`{"op": "registered", "profile": P, "version": V}` (V: the device's snapshot version now) or
+`mailbox.error_reply(ProfileMismatch(...))` when NAME is registered on the same device with
+other dims. A worker re-registers its profiles when the controller's identity changes.
+
+Snapshot payload (controller -> every worker of one device, its snapshot region):
+
+    {"device": D, "profiles": {NAME: {"gears": {DIM: [g, ...]}, "changes": [[DIM, gear,
+     action, reason], ...]}}}
+
+`changes` are the last round's decisions of that profile (for status views). The payload
+carries no version: the region's seqlock version is the snapshot version.
+
+Ring records: `Kind.SHAPE` / `Kind.EAGER` with `profile` = P, `values` = raw sizes in dim
+order, `version` = the snapshot version the request was routed with; `Kind.MEMORY` readings
+about once a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from gearshift.dims import Dim, Gears
+from gearshift.errors import PayloadError, ShapeError
+
+MAX_PROFILE_ID = 0xFFFF
+_DIM_FIELDS = {f.name for f in dataclasses.fields(Dim)}
+
+
+def dim_to_dict(dim: Dim) -> dict[str, Any]:
+    out = dataclasses.asdict(dim)
+    out["gears"] = list(dim.gears) if dim.gears is not None else None
+    return out
+
+
+def dim_from_dict(data: Mapping[str, Any]) -> Dim:
+    """A Dim from `dim_to_dict`'s output; ShapeError on unknown fields or invalid values."""
+    unknown = set(data) - _DIM_FIELDS
+    if unknown:
+        raise ShapeError(f"unknown Dim fields: {sorted(unknown)}")
+    try:
+        return Dim(**data)
+    except TypeError as e:
+        raise ShapeError(f"invalid Dim: {e}") from None
+
+
+def register_message(profile: int, name: str, dims: Mapping[str, Dim]) -> dict[str, Any]:
+    return {"op": "register", "profile": profile, "name": name,
+            "dims": [[k, dim_to_dict(v)] for k, v in dims.items()]}
+
+
+def parse_register(msg: Mapping[str, Any]) -> tuple[int, str, dict[str, Dim]]:
+    """(profile id, name, dims in record order) of a registration; PayloadError/ShapeError."""
+    try:
+        profile, name, pairs = msg["profile"], msg["name"], msg["dims"]
+        if msg["op"] != "register":
+            raise PayloadError(f"expected a registration, got op {msg['op']!r}")
+        if not (isinstance(profile, int) and 0 <= profile <= MAX_PROFILE_ID):
+            raise PayloadError(f"profile id {profile!r} is outside [0, {MAX_PROFILE_ID}]")
+        if not isinstance(name, str) or not name:
+            raise PayloadError(f"profile name {name!r} is not a non-empty string")
+        dims = {str(k): dim_from_dict(v) for k, v in pairs}
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, (PayloadError, ShapeError)):
+            raise
+        raise PayloadError(f"malformed registration: {type(e).__name__}: {e}") from None
+    if not 1 <= len(dims) <= 4:
+        raise ShapeError(f"profile {name!r} needs 1 to 4 dims, got {len(dims)}")
+    return profile, name, dims
+
+
+def snapshot_payload(device: int, gears: Mapping[str, Mapping[str, Gears]],
+                     changes: Mapping[str, list[list[Any]]] | None = None) -> dict[str, Any]:
+    """The payload of a device's snapshot: per profile, gears per dim and last changes."""
+    changes = changes or {}
+    return {"device": device, "profiles": {
+        name: {"gears": {d: list(g) for d, g in dims.items()}, "changes": changes.get(name, [])}
+        for name, dims in gears.items()}}
+
+
+def profile_gears(payload: Any, name: str) -> dict[str, Gears] | None:
+    """Gears per dim of profile `name` in a snapshot payload, or None when it is absent."""
+    try:
+        dims = payload["profiles"][name]["gears"]
+        return {d: tuple(int(g) for g in gs) for d, gs in dims.items()}
+    except (KeyError, TypeError, ValueError):
+        return None
