@@ -1,1 +1,1 @@
-"""Benchmarks, run by `gearshift bench NAME`. Each reports speeds with a baseline from the same run."""
+"""Benchmarks, run by `gearshift bench NAME`; each speed comes with a same-run baseline."""
