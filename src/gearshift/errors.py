@@ -35,6 +35,11 @@ class LayoutError(GearshiftError):
     """A shared-memory segment has the wrong magic or a layout version we cannot read."""
 
 
+class NamespaceBusy(GearshiftError):
+    """A shared-memory object is held by a live process (no free worker slot, live workers at
+    cleanup, an undrained ring, an existing segment), or its lock is held past the timeout."""
+
+
 class PayloadError(GearshiftError, ValueError):
     """A snapshot or mailbox payload is oversized or cannot be decoded within limits."""
 

@@ -1,0 +1,360 @@
+"""Control segment: controller identity and the table of worker slots of a namespace.
+
+    offset         size  field             written by         when
+    0              8     magic             creator            once, last of the header
+    8              8     layout            creator            once
+    16             8     slots             creator            once (number of worker slots)
+    24             8     slot_size         creator            once (S below)
+    32             8     mailbox_capacity  creator            once (M below)
+    40             8     closed            cleanup            under the lock, before unlinking
+    64             8     controller        controller         under the lock (an identity)
+    72             8     controller_beat   controller         any time (monotonic ns)
+    80             8     lock_owner        lock holder        on acquiring; 0 before releasing
+    128+i*S        8     state[i]          claimer/releaser   under the lock, last of a claim
+    128+i*S+8      8     ident[i]          claimer            under the lock (pid + start time)
+    128+i*S+16     8     device[i]         claimer            under the lock
+    128+i*S+24     8     generation[i]     claimer            under the lock, +1 per claim
+    128+i*S+32     8     heartbeat[i]      worker             any time (monotonic ns)
+    128+i*S+40     8     applied[i]        worker             any time (snapshot version)
+    128+i*S+48     8     dropped[i]        worker             any time (its ring's counter)
+    128+i*S+64     64+M  requests[i]       worker/controller  mailbox protocol (mailbox.py)
+    128+i*S+128+M  64+M  replies[i]        controller/worker  mailbox protocol (mailbox.py)
+    (slot i of `slots`; S = 64 + 2 * (64 + M) bytes per slot, M = mailbox payload bytes)
+
+Why nothing is read torn: every field is one aligned 8-byte word stored once per change;
+identities pack pid and start time into one word (liveness.py). Multi-word slot changes (claim,
+release, reclaim, close) happen only under the namespace semaphore `/gearshift.<ns>.lock`, and
+the table is read under it (`slots()`), so a reader never sees a half-claimed slot. The
+worker-written words have a single writer each and are meaningful on their own.
+
+Liveness is an identity check (pid and start time, robust to pid reuse), not a heartbeat; the
+heartbeats are for display and hang detection. A holder of the semaphore that dies would block
+everyone: holders record their identity in `lock_owner`, waiters give up after `lock_timeout`
+with NamespaceBusy naming it, and the controller's `repair_lock()` (also run by `cleanup`)
+releases a lock whose owner is dead.
+
+Worker: `slot = claim_slot(device)`; `EventRing.create(ns, slot)`; register profiles by
+`requests(slot).post(msg)` and poll `replies(slot).take()` (`mailbox.raise_for_error`); then
+`beat(slot, ...)` now and then; on exit close the ring (do not unlink it) and `release_slot(slot)`.
+Controller: `Registry.open(ns)`, `repair_lock()`, `claim_controller()`; every tick
+`beat_controller(now)`, `slots()`, drain each ACTIVE/RELEASED slot's ring (re-attach when its
+generation changes), answer requests; for a `reclaimable` slot drain its ring to the end, then
+`reclaim(slot, ring)`, which unlinks the ring and frees the slot. A slot is never freed while
+its ring holds events.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, NamedTuple
+
+import posix_ipc
+
+from gearshift.errors import ControllerNotFound, ControllerRunning, NamespaceBusy
+from gearshift.shm import liveness, names, segment
+from gearshift.shm.mailbox import Mailbox
+from gearshift.shm.segment import LINE, Segment
+
+if TYPE_CHECKING:
+    from gearshift.shm.ring import EventRing
+
+MAGIC = int.from_bytes(b"gs.ctl\0\0", "little")
+LAYOUT = 1
+SLOTS, SLOT_SIZE, MAILBOX_CAPACITY = 2, 3, 4  # header constant word indices
+CLOSED, CONTROLLER, CONTROLLER_BEAT, LOCK_OWNER = 40, 64, 72, 80  # byte offsets
+TABLE = 128
+STATE, IDENT, DEVICE, GENERATION = 0, 8, 16, 24  # offsets inside a slot: under the lock
+HEARTBEAT, APPLIED, DROPPED = 32, 40, 48  # written by the slot's worker
+REQUESTS = 64  # then the two mailboxes
+_ROW = (STATE, IDENT, DEVICE, GENERATION, HEARTBEAT, APPLIED, DROPPED)  # SlotInfo's words
+DEFAULT_SLOTS = 64
+DEFAULT_MAILBOX_CAPACITY = 8192
+LOCK_TIMEOUT = 5.0  # seconds; the critical sections are microseconds long
+
+
+class SlotState(enum.IntEnum):
+    FREE = 0
+    ACTIVE = 1  # claimed by a worker (alive or not: see SlotInfo.alive)
+    RELEASED = 2  # its worker detached; the ring awaits its final drain
+
+
+class SlotInfo(NamedTuple):
+    slot: int
+    state: SlotState
+    pid: int
+    alive: bool
+    device: int
+    generation: int
+    heartbeat_ns: int
+    applied_version: int
+    dropped: int
+
+    @property
+    def reclaimable(self) -> bool:
+        """Its worker is gone: drain the ring, then `Registry.reclaim`."""
+        return self.state == SlotState.RELEASED or (
+            self.state == SlotState.ACTIVE and not self.alive
+        )
+
+
+class ControllerInfo(NamedTuple):
+    pid: int  # 0: none ever claimed, or released
+    alive: bool
+    heartbeat_ns: int
+
+
+class Registry:
+    """The control segment of `namespace`, attached; see the module docstring for roles."""
+
+    def __init__(self, namespace: str, seg: Segment, lock: posix_ipc.Semaphore) -> None:
+        self.namespace = namespace
+        self.segment = seg
+        self.lock_timeout = LOCK_TIMEOUT
+        self._sem = lock
+        self._words = seg.words
+        self.nslots = seg.words[SLOTS]
+        self._slot_size = seg.words[SLOT_SIZE]
+        capacity = seg.words[MAILBOX_CAPACITY]
+        base = [TABLE + slot * self._slot_size for slot in range(self.nslots)]
+        self._requests = [Mailbox(seg, b + REQUESTS, capacity) for b in base]
+        self._replies = [
+            Mailbox(seg, b + REQUESTS + Mailbox.size(capacity), capacity) for b in base
+        ]
+
+    @classmethod
+    def create(
+        cls,
+        namespace: str,
+        slots: int = DEFAULT_SLOTS,
+        mailbox_capacity: int = DEFAULT_MAILBOX_CAPACITY,
+    ) -> Registry:
+        """Create the namespace's control segment and lock; NamespaceBusy if it exists."""
+        if slots < 1 or mailbox_capacity < LINE or mailbox_capacity % LINE:
+            raise ValueError("need >= 1 slot and a mailbox capacity that is a multiple of 64")
+        slot_size = REQUESTS + 2 * Mailbox.size(mailbox_capacity)
+        seg = Segment.create(names.control(namespace), TABLE + slots * slot_size)
+        try:  # a lock left by a namespace that was cleaned up half-way is stale: replace it
+            unlink_lock(namespace)
+            lock = posix_ipc.Semaphore(
+                names.lock(namespace), posix_ipc.O_CREX, mode=0o600, initial_value=1
+            )
+        except BaseException:
+            seg.unlink()
+            seg.close()
+            raise
+        seg.seal(MAGIC, LAYOUT, (slots, slot_size, mailbox_capacity))
+        return cls(namespace, seg, lock)
+
+    @classmethod
+    def attach(cls, namespace: str) -> Registry:
+        """Attach the namespace's control segment; ControllerNotFound if there is none."""
+        try:
+            seg = Segment.attach(names.control(namespace), MAGIC, LAYOUT)
+        except FileNotFoundError:
+            raise ControllerNotFound(f"namespace {namespace!r} has no control segment") from None
+        try:
+            lock = posix_ipc.Semaphore(names.lock(namespace))
+        except posix_ipc.ExistentialError:
+            seg.close()
+            raise ControllerNotFound(f"namespace {namespace!r} is being cleaned up") from None
+        return cls(namespace, seg, lock)
+
+    @classmethod
+    def open(cls, namespace: str, slots: int = DEFAULT_SLOTS) -> Registry:
+        """Attach the control segment, creating it first if it does not exist."""
+        try:
+            return cls.create(namespace, slots)
+        except NamespaceBusy:
+            return cls.attach(namespace)
+
+    # controller identity
+
+    def claim_controller(self) -> None:
+        """Make this process the controller; ControllerRunning if another live one is."""
+        me = liveness.current()
+        with self._locked():
+            owner = self._word(CONTROLLER)
+            if owner != me and liveness.alive(owner):
+                raise ControllerRunning(self.namespace, liveness.pid_of(owner))
+            self._set(CONTROLLER, me)
+
+    def release_controller(self) -> None:
+        me = liveness.current()
+        with self._locked():
+            if self._word(CONTROLLER) == me:
+                self._set(CONTROLLER, 0)
+
+    def controller(self) -> ControllerInfo:
+        owner = self._word(CONTROLLER)
+        return ControllerInfo(
+            liveness.pid_of(owner), liveness.alive(owner), self._word(CONTROLLER_BEAT)
+        )
+
+    def beat_controller(self, now_ns: int) -> None:
+        self._set(CONTROLLER_BEAT, now_ns)
+
+    # worker side
+
+    def claim_slot(self, device: int) -> int:
+        """Claim a free slot for this process on `device`; NamespaceBusy if none is free."""
+        me = liveness.current()
+        with self._locked():
+            if self._word(CLOSED):
+                raise ControllerNotFound(f"namespace {self.namespace!r} was cleaned up")
+            free = [s for s in range(self.nslots) if self._slot_word(s, STATE) == SlotState.FREE]
+            if not free:
+                raise NamespaceBusy(
+                    f"all {self.nslots} worker slots of {self.namespace!r} are taken"
+                )
+            slot = free[0]
+            fields = {IDENT: me, DEVICE: device, GENERATION: self._slot_word(slot, GENERATION) + 1}
+            fields.update(dict.fromkeys((HEARTBEAT, APPLIED, DROPPED), 0))
+            for offset, value in fields.items():
+                self._set_slot(slot, offset, value)
+            self._requests[slot].reset()
+            self._replies[slot].reset()
+            self._set_slot(slot, STATE, SlotState.ACTIVE)
+            return slot
+
+    def release_slot(self, slot: int) -> bool:
+        """Detach this process from `slot` (its ring stays for the controller to drain)."""
+        me = liveness.current()
+        with self._locked():
+            if (
+                self._slot_word(slot, IDENT) != me
+                or self._slot_word(slot, STATE) != SlotState.ACTIVE
+            ):
+                return False
+            self._set_slot(slot, STATE, SlotState.RELEASED)
+            return True
+
+    def beat(self, slot: int, now_ns: int, applied_version: int, dropped: int) -> None:
+        """The worker's lock-free report: heartbeat, applied snapshot version, dropped events."""
+        self._set_slot(slot, HEARTBEAT, now_ns)
+        self._set_slot(slot, APPLIED, applied_version)
+        self._set_slot(slot, DROPPED, dropped)
+
+    def requests(self, slot: int) -> Mailbox:
+        """Worker -> controller mailbox of `slot`."""
+        return self._requests[slot]
+
+    def replies(self, slot: int) -> Mailbox:
+        """Controller -> worker mailbox of `slot`."""
+        return self._replies[slot]
+
+    # controller side
+
+    def slots(self) -> list[SlotInfo]:
+        """A consistent copy of the slot table (FREE slots included)."""
+        with self._locked():
+            rows = [self._row(slot) for slot in range(self.nslots)]
+        return [self._info(slot, row) for slot, row in enumerate(rows)]
+
+    def reclaim(self, slot: int, ring: EventRing | None) -> None:
+        """Free a reclaimable slot and unlink its ring, which must be attached and drained.
+
+        Pass `ring=None` only if the worker died before creating its ring. NamespaceBusy if
+        the worker is alive, or the ring still holds events or exists but was not passed.
+        """
+        with self._locked():
+            info = self._info(slot, self._row(slot))
+            if not info.reclaimable:
+                raise NamespaceBusy(f"slot {slot} is {info.state.name} with live pid {info.pid}")
+            name = names.ring(self.namespace, slot)
+            if ring is None:
+                if segment.exists(name):
+                    raise NamespaceBusy(f"{name} exists: attach and drain it before reclaiming")
+            else:
+                assert ring.name == name, f"{ring.name} is not the ring of slot {slot}"
+                if ring.pending():
+                    raise NamespaceBusy(f"{name} still holds {ring.pending()} events: drain it")
+                ring.unlink()
+            self._set_slot(slot, IDENT, 0)
+            self._set_slot(slot, STATE, SlotState.FREE)
+
+    def repair_lock(self) -> bool:
+        """Release the lock if its recorded holder died holding it. Controller (and cleanup) only:
+        two repairers at once could both release it."""
+        owner = self._word(LOCK_OWNER)
+        if not owner or liveness.alive(owner) or self._sem.value != 0:
+            return False
+        if self._word(LOCK_OWNER) != owner:  # released meanwhile: not that dead holder's any more
+            return False
+        self._set(LOCK_OWNER, 0)
+        self._sem.release()
+        return True
+
+    def retire(self) -> None:
+        """Close the namespace for good (before cleanup unlinks it); refuses while anyone lives."""
+        with self._locked():
+            owner = self._word(CONTROLLER)
+            if liveness.alive(owner):
+                raise ControllerRunning(self.namespace, liveness.pid_of(owner))
+            for slot in range(self.nslots):
+                ident = self._slot_word(slot, IDENT)
+                if self._slot_word(slot, STATE) == SlotState.ACTIVE and liveness.alive(ident):
+                    raise NamespaceBusy(
+                        f"namespace {self.namespace!r} has a live worker, pid "
+                        f"{liveness.pid_of(ident)} (slot {slot})"
+                    )
+            self._set(CLOSED, 1)
+
+    def close(self) -> None:
+        self._sem.close()
+        self.segment.close()
+
+    def unlink(self) -> None:
+        """Remove the control segment and its lock (the owner, or cleanup, only)."""
+        self.segment.unlink()
+        unlink_lock(self.namespace)
+
+    # internals
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self._sem.acquire(self.lock_timeout)
+        except posix_ipc.BusyError:
+            owner = self._word(LOCK_OWNER)
+            state = "alive" if liveness.alive(owner) else "dead: the controller or cleanup frees it"
+            raise NamespaceBusy(
+                f"the lock of namespace {self.namespace!r} is held over {self.lock_timeout} s by "
+                f"pid {liveness.pid_of(owner)} ({state})"
+            ) from None
+        self._set(LOCK_OWNER, liveness.current())
+        try:
+            yield
+        finally:
+            self._set(LOCK_OWNER, 0)
+            self._sem.release()
+
+    def _row(self, slot: int) -> tuple[int, ...]:
+        return tuple(self._slot_word(slot, offset) for offset in _ROW)
+
+    def _info(self, slot: int, row: tuple[int, ...]) -> SlotInfo:
+        state, ident, device, generation, heartbeat, applied, dropped = row
+        alive = state == SlotState.ACTIVE and liveness.alive(ident)
+        pid = liveness.pid_of(ident)
+        return SlotInfo(
+            slot, SlotState(state), pid, alive, device, generation, heartbeat, applied, dropped
+        )
+
+    def _word(self, offset: int) -> int:
+        return self._words[offset // 8]
+
+    def _set(self, offset: int, value: int) -> None:
+        self._words[offset // 8] = value
+
+    def _slot_word(self, slot: int, offset: int) -> int:
+        return self._words[(TABLE + slot * self._slot_size + offset) // 8]
+
+    def _set_slot(self, slot: int, offset: int, value: int) -> None:
+        self._words[(TABLE + slot * self._slot_size + offset) // 8] = value
+
+
+def unlink_lock(namespace: str) -> None:
+    """Remove the namespace's semaphore (the registry's creator, or cleanup, only)."""
+    with suppress(posix_ipc.ExistentialError):
+        posix_ipc.unlink_semaphore(names.lock(namespace))

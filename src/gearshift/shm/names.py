@@ -1,0 +1,58 @@
+"""Namespaces and the names of their POSIX objects.
+
+Every object of a namespace derives its name from it, so `cleanup` finds all of them:
+
+    /gearshift.<ns>.ctl           control segment: controller identity + worker slot table
+    /gearshift.<ns>.lock          semaphore guarding the slot table (/dev/shm/sem.gearshift...)
+    /gearshift.<ns>.ring.<slot>   event ring of worker slot <slot>
+    /gearshift.<ns>.snap.<dev>    snapshot region of device <dev>
+
+A name parses uniquely from the right (the suffix is `ctl`, `lock`, `ring.<digits>` or
+`snap.<digits>`), so namespace "a" never claims an object of namespace "a.ring".
+"""
+
+from __future__ import annotations
+
+import re
+
+from gearshift.errors import NamespaceError
+
+MAX_NAMESPACE = 64
+_VALID = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_NAMESPACE}}}")
+
+
+def validate(namespace: str) -> str:
+    """Return `namespace` if it is 1..64 characters of [A-Za-z0-9_.-]; else NamespaceError."""
+    if not isinstance(namespace, str) or not _VALID.fullmatch(namespace):
+        raise NamespaceError(
+            f"invalid namespace {namespace!r}: use 1..{MAX_NAMESPACE} characters of "
+            "letters, digits, '_', '.', '-' (no '/')"
+        )
+    return namespace
+
+
+def control(namespace: str) -> str:
+    return f"/gearshift.{validate(namespace)}.ctl"
+
+
+def lock(namespace: str) -> str:
+    return f"/gearshift.{validate(namespace)}.lock"
+
+
+def ring(namespace: str, slot: int) -> str:
+    return f"/gearshift.{validate(namespace)}.ring.{_index(slot)}"
+
+
+def snapshot(namespace: str, device: int) -> str:
+    return f"/gearshift.{validate(namespace)}.snap.{_index(device)}"
+
+
+def segment_pattern(namespace: str) -> re.Pattern[str]:
+    """Matches the /dev/shm entries (no leading '/') of the segments of `namespace`."""
+    return re.compile(rf"gearshift\.{re.escape(validate(namespace))}\.(ctl|ring\.\d+|snap\.\d+)")
+
+
+def _index(value: int) -> int:
+    if not isinstance(value, int) or value < 0:
+        raise NamespaceError(f"slot and device indices are non-negative ints, got {value!r}")
+    return value

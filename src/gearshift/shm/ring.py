@@ -1,0 +1,186 @@
+"""Event ring: one per worker slot, single producer (the worker), single consumer (the controller).
+
+    offset  size          field        written by  when
+    0       8             magic        creator     once, last of the header
+    8       8             layout       creator     once
+    16      8             capacity     creator     once (records; a power of two)
+    24      8             record_size  creator     once (EVENT_DTYPE.itemsize)
+    64      8             head         producer    after the record it publishes is written
+    128     8             tail         consumer    after the records it takes are copied out
+    192     8             dropped      producer    when an event finds the ring full
+    256     64*capacity   records      producer    record i at 256 + 64 * (i % capacity)
+
+`head` and `tail` count records since creation and never wrap; the ring holds [tail, head).
+Each counter has one writer and sits on its own cache line. Why the consumer never sees a torn
+record: the producer writes record `head` completely, then publishes head+1 with one aligned
+8-byte store (`fence()` between them on weakly ordered CPUs); the consumer reads head first, so
+every record below it is complete, and the producer never rewrites a record before the consumer
+has moved `tail` past it, which it does only after copying. A producer killed mid-record has not
+moved head: its half-written record is invisible.
+
+Producer (worker, request path): `put(t_ns, profile, version, values, chunks)` and
+`put_memory(t_ns, free, total)` never block, never take a lock, make no syscall and allocate no
+buffer: a full ring drops the event, counts it in `dropped` and returns False. Callers pass
+validated ints (the client checks shapes); a malformed call raises before anything is published.
+Consumer (controller): `drain(max_events)` returns a copy of [tail, head) as an EVENT_DTYPE array,
+oldest first, then publishes tail.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+from gearshift.errors import LayoutError
+from gearshift.shm import names
+from gearshift.shm.segment import WEAK_ORDERING, Segment, fence
+
+MAGIC = int.from_bytes(b"gs.ring\0", "little")
+LAYOUT = 1
+CAPACITY, RECORD_SIZE = 2, 3  # header constant word indices
+HEAD, TAIL, DROPPED = 64, 128, 192  # byte offsets, one cache line each
+_HEAD, _TAIL, _DROPPED = HEAD // 8, TAIL // 8, DROPPED // 8  # their word indices
+RECORDS = 256
+MAX_DIMS = 4
+DEFAULT_CAPACITY = 1 << 16
+
+
+class Kind(enum.IntEnum):
+    """What a record reports; 0 is never written, so a zeroed slot is recognisably empty."""
+
+    SHAPE = 1  # a request ran on graphs: values = raw dims, chunks = graph runs per dim
+    EAGER = 2  # a request ran eagerly (over a non-splittable dim's largest gear, or no graph)
+    MEMORY = 3  # a device memory reading: values = (free bytes, total bytes)
+
+
+EVENT_DTYPE = np.dtype(
+    {
+        "names": ["t_ns", "values", "version", "profile", "kind", "ndim", "chunks"],
+        "formats": ["<i8", ("<i8", MAX_DIMS), "<u4", "<u2", "u1", "u1", ("<u2", MAX_DIMS)],
+        "offsets": [0, 8, 40, 44, 46, 47, 48],
+        "itemsize": 64,  # bytes 56..63 are padding: one record per cache line
+    }
+)
+RECORD = EVENT_DTYPE.itemsize
+
+
+def _record_struct(ndim: int) -> struct.Struct:
+    """EVENT_DTYPE as a struct for `ndim` dims; pack_into zero-fills the unused dims ('x')."""
+    unused = MAX_DIMS - ndim
+    fmt = f"<q{ndim}q{8 * unused}xIHBB{ndim}H{2 * unused}x8x"
+    packer = struct.Struct(fmt)
+    assert packer.size == RECORD
+    return packer
+
+
+_PACK = {ndim: _record_struct(ndim).pack_into for ndim in range(1, MAX_DIMS + 1)}
+
+
+class EventRing:
+    """The ring of worker slot `slot` of `namespace`; see the module docstring for roles."""
+
+    def __init__(self, segment: Segment) -> None:
+        self.segment = segment
+        words = segment.words
+        self.capacity = words[CAPACITY]
+        self._mask = self.capacity - 1
+        self._words = words
+        self._mm = segment.mm
+        self._records = np.frombuffer(segment.mm, EVENT_DTYPE, self.capacity, RECORDS)
+        self._head = words[_HEAD]  # producer's copy of its own word
+        self._tail = words[_TAIL]  # consumer's copy of its own word
+        self._dropped = words[_DROPPED]
+
+    @classmethod
+    def create(cls, namespace: str, slot: int, capacity: int = DEFAULT_CAPACITY) -> EventRing:
+        """Create the ring (by the worker that claimed `slot`); capacity is a power of two."""
+        if capacity < 1 or capacity & (capacity - 1):
+            raise ValueError(f"ring capacity must be a power of two, got {capacity}")
+        size = RECORDS + capacity * RECORD
+        segment = Segment.create(names.ring(namespace, slot), size)
+        return cls(segment.seal(MAGIC, LAYOUT, (capacity, RECORD)))
+
+    @classmethod
+    def attach(cls, namespace: str, slot: int) -> EventRing:
+        """Attach an existing ring (the controller); FileNotFoundError if there is none."""
+        segment = Segment.attach(names.ring(namespace, slot), MAGIC, LAYOUT)
+        assert segment.words[RECORD_SIZE] == RECORD, "record size is fixed by the layout version"
+        return cls(segment)
+
+    @property
+    def name(self) -> str:
+        return self.segment.name
+
+    def put(
+        self,
+        t_ns: int,
+        profile: int,
+        version: int,
+        values: Sequence[int],
+        chunks: Sequence[int],
+        kind: int = Kind.SHAPE,
+    ) -> bool:
+        """Record one event (1..4 raw dim values, as many chunk counts); False if dropped."""
+        head = self._head
+        if head - self._words[16] >= self.capacity:  # 16 = TAIL // 8
+            self._dropped += 1
+            self._words[_DROPPED] = self._dropped
+            return False
+        _PACK[len(values)](
+            self._mm,
+            RECORDS + (head & self._mask) * RECORD,
+            t_ns,
+            *values,
+            version,
+            profile,
+            kind,
+            len(values),
+            *chunks,
+        )
+        if WEAK_ORDERING:
+            fence()
+        self._head = head = head + 1
+        self._words[_HEAD] = head  # the publishing store
+        return True
+
+    def put_memory(self, t_ns: int, free: int, total: int) -> bool:
+        """Record a device memory reading in bytes; False if dropped."""
+        return self.put(t_ns, 0, 0, (free, total), (0, 0), Kind.MEMORY)
+
+    def drain(self, max_events: int | None = None) -> np.ndarray:
+        """Copy out the oldest `max_events` (default all) unread events, then free their slots."""
+        tail = self._tail
+        count = self._words[_HEAD] - tail
+        if not 0 <= count <= self.capacity:
+            raise LayoutError(f"{self.name}: head {tail + count} and tail {tail} are inconsistent")
+        if max_events is not None:
+            count = min(count, max_events)
+        fence()
+        start = tail & self._mask
+        first = min(count, self.capacity - start)
+        events = np.concatenate(
+            (self._records[start : start + first], self._records[: count - first])
+        )
+        fence()
+        self._tail = tail + count
+        self._words[_TAIL] = self._tail
+        return events
+
+    def pending(self) -> int:
+        """Events published and not yet drained."""
+        return self._words[_HEAD] - self._words[_TAIL]
+
+    @property
+    def dropped(self) -> int:
+        """Events dropped on a full ring since its creation."""
+        return self._words[_DROPPED]
+
+    def close(self) -> None:
+        del self._records  # a numpy view: it must go before the mapping can close
+        self.segment.close()
+
+    def unlink(self) -> bool:
+        return self.segment.unlink()

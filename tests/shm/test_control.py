@@ -1,0 +1,225 @@
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+from shm_procs import (
+    WAIT,
+    claim_and_hold,
+    claim_put_exit,
+    control_until,
+    layout_table,
+    lock_and_die,
+    register_profile,
+)
+
+from gearshift.errors import (
+    ControllerNotFound,
+    ControllerRunning,
+    LayoutError,
+    NamespaceBusy,
+    ProfileMismatch,
+)
+from gearshift.shm import EventRing, Registry, SlotState, control, error_reply, names, ring
+from gearshift.shm.segment import Segment, exists
+
+SLOTS = 4
+
+
+@pytest.fixture
+def registry(namespace: str) -> Iterator[Registry]:
+    created = Registry.create(namespace, slots=SLOTS)
+    yield created
+    created.unlink()
+    created.close()
+
+
+def test_layout_table_matches_the_code() -> None:
+    M = control.DEFAULT_MAILBOX_CAPACITY
+    S, i = control.REQUESTS + 2 * (64 + M), 2
+    table = layout_table(control.__doc__, i=i, S=S, M=M)
+    slot = control.TABLE + i * S
+    assert {field: offset for field, (offset, _) in table.items()} == {
+        "magic": 0,
+        "layout": 8,
+        "slots": control.SLOTS * 8,
+        "slot_size": control.SLOT_SIZE * 8,
+        "mailbox_capacity": control.MAILBOX_CAPACITY * 8,
+        "closed": control.CLOSED,
+        "controller": control.CONTROLLER,
+        "controller_beat": control.CONTROLLER_BEAT,
+        "lock_owner": control.LOCK_OWNER,
+        "state[i]": slot + control.STATE,
+        "ident[i]": slot + control.IDENT,
+        "device[i]": slot + control.DEVICE,
+        "generation[i]": slot + control.GENERATION,
+        "heartbeat[i]": slot + control.HEARTBEAT,
+        "applied[i]": slot + control.APPLIED,
+        "dropped[i]": slot + control.DROPPED,
+        "requests[i]": slot + control.REQUESTS,
+        "replies[i]": slot + control.REQUESTS + 64 + M,
+    }
+    assert table["replies[i]"][1] == 64 + M
+
+
+def test_claim_beat_release_and_the_table(registry: Registry) -> None:
+    slot = registry.claim_slot(device=1)
+    registry.beat(slot, now_ns=123, applied_version=7, dropped=2)
+    info = registry.slots()[slot]
+    assert info[:] == (slot, SlotState.ACTIVE, os.getpid(), True, 1, 1, 123, 7, 2)
+    assert not info.reclaimable
+    assert registry.release_slot(slot)
+    assert not registry.release_slot(slot)  # not ACTIVE any more
+    assert registry.slots()[slot].reclaimable
+
+
+def test_slots_run_out_with_a_clear_error(registry: Registry) -> None:
+    assert sorted(registry.claim_slot(0) for _ in range(SLOTS)) == list(range(SLOTS))
+    with pytest.raises(NamespaceBusy, match=f"all {SLOTS} worker slots"):
+        registry.claim_slot(0)
+
+
+def test_slot_claims_racing_between_processes_never_share_a_slot(
+    namespace: str, registry: Registry, mp, spawn
+) -> None:
+    go, stop, results = mp.Event(), mp.Event(), mp.Queue()
+    for _ in range(SLOTS + 2):
+        spawn(claim_and_hold, namespace, go, results, stop)
+    go.set()
+    claims = [results.get(timeout=WAIT) for _ in range(SLOTS + 2)]
+    stop.set()
+    assert sorted(c for c in claims if isinstance(c, int)) == list(range(SLOTS))
+    assert sorted(c for c in claims if isinstance(c, str)) == ["NamespaceBusy"] * 2
+
+
+def test_a_dead_workers_slot_is_reclaimed_only_after_its_ring_was_drained(
+    namespace: str, registry: Registry, spawn
+) -> None:
+    worker = spawn(claim_put_exit, namespace, 5)
+    worker.join(WAIT)
+    (info,) = [i for i in registry.slots() if i.state == SlotState.ACTIVE]
+    assert (info.pid, info.alive, info.device, info.reclaimable) == (worker.pid, False, 3, True)
+    with pytest.raises(NamespaceBusy, match="attach and drain"):
+        registry.reclaim(info.slot, None)
+    consumer = EventRing.attach(namespace, info.slot)
+    try:
+        with pytest.raises(NamespaceBusy, match="still holds 5 events"):
+            registry.reclaim(info.slot, consumer)
+        assert len(consumer.drain()) == 5
+        registry.reclaim(info.slot, consumer)
+    finally:
+        consumer.close()
+    assert not exists(names.ring(namespace, info.slot))
+    assert registry.slots()[info.slot].state == SlotState.FREE
+    assert registry.claim_slot(0) == info.slot
+    assert registry.slots()[info.slot].generation == 2
+
+
+def test_a_worker_dead_before_creating_its_ring_is_reclaimed_without_one(
+    registry: Registry,
+) -> None:
+    slot = registry.claim_slot(0)
+    registry.release_slot(slot)
+    registry.reclaim(slot, None)
+    assert registry.slots()[slot].state == SlotState.FREE
+
+
+def test_a_live_workers_slot_is_never_reclaimed(namespace: str, registry: Registry) -> None:
+    slot = registry.claim_slot(0)
+    producer = EventRing.create(namespace, slot, 8)
+    try:
+        with pytest.raises(NamespaceBusy, match="live pid"):
+            registry.reclaim(slot, producer)
+    finally:
+        producer.unlink()
+        producer.close()
+
+
+def test_a_second_live_controller_is_refused_and_a_dead_ones_place_is_taken(
+    namespace: str, registry: Registry, mp, spawn
+) -> None:
+    started, stop = mp.Event(), mp.Event()
+    other = spawn(control_until, namespace, started, stop)
+    assert started.wait(WAIT)
+    assert registry.controller()[:2] == (other.pid, True)
+    with pytest.raises(ControllerRunning, match=f"pid {other.pid}"):
+        registry.claim_controller()
+    stop.set()
+    other.join(WAIT)
+    registry.claim_controller()  # its controller died without releasing: take over
+    registry.beat_controller(99)
+    assert registry.controller() == (os.getpid(), True, 99)
+    registry.release_controller()
+    assert registry.controller().pid == 0
+
+
+def test_a_lock_held_by_a_dead_process_is_reported_and_repaired(
+    namespace: str, registry: Registry, spawn
+) -> None:
+    holder = spawn(lock_and_die, namespace)
+    holder.join(WAIT)
+    registry.lock_timeout = 0.05
+    with pytest.raises(NamespaceBusy, match=f"pid {holder.pid} \\(dead"):
+        registry.claim_slot(0)
+    assert registry.repair_lock()
+    assert not registry.repair_lock()
+    assert registry.claim_slot(0) == 0
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ({"profile_id": 0}, ("ok", {"profile_id": 0})),
+        (
+            error_reply(ProfileMismatch("decode: gears differ")),
+            ("ProfileMismatch", "decode: gears differ"),
+        ),
+    ],
+)
+def test_registration_round_trip_between_worker_and_controller(
+    namespace: str, registry: Registry, mp, spawn, reply: dict, expected: tuple
+) -> None:
+    results = mp.Queue()
+    spawn(register_profile, namespace, results)
+    deadline = time.monotonic() + WAIT
+    while (request := registry.requests(0).take()) is None and time.monotonic() < deadline:
+        time.sleep(0.001)  # the worker claims slot 0, the first free one
+    assert request == {"op": "register", "name": "decode", "dims": {"B": [1, 2, 4]}}
+    registry.replies(0).post(reply)
+    assert results.get(timeout=WAIT) == expected
+
+
+def test_open_creates_or_attaches(namespace: str) -> None:
+    first = Registry.open(namespace, slots=2)
+    second = Registry.open(namespace, slots=8)
+    try:
+        assert second.nslots == 2
+        assert second.claim_slot(0) == 0 and first.slots()[0].state == SlotState.ACTIVE
+    finally:
+        second.close()
+        first.unlink()
+        first.close()
+
+
+def test_attaching_a_missing_namespace_says_no_controller(namespace: str) -> None:
+    with pytest.raises(ControllerNotFound):
+        Registry.attach(namespace)
+
+
+def test_a_wrong_magic_or_newer_layout_is_refused(namespace: str) -> None:
+    for magic, layout in ((ring.MAGIC, control.LAYOUT), (control.MAGIC, control.LAYOUT + 1)):
+        fake = Segment.create(names.control(namespace), 4096).seal(magic, layout, (1, 64, 64))
+        try:
+            with pytest.raises(LayoutError):
+                Registry.attach(namespace)
+        finally:
+            fake.unlink()
+            fake.close()
+
+
+def test_a_retired_namespace_refuses_new_claims(registry: Registry) -> None:
+    registry.retire()
+    with pytest.raises(ControllerNotFound, match="cleaned up"):
+        registry.claim_slot(0)

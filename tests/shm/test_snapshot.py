@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from shm_procs import WAIT, layout_table, publish_until, read_until, snapshot_payload
+
+from gearshift.errors import LayoutError, PayloadError
+from gearshift.shm import SnapshotRegion, names, ring, snapshot
+from gearshift.shm.segment import Segment
+
+CAPACITY = 64 * 1024
+
+
+@pytest.fixture
+def region(namespace: str) -> Iterator[SnapshotRegion]:
+    created = SnapshotRegion.create(namespace, 0, CAPACITY)
+    yield created
+    created.unlink()
+    created.close()
+
+
+def test_layout_table_matches_the_code() -> None:
+    b, B = 1, snapshot.PAYLOAD + CAPACITY  # the docstring's names
+    table = layout_table(snapshot.__doc__, b=b, B=B, capacity=CAPACITY)
+    buffer = snapshot.BUFFERS + b * B
+    assert {field: offset for field, (offset, _) in table.items()} == {
+        "magic": 0,
+        "layout": 8,
+        "capacity": snapshot.CAPACITY * 8,
+        "state": snapshot.STATE,
+        "seq[b]": buffer + snapshot.SEQ,
+        "length[b]": buffer + snapshot.LENGTH,
+        "crc32[b]": buffer + snapshot.CRC,
+        "payload[b]": buffer + snapshot.PAYLOAD,
+    }
+    assert table["payload[b]"][1] == CAPACITY
+
+
+def test_nothing_is_read_before_the_first_publish(region: SnapshotRegion) -> None:
+    assert region.version() == 0
+    assert region.read() is None
+
+
+def test_versions_increase_by_one_per_publish_and_readers_see_the_latest(
+    namespace: str, region: SnapshotRegion
+) -> None:
+    reader = SnapshotRegion.attach(namespace, 0)
+    try:
+        for version in range(1, 6):
+            assert region.publish({"gears": list(range(version))}) == version
+            assert reader.version() == version
+            assert reader.read() == (version, {"gears": list(range(version))})
+    finally:
+        reader.close()
+
+
+def test_an_oversized_payload_is_refused_at_publish_and_changes_nothing(
+    region: SnapshotRegion,
+) -> None:
+    region.publish({"v": 1})
+    with pytest.raises(PayloadError, match="exceeds the region's capacity"):
+        region.publish({"blob": b"x" * CAPACITY})
+    assert region.read() == (1, {"v": 1})
+
+
+def _begin_publish_and_die(region: SnapshotRegion) -> int:
+    """Leave the region as a writer killed half-way through publishing the next version."""
+    version = region.version() + 1
+    words, buffer = region.segment.words, region._buffer(version)
+    words[snapshot.STATE // 8] = 2 * version - 1
+    words[buffer // 8] = 2 * version - 1
+    region.segment.mm[buffer + snapshot.PAYLOAD : buffer + snapshot.PAYLOAD + 4] = b"\xc1" * 4
+    return version
+
+
+def test_a_reader_starting_mid_write_gets_the_previous_good_copy(
+    namespace: str, region: SnapshotRegion
+) -> None:
+    region.publish({"v": 1})
+    region.publish({"v": 2})
+    _begin_publish_and_die(region)
+    reader = SnapshotRegion.attach(namespace, 0)
+    try:
+        assert reader.version() == 2
+        assert reader.read() == (2, {"v": 2})
+        writer = SnapshotRegion.attach(namespace, 0)  # a restarted controller continues
+        assert writer.publish({"v": 3}) == 3
+        writer.close()
+        assert reader.read() == (3, {"v": 3})
+    finally:
+        reader.close()
+
+
+def test_a_copy_whose_checksum_fails_is_never_accepted(region: SnapshotRegion) -> None:
+    region.publish({"v": "good"})
+    buffer = region._buffer(1)
+    region.segment.mm[buffer + snapshot.PAYLOAD + 2] ^= 0xFF  # corrupt under a stable seq
+    with pytest.raises(PayloadError, match="no consistent snapshot"):
+        region.read()
+
+
+@pytest.mark.parametrize(
+    ("magic", "layout", "message"),
+    [(ring.MAGIC, snapshot.LAYOUT, "magic"), (snapshot.MAGIC, snapshot.LAYOUT + 1, "layout")],
+)
+def test_attaching_another_structure_or_a_newer_layout_is_refused(
+    namespace: str, magic: int, layout: int, message: str
+) -> None:
+    fake = Segment.create(names.snapshot(namespace, 0), 4096).seal(magic, layout, (64,))
+    try:
+        with pytest.raises(LayoutError, match=message):
+            SnapshotRegion.attach(namespace, 0)
+    finally:
+        fake.unlink()
+        fake.close()
+
+
+def test_readers_never_accept_a_torn_payload_from_a_writer_publishing_flat_out(
+    namespace: str, region: SnapshotRegion, mp, spawn
+) -> None:
+    region.publish(snapshot_payload(1))
+    stop, results = mp.Event(), mp.Queue()
+    readers = [spawn(read_until, namespace, 0, stop, results) for _ in range(4)]
+    writer = spawn(publish_until, namespace, 0, stop)
+    stop.wait(3.0)  # let them race for a few seconds
+    stop.set()
+    reports = [results.get(timeout=WAIT) for _ in readers]
+    writer.join(WAIT)
+    assert region.version() > 100  # the writer really published flat out
+    for accepted, torn, versions, monotonic in reports:
+        assert torn == 0
+        assert accepted > 0 and versions > 1 and monotonic
