@@ -9,6 +9,8 @@ from gearshift.cli import LazyGroup
 BENCHMARKS = {
     "optimal": "gearshift.bench.optimal:command",
     "policy": "gearshift.bench.policy:command",
+    "ring": "gearshift.bench.ring:command",
+    "snapshot": "gearshift.bench.snapshot:command",
 }
 
 
