@@ -87,16 +87,18 @@ def snapshot_payload(version: int) -> dict:
     return {"version": version, "body": body, "digest": hashlib.sha256(body).hexdigest()}
 
 
-def publish_until(namespace: str, device: int, stop) -> None:
+def publish_until(namespace: str, device: int, start, stop) -> None:
     region = SnapshotRegion.attach(namespace, device)
+    start.wait(WAIT)
     while not stop.is_set():
         region.publish(snapshot_payload(region.version() + 1))
     region.close()
 
 
-def read_until(namespace: str, device: int, stop, results) -> None:
+def read_until(namespace: str, device: int, start, stop, results) -> None:
     """Read snapshots until `stop`; report (accepted, torn, distinct versions, monotonic)."""
     region = SnapshotRegion.attach(namespace, device)
+    start.wait(WAIT)
     accepted = torn = 0
     versions = set()
     last = 0

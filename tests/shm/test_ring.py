@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from shm_procs import WAIT, intact, layout_table, produce, produce_forever, record
 
 from gearshift.errors import LayoutError
-from gearshift.shm import EVENT_DTYPE, EventRing, Kind, ring
+from gearshift.shm import EVENT_DTYPE, EventRing, Kind, names, ring
+from gearshift.shm.segment import Segment
 
 
 @pytest.fixture
@@ -30,7 +31,8 @@ def rings(namespace: str) -> Iterator[list[EventRing]]:
 
 def test_layout_table_matches_the_code() -> None:
     table = layout_table(ring.__doc__, capacity=1024)
-    assert {field: offset for field, (offset, _) in table.items()} == {
+    header = {"magic", "layout", "capacity", "record_size", "head", "tail", "dropped", "records"}
+    assert {field: offset for field, (offset, _) in table.items() if field in header} == {
         "magic": 0,
         "layout": 8,
         "capacity": ring.CAPACITY * 8,
@@ -42,6 +44,10 @@ def test_layout_table_matches_the_code() -> None:
     }
     assert table["records"][1] == 1024 * EVENT_DTYPE.itemsize
     assert len({ring.HEAD // 64, ring.TAIL // 64, ring.DROPPED // 64, 0}) == 4  # own lines
+    record = {field: row for field, row in table.items() if field not in header}
+    fields = {f: (offset, dtype.itemsize) for f, (dtype, offset) in EVENT_DTYPE.fields.items()}
+    assert record == {**fields, "(pad)": (56, 8)}
+    assert sum(size for _, size in record.values()) == EVENT_DTYPE.itemsize == 64
 
 
 def test_event_dtype_is_at_most_64_bytes_and_matches_what_put_writes(
@@ -60,6 +66,20 @@ def test_event_dtype_is_at_most_64_bytes_and_matches_what_put_writes(
 def test_capacity_must_be_a_power_of_two(namespace: str) -> None:
     with pytest.raises(ValueError, match="power of two"):
         EventRing.create(namespace, 0, 48)
+
+
+@pytest.mark.parametrize(("capacity", "record_size"), [(48, 64), (64, 32), (1 << 20, 64)])
+def test_a_header_describing_another_ring_shape_is_refused(
+    namespace: str, capacity: int, record_size: int
+) -> None:
+    fake = Segment.create(names.ring(namespace, 0), ring.RECORDS + 64 * 64)
+    fake.seal(ring.MAGIC, ring.LAYOUT, (capacity, record_size))
+    try:
+        with pytest.raises(LayoutError, match="do not fit"):
+            EventRing.attach(namespace, 0)
+    finally:
+        fake.unlink()
+        fake.close()
 
 
 _ids = itertools.count()

@@ -83,3 +83,18 @@ def test_close_refuses_while_a_view_is_alive_and_works_after(name: str) -> None:
         created.close()
     view.release()
     created.mm.close()
+
+
+def test_header_constants_that_overstate_the_segment_are_refused(name: str) -> None:
+    created = Segment.create(name, 64).seal(MAGIC, LAYOUT, (1000,))
+    try:
+        attached = Segment.attach(name, MAGIC, LAYOUT)
+        assert attached.require(True, 64) is attached
+        with pytest.raises(LayoutError, match=r"header constants \[1000, 0"):
+            attached.require(True, 64 + 1000)  # it unmaps itself before raising
+        attached = Segment.attach(name, MAGIC, LAYOUT)
+        with pytest.raises(LayoutError, match="do not fit"):
+            attached.require(False, 64)
+    finally:
+        created.unlink()
+        created.close()

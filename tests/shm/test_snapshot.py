@@ -120,9 +120,10 @@ def test_readers_never_accept_a_torn_payload_from_a_writer_publishing_flat_out(
     namespace: str, region: SnapshotRegion, mp, spawn
 ) -> None:
     region.publish(snapshot_payload(1))
-    stop, results = mp.Event(), mp.Queue()
-    readers = [spawn(read_until, namespace, 0, stop, results) for _ in range(4)]
-    writer = spawn(publish_until, namespace, 0, stop)
+    start, stop, results = mp.Barrier(6), mp.Event(), mp.Queue()
+    readers = [spawn(read_until, namespace, 0, start, stop, results) for _ in range(4)]
+    writer = spawn(publish_until, namespace, 0, start, stop)
+    start.wait(WAIT)  # all five children attached
     stop.wait(3.0)  # let them race for a few seconds
     stop.set()
     reports = [results.get(timeout=WAIT) for _ in readers]

@@ -133,7 +133,7 @@ class Registry:
         """Create the namespace's control segment and lock; NamespaceBusy if it exists."""
         if slots < 1 or mailbox_capacity < LINE or mailbox_capacity % LINE:
             raise ValueError("need >= 1 slot and a mailbox capacity that is a multiple of 64")
-        slot_size = REQUESTS + 2 * Mailbox.size(mailbox_capacity)
+        slot_size = _slot_size(mailbox_capacity)
         seg = Segment.create(names.control(namespace), TABLE + slots * slot_size)
         try:  # a lock left by a namespace that was cleaned up half-way is stale: replace it
             unlink_lock(namespace)
@@ -154,6 +154,9 @@ class Registry:
             seg = Segment.attach(names.control(namespace), MAGIC, LAYOUT)
         except FileNotFoundError:
             raise ControllerNotFound(f"namespace {namespace!r} has no control segment") from None
+        slots, slot_size, capacity = seg.words[SLOTS : MAILBOX_CAPACITY + 1]
+        valid = slots > 0 and capacity % LINE == 0 and slot_size == _slot_size(capacity)
+        seg.require(valid, TABLE + slots * slot_size)
         try:
             lock = posix_ipc.Semaphore(names.lock(namespace))
         except posix_ipc.ExistentialError:
@@ -352,6 +355,10 @@ class Registry:
 
     def _set_slot(self, slot: int, offset: int, value: int) -> None:
         self._words[(TABLE + slot * self._slot_size + offset) // 8] = value
+
+
+def _slot_size(mailbox_capacity: int) -> int:
+    return REQUESTS + 2 * Mailbox.size(mailbox_capacity)
 
 
 def unlink_lock(namespace: str) -> None:

@@ -10,6 +10,18 @@
     192     8             dropped      producer    when an event finds the ring full
     256     64*capacity   records      producer    record i at 256 + 64 * (i % capacity)
 
+Record (EVENT_DTYPE, little-endian; written by the producer before head moves past it):
+
+    offset  size  field    meaning
+    0       8     t_ns     CLOCK_MONOTONIC time of the event, ns (int64)
+    8       32    values   raw dim values in the profile's dim order; MEMORY: free, total bytes
+    40      4     version  snapshot version the request was routed with (uint32)
+    44      2     profile  the worker's profile id (uint16)
+    46      1     kind     Kind: SHAPE, EAGER or MEMORY; 0 is never written
+    47      1     ndim     dims used, 1..4 (the others are 0)
+    48      8     chunks   graph runs per dim (uint16 each)
+    56      8     (pad)    one record per cache line
+
 `head` and `tail` count records since creation and never wrap; the ring holds [tail, head).
 Each counter has one writer and sits on its own cache line. Why the consumer never sees a torn
 record: the producer writes record `head` completely, then publishes head+1 with one aligned
@@ -107,8 +119,9 @@ class EventRing:
     def attach(cls, namespace: str, slot: int) -> EventRing:
         """Attach an existing ring (the controller); FileNotFoundError if there is none."""
         segment = Segment.attach(names.ring(namespace, slot), MAGIC, LAYOUT)
-        assert segment.words[RECORD_SIZE] == RECORD, "record size is fixed by the layout version"
-        return cls(segment)
+        capacity, record = segment.words[CAPACITY], segment.words[RECORD_SIZE]
+        valid = capacity > 0 and not capacity & (capacity - 1) and record == RECORD
+        return cls(segment.require(valid, RECORDS + capacity * RECORD))
 
     @property
     def name(self) -> str:
@@ -125,7 +138,7 @@ class EventRing:
     ) -> bool:
         """Record one event (1..4 raw dim values, as many chunk counts); False if dropped."""
         head = self._head
-        if head - self._words[16] >= self.capacity:  # 16 = TAIL // 8
+        if head - self._words[_TAIL] >= self.capacity:
             self._dropped += 1
             self._words[_DROPPED] = self._dropped
             return False

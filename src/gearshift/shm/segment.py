@@ -117,6 +117,15 @@ class Segment:
             raise LayoutError(f"{name}: layout version {found_layout}, gearshift reads {layout}")
         return segment
 
+    def require(self, valid: bool, size: int) -> Segment:
+        """Self, if its header constants are `valid` and describe at most its real size;
+        otherwise unmap and raise LayoutError (attach checks these before trusting them)."""
+        if valid and size <= len(self.mm):
+            return self
+        found = list(self.words[CONSTANTS : LINE // 8])
+        self.close()
+        raise LayoutError(f"{self.name}: header constants {found} do not fit its layout or size")
+
     def close(self) -> None:
         """Unmap (the object stays; see `unlink`)."""
         self.words.release()

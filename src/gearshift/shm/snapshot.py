@@ -77,7 +77,10 @@ class SnapshotRegion:
     @classmethod
     def attach(cls, namespace: str, device: int) -> SnapshotRegion:
         """Attach an existing region; FileNotFoundError if the controller has not created it."""
-        return cls(Segment.attach(names.snapshot(namespace, device), MAGIC, LAYOUT))
+        segment = Segment.attach(names.snapshot(namespace, device), MAGIC, LAYOUT)
+        capacity = segment.words[CAPACITY]
+        valid = capacity > 0 and capacity % LINE == 0
+        return cls(segment.require(valid, BUFFERS + 2 * (PAYLOAD + capacity)))
 
     def version(self) -> int:
         """The latest completely published version (0: none yet)."""
