@@ -4,25 +4,29 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Callable, Iterator
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
 
 import pytest
+
+from shm.procs import Spawn
 
 JOIN_TIMEOUT = 30.0
 
 
 @pytest.fixture(scope="session")
-def mp() -> multiprocessing.context.BaseContext:
+def mp() -> BaseContext:
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["shm_procs"])
+    ctx.set_forkserver_preload(["shm.procs"])
     return ctx
 
 
 @pytest.fixture
-def spawn(mp) -> Iterator[Callable[..., multiprocessing.Process]]:
+def spawn(mp: BaseContext) -> Iterator[Spawn]:
     """Start `target(*args)` in a child; every child is joined (or killed) when the test ends."""
-    children: list[multiprocessing.Process] = []
+    children: list[BaseProcess] = []
 
-    def start(target: Callable, *args: object) -> multiprocessing.Process:
+    def start(target: Callable[..., None], *args: object) -> BaseProcess:
         child = mp.Process(target=target, args=args, daemon=True)
         child.start()
         children.append(child)

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 import os
+from multiprocessing.context import BaseContext
 
 import pytest
-from shm_procs import WAIT, claim_put_exit, control_until
 
 from gearshift.errors import ControllerNotFound, ControllerRunning, NamespaceBusy
 from gearshift.shm import EventRing, Registry, SnapshotRegion, cleanup, names
 from gearshift.shm.segment import SHM_DIR, exists
+from shm.procs import WAIT, Spawn, claim_put_exit, control_until
 
 
 def _objects(namespace: str) -> list[str]:
@@ -19,7 +20,7 @@ def _objects(namespace: str) -> list[str]:
     return sorted(n for n in os.listdir(SHM_DIR) if pattern.fullmatch(n) or n == lock)
 
 
-def test_a_dead_namespace_is_removed_entirely(namespace: str, spawn) -> None:
+def test_a_dead_namespace_is_removed_entirely(namespace: str, spawn: Spawn) -> None:
     registry = Registry.create(namespace, slots=2)
     spawn(claim_put_exit, namespace, 3).join(WAIT)  # a worker that died with its ring
     SnapshotRegion.create(namespace, 0).close()
@@ -55,7 +56,9 @@ def test_cleanup_refuses_while_a_worker_lives(namespace: str) -> None:
         registry.close()
 
 
-def test_cleanup_refuses_while_the_controller_lives(namespace: str, mp, spawn) -> None:
+def test_cleanup_refuses_while_the_controller_lives(
+    namespace: str, mp: BaseContext, spawn: Spawn
+) -> None:
     registry = Registry.create(namespace)
     started, stop = mp.Event(), mp.Event()
     controller = spawn(control_until, namespace, started, stop)

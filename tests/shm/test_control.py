@@ -3,17 +3,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from multiprocessing.context import BaseContext
 
 import pytest
-from shm_procs import (
-    WAIT,
-    claim_and_hold,
-    claim_put_exit,
-    control_until,
-    layout_table,
-    lock_and_die,
-    register_profile,
-)
 
 from gearshift.errors import (
     ControllerNotFound,
@@ -24,6 +16,16 @@ from gearshift.errors import (
 )
 from gearshift.shm import EventRing, Registry, SlotState, control, error_reply, names, ring
 from gearshift.shm.segment import Segment, exists
+from shm.procs import (
+    WAIT,
+    Spawn,
+    claim_and_hold,
+    claim_put_exit,
+    control_until,
+    layout_table,
+    lock_and_die,
+    register_profile,
+)
 
 SLOTS = 4
 
@@ -82,7 +84,7 @@ def test_slots_run_out_with_a_clear_error(registry: Registry) -> None:
 
 
 def test_slot_claims_racing_between_processes_never_share_a_slot(
-    namespace: str, registry: Registry, mp, spawn
+    namespace: str, registry: Registry, mp: BaseContext, spawn: Spawn
 ) -> None:
     go, stop, results = mp.Event(), mp.Event(), mp.Queue()
     for _ in range(SLOTS + 2):
@@ -95,7 +97,7 @@ def test_slot_claims_racing_between_processes_never_share_a_slot(
 
 
 def test_a_dead_workers_slot_is_reclaimed_only_after_its_ring_was_drained(
-    namespace: str, registry: Registry, spawn
+    namespace: str, registry: Registry, spawn: Spawn
 ) -> None:
     worker = spawn(claim_put_exit, namespace, 5)
     worker.join(WAIT)
@@ -138,7 +140,7 @@ def test_a_live_workers_slot_is_never_reclaimed(namespace: str, registry: Regist
 
 
 def test_a_second_live_controller_is_refused_and_a_dead_ones_place_is_taken(
-    namespace: str, registry: Registry, mp, spawn
+    namespace: str, registry: Registry, mp: BaseContext, spawn: Spawn
 ) -> None:
     started, stop = mp.Event(), mp.Event()
     other = spawn(control_until, namespace, started, stop)
@@ -156,7 +158,7 @@ def test_a_second_live_controller_is_refused_and_a_dead_ones_place_is_taken(
 
 
 def test_a_lock_held_by_a_dead_process_is_reported_and_repaired(
-    namespace: str, registry: Registry, spawn
+    namespace: str, registry: Registry, spawn: Spawn
 ) -> None:
     holder = spawn(lock_and_die, namespace)
     holder.join(WAIT)
@@ -179,7 +181,7 @@ def test_a_lock_held_by_a_dead_process_is_reported_and_repaired(
     ],
 )
 def test_registration_round_trip_between_worker_and_controller(
-    namespace: str, registry: Registry, mp, spawn, reply: dict, expected: tuple
+    namespace: str, registry: Registry, mp: BaseContext, spawn: Spawn, reply: dict, expected: tuple
 ) -> None:
     results = mp.Queue()
     spawn(register_profile, namespace, results)

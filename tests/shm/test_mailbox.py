@@ -3,11 +3,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from shm_procs import layout_table
 
 from gearshift.errors import GearshiftError, PayloadError, ProfileMismatch, ShapeError
 from gearshift.shm import Mailbox, error_reply, mailbox, raise_for_error
 from gearshift.shm.segment import Segment
+from shm.procs import layout_table
 
 CAPACITY = 256
 

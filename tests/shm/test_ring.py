@@ -7,16 +7,17 @@ import signal
 import time
 from collections import deque
 from collections.abc import Iterator
+from multiprocessing.context import BaseContext
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from shm_procs import WAIT, intact, layout_table, produce, produce_forever, record
 
 from gearshift.errors import LayoutError
 from gearshift.shm import EVENT_DTYPE, EventRing, Kind, names, ring
 from gearshift.shm.segment import Segment
+from shm.procs import WAIT, Spawn, intact, layout_table, produce, produce_forever, record
 
 
 @pytest.fixture
@@ -152,7 +153,7 @@ def _consume_all(consumers: list[EventRing], children: list) -> list[np.ndarray]
 
 @pytest.mark.parametrize("producers", [2, 4])
 def test_producer_processes_into_one_consumer_account_for_every_event(
-    namespace: str, rings: list[EventRing], spawn, producers: int
+    namespace: str, rings: list[EventRing], spawn: Spawn, producers: int
 ) -> None:
     count, capacity = 60_000, 1024  # small rings, so some events are dropped
     rings.extend(EventRing.create(namespace, slot, capacity) for slot in range(producers))
@@ -171,7 +172,7 @@ def test_producer_processes_into_one_consumer_account_for_every_event(
 
 
 def test_a_producer_killed_at_random_points_never_leaves_a_partial_record(
-    namespace: str, rings: list[EventRing], mp, spawn
+    namespace: str, rings: list[EventRing], mp: BaseContext, spawn: Spawn
 ) -> None:
     rng = random.Random(3)
     for slot in range(8):

@@ -4,12 +4,12 @@ import os
 import stat
 
 import pytest
-from shm_procs import layout_table
 
 from gearshift.clock import FakeClock
 from gearshift.errors import LayoutError, NamespaceBusy
 from gearshift.shm import segment
 from gearshift.shm.segment import Segment
+from shm.procs import layout_table
 
 MAGIC, LAYOUT = 0x1234, 3
 

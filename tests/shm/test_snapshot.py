@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from multiprocessing.context import BaseContext
 
 import pytest
-from shm_procs import WAIT, layout_table, publish_until, read_until, snapshot_payload
 
 from gearshift.errors import LayoutError, PayloadError
 from gearshift.shm import SnapshotRegion, names, ring, snapshot
 from gearshift.shm.segment import Segment
+from shm.procs import WAIT, Spawn, layout_table, publish_until, read_until, snapshot_payload
 
 CAPACITY = 64 * 1024
 
@@ -117,7 +118,7 @@ def test_attaching_another_structure_or_a_newer_layout_is_refused(
 
 
 def test_readers_never_accept_a_torn_payload_from_a_writer_publishing_flat_out(
-    namespace: str, region: SnapshotRegion, mp, spawn
+    namespace: str, region: SnapshotRegion, mp: BaseContext, spawn: Spawn
 ) -> None:
     region.publish(snapshot_payload(1))
     start, stop, results = mp.Barrier(6), mp.Event(), mp.Queue()

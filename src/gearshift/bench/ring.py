@@ -18,6 +18,9 @@ import queue
 import statistics
 import time
 from collections.abc import Callable
+from multiprocessing.context import BaseContext
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
 
 import click
 
@@ -93,21 +96,21 @@ def _queue_get_rate(events: int = 20_000) -> float:
     return rate
 
 
-def _ring_producer(namespace: str, slot: int, ready, go, stop) -> None:
+def _ring_producer(namespace: str, slot: int, ready: Queue, go: Event, stop: Event) -> None:
     ring = EventRing.attach(namespace, slot)
     put = ring.put
     ready.put(slot)
-    go.wait()
+    go.wait(60)
     while not stop.is_set():
         for _ in range(CHECK_EVERY):
             put(*EVENT)
     ring.close()
 
 
-def _queue_producer(q, ready, go, stop) -> None:
+def _queue_producer(q: Queue, ready: Queue, go: Event, stop: Event) -> None:
     q.cancel_join_thread()  # exit even with events still buffered
     ready.put(0)
-    go.wait()
+    go.wait(60)
     while not stop.is_set():
         for _ in range(CHECK_EVERY):
             try:
@@ -116,7 +119,13 @@ def _queue_producer(q, ready, go, stop) -> None:
                 break
 
 
-def _run(ctx, target: Callable, args: list[tuple], consume: Callable[[], int], seconds: float):
+def _run(
+    ctx: BaseContext,
+    target: Callable[..., None],
+    args: list[tuple],
+    consume: Callable[[], int],
+    seconds: float,
+) -> float:
     """Start one producer per args tuple, consume for `seconds`; return events per second."""
     ready, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
     producers = [ctx.Process(target=target, args=(*a, ready, go, stop), daemon=True) for a in args]
@@ -140,6 +149,16 @@ def _run(ctx, target: Callable, args: list[tuple], consume: Callable[[], int], s
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def _get_some(q: Queue, most: int = CHECK_EVERY) -> int:
+    """Get up to `most` queued events without blocking; how many were got."""
+    for got in range(most):
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return got
+    return most
 
 
 @click.command()
@@ -184,13 +203,3 @@ def command(workers: int, seconds: float, capacity: int, as_json: bool) -> None:
         return
     for key, value in result.items():
         click.echo(f"{key:40} {value:>16,.1f}")
-
-
-def _get_some(q, most: int = CHECK_EVERY) -> int:
-    """Get up to `most` queued events without blocking; how many were got."""
-    for got in range(most):
-        try:
-            q.get_nowait()
-        except queue.Empty:
-            return got
-    return most

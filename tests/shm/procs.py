@@ -7,12 +7,17 @@ import hashlib
 import os
 import re
 import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier, Event
 
 import numpy as np
 
 from gearshift.errors import GearshiftError
 from gearshift.shm import EventRing, Registry, SnapshotRegion, mailbox
 
+Spawn = Callable[..., BaseProcess]  # the `spawn` fixture: start target(*args) in a child
 WAIT = 20.0  # seconds: the bound of every wait in a child (the parent's joins are bounded too)
 
 # -- self-checking records: every field is derived from the sequence number in t_ns --
@@ -70,7 +75,7 @@ def produce(namespace: str, slot: int, count: int) -> None:
     ring.close()
 
 
-def produce_forever(namespace: str, slot: int, started) -> None:
+def produce_forever(namespace: str, slot: int, started: Event) -> None:
     """Put records 0, 1, 2, ... until killed."""
     ring = EventRing.attach(namespace, slot)
     ring.put(*record(0))
@@ -87,7 +92,7 @@ def snapshot_payload(version: int) -> dict:
     return {"version": version, "body": body, "digest": hashlib.sha256(body).hexdigest()}
 
 
-def publish_until(namespace: str, device: int, start, stop) -> None:
+def publish_until(namespace: str, device: int, start: Barrier, stop: Event) -> None:
     region = SnapshotRegion.attach(namespace, device)
     start.wait(WAIT)
     while not stop.is_set():
@@ -95,7 +100,7 @@ def publish_until(namespace: str, device: int, start, stop) -> None:
     region.close()
 
 
-def read_until(namespace: str, device: int, start, stop, results) -> None:
+def read_until(namespace: str, device: int, start: Barrier, stop: Event, results: Queue) -> None:
     """Read snapshots until `stop`; report (accepted, torn, distinct versions, monotonic)."""
     region = SnapshotRegion.attach(namespace, device)
     start.wait(WAIT)
@@ -119,7 +124,7 @@ def read_until(namespace: str, device: int, start, stop, results) -> None:
     results.put((accepted, torn, len(versions), monotonic))
 
 
-def claim_and_hold(namespace: str, go, results, stop) -> None:
+def claim_and_hold(namespace: str, go: Event, results: Queue, stop: Event) -> None:
     """Claim a slot when `go` is set, report it (or the error), hold it until `stop`."""
     registry = Registry.attach(namespace)
     go.wait(WAIT)
@@ -149,7 +154,7 @@ def lock_and_die(namespace: str) -> None:
     os._exit(0)
 
 
-def control_until(namespace: str, started, stop) -> None:
+def control_until(namespace: str, started: Event, stop: Event) -> None:
     registry = Registry.attach(namespace)
     registry.claim_controller()
     started.set()
@@ -157,7 +162,7 @@ def control_until(namespace: str, started, stop) -> None:
     os._exit(0)  # dies as controller, without releasing
 
 
-def register_profile(namespace: str, results) -> None:
+def register_profile(namespace: str, results: Queue) -> None:
     """A worker's registration round trip: post a request, wait for the reply, report it."""
     registry = Registry.attach(namespace)
     slot = registry.claim_slot(device=0)
