@@ -24,12 +24,14 @@ def test_a_dead_namespace_is_removed_entirely(namespace: str, spawn: Spawn) -> N
     registry = Registry.create(namespace, slots=2)
     spawn(claim_put_exit, namespace, 3).join(WAIT)  # a worker that died with its ring
     SnapshotRegion.create(namespace, 0).close()
+    SnapshotRegion.create_named(names.status(namespace), 4096).close()
     late = Registry.attach(namespace)  # a worker that attached just before cleanup
     registry.close()
     other = EventRing.create(f"{namespace}.b", 0, 8)  # another namespace sharing the prefix
     try:
         removed = cleanup(namespace)
-        assert removed == [f"/gearshift.{namespace}.{s}" for s in ("ctl", "ring.0", "snap.0")]
+        kinds = ("ctl", "ring.0", "snap.0", "status")
+        assert removed == [f"/gearshift.{namespace}.{kind}" for kind in kinds]
         assert _objects(namespace) == []
         assert exists(other.name)
         with pytest.raises(ControllerNotFound, match="cleaned up"):

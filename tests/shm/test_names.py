@@ -24,6 +24,7 @@ def test_every_object_name_derives_from_the_namespace() -> None:
     assert names.lock("ns") == "/gearshift.ns.lock"
     assert names.ring("ns", 3) == "/gearshift.ns.ring.3"
     assert names.snapshot("ns", 0) == "/gearshift.ns.snap.0"
+    assert names.status("ns") == "/gearshift.ns.status"
 
 
 @pytest.mark.parametrize("index", [-1, 1.5, "2"])
@@ -33,11 +34,19 @@ def test_indices_must_be_non_negative_ints(index: object) -> None:
 
 
 def test_segment_pattern_matches_only_its_own_namespace() -> None:
-    own = [n.lstrip("/") for n in (names.control("a"), names.ring("a", 12), names.snapshot("a", 0))]
+    own = [
+        n.lstrip("/")
+        for n in (
+            names.control("a"),
+            names.ring("a", 12),
+            names.snapshot("a", 0),
+            names.status("a"),
+        )
+    ]
     others = [
         n.lstrip("/")
-        for ns in ("a.ring", "a.snap", "a.b", "ab", "b")
-        for n in (names.control(ns), names.ring(ns, 1), names.snapshot(ns, 1))
+        for ns in ("a.ring", "a.snap", "a.status", "a.b", "ab", "b")
+        for n in (names.control(ns), names.ring(ns, 1), names.snapshot(ns, 1), names.status(ns))
     ]
     pattern = names.segment_pattern("a")
     assert all(pattern.fullmatch(n) for n in own)

@@ -56,6 +56,35 @@ def test_versions_increase_by_one_per_publish_and_readers_see_the_latest(
         reader.close()
 
 
+def test_at_least_lets_a_restarted_writer_keep_versions_increasing(
+    namespace: str, region: SnapshotRegion
+) -> None:
+    reader = SnapshotRegion.attach(namespace, 0)
+    try:
+        assert region.publish({"v": 1}) == 1
+        for at_least, expected in ((10, 10), (3, 11), (13, 13), (14, 14)):
+            assert region.publish({"v": expected}, at_least=at_least) == expected
+            assert reader.read() == (expected, {"v": expected})
+        _begin_publish_and_die(region)
+        assert reader.read() == (14, {"v": 14})
+        assert region.publish({"v": 20}, at_least=20) == 20
+        assert reader.read() == (20, {"v": 20})
+    finally:
+        reader.close()
+
+
+def test_named_regions_work_like_device_regions(namespace: str) -> None:
+    created = SnapshotRegion.create_named(names.status(namespace), 4096)
+    try:
+        created.publish({"format": 1})
+        attached = SnapshotRegion.attach_named(names.status(namespace))
+        assert (attached.capacity, attached.read()) == (4096, (1, {"format": 1}))
+        attached.close()
+    finally:
+        created.unlink()
+        created.close()
+
+
 def test_an_oversized_payload_is_refused_at_publish_and_changes_nothing(
     region: SnapshotRegion,
 ) -> None:
@@ -65,14 +94,13 @@ def test_an_oversized_payload_is_refused_at_publish_and_changes_nothing(
     assert region.read() == (1, {"v": 1})
 
 
-def _begin_publish_and_die(region: SnapshotRegion) -> int:
-    """Leave the region as a writer killed half-way through publishing the next version."""
-    version = region.version() + 1
-    words, buffer = region.segment.words, region._buffer(version)
-    words[snapshot.STATE // 8] = 2 * version - 1
-    words[buffer // 8] = 2 * version - 1
-    region.segment.mm[buffer + snapshot.PAYLOAD : buffer + snapshot.PAYLOAD + 4] = b"\xc1" * 4
-    return version
+def _begin_publish_and_die(region: SnapshotRegion) -> None:
+    """Leave the region as a writer killed half-way through writing the next version."""
+    words, state = region.segment.words, region.segment.words[snapshot.STATE // 8]
+    other = region._buffer(1 - ((state >> 1) & 1))
+    words[snapshot.STATE // 8] = state | 1
+    words[other // 8] = 2 * (region.version() + 1) - 1
+    region.segment.mm[other + snapshot.PAYLOAD : other + snapshot.PAYLOAD + 4] = b"\xc1" * 4
 
 
 def test_a_reader_starting_mid_write_gets_the_previous_good_copy(
@@ -95,7 +123,7 @@ def test_a_reader_starting_mid_write_gets_the_previous_good_copy(
 
 def test_a_copy_whose_checksum_fails_is_never_accepted(region: SnapshotRegion) -> None:
     region.publish({"v": "good"})
-    buffer = region._buffer(1)
+    buffer = region._buffer((region.segment.words[snapshot.STATE // 8] >> 1) & 1)
     region.segment.mm[buffer + snapshot.PAYLOAD + 2] ^= 0xFF  # corrupt under a stable seq
     with pytest.raises(PayloadError, match="no consistent snapshot"):
         region.read()

@@ -6,9 +6,10 @@ Every object of a namespace derives its name from it, so `cleanup` finds all of 
     /gearshift.<ns>.lock          semaphore guarding the slot table (/dev/shm/sem.gearshift...)
     /gearshift.<ns>.ring.<slot>   event ring of worker slot <slot>
     /gearshift.<ns>.snap.<dev>    snapshot region of device <dev>
+    /gearshift.<ns>.status        the controller's status document (a snapshot region)
 
-A name parses uniquely from the right (the suffix is `ctl`, `lock`, `ring.<digits>` or
-`snap.<digits>`), so namespace "a" never claims an object of namespace "a.ring".
+A name parses uniquely from the right (the suffix is `ctl`, `lock`, `status`, `ring.<digits>`
+or `snap.<digits>`), so namespace "a" never claims an object of namespace "a.ring".
 """
 
 from __future__ import annotations
@@ -47,9 +48,15 @@ def snapshot(namespace: str, device: int) -> str:
     return f"/gearshift.{validate(namespace)}.snap.{_index(device)}"
 
 
+def status(namespace: str) -> str:
+    return f"/gearshift.{validate(namespace)}.status"
+
+
 def segment_pattern(namespace: str) -> re.Pattern[str]:
     """Matches the /dev/shm entries (no leading '/') of the segments of `namespace`."""
-    return re.compile(rf"gearshift\.{re.escape(validate(namespace))}\.(ctl|ring\.\d+|snap\.\d+)")
+    return re.compile(
+        rf"gearshift\.{re.escape(validate(namespace))}\.(ctl|status|ring\.\d+|snap\.\d+)"
+    )
 
 
 def _index(value: int) -> int:

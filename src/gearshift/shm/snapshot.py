@@ -4,29 +4,33 @@
     0               8         magic       creator     once, last of the header
     8               8         layout      creator     once
     16              8         capacity    creator     once (payload bytes per buffer, k * 64)
-    64              8         state       writer      version << 1 | writing (odd mid-publish)
+    64              8         state       writer      version << 2 | buffer << 1 | writing
     128 + b*B       8         seq[b]      writer      2v once buffer b holds version v; odd
     128 + b*B + 8   8         length[b]   writer      while seq[b] is odd
     128 + b*B + 16  8         crc32[b]    writer      while seq[b] is odd
     128 + b*B + 64  capacity  payload[b]  writer      while seq[b] is odd
-    (two buffers, b = 0, 1, each B = 64 + capacity bytes; version v lives in buffer v % 2)
+    (two buffers, b = 0, 1, each B = 64 + capacity bytes; `buffer` holds `version`)
 
-Publishing version v = (state >> 1) + 1: state := 2v - 1 (odd); seq[v%2] := 2v - 1; write
-payload, length, crc32; seq[v%2] := 2v; state := 2v. Every word is one aligned 8-byte store,
-in this order (`fence()` on weakly ordered CPUs).
+Publishing version v (> the current version c, which buffer b holds): state := c, b, writing;
+seq[1-b] := 2v - 1 (odd); write payload, length, crc32; seq[1-b] := 2v; state := v, 1-b.
+Every word is one aligned 8-byte store, in this order (`fence()` on weakly ordered CPUs).
 
-Why a reader never accepts a torn payload: it reads v = state >> 1, then seq[v%2], the payload,
-and seq[v%2] again, and accepts only if both reads of seq equal 2v (unchanged across the read) and
-the crc32 matches. The writer touches buffer v%2 again only while publishing v+2, and marks it
-odd first, so a copy taken while it was being rewritten is always refused and retried. A publish
-in progress never touches the buffer of the current version, so readers, including one that
-starts mid-write, get the previous good copy without waiting, and a writer publishing at full
-speed cannot starve them. A writer killed mid-publish leaves state odd; the last good version
-stays readable and the next writer continues at version (state >> 1) + 1.
+Why a reader never accepts a torn payload: it reads v and b from state, then seq[b], the
+payload, and seq[b] again, and accepts only if both reads of seq equal 2v (unchanged across the
+read; versions only grow, so a seq value never comes back) and the crc32 matches. The writer
+touches buffer b again only in the publish after next, and marks it odd first, so a copy taken
+while it was being rewritten is always refused and retried. A publish in progress never
+touches the current version's buffer, so readers, including one that starts mid-write, get the
+previous good copy without waiting, and a writer publishing at full speed cannot starve them.
+A writer killed mid-publish leaves the writing bit set; the last good version stays readable
+and the next writer simply publishes into the other buffer again.
 
 Worker API: `version()` is one 8-byte read ("has it changed?"); `read()` returns the latest
-`Snapshot(version, payload)`, or None before the first publish. Controller API: `publish(payload)`
-encodes msgpack, refuses a payload over `capacity` with PayloadError, returns the new version.
+`Snapshot(version, payload)`, or None before the first publish. Controller API:
+`publish(payload, at_least=0)` encodes msgpack, refuses a payload over `capacity` with
+PayloadError, and returns the new version: the current one + 1, or `at_least` if larger (a
+restarted controller keeps its versions increasing). `create`/`attach` name the region by
+device; `create_named`/`attach_named` take any name of the namespace (the status region).
 """
 
 from __future__ import annotations
@@ -67,32 +71,40 @@ class SnapshotRegion:
     def create(
         cls, namespace: str, device: int, capacity: int = DEFAULT_CAPACITY
     ) -> SnapshotRegion:
-        """Create the region (the controller); NamespaceBusy if it exists (then `attach`)."""
-        if capacity < LINE or capacity % LINE:
-            raise ValueError(f"snapshot capacity must be a positive multiple of {LINE}")
-        size = BUFFERS + 2 * (PAYLOAD + capacity)
-        segment = Segment.create(names.snapshot(namespace, device), size)
-        return cls(segment.seal(MAGIC, LAYOUT, (capacity,)))
+        """Create device `device`'s region (the controller); NamespaceBusy if it exists."""
+        return cls.create_named(names.snapshot(namespace, device), capacity)
 
     @classmethod
     def attach(cls, namespace: str, device: int) -> SnapshotRegion:
-        """Attach an existing region; FileNotFoundError if the controller has not created it."""
-        segment = Segment.attach(names.snapshot(namespace, device), MAGIC, LAYOUT)
+        """Attach device `device`'s region; FileNotFoundError if the controller has not made it."""
+        return cls.attach_named(names.snapshot(namespace, device))
+
+    @classmethod
+    def create_named(cls, name: str, capacity: int = DEFAULT_CAPACITY) -> SnapshotRegion:
+        if capacity < LINE or capacity % LINE:
+            raise ValueError(f"snapshot capacity must be a positive multiple of {LINE}")
+        segment = Segment.create(name, BUFFERS + 2 * (PAYLOAD + capacity))
+        return cls(segment.seal(MAGIC, LAYOUT, (capacity,)))
+
+    @classmethod
+    def attach_named(cls, name: str) -> SnapshotRegion:
+        segment = Segment.attach(name, MAGIC, LAYOUT)
         capacity = segment.words[CAPACITY]
         valid = capacity > 0 and capacity % LINE == 0
         return cls(segment.require(valid, BUFFERS + 2 * (PAYLOAD + capacity)))
 
     def version(self) -> int:
         """The latest completely published version (0: none yet)."""
-        return self._words[_STATE] >> 1
+        return self._words[_STATE] >> 2
 
     def read(self) -> Snapshot | None:
         """The latest published snapshot, never a torn one; PayloadError if it stays corrupt."""
         for _ in range(READ_ATTEMPTS):
-            version = self._words[_STATE] >> 1
+            state = self._words[_STATE]
+            version = state >> 2
             if version == 0:
                 return None
-            base = self._buffer(version)
+            base = self._buffer((state >> 1) & 1)
             seq = self._words[base // 8]
             if seq != 2 * version:  # the writer is already rewriting this buffer: re-read state
                 continue
@@ -105,17 +117,19 @@ class SnapshotRegion:
                 return Snapshot(version, codec.unpack(data, self.capacity))
         raise PayloadError(f"{self.segment.name}: no consistent snapshot in {READ_ATTEMPTS} reads")
 
-    def publish(self, payload: object) -> int:
-        """Publish `payload` as the next version and return it (single writer)."""
+    def publish(self, payload: object, at_least: int = 0) -> int:
+        """Publish `payload` as version max(current + 1, at_least) and return it (one writer)."""
         data = codec.pack(payload)
         if len(data) > self.capacity:
             raise PayloadError(
                 f"{self.segment.name}: snapshot of {len(data)} bytes exceeds the region's "
                 f"capacity of {self.capacity} bytes"
             )
-        version = (self._words[_STATE] >> 1) + 1
-        base = self._buffer(version)
-        self._words[_STATE] = 2 * version - 1
+        state = self._words[_STATE] & ~1  # a writer that died mid-publish left the bit set
+        version = max((state >> 2) + 1, at_least)
+        target = 1 - ((state >> 1) & 1)
+        base = self._buffer(target)
+        self._words[_STATE] = state | 1
         self._words[base // 8] = 2 * version - 1
         fence()
         self._mm[base + PAYLOAD : base + PAYLOAD + len(data)] = data
@@ -123,11 +137,11 @@ class SnapshotRegion:
         self._words[(base + CRC) // 8] = zlib.crc32(data)
         fence()
         self._words[base // 8] = 2 * version
-        self._words[_STATE] = 2 * version
+        self._words[_STATE] = version << 2 | target << 1
         return version
 
-    def _buffer(self, version: int) -> int:
-        return BUFFERS + (version & 1) * (PAYLOAD + self.capacity)
+    def _buffer(self, index: int) -> int:
+        return BUFFERS + index * (PAYLOAD + self.capacity)
 
     def close(self) -> None:
         self.segment.close()
