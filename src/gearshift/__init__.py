@@ -21,6 +21,7 @@ from gearshift.errors import (
 
 __all__ = [
     "BackendUnavailable",
+    "Client",
     "ConfigError",
     "ControllerNotFound",
     "ControllerRunning",
@@ -29,20 +30,28 @@ __all__ = [
     "LayoutError",
     "NamespaceError",
     "PayloadError",
+    "Plan",
     "PolicyConfig",
+    "Profile",
     "ProfileMismatch",
     "ShapeError",
     "StateError",
     "TraceError",
+    "connect",
     "load_policy_config",
 ]
 
-# The torch side, imported on first use: `import gearshift` stays torch-free.
+# Imported on first use: `import gearshift` stays light, and torch-free (the routing client
+# never imports torch; the runner side does).
 _LAZY = {
     "AdaptiveRunner": "gearshift.client.adaptive",
+    "Client": "gearshift.client.session",
     "GraphResourcePool": "gearshift.client.pool",
     "GraphRunner": "gearshift.client.runner",
+    "Plan": "gearshift.client.profile",
+    "Profile": "gearshift.client.profile",
     "Transform": "gearshift.client.transform",
+    "connect": "gearshift.client.session",
 }
 
 

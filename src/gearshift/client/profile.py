@@ -1,0 +1,333 @@
+"""A profile on a connected client: routing on the snapshot in use, and adopting new ones.
+
+`route(**sizes)` is the request path: one version check (adopting a changed snapshot on the
+spot), a gear lookup per dim on the gears in use, one ring record; it never captures, blocks
+or raises because of the controller. A plan's chunks follow `dims.chunks_for`.
+
+Adopting a snapshot (the swap, on whichever thread sees the new version first) builds a new
+immutable `_State` and publishes it by one reference assignment under `_lock`; a runner
+attached with `attach` gets the new gears the same way. The client's swap thread then calls
+`maintain()`: it warms up the runner (captures the variants of the gears in use, a few per
+call; until one is ready the runner routes its chunks to the next larger ready variant, or
+eagerly) and releases the graphs of removed gears once every request bracketed by
+`request()`/`run()` that started on an older state has finished (the grace period).
+
+Invariants: a request counts itself in its state's `active` under `_lock`, where the swap also
+happens, so once a state is replaced no request can join it; a removal made by state `e` is
+released only when no state older than `e` has a request in flight, and only if the gear is
+not back in the gears in use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from gearshift import protocol
+from gearshift.dims import Dim, Gears, chunks_for, normalize_gears
+from gearshift.errors import ShapeError, StateError
+from gearshift.shm.ring import MAX_DIMS, Kind
+
+if TYPE_CHECKING:
+    from gearshift.client.session import Client
+
+log = logging.getLogger(__name__)
+MAX_CHUNKS = 0xFFFF  # a record's chunk count is 16 bits
+LOOKUP_MAX = 1 << 16  # dims with gears up to this route by a lookup table (8 bytes per value)
+_SHAPE, _EAGER = int(Kind.SHAPE), int(Kind.EAGER)  # plain ints pack faster than enum members
+WARM_BATCH = 8  # variants captured per maintain() call: the swap thread stays responsive
+
+
+class Plan(NamedTuple):
+    """How one request runs: the snapshot version it was routed on and, per dim, the gear of
+    every chunk (largest first; `()` on a non-splittable dim over its largest gear: eager)."""
+
+    version: int
+    chunks: dict[str, Gears]
+
+    @property
+    def gears(self) -> dict[str, int | None]:
+        """Per dim, the gear it runs at (its largest chunk's), None when eager."""
+        return {d: c[0] if c else None for d, c in self.chunks.items()}
+
+    @property
+    def eager(self) -> bool:
+        return not all(self.chunks.values())
+
+
+_new_plan = tuple.__new__  # builds a Plan without the Python-level __new__ of NamedTuple
+
+
+class Runner(Protocol):
+    """What a profile drives (an `AdaptiveRunner`): gears to plan on, warm-up, release, run."""
+
+    gears: dict[str, Gears]
+    transform: Any  # .check(tensors) -> raw size per dim
+
+    def ready(self) -> list[tuple[int, ...]]: ...
+
+    def capture(self, variants: Iterable[Mapping[str, int]]) -> int: ...
+
+    def release(self, dim: str, gear: int) -> int: ...
+
+    def run(self, tensors: Mapping[str, Any]) -> Any: ...
+
+
+class _State:
+    """Gears in use from one snapshot; `active` (under the profile's lock) counts requests.
+    `table` has per dim what routing needs: bounds, the largest gear, a raw -> chunk lookup."""
+
+    __slots__ = ("active", "epoch", "gears", "table", "version")
+
+    def __init__(
+        self, version: int, gears: dict[str, Gears], dims: Mapping[str, Dim], epoch: int
+    ) -> None:
+        self.version, self.gears, self.epoch, self.active = version, gears, epoch, 0
+        self.table = tuple(
+            (n, d.min, d.max, gears[n][-1], _lookup(gears[n]), gears[n], d.splittable)
+            for n, d in dims.items()
+        )
+
+
+def _lookup(gears: Gears) -> Sequence[Gears]:
+    """raw -> (smallest gear >= raw,) for raw in 1..largest gear: a list (one index on the
+    request path) when the largest gear is at most LOOKUP_MAX, else a bisecting view."""
+    if gears[-1] > LOOKUP_MAX:
+        return _Bisect(gears)
+    table: list[Gears] = [()]  # raw 0 is never looked up
+    for low, gear in zip((0, *gears), gears, strict=False):
+        table += [(gear,)] * (gear - low)
+    return table
+
+
+class _Bisect:
+    def __init__(self, gears: Gears) -> None:
+        self.gears = gears
+
+    def __getitem__(self, raw: int) -> Gears:
+        return (self.gears[bisect_left(self.gears, raw)],)
+
+
+def checked_dims(name: str, dims: Mapping[str, Dim]) -> dict[str, Dim]:
+    """`dims` as a dict, or ShapeError: a profile has a name and 1..4 named `Dim`s whose raw
+    values fit a record (below 2**63)."""
+    if not isinstance(name, str) or not name:
+        raise ShapeError(f"a profile name is a non-empty string, got {name!r}")
+    dims = dict(dims)
+    if not 1 <= len(dims) <= MAX_DIMS:
+        raise ShapeError(f"profile {name!r} needs 1 to {MAX_DIMS} dims, got {len(dims)}")
+    for dim, spec in dims.items():
+        if not isinstance(dim, str) or not dim or not isinstance(spec, Dim):
+            raise ShapeError(f"profile {name!r}: {dim!r} must name a gs.Dim, got {spec!r}")
+        if spec.max >= 1 << 63:
+            raise ShapeError(f"profile {name!r}: {dim}.max {spec.max} does not fit 64 bits")
+    return dims
+
+
+class Profile:
+    """One named graph-compiled function of a client's device; made by `Client.profile`."""
+
+    def __init__(self, client: Client, pid: int, name: str, dims: Mapping[str, Dim]) -> None:
+        self.id, self.name, self.dims = pid, name, checked_dims(name, dims)
+        self.registered = False
+        self.rejected: Exception | None = None  # a registration the controller refused
+        self._client = client
+        self._record = client.record
+        self._ndim = len(self.dims)
+        self._lock = threading.Lock()
+        self._state = _State(0, {n: d.initial_gears for n, d in self.dims.items()}, dims, 0)
+        self._draining: list[_State] = []  # replaced states with requests in flight
+        self._releases: list[tuple[int, str, int]] = []  # (epoch that removed it, dim, gear)
+        self._runner: Runner | None = None
+        self._warm: _State | None = None  # the state whose variants are all captured
+
+    @property
+    def gears(self) -> dict[str, Gears]:
+        """Current gears per dim, from the snapshot in use."""
+        return dict(self._state.gears)
+
+    @property
+    def version(self) -> int:
+        """The version of the snapshot in use (0: initial gears)."""
+        return self._state.version
+
+    # request path
+
+    def route(self, **sizes: int) -> Plan:
+        """Plan one request of these raw sizes and record it; ShapeError on a bad shape."""
+        client = self._client
+        if client.region.version() != client.seen:
+            client.refresh()
+        return self._route(self._state, sizes)
+
+    @contextmanager
+    def request(self, **sizes: int) -> Iterator[Plan]:
+        """`route`, and count the request in flight until the block ends: graphs of gears a
+        newer snapshot removes are kept until it is done. Bracket every graph run with it."""
+        client = self._client
+        if client.region.version() != client.seen:
+            client.refresh()
+        with self._lock:
+            state = self._state
+            state.active += 1
+        try:
+            yield self._route(state, sizes)
+        finally:
+            with self._lock:
+                state.active -= 1
+                drained = not state.active and state is not self._state
+            if drained:
+                client.wake()
+
+    def _route(self, state: _State, sizes: Mapping[str, int]) -> Plan:
+        if len(sizes) != self._ndim:
+            raise self._mismatch(sizes)
+        chunks, values, counts, kind = {}, [], [], _SHAPE
+        for name, low, high, top, lookup, gears, splittable in state.table:
+            raw = sizes.get(name)
+            if type(raw) is not int:
+                raw = self._coerce(name, sizes)
+            if raw < low or raw > high:
+                raise ShapeError(f"{self.name}: {name}={raw} is outside [{low}, {high}]")
+            values.append(raw)
+            if raw <= top:
+                chunks[name] = lookup[raw]
+                counts.append(1)
+            else:
+                chunks[name] = c = chunks_for(gears, raw, splittable)
+                counts.append(min(len(c), MAX_CHUNKS))
+                kind = kind if c else _EAGER
+        self._record(self.id, state.version, values, counts, kind)
+        return _new_plan(Plan, (state.version, chunks))
+
+    def _coerce(self, name: str, sizes: Mapping[str, object]) -> int:
+        if name not in sizes:
+            raise self._mismatch(sizes)
+        self.dims[name].check(f"{self.name}: {name}", sizes[name])  # type: ignore[arg-type]
+        return int(sizes[name])  # type: ignore[call-overload]
+
+    def _mismatch(self, sizes: Mapping[str, object]) -> ShapeError:
+        unknown = sorted(set(sizes) - self.dims.keys())
+        missing = [d for d in self.dims if d not in sizes]
+        return ShapeError(
+            f"{self.name}: expected sizes for dims {list(self.dims)}; unknown {unknown}, "
+            f"missing {missing}"
+        )
+
+    # graph runs
+
+    def attach(self, runner: Runner) -> Runner:
+        """Drive `runner` from this profile: it plans on the gears in use, the swap thread warms
+        it up and releases removed gears after their grace period. Returns it."""
+        if list(runner.gears) != list(self.dims):
+            raise ShapeError(
+                f"{self.name}: the runner's dims {list(runner.gears)} are not "
+                f"{list(self.dims)} (in this order)"
+            )
+        with self._lock:
+            self._runner = runner
+            runner.gears = dict(self._state.gears)
+        self._client.attached(runner)
+        return runner
+
+    def runner(
+        self,
+        fn: Callable[..., Any],
+        inputs: Mapping[str, tuple[str | None, ...]],
+        example: Mapping[str, Any],
+        **options: Any,
+    ) -> Runner:
+        """Build an `AdaptiveRunner` of `fn` on this profile's dims and `attach` it; `inputs`
+        binds input axes to symbols (see `Transform`), `example` gives static sizes and dtypes,
+        `options` go to `Transform` (symbols, outputs). Imports torch."""
+        from gearshift.client.adaptive import AdaptiveRunner
+        from gearshift.client.transform import Transform
+
+        return self.attach(AdaptiveRunner(Transform(fn, self.dims, inputs, **options), example))
+
+    def run(self, /, **tensors: Any) -> Any:
+        """`fn(**tensors)` through the attached runner, routed, recorded and bracketed."""
+        runner = self._runner
+        if runner is None:
+            raise StateError(f"{self.name}: no runner attached (Profile.runner or attach)")
+        with self.request(**runner.transform.check(tensors)):
+            return runner.run(tensors)
+
+    # adoption (swap, then maintain on the swap thread)
+
+    def adopt(self, version: int, payload: object) -> None:
+        """Switch to the gears `payload` gives this profile (kept when it gives none)."""
+        gears = self._gears_in(payload)
+        with self._lock:
+            old = self._state
+            new = _State(version, gears or old.gears, self.dims, old.epoch + 1)
+            self._state = new
+            if old.active:
+                self._draining.append(old)
+            if self._runner is not None:
+                self._runner.gears = dict(new.gears)
+                self._releases += [
+                    (new.epoch, d, g)
+                    for d in self.dims
+                    for g in set(old.gears[d]) - set(new.gears[d])
+                ]
+
+    def _gears_in(self, payload: object) -> dict[str, Gears] | None:
+        gears = protocol.profile_gears(payload, self.name)
+        if gears is None:
+            return None
+        try:
+            if gears.keys() != self.dims.keys():
+                raise ShapeError(f"dims {sorted(gears)}")
+            for dim, values in gears.items():
+                gears[dim] = normalize_gears(values)
+                spec = self.dims[dim]
+                if gears[dim][0] < spec.min or gears[dim][-1] > spec.max:
+                    raise ShapeError(f"{dim} gears {list(values)} out of bounds")
+        except ShapeError as e:
+            log.error("profile %r: ignoring invalid snapshot gears (%s)", self.name, e)
+            return None
+        return gears
+
+    @property
+    def settled(self) -> bool:
+        """The state in use is warmed up and every removal is released."""
+        return self._runner is None or (self._warm is self._state and not self._releases)
+
+    def maintain(self) -> None:
+        """One warm-up and release step (the client's swap thread)."""
+        runner, state = self._runner, self._state
+        if runner is None:
+            return
+        if self._warm is not state:
+            self._warm_up(runner, state)
+        with self._lock:
+            self._draining = [s for s in self._draining if s.active]
+            oldest = min((s.epoch for s in self._draining), default=None)
+            due = [r for r in self._releases if oldest is None or oldest >= r[0]]
+            self._releases = [r for r in self._releases if r not in due]
+            gears = self._state.gears
+        for _, dim, gear in due:
+            if gear not in gears[dim]:
+                try:
+                    runner.release(dim, gear)
+                except Exception:
+                    log.exception("profile %r: releasing %s=%d failed", self.name, dim, gear)
+
+    def _warm_up(self, runner: Runner, state: _State) -> None:
+        ready = set(runner.ready())
+        missing = [v for v in itertools.product(*state.gears.values()) if v not in ready]
+        try:
+            runner.capture([dict(zip(self.dims, v, strict=True)) for v in missing[:WARM_BATCH]])
+        except Exception:
+            log.exception(
+                "profile %r: capture failed; those gears run on larger ones or eager", self.name
+            )
+            missing = []
+        if len(missing) <= WARM_BATCH:
+            self._warm = state

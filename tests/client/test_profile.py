@@ -1,0 +1,135 @@
+"""Routing on a profile: plans, recorded events, adoption of new gears, bad shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fake_controller import FakeController
+
+import gearshift as gs
+from gearshift.shm import Kind
+
+DIMS = {
+    "BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8, 16, 32, 64], splittable=True),
+    "SEQLEN": gs.Dim(min=1, max=8192, align=16),
+}
+
+
+@pytest.fixture
+def prof(client: gs.Client) -> gs.Profile:
+    return client.profile("decode", DIMS)
+
+
+def test_route_plans_the_smallest_gear_and_splits_over_the_largest(prof: gs.Profile) -> None:
+    assert prof.gears == {
+        "BATCHSIZE": (1, 2, 4, 8, 16, 32, 64),
+        "SEQLEN": tuple(1 << k for k in range(14)),
+    }
+    plan = prof.route(BATCHSIZE=13, SEQLEN=700)
+    assert plan.gears == {"BATCHSIZE": 16, "SEQLEN": 1024} and not plan.eager
+    assert plan.chunks == {"BATCHSIZE": (16,), "SEQLEN": (1024,)}
+    plan = prof.route(BATCHSIZE=130, SEQLEN=8192)
+    assert plan.chunks == {"BATCHSIZE": (64, 64, 2), "SEQLEN": (8192,)}
+    assert plan.gears == {"BATCHSIZE": 64, "SEQLEN": 8192}
+    assert prof.route(BATCHSIZE=np.int64(64), SEQLEN=1).chunks["BATCHSIZE"] == (64,)
+
+
+def test_route_records_one_event_per_request(
+    fake: FakeController, client: gs.Client, prof: gs.Profile
+) -> None:
+    fake.drain(client.slot)
+    prof.route(BATCHSIZE=13, SEQLEN=700)
+    prof.route(BATCHSIZE=130, SEQLEN=5)
+    first, second = fake.drain(client.slot)
+    assert (first["kind"], first["profile"], first["version"], first["ndim"]) == (
+        Kind.SHAPE,
+        prof.id,
+        prof.version,
+        2,
+    )
+    assert first["values"].tolist()[:2] == [13, 700] and first["chunks"].tolist()[:2] == [1, 1]
+    assert second["values"].tolist()[:2] == [130, 5] and second["chunks"].tolist()[:2] == [3, 1]
+    assert first["t_ns"] == client.clock.now_ns()
+
+
+def test_non_splittable_overflow_runs_eager_and_is_recorded_so(
+    fake: FakeController, client: gs.Client
+) -> None:
+    prof = client.profile("prefill", {"SEQLEN": gs.Dim(gears=[16, 64], max=100)})
+    plan = prof.route(SEQLEN=80)
+    assert plan.eager and plan.chunks == {"SEQLEN": ()} and plan.gears == {"SEQLEN": None}
+    (event,) = fake.drain(client.slot)
+    assert event["kind"] == Kind.EAGER and event["chunks"][0] == 0
+
+
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        ({"BATCHSIZE": 0, "SEQLEN": 1}, r"decode: BATCHSIZE=0 is outside \[1, 8192\]"),
+        ({"BATCHSIZE": -3, "SEQLEN": 1}, r"BATCHSIZE=-3 is outside"),
+        ({"BATCHSIZE": 1, "SEQLEN": 8193}, r"SEQLEN=8193 is outside \[1, 8192\]"),
+        ({"BATCHSIZE": 1, "SEQLEN": 1, "HEADS": 2}, r"unknown \['HEADS'\], missing \[\]"),
+        ({"BATCHSIZE": 1}, r"unknown \[\], missing \['SEQLEN'\]"),
+        ({"BATCHSIZE": 1, "SEQLN": 4}, r"unknown \['SEQLN'\], missing \['SEQLEN'\]"),
+        ({"BATCHSIZE": 2.0, "SEQLEN": 1}, r"BATCHSIZE=2.0: expected an int"),
+        ({"BATCHSIZE": True, "SEQLEN": 1}, r"BATCHSIZE=True: expected an int"),
+    ],
+)
+def test_bad_shapes_are_clear_errors_and_record_nothing(
+    fake: FakeController, client: gs.Client, prof: gs.Profile, sizes: dict, message: str
+) -> None:
+    fake.drain(client.slot)
+    with pytest.raises(gs.ShapeError, match=message):
+        prof.route(**sizes)
+    with pytest.raises(gs.ShapeError), prof.request(**sizes):
+        pass
+    assert len(fake.drain(client.slot)) == 0
+
+
+def test_a_new_snapshot_is_adopted_on_the_next_route(
+    fake: FakeController, client: gs.Client, prof: gs.Profile
+) -> None:
+    before = prof.version
+    version = fake.publish({"decode": {"BATCHSIZE": [8, 24, 64], "SEQLEN": [512, 8192]}})
+    assert version > before and prof.version == before  # nothing reads it before a request
+    plan = prof.route(BATCHSIZE=13, SEQLEN=700)
+    assert plan.version == prof.version == version
+    assert plan.gears == {"BATCHSIZE": 24, "SEQLEN": 8192}
+    assert prof.gears == {"BATCHSIZE": (8, 24, 64), "SEQLEN": (512, 8192)}
+    fake.drain(client.slot)
+    prof.route(BATCHSIZE=1, SEQLEN=1)
+    assert fake.drain(client.slot)[0]["version"] == version
+
+
+def test_snapshots_without_valid_gears_for_the_profile_keep_its_gears(
+    fake: FakeController, prof: gs.Profile
+) -> None:
+    gears = prof.gears
+    for payload in (
+        {"other": {"X": [1]}},  # the profile is not in it (yet)
+        {"decode": {"BATCHSIZE": [1, 9000], "SEQLEN": [8]}},  # 9000 > BATCHSIZE.max
+        {"decode": {"BATCHSIZE": [1]}},  # a dim missing
+        {"decode": {"BATCHSIZE": [], "SEQLEN": [8]}},  # no gear
+    ):
+        version = fake.publish(payload)
+        assert prof.route(BATCHSIZE=3, SEQLEN=3).version == version
+        assert prof.gears == gears
+
+
+def test_profile_dims_are_validated(client: gs.Client) -> None:
+    with pytest.raises(gs.ShapeError, match="1 to 4 dims"):
+        client.profile("none", {})
+    with pytest.raises(gs.ShapeError, match="1 to 4 dims"):
+        client.profile("five", {f"D{i}": gs.Dim() for i in range(5)})
+    with pytest.raises(gs.ShapeError, match="must name a gs\\.Dim"):
+        client.profile("bad", {"B": [1, 2]})
+    with pytest.raises(gs.ShapeError, match="non-empty string"):
+        client.profile("", {"B": gs.Dim()})
+    with pytest.raises(gs.ShapeError, match="does not fit 64 bits"):
+        client.profile("huge", {"B": gs.Dim(max=1 << 63)})
+
+
+def test_the_same_name_gives_the_same_profile(client: gs.Client, prof: gs.Profile) -> None:
+    assert client.profile("decode", dict(DIMS)) is prof
+    with pytest.raises(gs.ProfileMismatch, match="other dims"):
+        client.profile("decode", {"BATCHSIZE": gs.Dim()})
