@@ -22,6 +22,12 @@ EXIT_CONFLICT = 4  # another controller owns the namespace, or workers are alive
 COMMANDS = {
     "simulate": "gearshift.simulate_cli:simulate",
     "bench": "gearshift.bench.cli:bench",
+    "serve": "gearshift.controller.cli:serve",
+    "status": "gearshift.controller.cli:status",
+    "snapshot": "gearshift.controller.cli:snapshot",
+    "stop": "gearshift.controller.cli:stop",
+    "cleanup": "gearshift.controller.cli:cleanup_command",
+    "export": "gearshift.controller.cli:export",
 }
 
 

@@ -137,8 +137,9 @@ def _parse_value(key: str, type_name: str, raw: str) -> Any:
     return raw
 
 
-def read_toml(path: str | Path, section: str) -> dict[str, Any]:
-    """The keys of `section` in a TOML file (or its top level when it has no such table)."""
+def read_toml(path: str | Path, section: str, top_level: bool = True) -> dict[str, Any]:
+    """The keys of `section` in a TOML file (or, if `top_level`, its top level when it has no
+    such table)."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -146,7 +147,7 @@ def read_toml(path: str | Path, section: str) -> dict[str, Any]:
         raise ConfigError("config", f"file not found: {path}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("config", f"{path} is not valid TOML: {e}") from None
-    table = data.get(section, data)
+    table = data.get(section, data if top_level else {})
     if not isinstance(table, dict):
         raise ConfigError(section, f"expected a table in {path}")
     return {k: v for k, v in table.items() if not isinstance(v, dict)}

@@ -1,0 +1,93 @@
+"""Folding drained ring records into the policy's statistics, vectorised (no per-event Python).
+
+A batch is the records drained from several rings, concatenated, with a parallel array of
+global profile keys (each record's worker-local profile id mapped through its worker's
+registrations; -1 when that id is not registered). SHAPE and EAGER records are samples of
+their profile's dims (an eager run is still a request of that size); MEMORY records are device
+memory readings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from gearshift.controller.state import ProfileState
+from gearshift.shm import Kind
+
+
+class Folded(NamedTuple):
+    folded: int  # samples folded into statistics
+    unknown: int  # samples of a profile id no registration maps
+    invalid: int  # samples outside their dims' bounds or of another arity; records of no kind
+
+
+def fold(events: np.ndarray, keys: np.ndarray, profiles: Sequence[ProfileState | None],
+         now: float) -> Folded:
+    """Fold the samples of `events` (EVENT_DTYPE) into the DimStats of `profiles[key]`.
+
+    A record's time is its t_ns in seconds (the controller's clock is the same
+    CLOCK_MONOTONIC), capped at `now`; values outside a dim's [min, max] are counted, not
+    folded. Cost: a few numpy passes over the batch plus one `DimStats.fold` per profile dim.
+    """
+    kind = events["kind"]
+    is_sample = (kind == Kind.SHAPE) | (kind == Kind.EAGER)
+    samples = int(np.count_nonzero(is_sample))
+    odd = len(kind) - samples - int(np.count_nonzero(kind == Kind.MEMORY))
+    take = is_sample & (keys >= 0)
+    keys = keys[take]
+    unknown = samples - len(keys)
+    if not len(keys):
+        return Folded(0, unknown, odd)
+    times = np.minimum(events["t_ns"][take] * 1e-9, now)
+    values, ndim = events["values"][take], events["ndim"][take]
+    folded = invalid = 0
+    for key, rows in _groups(keys):
+        count = len(keys) if isinstance(rows, slice) else len(rows)
+        profile = profiles[key]
+        if profile is None:
+            unknown += count
+            continue
+        done = _fold_profile(profile, times[rows], values[rows], ndim[rows])
+        folded += done
+        invalid += count - done
+    return Folded(folded, unknown, odd + invalid)
+
+
+def _groups(keys: np.ndarray) -> Iterator[tuple[int, slice | np.ndarray]]:
+    """(key, rows of that key) for each distinct key; one slice when all keys are equal."""
+    first = keys[0]
+    if (keys == first).all():
+        yield int(first), slice(None)
+        return
+    order = np.argsort(keys, kind="stable")
+    for rows in np.split(order, np.flatnonzero(np.diff(keys[order])) + 1):
+        yield int(keys[rows[0]]), rows
+
+
+def _fold_profile(profile: ProfileState, times: np.ndarray, values: np.ndarray,
+                  ndim: np.ndarray) -> int:
+    """Fold the in-bounds samples into each dim's statistics; returns how many were folded."""
+    dims = profile.dims
+    v = values[:, : len(dims)]
+    low = np.array([d.min for d in dims.values()])
+    high = np.array([d.max for d in dims.values()])
+    ok = (ndim == len(dims)) & ((v >= low) & (v <= high)).all(axis=1)
+    if not ok.all():
+        times, v = times[ok], v[ok]
+    for column, name in enumerate(dims):
+        profile.stats[name].fold(times, v[:, column])
+    return len(times)
+
+
+def memory_reading(events: np.ndarray) -> tuple[float, float] | None:
+    """(time in seconds, used share of device memory) of the last valid MEMORY record, or None."""
+    kind, values = events["kind"], events["values"]
+    free, total = values[:, 0], values[:, 1]
+    rows = np.flatnonzero((kind == Kind.MEMORY) & (total > 0) & (free >= 0) & (free <= total))
+    if not len(rows):
+        return None
+    last = rows[-1]
+    return float(events["t_ns"][last]) * 1e-9, 1.0 - float(free[last]) / float(total[last])

@@ -1,0 +1,78 @@
+"""The controller's status document: what `gearshift status` and the metrics endpoint show.
+
+The controller publishes it every status interval (and after each registration) in the
+namespace's status region `/gearshift.<ns>.status`, a SnapshotRegion (seqlocked, so a reader
+in another process never sees it torn). msgpack, so JSON-compatible except that it may hold
+NaN-free floats only:
+
+    {"format": 1, "namespace", "pid", "embedded", "time": controller monotonic seconds,
+     "events": {"consumed", "folded", "unknown", "invalid", "reclaimed_workers", "errors"},
+     "rounds": {"count", "seconds_sum", "last_seconds"},
+     "workers": [{"slot", "generation", "pid", "device", "alive", "consumed", "dropped",
+                  "applied", "profiles": [[local id, name], ...]}],
+     "devices": [{"device", "version", "memory_usage", "last_update",
+                  "lag": {"last_seconds", "count", "seconds_sum"},
+                  "profiles": [{"name", "changes": [[dim, gear, action, reason], ...],
+                                "dims": [{"name", "gears", "hit_rate", "avg_pad",
+                                          "padding", "samples"}]}]}]}
+
+`hit_rate` and `avg_pad` are per gear (decayed, as the policy sees them); `padding` is the
+decayed mean pad ratio of the dim's requests. A restarted controller reads the last document
+to map the live workers' profile ids again before they re-register (events in their rings are
+then folded, not counted as unknown).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gearshift.config import PolicyConfig
+from gearshift.controller.state import ProfileState
+from gearshift.errors import LayoutError, NamespaceBusy, PayloadError
+from gearshift.policy import gear_stats
+from gearshift.shm import SnapshotRegion, names
+
+FORMAT = 1
+CAPACITY = 1 << 20
+
+
+def open_region(namespace: str) -> SnapshotRegion:
+    """The namespace's status region, created if needed (the controller)."""
+    try:
+        return SnapshotRegion.create_named(names.status(namespace), CAPACITY)
+    except NamespaceBusy:
+        return SnapshotRegion.attach_named(names.status(namespace))
+
+
+def read(namespace: str) -> dict[str, Any] | None:
+    """The last status document of `namespace`; None if there is no readable one."""
+    try:
+        region = SnapshotRegion.attach_named(names.status(namespace))
+    except (FileNotFoundError, LayoutError):
+        return None
+    try:
+        snapshot = region.read()
+    except PayloadError:
+        return None
+    finally:
+        region.close()
+    doc = snapshot.payload if snapshot else None
+    return doc if isinstance(doc, dict) and doc.get("format") == FORMAT else None
+
+
+def profile_view(name: str, profile: ProfileState, changes: list[list[Any]], now: float,
+                 policy: PolicyConfig) -> dict[str, Any]:
+    """One profile's entry: per dim its gears with their decayed statistics at `now`."""
+    dims = []
+    for dim_name, dim in profile.dims.items():
+        hist = profile.stats[dim_name].view(now)
+        table = gear_stats(profile.states[dim_name].gears, hist, dim, policy)
+        dims.append({
+            "name": dim_name,
+            "gears": [s.gear for s in table],
+            "hit_rate": [s.hit_rate for s in table],
+            "avg_pad": [s.avg_pad for s in table],
+            "padding": sum(s.hit_rate * s.avg_pad for s in table),
+            "samples": hist.total_count,
+        })
+    return {"name": name, "changes": changes, "dims": dims}

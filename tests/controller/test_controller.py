@@ -1,0 +1,265 @@
+"""The controller loop in virtual time: in-process workers (the shm primitives), `step()`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from gearshift.clock import FakeClock, MonotonicClock
+from gearshift.config import PolicyConfig
+from gearshift.controller import controller as controller_module
+from gearshift.controller import state
+from gearshift.controller.config import ControllerConfig
+from gearshift.controller.controller import Controller
+from gearshift.dims import Dim
+from gearshift.errors import ProfileMismatch, StateError
+from gearshift.shm import Registry, SlotState, names, segment
+
+from .workers import DIMS, WAIT, Worker
+
+POLICY = PolicyConfig(window_seconds=60.0, half_life_seconds=30.0, slice_seconds=5.0,
+                      update_interval_seconds=10.0, check_interval_seconds=1.0,
+                      recent_use_protect_seconds=5.0)
+LADDER = (1, 2, 4, 8, 16, 32, 64)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(MonotonicClock().now())  # near real time: child processes' events line up
+
+
+@pytest.fixture
+def config(namespace: str, tmp_path: Path) -> ControllerConfig:
+    return ControllerConfig(namespace=namespace, state_dir=str(tmp_path / "state"))
+
+
+@pytest.fixture
+def controller(config: ControllerConfig, clock: FakeClock) -> Iterator[Controller]:
+    c = Controller.open(config, POLICY, clock=clock)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def worker(controller: Controller, clock: FakeClock) -> Iterator[Callable[..., Worker]]:
+    """Make in-process workers; they detach before the controller closes."""
+    made: list[Worker] = []
+
+    def make(device: int = 0) -> Worker:
+        made.append(Worker(controller.config.namespace, device, clock))
+        return made[-1]
+
+    yield make
+    for w in made:
+        w.close()
+
+
+def _run(controller: Controller, clock: FakeClock, seconds: float, *workers: Worker,
+         value: int = 40) -> None:
+    """`seconds` of virtual time in 0.1 s iterations, each worker putting one `value`."""
+    for _ in range(round(seconds * 10)):
+        clock.advance(0.1)
+        for w in workers:
+            w.put(0, value)
+        controller.step()
+
+
+def _shm(namespace: str) -> list[str]:
+    return sorted(n for n in os.listdir(segment.SHM_DIR) if f".{namespace}." in n)
+
+
+def test_registration_is_answered_and_published(controller: Controller, worker) -> None:
+    w = worker()
+    reply = w.register(3, "decode", serve=controller.step)
+    assert reply == {"op": "registered", "profile": 3, "version": 1}
+    assert w.snapshot()[0] == 1 and w.gears("decode") == {"B": LADDER}
+    assert controller.devices[0].profiles["decode"].dims == DIMS
+
+
+def test_a_name_must_match_on_its_device_only(controller: Controller, worker) -> None:
+    first, second, other_device = worker(0), worker(0), worker(1)
+    first.register(0, "decode", serve=controller.step)
+    dims = {"B": Dim(max=128)}
+    with pytest.raises(ProfileMismatch, match=f"registered by pid {os.getpid()}"):
+        second.register(0, "decode", dims, serve=controller.step)
+    assert other_device.register(0, "decode", dims, serve=controller.step)["version"] == 1
+
+
+def test_events_flow_into_decisions_and_snapshots_advance(controller: Controller, worker,
+                                                          clock: FakeClock) -> None:
+    w = worker()
+    w.register(0, "decode", serve=controller.step)
+    _run(controller, clock, 12.0, w)
+    version, payload = w.snapshot()
+    gears = payload["profiles"]["decode"]["gears"]["B"]
+    assert version > 1 and 40 in gears and 32 not in gears  # added at the median, unused evicted
+    reasons = [c[3] for c in payload["profiles"]["decode"]["changes"]]
+    assert controller.counts["folded"] == 120 and controller.rounds["count"] >= 2
+    saved = state.load(controller.config.state_path, clock.now(), POLICY)
+    assert saved[0].version == version and list(saved[0].profiles["decode"].gears()["B"]) == gears
+    doc = controller.status_document(clock.now())
+    dim = doc["devices"][0]["profiles"][0]["dims"][0]
+    assert dim["samples"] == 120 and dim["gears"] == gears and 0 <= dim["padding"] < 0.4
+    assert all(isinstance(r, str) and r for r in reasons)
+
+
+def test_memory_pressure_runs_a_round_before_the_interval(controller: Controller, worker,
+                                                          clock: FakeClock) -> None:
+    a, b = worker(), worker()
+    a.register(0, "decode", serve=controller.step)
+    _run(controller, clock, 2.0)
+    assert controller.rounds["count"] == 1  # the first round; the next is 10 s away
+    a.ring.put_memory(round(clock.now() * 1e9), free=50, total=100)
+    b.ring.put_memory(round(clock.now() * 1e9), free=5, total=100)
+    _run(controller, clock, 1.5)
+    assert controller.memory_usage(0, clock.now()) == 0.95  # the highest fresh reading
+    assert controller.rounds["count"] >= 2
+    clock.advance(controller.config.memory_fresh_seconds + 1)
+    assert controller.memory_usage(0, clock.now()) is None
+
+
+def test_propagation_lag_waits_for_every_live_worker(controller: Controller, worker,
+                                                     clock: FakeClock) -> None:
+    a, b = worker(), worker()
+    a.register(0, "decode", serve=controller.step)
+    b.register(0, "decode", serve=controller.step)
+    controller._publish(0, clock.now())  # a new version
+    clock.advance(0.05)
+    a.snapshot()
+    controller.step()
+    assert controller.status_document(clock.now())["devices"][0]["lag"]["count"] == 0
+    clock.advance(0.05)
+    b.snapshot()
+    controller.step()
+    lag = controller.status_document(clock.now())["devices"][0]["lag"]
+    assert lag["count"] == 1 and lag["last_seconds"] == pytest.approx(0.1)
+
+
+def test_restart_continues_versions_and_restores_gears_even_on_new_segments(
+        config: ControllerConfig, clock: FakeClock) -> None:
+    with Controller.open(config, POLICY, clock=clock) as first:
+        w = Worker(config.namespace, 0, clock)
+        w.register(0, "decode", serve=first.step)
+        _run(first, clock, 12.0, w)
+        version, payload = w.snapshot()
+        w.close()
+    assert _shm(config.namespace) == []  # no live worker: the namespace went with it
+    with Controller.open(config, POLICY, clock=clock):
+        w = Worker(config.namespace, 0, clock)
+        assert w.snapshot() == (version + 1, payload | {"profiles": {"decode": {
+            "gears": payload["profiles"]["decode"]["gears"], "changes": []}}})
+        w.close()
+
+
+def test_takeover_keeps_the_segments_and_folds_what_the_rings_hold(
+        config: ControllerConfig, clock: FakeClock) -> None:
+    with Controller.open(config, POLICY, clock=clock) as first:
+        w = Worker(config.namespace, 0, clock)
+        w.register(5, "decode", serve=first.step)
+    # a live worker: the namespace stays, the worker keeps its snapshot
+    assert names.control(config.namespace)[1:] in _shm(config.namespace)
+    assert w.gears("decode") == {"B": LADDER}
+    for _ in range(10):
+        assert w.put(5, 40)  # recorded while no controller runs
+    with Controller.open(config, POLICY, clock=clock) as second:
+        second.step()
+        assert second.counts["folded"] == 10 and second.counts["unknown"] == 0
+        assert w.snapshot()[0] == 2  # restored devices are published once on start
+        w.close()
+
+
+def test_dead_worker_is_drained_and_reclaimed(controller: Controller, clock: FakeClock) -> None:
+    script = Path(__file__).with_name("workers.py")
+    child = subprocess.Popen([sys.executable, str(script), controller.config.namespace, "0",
+                              "100"], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + WAIT
+        while not select.select([child.stdout], [], [], 0.005)[0]:
+            assert time.monotonic() < deadline and child.poll() is None, "worker not ready"
+            controller.step()  # answers its registration
+        slot = int(child.stdout.readline().split()[1])
+    finally:
+        child.kill()
+        child.wait(WAIT)
+        child.stdout.close()
+    clock.advance(controller.config.scan_interval_seconds)
+    controller.step()
+    assert controller.counts["reclaimed_workers"] == 1 and controller.counts["folded"] == 100
+    assert slot not in controller.workers
+    assert names.ring(controller.config.namespace, slot)[1:] not in _shm(
+        controller.config.namespace)
+    registry = Registry.attach(controller.config.namespace)
+    try:
+        assert registry.slots()[slot].state == SlotState.FREE
+    finally:
+        registry.close()
+
+
+def test_unknown_and_invalid_events_are_counted(controller: Controller, worker,
+                                                clock: FakeClock) -> None:
+    w = worker()
+    w.register(0, "decode", serve=controller.step)
+    for args in [(0, 40), (0, 0), (0, 65), (1, 8), (0, 4, 4)]:
+        w.put(*args)
+    controller.step()
+    assert {k: controller.counts[k] for k in ("folded", "unknown", "invalid")} == {
+        "folded": 1, "unknown": 1, "invalid": 3}
+
+
+def test_initial_gears_seed_new_profiles(config: ControllerConfig, clock: FakeClock,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    seed = {0: {"decode": {"B": (8, 40, 64)}}, 3: {"prefill": {"B": (1, 999)}}}
+    with Controller.open(config, POLICY, clock=clock, initial_gears=seed) as c:
+        w = Worker(config.namespace, 1, clock)
+        w.register(0, "decode", serve=c.step)  # another device: the first device's seed
+        assert w.gears("decode") == {"B": (8, 40, 64)}
+        with caplog.at_level(logging.WARNING):
+            w.register(1, "prefill", serve=c.step)  # 999 is over the dim's max: ignored
+        assert w.gears("prefill") == {"B": LADDER} and "ignored" in caplog.text
+        w.close()
+
+
+def test_corrupt_state_is_an_error_unless_asked_to_start_fresh(config: ControllerConfig,
+                                                               clock: FakeClock) -> None:
+    config.state_path.mkdir(parents=True)
+    (config.state_path / state.STATE_FILE).write_bytes(b"\xc1garbage")
+    with pytest.raises(StateError, match="corrupt"):
+        Controller.open(config, POLICY, clock=clock)
+    assert _shm(config.namespace) == []  # nothing left behind
+    with Controller.open(config, POLICY, clock=clock, fresh_on_corrupt_state=True):
+        pass
+    assert (config.state_path / (state.STATE_FILE + ".corrupt")).read_bytes() == b"\xc1garbage"
+    assert msgpack.unpackb((config.state_path / state.STATE_FILE).read_bytes())["devices"] == {}
+
+
+def test_a_failing_round_is_logged_and_the_loop_goes_on(
+        controller: Controller, worker, clock: FakeClock, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("policy bug")
+
+    monkeypatch.setattr(controller_module, "decide", broken)
+    w = worker()
+    w.register(0, "decode", serve=controller.step)
+    with caplog.at_level(logging.ERROR):
+        _run(controller, clock, 3.0, w)
+    assert controller.counts["errors"] == 3 and controller.counts["folded"] == 30
+    assert len(caplog.records) == 1  # rate-limited
+
+
+def test_embedded_controller_runs_the_same_loop_in_a_thread(config: ControllerConfig) -> None:
+    embedded = Controller.start_embedded(config, POLICY)
+    w = Worker(config.namespace, 0)
+    assert w.register(0, "decode")["version"] == 1
+    w.close()
+    assert embedded.stop(WAIT)
+    assert embedded.controller.status["embedded"] and _shm(config.namespace) == []
