@@ -1,0 +1,141 @@
+"""The controller's commands through click's CliRunner (in-process controllers in virtual time)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from gearshift.cli import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE, main
+from gearshift.clock import FakeClock
+from gearshift.config import PolicyConfig
+from gearshift.controller import state
+from gearshift.controller.config import ControllerConfig, load_initial_gears
+from gearshift.controller.controller import Controller
+
+from .workers import Worker
+
+COMMANDS = ["serve", "status", "snapshot", "stop", "cleanup", "export"]
+
+
+@pytest.fixture(autouse=True)
+def _root_level() -> Iterator[None]:
+    """`serve` sets the root logger's level: give it back."""
+    level = logging.getLogger().level
+    yield
+    logging.getLogger().setLevel(level)
+
+
+def gs(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(main, list(args), env=env)
+
+
+@pytest.fixture
+def live(namespace: str, tmp_path: Path) -> Iterator[tuple[Controller, Worker]]:
+    """An in-process controller with one registered worker, its status published."""
+    config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))
+    controller = Controller.open(config, PolicyConfig(), clock=FakeClock(1.0))
+    worker = Worker(namespace, 0, controller.clock)
+    worker.register(0, "decode", serve=controller.step)
+    controller.step()
+    yield controller, worker
+    worker.close()
+    controller.close()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_explains_itself(command: str) -> None:
+    result = gs(command, "--help")
+    assert result.exit_code == EXIT_OK
+    assert "Exit status" in result.output and "GEARSHIFT_NAMESPACE" in result.output
+
+
+def test_the_commands_never_import_torch() -> None:
+    code = ("import sys, gearshift.controller.cli, gearshift.controller.metrics; "
+            "from gearshift.cli import main; "
+            "[main.get_command(None, c) for c in ('serve', 'status', 'stop', 'export')]; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("toml, args, code, message", [
+    ("[policy\n", [], EXIT_USAGE, "not valid TOML"),
+    ("[controller]\nslotz = 1\n", [], EXIT_USAGE, "slotz: unknown key"),
+    ("", ["--set", "nope=1"], EXIT_USAGE, "nope: unknown key"),
+    ("", ["--set", "window_seconds=-1"], EXIT_USAGE, "window_seconds"),
+    ("", ["--namespace", "a/b"], EXIT_USAGE, "invalid namespace"),
+    ("", ["--initial-gears", "missing.json"], EXIT_USAGE, "initial_gears"),
+])
+def test_serve_refuses_bad_configuration(tmp_path: Path, namespace: str, toml: str,
+                                         args: list[str], code: int, message: str) -> None:
+    (tmp_path / "gs.toml").write_text(toml)
+    result = gs("serve", "-n", namespace, "--config", str(tmp_path / "gs.toml"),
+                "--state-dir", str(tmp_path), *args)
+    assert result.exit_code == code and message in result.stderr
+
+
+def test_serve_refuses_a_corrupt_state_file(tmp_path: Path, namespace: str) -> None:
+    (tmp_path / state.STATE_FILE).write_bytes(b"\xc1garbage")
+    result = gs("serve", "--state-dir", str(tmp_path), env={"GEARSHIFT_NAMESPACE": namespace})
+    assert result.exit_code == EXIT_ERROR
+    assert "corrupt state" in result.stderr and "--fresh-on-corrupt-state" not in result.stderr
+
+
+def test_metrics_without_prometheus_client_is_a_clear_error(
+        tmp_path: Path, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    result = gs("serve", "-n", namespace, "--state-dir", str(tmp_path), "--metrics-port", "0")
+    assert result.exit_code == EXIT_USAGE and "gearshift[metrics]" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "snapshot", "export", "stop"])
+def test_an_absent_namespace_means_not_running(namespace: str, command: str) -> None:
+    result = gs(command, "-n", namespace)
+    assert result.exit_code == EXIT_NOT_RUNNING and namespace in result.stderr
+
+
+def test_cleanup_of_an_absent_namespace_removes_nothing(namespace: str) -> None:
+    result = gs("cleanup", "-n", namespace)
+    assert result.exit_code == EXIT_OK and "nothing to remove" in result.output
+
+
+def test_status_shows_controller_workers_and_gears(live: tuple[Controller, Worker]) -> None:
+    controller, worker = live
+    ns = controller.config.namespace
+    view = json.loads(gs("status", "-n", ns, "--json").output)
+    assert view["controller"]["alive"] and view["status"]["devices"][0]["version"] == 1
+    assert [s["slot"] for s in view["slots"]] == [worker.slot]
+    text = gs("status", "-n", ns)
+    assert text.exit_code == EXIT_OK
+    assert "running" in text.output and "decode/B" in text.output and "hit" in text.output
+
+
+def test_snapshot_and_export_print_the_gears_in_use(live: tuple[Controller, Worker],
+                                                    tmp_path: Path) -> None:
+    ns = live[0].config.namespace
+    [snap] = json.loads(gs("snapshot", "-n", ns, "--json", "--device", "0").output)
+    assert snap["version"] == 1 and snap["profiles"]["decode"]["gears"]["B"][-1] == 64
+    assert "decode/B: 1 2 4 8 16 32 64" in gs("snapshot", "-n", ns).output
+    assert gs("snapshot", "-n", ns, "--device", "3").exit_code == EXIT_NOT_RUNNING
+    (tmp_path / "gears.json").write_text(gs("export", "-n", ns).output)
+    assert load_initial_gears(tmp_path / "gears.json") == {
+        0: {"decode": {"B": (1, 2, 4, 8, 16, 32, 64)}}}
+
+
+def test_cleanup_is_refused_while_the_controller_lives(live: tuple[Controller, Worker]) -> None:
+    result = gs("cleanup", "-n", live[0].config.namespace)
+    assert result.exit_code == EXIT_CONFLICT and "live controller" in result.stderr
+
+
+def test_stop_refuses_an_embedded_controller(namespace: str, tmp_path: Path) -> None:
+    config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))
+    with Controller.open(config, clock=FakeClock(), embedded=True) as controller:
+        controller.step()  # its status says embedded: signalling it would stop this worker
+        result = gs("stop", "-n", namespace)
+    assert result.exit_code == EXIT_CONFLICT and "embedded in worker pid" in result.stderr

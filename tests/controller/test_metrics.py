@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import os
+import socket
+import urllib.request
+from pathlib import Path
+
+from gearshift.clock import FakeClock
+from gearshift.config import PolicyConfig
+from gearshift.controller.config import ControllerConfig
+from gearshift.controller.controller import Controller
+
+from .workers import Worker
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_endpoint_serves_the_status_document(namespace: str, tmp_path: Path) -> None:
+    port = _free_port()
+    config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path), metrics_port=port)
+    clock = FakeClock(100.0)
+    with Controller.open(config, PolicyConfig(), clock=clock) as controller:
+        worker = Worker(namespace, 0, clock)
+        worker.register(0, "decode", serve=controller.step)
+        for value in (40, 40, 64):
+            worker.put(0, value)
+        clock.advance(1.0)
+        controller.step()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        worker.close()
+    lines = set(text.splitlines())
+    worker_labels = f'device="0",pid="{os.getpid()}",slot="{worker.slot}"'
+    assert f"gearshift_events_consumed_total{{{worker_labels}}} 3.0" in lines
+    assert f"gearshift_events_dropped_total{{{worker_labels}}} 0.0" in lines
+    assert 'gearshift_snapshot_version{device="0"} 1.0' in lines
+    assert 'gearshift_gears{device="0",dim="B",profile="decode"} 7.0' in lines
+    assert any(line.startswith('gearshift_padding_ratio{device="0",dim="B"') for line in lines)
+    assert "gearshift_decision_round_seconds_count 1.0" in lines
+    assert 'gearshift_propagation_lag_seconds_count{device="0"} 0.0' in lines
