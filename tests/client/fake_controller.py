@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -94,6 +94,15 @@ class ServingClock(FakeClock):
     def sleep(self, seconds: float) -> None:
         self.controller.serve()
         super().sleep(seconds)
+
+
+def wait_until(condition: Callable[[], object], step: Callable[[], None] = lambda: None) -> None:
+    """Run `step` until `condition()` holds; fail after WAIT seconds (a bound, not a timing)."""
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        step()
+        time.sleep(0.001)
 
 
 # -- child process bodies --

@@ -1,0 +1,166 @@
+"""Snapshot adoption with an attached AdaptiveRunner: swap, warm-up off the request path, grace
+before releasing removed gears, ack of the applied version."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+from fake_controller import WAIT, FakeController, wait_until
+
+import gearshift as gs
+from gearshift.client.backends import CpuBackend
+from gearshift.client.pool import GraphResourcePool
+from gearshift.shm import Kind, Registry
+
+H = 4
+torch.manual_seed(0)
+LAYER = torch.nn.Linear(H, H)
+DIMS = {
+    "BATCHSIZE": gs.Dim(gears=[2, 4, 8], max=64, splittable=True),
+    "SEQLEN": gs.Dim(gears=[8, 16], max=16),
+}
+INPUTS = {"x": ("B", "S", None), "mask": ("B", "S")}
+
+
+@torch.no_grad()
+def model(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(LAYER(x)) * mask.unsqueeze(-1)
+
+
+def call(b: int, s: int) -> dict[str, torch.Tensor]:
+    return {"x": torch.randn(b, s, H), "mask": torch.ones(b, s)}
+
+
+def check(prof: gs.Profile, b: int, s: int) -> None:
+    tensors = call(b, s)
+    torch.testing.assert_close(prof.run(**tensors), model(**tensors))
+
+
+@pytest.fixture
+def prof(client: gs.Client) -> gs.Profile:
+    return client.profile("decode", DIMS)
+
+
+@pytest.fixture
+def runner(prof: gs.Profile) -> Iterator[gs.AdaptiveRunner]:
+    transform = gs.Transform(model, prof.dims, INPUTS)
+    pool = GraphResourcePool(CpuBackend())
+    yield prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=pool))
+
+
+def applied(fake: FakeController, client: gs.Client) -> int:
+    return fake.registry.slots()[client.slot].applied_version
+
+
+def test_requests_never_capture_the_swap_thread_warms_up(
+    fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
+) -> None:
+    check(prof, 3, 9)
+    assert runner.stats == {"replays": 0, "eager": 1, "captures": 0} and runner.ready() == []
+    client.tick()
+    assert runner.ready() == [(b, s) for b in (2, 4, 8) for s in (8, 16)]
+    for b, s in [(3, 9), (8, 16), (20, 5)]:  # 20 = 8 + 8 + 4
+        check(prof, b, s)
+    assert runner.stats == {"replays": 5, "eager": 1, "captures": 6}
+    events = fake.drain(client.slot)
+    events = events[events["kind"] != Kind.MEMORY]
+    assert [e["values"][:2].tolist() for e in events] == [[3, 9], [3, 9], [8, 16], [20, 5]]
+    assert events[-1]["chunks"][:2].tolist() == [3, 1] and set(events["kind"]) == {Kind.SHAPE}
+
+
+def test_an_added_gear_runs_on_the_next_larger_one_until_warmed_up(
+    fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
+) -> None:
+    client.tick()
+    version = fake.publish({"decode": {"BATCHSIZE": [2, 3, 4, 8], "SEQLEN": [8, 16]}})
+    check(prof, 3, 8)  # adopts on the request path: planned at 3, run on the ready (4, 8)
+    assert runner.gears["BATCHSIZE"] == (2, 3, 4, 8) and prof.version == version
+    assert runner.stats["captures"] == 6 and runner.stats["replays"] == 1
+    assert applied(fake, client) < version  # not warmed up yet
+    client.tick()
+    assert {(3, 8), (3, 16)} <= set(runner.ready()) and runner.stats["captures"] == 8
+    assert applied(fake, client) == version
+    check(prof, 3, 8)
+
+
+def test_a_removed_gear_is_released_after_the_requests_started_before(
+    fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
+) -> None:
+    client.tick()
+    graphs = len(runner.pool)
+    with prof.request(BATCHSIZE=4, SEQLEN=8) as slow:  # a request still running on gear 4
+        assert slow.gears == {"BATCHSIZE": 4, "SEQLEN": 8}
+        version = fake.publish({"decode": {"BATCHSIZE": [2, 8], "SEQLEN": [8, 16]}})
+        client.tick()
+        assert prof.version == version and runner.gears["BATCHSIZE"] == (2, 8)
+        with prof.request(BATCHSIZE=4, SEQLEN=8) as fresh:  # started on the new snapshot
+            assert fresh.gears["BATCHSIZE"] == 8
+            client.tick()
+        assert (4, 8) in runner.ready() and len(runner.pool) == graphs  # grace
+        assert applied(fake, client) < version
+    client.tick()
+    assert not {(4, 8), (4, 16)} & set(runner.ready()) and len(runner.pool) == graphs - 2
+    assert applied(fake, client) == version
+
+
+def test_a_gear_added_back_during_its_grace_is_kept(
+    fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
+) -> None:
+    client.tick()
+    with prof.request(BATCHSIZE=4, SEQLEN=8):
+        fake.publish({"decode": {"BATCHSIZE": [2, 8], "SEQLEN": [8, 16]}})
+        client.tick()
+        fake.publish({"decode": {"BATCHSIZE": [2, 4, 8], "SEQLEN": [8, 16]}})
+        client.tick()
+    client.tick()
+    assert (4, 8) in runner.ready() and len(runner.pool) == 6
+
+
+def test_grace_holds_across_threads(fake: FakeController, namespace: str) -> None:
+    """A request thread inside `request()` while the swap thread adopts a removal."""
+    with gs.Client(Registry.attach(namespace), 0, register_timeout=0) as client:
+        prof = client.profile("decode", DIMS)
+        pool = GraphResourcePool(CpuBackend())
+        transform = gs.Transform(model, prof.dims, INPUTS)
+        runner = prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=pool))
+        wait_until(lambda: len(runner.ready()) == 6)
+        inside, finish = threading.Event(), threading.Event()
+
+        def slow_request() -> None:
+            with prof.request(BATCHSIZE=3, SEQLEN=9):
+                inside.set()
+                finish.wait(WAIT)
+
+        worker = threading.Thread(target=slow_request)
+        worker.start()
+        assert inside.wait(WAIT)
+        version = fake.publish({"decode": {"BATCHSIZE": [2, 8], "SEQLEN": [8, 16]}})
+        wait_until(lambda: prof.version == version)
+        assert (4, 16) in runner.ready() and len(pool) == 6  # still in flight: kept
+        finish.set()
+        worker.join(WAIT)
+        wait_until(lambda: len(pool) == 4)
+        assert (4, 16) not in runner.ready()
+
+
+def test_runner_builds_and_attaches_and_its_backend_reports_memory(
+    fake: FakeController, client: gs.Client, prof: gs.Profile
+) -> None:
+    with pytest.raises(gs.StateError, match="no runner attached"):
+        prof.run(**call(1, 1))
+    runner = prof.runner(model, inputs=INPUTS, example=call(1, 1))
+    assert runner.gears == prof.gears and client.memory == runner.backend.mem_get_info
+    client.tick()
+    check(prof, 5, 16)
+    kinds = fake.drain(client.slot)["kind"].tolist()
+    assert Kind.MEMORY in kinds and Kind.SHAPE in kinds
+
+
+def test_attach_refuses_a_runner_of_other_dims(prof: gs.Profile) -> None:
+    dims = dict(reversed(DIMS.items()))
+    transform = gs.Transform(model, dims, INPUTS)
+    with pytest.raises(gs.ShapeError, match="in this order"):
+        prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=GraphResourcePool(CpuBackend())))

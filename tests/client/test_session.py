@@ -1,0 +1,193 @@
+"""The client's session: connect, registration, heartbeats and memory readings, the ring, and
+what happens when the controller is absent, killed or restarted."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import pytest
+from fake_controller import WAIT, FakeController, serve, wait_until
+
+import gearshift as gs
+from gearshift.clock import FakeClock
+from gearshift.shm import Kind, Registry, SlotState, cleanup, names
+from gearshift.shm.segment import exists
+
+DECODE = {
+    "BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8, 16, 32, 64], splittable=True),
+    "SEQLEN": gs.Dim(min=1, max=8192, align=16),
+}
+
+
+def test_the_api_example_works_as_written(namespace: str, mp, spawn) -> None:
+    ready, stop, registered = mp.Event(), mp.Event(), mp.Queue()  # kept: the child opens them
+    child = spawn(serve, namespace, True, {}, ready, registered, stop)
+    assert ready.wait(WAIT)
+    ns = namespace
+    try:
+        client = gs.connect(namespace=ns, device=0)
+        prof = client.profile(
+            "decode",
+            {
+                "BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8, 16, 32, 64], splittable=True),
+                "SEQLEN": gs.Dim(min=1, max=8192, align=16),
+            },
+        )
+        plan = prof.route(BATCHSIZE=13, SEQLEN=700)
+        assert plan.gears == {"BATCHSIZE": 16, "SEQLEN": 1024}
+        assert prof.route(BATCHSIZE=130, SEQLEN=700).chunks == {
+            "BATCHSIZE": (64, 64, 2),
+            "SEQLEN": (1024,),
+        }
+        assert prof.gears["SEQLEN"] == tuple(1 << k for k in range(14))
+        assert prof.version == 1 and prof.registered  # the controller published it on register
+        client.close()
+    finally:
+        stop.set()
+        child.join(WAIT)
+        cleanup(namespace)
+
+
+def test_connect_needs_a_live_controller(namespace: str) -> None:
+    with pytest.raises(gs.ControllerNotFound, match="no control segment"):
+        gs.connect(namespace=namespace)
+    registry = Registry.create(namespace)  # a namespace whose controller is gone
+    try:
+        with pytest.raises(gs.ControllerNotFound, match="not running"):
+            gs.connect(namespace=namespace)
+        assert all(info.state == SlotState.FREE for info in registry.slots())
+    finally:
+        registry.unlink()
+        registry.close()
+
+
+def test_registration_round_trip(fake: FakeController, client: gs.Client) -> None:
+    prof = client.profile("decode", DECODE)
+    other = client.profile("prefill", {"SEQLEN": gs.Dim(max=4096)})
+    assert prof.registered and other.registered and (prof.id, other.id) == (0, 1)
+    assert fake.registered == [(client.slot, 0, "decode"), (client.slot, 1, "prefill")]
+    assert fake.known["decode"] == DECODE
+
+
+def test_profile_mismatch_reaches_the_caller(fake: FakeController, client: gs.Client) -> None:
+    fake.known["decode"] = {"BATCHSIZE": gs.Dim(max=16)}  # another worker registered it so
+    with pytest.raises(gs.ProfileMismatch, match="other dims"):
+        client.profile("decode", DECODE)
+    prof = client.profile("prefill", {"SEQLEN": gs.Dim()})  # the mailbox still works
+    assert prof.registered and fake.registered == [(client.slot, prof.id, "prefill")]
+
+
+def test_unanswered_registration_serves_initial_gears_then_completes_on_a_tick(
+    fake: FakeController, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()  # time passes, nobody answers
+    with gs.Client(Registry.attach(fake.namespace), 0, clock=clock, background=False) as client:
+        prof = client.profile("decode", DECODE)
+        assert clock.now() >= client.register_timeout and "no registration reply" in caplog.text
+        assert not prof.registered and prof.route(BATCHSIZE=3, SEQLEN=3).gears["BATCHSIZE"] == 4
+        fake.serve()
+        client.tick()
+        assert prof.registered and fake.registered == [(client.slot, prof.id, "decode")]
+
+
+def test_ticks_ack_the_applied_version_beat_and_report_memory(
+    fake: FakeController, namespace: str
+) -> None:
+    clock = FakeClock()
+    registry = Registry.attach(namespace)
+    with gs.Client(registry, 0, clock=clock, memory=lambda: (3, 7), background=False) as client:
+        version = fake.publish({"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [8192]}})
+        client.tick()
+        info = fake.registry.slots()[client.slot]
+        assert (info.applied_version, info.heartbeat_ns) == (version, clock.now_ns())
+        assert [tuple(e["values"][:2]) for e in fake.drain(client.slot)] == [(3, 7)]
+        clock.advance(0.5)
+        client.tick()  # nothing is due
+        assert len(fake.drain(client.slot)) == 0
+        assert fake.registry.slots()[client.slot].heartbeat_ns < clock.now_ns()
+        clock.advance(0.5)
+        client.tick()
+        (reading,) = fake.drain(client.slot)
+        assert reading["kind"] == Kind.MEMORY and reading["t_ns"] == clock.now_ns()
+        assert fake.registry.slots()[client.slot].heartbeat_ns == clock.now_ns()
+
+
+def test_a_full_ring_drops_and_counts_events_and_routing_goes_on(fake: FakeController) -> None:
+    registry = Registry.attach(fake.namespace)
+    with gs.Client(registry, 0, background=False, register_timeout=0, ring_capacity=4) as client:
+        prof = client.profile("decode", DECODE)
+        plans = [prof.route(BATCHSIZE=b, SEQLEN=9) for b in range(1, 7)]
+        assert [p.gears["BATCHSIZE"] for p in plans] == [1, 2, 4, 4, 8, 8]
+        client.tick()
+        assert fake.registry.slots()[client.slot].dropped == 2
+        assert [e["values"][0] for e in fake.drain(client.slot)] == [1, 2, 3, 4]
+
+
+def test_close_releases_the_slot_and_leaves_the_ring_to_the_controller(
+    fake: FakeController, client: gs.Client
+) -> None:
+    prof = client.profile("decode", DECODE)
+    prof.route(BATCHSIZE=1, SEQLEN=1)
+    client.close()
+    client.close()
+    assert fake.registry.slots()[client.slot].state == SlotState.RELEASED
+    assert exists(names.ring(fake.namespace, client.slot))
+    assert len(fake.drain(client.slot)) == 1
+    assert prof.route(BATCHSIZE=2, SEQLEN=2).gears == {"BATCHSIZE": 2, "SEQLEN": 2}  # unrecorded
+
+
+def test_the_swap_thread_adopts_snapshots_without_requests(fake: FakeController) -> None:
+    registry = Registry.attach(fake.namespace)
+    with gs.Client(registry, 0, register_timeout=0) as client:
+        prof = client.profile("decode", DECODE)
+        wait_until(lambda: prof.registered, fake.serve)
+        version = fake.publish({"decode": {"BATCHSIZE": [8, 64], "SEQLEN": [4096, 8192]}})
+        wait_until(lambda: prof.version == version)
+        assert prof.gears == {"BATCHSIZE": (8, 64), "SEQLEN": (4096, 8192)}
+        wait_until(lambda: fake.registry.slots()[client.slot].applied_version == version)
+
+
+def test_controller_killed_then_restarted(
+    namespace: str, mp, spawn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Killed: routing goes on on the last snapshot, without blocking or raising, with a
+    rate-limited warning. Restarted: the profile registers again and new snapshots arrive."""
+    ready, stop, registered = mp.Event(), mp.Event(), mp.Queue()
+    gears = {"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [1024, 8192]}}
+    first = spawn(serve, namespace, True, gears, ready, registered, stop)
+    assert ready.wait(WAIT)
+    clock = FakeClock()
+    client = gs.Client(
+        Registry.attach(namespace), 0, clock=clock, background=False, register_timeout=0
+    )
+    try:
+        prof = client.profile("decode", DECODE)
+        wait_until(lambda: prof.registered, client.tick)
+        assert registered.get(timeout=WAIT) == (client.slot, prof.id, "decode")
+        assert prof.route(BATCHSIZE=3, SEQLEN=3).gears == {"BATCHSIZE": 4, "SEQLEN": 1024}
+
+        os.kill(first.pid, signal.SIGKILL)
+        first.join(WAIT)
+        caplog.set_level(logging.WARNING, "gearshift")
+        for _ in range(150):  # 150 s of virtual time: warnings at 0, 60 and 120 s
+            client.tick()
+            assert prof.route(BATCHSIZE=50, SEQLEN=2000).gears == {"BATCHSIZE": 64, "SEQLEN": 8192}
+            clock.advance(1.0)
+        warnings = [r for r in caplog.records if "no live controller" in r.getMessage()]
+        assert len(warnings) == 3
+
+        ready.clear()
+        gears = {"decode": {"BATCHSIZE": [2, 64], "SEQLEN": [512, 8192]}}
+        spawn(serve, namespace, False, gears, ready, registered, stop)
+        assert ready.wait(WAIT)
+        wait_until(lambda: prof.registered and prof.version > 1, client.tick)
+        assert registered.get(timeout=WAIT) == (client.slot, prof.id, "decode")
+        assert prof.route(BATCHSIZE=2, SEQLEN=3).gears == {"BATCHSIZE": 2, "SEQLEN": 512}
+    finally:
+        client.close()
+        stop.set()
+        for child in mp.active_children():
+            child.join(WAIT)
+        cleanup(namespace)
