@@ -26,7 +26,9 @@ def fake(namespace: str) -> Iterator[FakeController]:
 def client(fake: FakeController) -> Iterator[gs.Client]:
     """A client whose swap thread is the test (`tick()`), in virtual time in which the fake
     controller answers registrations."""
-    made = gs.Client(Registry.attach(fake.namespace), 0, clock=ServingClock(fake), background=False)
+    made = gs.Client(
+        Registry.attach(fake.namespace), 0, clock=ServingClock(fake.serve), background=False
+    )
     yield made
     made.close()
 

@@ -85,14 +85,15 @@ class FakeController:
 
 
 class ServingClock(FakeClock):
-    """Virtual time in which the fake controller answers whenever the client waits."""
+    """Virtual time in which a controller answers whenever the client waits: `serve` runs on
+    every `sleep` (FakeController.serve, or a real Controller.step)."""
 
-    def __init__(self, controller: FakeController) -> None:
-        super().__init__()
-        self.controller = controller
+    def __init__(self, serve: Callable[[], object], start: float = 0.0) -> None:
+        super().__init__(start)
+        self.serve = serve
 
     def sleep(self, seconds: float) -> None:
-        self.controller.serve()
+        self.serve()
         super().sleep(seconds)
 
 

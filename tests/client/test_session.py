@@ -8,7 +8,7 @@ import os
 import signal
 
 import pytest
-from fake_controller import WAIT, FakeController, serve, wait_until
+from fake_controller import WAIT, FakeController, ServingClock, serve, wait_until
 
 import gearshift as gs
 from gearshift.clock import FakeClock
@@ -191,3 +191,53 @@ def test_controller_killed_then_restarted(
         for child in mp.active_children():
             child.join(WAIT)
         cleanup(namespace)
+
+
+# -- with the real controller --
+
+
+def test_embedded_connect_starts_a_controller_in_process(
+    namespace: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    client = gs.connect(namespace=namespace, device=0, embedded=True)
+    try:
+        assert client.registry.controller().pid == os.getpid()
+        prof = client.profile("decode", DECODE)
+        wait_until(lambda: prof.registered and prof.version >= 1)
+        assert prof.route(BATCHSIZE=13, SEQLEN=700).gears == {"BATCHSIZE": 16, "SEQLEN": 1024}
+        with gs.connect(namespace=namespace, device=0) as second:  # finds it running
+            assert second.profile("decode", DECODE).registered
+    finally:
+        client.close()
+    assert not [n for n in os.listdir("/dev/shm") if namespace in n]  # it removed the namespace
+
+
+def test_gears_the_real_controller_learns_reach_the_client(namespace: str, tmp_path) -> None:
+    from gearshift.controller.config import ControllerConfig
+    from gearshift.controller.controller import Controller
+
+    policy = gs.PolicyConfig(
+        check_interval_seconds=1.0, update_interval_seconds=10.0, recent_use_protect_seconds=1.0
+    )
+    config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))
+    clock = ServingClock(lambda: None, start=1000.0)
+    controller = Controller.open(config, policy, clock=clock)
+    clock.serve = controller.step  # the controller answers while the client waits
+    try:
+        with gs.Client(Registry.attach(namespace), 0, clock=clock, background=False) as client:
+            prof = client.profile("decode", {"BATCHSIZE": gs.Dim(gears=[1, 64], max=64)})
+            assert prof.registered and prof.gears == {"BATCHSIZE": (1, 64)}
+            first = prof.version
+            for _ in range(50):
+                assert prof.route(BATCHSIZE=33).gears == {"BATCHSIZE": 64}
+            clock.advance(11.0)
+            controller.step()  # drains, folds, and decides: 33 pads 48 % on 64
+            client.tick()
+            assert prof.version > first and 33 in prof.gears["BATCHSIZE"]
+            assert prof.route(BATCHSIZE=33).gears == {"BATCHSIZE": 33}
+            clock.advance(1.0)
+            controller.step()
+            assert controller.registry.slots()[client.slot].applied_version == prof.version
+    finally:
+        controller.close()

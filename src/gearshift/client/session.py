@@ -33,7 +33,13 @@ from gearshift import protocol
 from gearshift.client.profile import Profile, Runner, checked_dims
 from gearshift.clock import Clock, MonotonicClock
 from gearshift.dims import Dim
-from gearshift.errors import ConfigError, ControllerNotFound, GearshiftError, ProfileMismatch
+from gearshift.errors import (
+    ConfigError,
+    ControllerNotFound,
+    ControllerRunning,
+    GearshiftError,
+    ProfileMismatch,
+)
 from gearshift.shm import EventRing, Registry, SnapshotRegion, mailbox
 from gearshift.shm.ring import DEFAULT_CAPACITY
 
@@ -106,12 +112,16 @@ def _attach_live(namespace: str) -> Registry:
     return registry
 
 
-def start_embedded(namespace: str) -> Stoppable:
-    """Start the controller of `namespace` in a daemon thread of this process."""
-    raise ControllerNotFound(
-        f"namespace {namespace!r} has no live controller and this build cannot embed one; "
-        "start `gearshift serve`"
-    )
+def start_embedded(namespace: str) -> Stoppable | None:
+    """Start the controller of `namespace` (default config and state file) in a daemon thread
+    of this process; None if another live controller won the race to it."""
+    from gearshift.controller.config import ControllerConfig
+    from gearshift.controller.controller import Controller
+
+    try:
+        return Controller.start_embedded(ControllerConfig(namespace=namespace))
+    except ControllerRunning:
+        return None
 
 
 class Client:
