@@ -34,6 +34,13 @@ def test_route_plans_the_smallest_gear_and_splits_over_the_largest(prof: gs.Prof
     assert prof.route(BATCHSIZE=np.int64(64), SEQLEN=1).chunks["BATCHSIZE"] == (64,)
 
 
+def test_dims_with_large_gears_route_by_bisection(client: gs.Client) -> None:
+    prof = client.profile("long", {"SEQLEN": gs.Dim(gears=[1000, 200_000], max=1 << 20)})
+    assert prof.route(SEQLEN=150_000).chunks == {"SEQLEN": (200_000,)}
+    assert prof.route(SEQLEN=1000).chunks == {"SEQLEN": (1000,)}
+    assert prof.route(SEQLEN=999_999).eager
+
+
 def test_route_records_one_event_per_request(
     fake: FakeController, client: gs.Client, prof: gs.Profile
 ) -> None:

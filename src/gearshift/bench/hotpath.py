@@ -133,6 +133,10 @@ def command(batches: int, batch: int, as_json: bool) -> None:
             route = client.profile("decode", DIMS).route
             seed = SeedRouter(DIMS)
             requests = _requests(batch)
+            for sizes in requests:  # both designs must plan every request alike
+                assert route(**sizes).chunks == seed.route(**sizes), sizes
+            ring.drain()
+            seed.drain()
             mine, theirs, checks = [], [], []
             for _ in range(batches):
                 mine.append(_batch_ns(route, requests))

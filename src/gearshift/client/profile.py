@@ -4,11 +4,12 @@
 spot), a gear lookup per dim on the gears in use, one ring record; it never captures, blocks
 or raises because of the controller. A plan's chunks follow `dims.chunks_for`.
 
-Adopting a snapshot (the swap, on whichever thread sees the new version first) builds a new
-immutable `_State` and publishes it by one reference assignment under `_lock`; a runner
-attached with `attach` gets the new gears the same way. The client's swap thread then calls
-`maintain()`: it warms up the runner (captures the variants of the gears in use, a few per
-call; until one is ready the runner routes its chunks to the next larger ready variant, or
+Adopting a snapshot (`Client.refresh`, on whichever thread sees the new version first; the
+payload is decoded once for all profiles) builds a new `_State`, whose gears and lookup tables
+never change after, and publishes it to request threads by one reference assignment under
+`_lock`; an attached runner gets the new gears the same way. The client's swap thread then
+calls `maintain()`: it warms the runner up (captures the variants of the gears in use, a few
+per call; until one is ready the runner routes its chunks to the next larger ready variant, or
 eagerly) and releases the graphs of removed gears once every request bracketed by
 `request()`/`run()` that started on an older state has finished (the grace period).
 
@@ -20,6 +21,7 @@ not back in the gears in use.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -94,6 +96,7 @@ class _State:
         )
 
 
+@functools.lru_cache(maxsize=64)  # read-only tables, shared by the states of equal gears
 def _lookup(gears: Gears) -> Sequence[Gears]:
     """raw -> (smallest gear >= raw,) for raw in 1..largest gear: a list (one index on the
     request path) when the largest gear is at most LOOKUP_MAX, else a bisecting view."""

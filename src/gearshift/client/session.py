@@ -190,19 +190,22 @@ class Client:
         """The profile `name` with these dims (in record order), registered with the controller;
         ProfileMismatch if it or the controller knows `name` with other dims."""
         dims = checked_dims(name, dims)
-        known = self._profiles.get(name)
+        with self._adopting:  # one profile per name, even when threads race to make it
+            known = self._profiles.get(name)
+            if known is None:
+                prof = Profile(self, next(self._ids), name, dims)
+                if prof.id > protocol.MAX_PROFILE_ID:
+                    raise ConfigError(
+                        "profile", f"at most {protocol.MAX_PROFILE_ID + 1} per client"
+                    )
+                self._profiles = {**self._profiles, name: prof}
         if known is not None:
             if known.dims != dims:
                 raise ProfileMismatch(f"profile {name!r} is already registered with other dims")
             return known
-        prof = Profile(self, next(self._ids), name, dims)
-        if prof.id > protocol.MAX_PROFILE_ID:
-            raise ConfigError("profile", f"a client holds at most {protocol.MAX_PROFILE_ID + 1}")
         with self._registration:
             self._by_id[prof.id] = prof
             self._queue.append(prof)
-        with self._adopting:
-            self._profiles = {**self._profiles, name: prof}
         deadline = self.clock.now() + self.register_timeout
         while True:
             self._pump()

@@ -1,0 +1,32 @@
+"""`gearshift bench hotpath` runs in a private namespace it removes, and reports its keys."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from click.testing import CliRunner
+
+from gearshift.bench.hotpath import DIMS, SeedRouter, command
+
+
+def test_the_seed_baseline_records_one_sample_per_dim_in_its_gears_state() -> None:
+    seed = SeedRouter(DIMS)
+    assert seed.route(BATCHSIZE=130, SEQLEN=700) == {"BATCHSIZE": (64, 64, 2), "SEQLEN": (1024,)}
+    assert set(seed._states) == {"BATCHSIZE:64", "SEQLEN:1024"}
+    (sample,) = seed._states["BATCHSIZE:64"].samples
+    assert (sample.raw, sample.pad, sample.split) == (130, 0.0, (130 - 64) / 130)
+
+
+def test_bench_reports_json_and_leaves_no_segment() -> None:
+    result = CliRunner().invoke(command, ["--batches", "3", "--batch", "50", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert set(data) == {
+        "route_ns_median",
+        "version_check_ns_median",
+        "baseline_inprocess_ns_median",
+        "ratio",
+    }
+    assert data["ratio"] == data["route_ns_median"] / data["baseline_inprocess_ns_median"]
+    assert not [n for n in os.listdir("/dev/shm") if f"bench-hotpath-{os.getpid()}" in n]
