@@ -164,3 +164,31 @@ def test_attach_refuses_a_runner_of_other_dims(prof: gs.Profile) -> None:
     transform = gs.Transform(model, dims, INPUTS)
     with pytest.raises(gs.ShapeError, match="in this order"):
         prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=GraphResourcePool(CpuBackend())))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_graphs_warm_up_on_the_swap_thread_while_requests_run(
+    fake: FakeController, namespace: str
+) -> None:
+    layer = torch.nn.Linear(H, H).cuda()
+
+    @torch.no_grad()
+    def cuda_model(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(layer(x)) * mask.unsqueeze(-1)
+
+    def cuda_call(b: int, s: int) -> dict[str, torch.Tensor]:
+        return {k: v.cuda() for k, v in call(b, s).items()}
+
+    with gs.Client(Registry.attach(namespace), 0, register_timeout=0) as client:
+        prof = client.profile("decode", DIMS)
+        runner = prof.runner(cuda_model, inputs=INPUTS, example=cuda_call(1, 1))
+
+        def request() -> None:
+            tensors = cuda_call(3, 9)
+            torch.testing.assert_close(prof.run(**tensors), cuda_model(**tensors))
+
+        wait_until(lambda: len(runner.ready()) == 6, request)  # requests run during captures
+        version = fake.publish({"decode": {"BATCHSIZE": [2, 8], "SEQLEN": [8, 16]}})
+        wait_until(lambda: prof.version == version and len(runner.ready()) == 4)
+        request()
+        assert runner.stats["replays"] >= 1
