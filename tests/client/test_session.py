@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 from fake_controller import WAIT, FakeController, ServingClock, serve, wait_until
@@ -48,6 +50,15 @@ def test_the_api_example_works_as_written(namespace: str, mp, spawn) -> None:
         stop.set()
         child.join(WAIT)
         cleanup(namespace)
+
+
+def test_the_routing_client_never_imports_torch() -> None:
+    code = (
+        "import sys, gearshift as gs, gearshift.bench.hotpath\n"
+        "assert gs.connect and gs.Client and gs.Profile and gs.Plan\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=WAIT)
 
 
 def test_connect_needs_a_live_controller(namespace: str) -> None:
