@@ -460,8 +460,8 @@ class Controller:
         if not self._batch:
             return
         batch, self._batch, self._batched = self._batch, [], 0
-        events = np.concatenate([e for e, _ in batch])
-        keys = np.concatenate([k for _, k in batch])
+        events, keys = (batch[0] if len(batch) == 1
+                        else map(np.concatenate, zip(*batch, strict=True)))
         profiles = [self.devices[d].profiles.get(n) for d, n in self._targets]
         folded = ingest.fold(events, keys, profiles, now)
         for name in folded._fields:

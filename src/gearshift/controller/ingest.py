@@ -32,17 +32,18 @@ def fold(events: np.ndarray, keys: np.ndarray, profiles: Sequence[ProfileState |
     CLOCK_MONOTONIC), capped at `now`; values outside a dim's [min, max] are counted, not
     folded. Cost: a few numpy passes over the batch plus one `DimStats.fold` per profile dim.
     """
-    kind = events["kind"]
+    kind = events["kind"].copy()  # one pass over the records; then compact arrays only
     is_sample = (kind == Kind.SHAPE) | (kind == Kind.EAGER)
     samples = int(np.count_nonzero(is_sample))
     odd = len(kind) - samples - int(np.count_nonzero(kind == Kind.MEMORY))
     take = is_sample & (keys >= 0)
-    keys = keys[take]
-    unknown = samples - len(keys)
+    unknown = samples - int(np.count_nonzero(take))
+    if not take.all():
+        events, keys = events[take], keys[take]
     if not len(keys):
         return Folded(0, unknown, odd)
-    times = np.minimum(events["t_ns"][take] * 1e-9, now)
-    values, ndim = events["values"][take], events["ndim"][take]
+    times = np.minimum(events["t_ns"] * 1e-9, now)
+    values, ndim = events["values"], events["ndim"]
     folded = invalid = 0
     for key, rows in _groups(keys):
         count = len(keys) if isinstance(rows, slice) else len(rows)
@@ -84,10 +85,10 @@ def _fold_profile(profile: ProfileState, times: np.ndarray, values: np.ndarray,
 
 def memory_reading(events: np.ndarray) -> tuple[float, float] | None:
     """(time in seconds, used share of device memory) of the last valid MEMORY record, or None."""
-    kind, values = events["kind"], events["values"]
-    free, total = values[:, 0], values[:, 1]
-    rows = np.flatnonzero((kind == Kind.MEMORY) & (total > 0) & (free >= 0) & (free <= total))
+    readings = events[events["kind"] == Kind.MEMORY]
+    free, total = readings["values"][:, 0], readings["values"][:, 1]
+    rows = np.flatnonzero((total > 0) & (free >= 0) & (free <= total))
     if not len(rows):
         return None
     last = rows[-1]
-    return float(events["t_ns"][last]) * 1e-9, 1.0 - float(free[last]) / float(total[last])
+    return float(readings["t_ns"][last]) * 1e-9, 1.0 - float(free[last]) / float(total[last])
