@@ -8,8 +8,10 @@ controller runs its loop here with a check and update interval of 0.1 s (default
   drain, fold, scans, registrations, rounds, status), so the figure is one core's capacity
   even when the producers hold both cores;
 - decide_ms_p50: median wall time of a decision round (views + decide for every profile of a
-  device, under the same load);
-- rss_mb_start / rss_mb_end: this process's resident memory after registration and at the end.
+  device, under the same load; the publish and the state save that may follow are not in it);
+- rss_mb_start / rss_mb_end: this process's resident memory after a warm-up of the same load
+  (in which the statistics get a column per distinct value: bounded by the dims' ranges, not by
+  events) and at the end.
 
 Baseline, same run: the same fold written per event in Python (an exp-weight into a dict per
 (slice, value), as a per-sample design would), against `ingest.fold`, on one batch of the same
@@ -79,7 +81,7 @@ def _rss_mb() -> float:
     return kb / 1024
 
 
-def _load(workers: int, seconds: float) -> dict[str, float | int]:
+def _load(workers: int, seconds: float, warmup: float) -> dict[str, float | int]:
     namespace = f"bench-controller-{os.getpid()}"
     policy = dataclasses.replace(PolicyConfig(), check_interval_seconds=0.1,
                                  update_interval_seconds=0.1)
@@ -99,16 +101,9 @@ def _load(workers: int, seconds: float) -> dict[str, float | int]:
                 assert clock.now() < deadline, "the workers did not register"
                 controller.step()
                 clock.sleep(interval)
-            rss_start, rounds, consumed = _rss_mb(), controller.rounds["count"], 0
-            cpu = 0.0
-            end = clock.now() + seconds
-            while clock.now() < end:
-                began, before = clock.now(), controller.counts["consumed"]
-                cpu_began = time.thread_time()
-                controller.step()
-                cpu += time.thread_time() - cpu_began
-                consumed += controller.counts["consumed"] - before
-                clock.sleep(interval - (clock.now() - began))
+            _loop(controller, warmup)
+            rss_start, rounds = _rss_mb(), controller.rounds["count"]
+            consumed, cpu = _loop(controller, seconds)
             rss_end = _rss_mb()
             dropped = sum(w.ring.dropped for w in controller.workers.values() if w.ring)
             round_ms = [s * 1e3 for s in list(controller.round_seconds)[rounds:]]
@@ -123,6 +118,20 @@ def _load(workers: int, seconds: float) -> dict[str, float | int]:
             "events_dropped": dropped, "loop_cpu_share": cpu / seconds,
             "decide_ms_p50": statistics.median(round_ms), "decide_ms_max": max(round_ms),
             "rounds": len(round_ms), "rss_mb_start": rss_start, "rss_mb_end": rss_end}
+
+
+def _loop(controller: Controller, seconds: float) -> tuple[int, float]:
+    """Run the loop for `seconds`; events consumed and CPU seconds of this thread in steps."""
+    clock, interval = controller.clock, controller.config.drain_interval_seconds
+    consumed, cpu = 0, 0.0
+    end = clock.now() + seconds
+    while clock.now() < end:
+        began, before, cpu_began = clock.now(), controller.counts["consumed"], time.thread_time()
+        controller.step()
+        cpu += time.thread_time() - cpu_began
+        consumed += controller.counts["consumed"] - before
+        clock.sleep(interval - (clock.now() - began))
+    return consumed, cpu
 
 
 def _fold_per_event(events: np.ndarray, profile: ProfileState,
@@ -174,14 +183,17 @@ def _baseline(n: int) -> dict[str, float]:
               help="Worker processes putting events flat out.")
 @click.option("--seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Duration of the load.")
+@click.option("--warmup", default=1.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds of the same load before the measurement.")
 @click.option("--baseline-events", default=200_000, show_default=True,
               type=click.IntRange(min=1000), help="Batch size of the fold comparison.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def command(workers: int, seconds: float, baseline_events: int, as_json: bool) -> None:
+def command(workers: int, seconds: float, warmup: float, baseline_events: int,
+            as_json: bool) -> None:
     """Drain and fold throughput of the controller loop (events per CPU second), decision
     round time and memory while N workers put events flat out, plus the vectorised fold
     against a per-event Python fold on the same batch."""
-    result = {"workers": workers, "seconds": seconds, **_load(workers, seconds),
+    result = {"workers": workers, "seconds": seconds, **_load(workers, seconds, warmup),
               **_baseline(baseline_events)}
     if as_json:
         click.echo(json.dumps(result))

@@ -494,19 +494,19 @@ class Controller:
             for c in decision.changes:
                 log.info("device %d %s/%s: %s %d: %s", device, name, c.dim, c.action, c.gear,
                          c.reason)
-        dev.last_update = now
-        self._changes[device] = changes
-        if changed:
-            self._publish(device, now)
-        if any(changes.values()):
-            self._save()
-        seconds = self.clock.now() - began
+        seconds = self.clock.now() - began  # the policy's part; publish and save follow
         self.round_seconds.append(seconds)
         self.rounds["count"] += 1
         self.rounds["seconds_sum"] += seconds
         self.rounds["last_seconds"] = seconds
         log.debug("device %d: round (%s, memory %s) in %.1f ms", device, why, usage,
                   seconds * 1e3)
+        dev.last_update = now
+        self._changes[device] = changes
+        if changed:
+            self._publish(device, now)
+        if any(changes.values()):
+            self._save()
 
     def _publish(self, device: int, now: float) -> None:
         dev = self.devices[device]
