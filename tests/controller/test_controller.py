@@ -17,7 +17,7 @@ import pytest
 from gearshift.clock import FakeClock, MonotonicClock
 from gearshift.config import PolicyConfig
 from gearshift.controller import controller as controller_module
-from gearshift.controller import state
+from gearshift.controller import state, status
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.dims import Dim
@@ -106,7 +106,7 @@ def test_events_flow_into_decisions_and_snapshots_advance(controller: Controller
     assert controller.counts["folded"] == 120 and controller.rounds["count"] >= 2
     saved = state.load(controller.config.state_path, clock.now(), POLICY)
     assert saved[0].version == version and list(saved[0].profiles["decode"].gears()["B"]) == gears
-    doc = controller.status_document(clock.now())
+    doc = status.document(controller, clock.now())
     dim = doc["devices"][0]["profiles"][0]["dims"][0]
     assert dim["samples"] == 120 and dim["gears"] == gears and 0 <= dim["padding"] < 0.4
     assert all(isinstance(r, str) and r for r in reasons)
@@ -136,11 +136,11 @@ def test_propagation_lag_waits_for_every_live_worker(controller: Controller, wor
     clock.advance(0.05)
     a.snapshot()
     controller.step()
-    assert controller.status_document(clock.now())["devices"][0]["lag"]["count"] == 0
+    assert status.document(controller, clock.now())["devices"][0]["lag"]["count"] == 0
     clock.advance(0.05)
     b.snapshot()
     controller.step()
-    lag = controller.status_document(clock.now())["devices"][0]["lag"]
+    lag = status.document(controller, clock.now())["devices"][0]["lag"]
     assert lag["count"] == 1 and lag["last_seconds"] == pytest.approx(0.1)
 
 

@@ -96,16 +96,16 @@ def serve(namespace: str | None, config_path: str | None, overrides: tuple[str, 
     live worker the namespace is removed.
     """
     logging.getLogger().setLevel(log_level.upper())
-    with _exits():
-        policy, config = load_configs(config_path, overrides, namespace=namespace,
-                                      state_dir=state_dir, metrics_port=metrics_port)
-        seed = load_initial_gears(initial_gears) if initial_gears else None
-        controller = Controller.open(config, policy, initial_gears=seed,
-                                     fresh_on_corrupt_state=fresh_on_corrupt_state)
-    stop = threading.Event()
+    stop = threading.Event()  # handlers first: `gearshift stop` may signal as soon as we own it
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        with _exits():
+            policy, config = load_configs(config_path, overrides, namespace=namespace,
+                                          state_dir=state_dir, metrics_port=metrics_port)
+            seed = load_initial_gears(initial_gears) if initial_gears else None
+            controller = Controller.open(config, policy, initial_gears=seed,
+                                         fresh_on_corrupt_state=fresh_on_corrupt_state)
         controller.run(stop)
     finally:
         for sig, handler in previous.items():

@@ -125,11 +125,11 @@ class Controller:
         self.round_seconds: deque[float] = deque(maxlen=1024)
         self.rounds = {"count": 0, "seconds_sum": 0.0, "last_seconds": None}
         self.status: dict[str, Any] | None = None  # the last document published
+        self.changes: dict[int, dict[str, list[list[Any]]]] = {}  # last round, per profile
+        self.lags: dict[int, Lag] = {}
         self._keys: dict[tuple[int, str], int] = {}
         self._targets: list[tuple[int, str]] = []
         self._regions: dict[int, SnapshotRegion] = {}
-        self._changes: dict[int, dict[str, list[list[Any]]]] = {}
-        self._lag: dict[int, Lag] = {}
         self._awaiting: dict[int, tuple[int, float]] = {}  # device -> (version, published at)
         self._next_check: dict[int, float] = {}
         self._next_scan = self._next_status = -math.inf
@@ -362,7 +362,7 @@ class Controller:
             if all(w.info.applied_version >= version for w in live):
                 del self._awaiting[device]
                 if live:
-                    lag = self._lag.setdefault(device, Lag())
+                    lag = self.lags.setdefault(device, Lag())
                     lag.last_seconds = now - published
                     lag.count += 1
                     lag.seconds_sum += now - published
@@ -502,7 +502,7 @@ class Controller:
         log.debug("device %d: round (%s, memory %s) in %.1f ms", device, why, usage,
                   seconds * 1e3)
         dev.last_update = now
-        self._changes[device] = changes
+        self.changes[device] = changes
         if changed:
             self._publish(device, now)
         if any(changes.values()):
@@ -518,7 +518,7 @@ class Controller:
                 region = SnapshotRegion.attach(self.config.namespace, device)
             self._regions[device] = region
         gears = {name: p.gears() for name, p in dev.profiles.items()}
-        payload = snapshot_payload(device, gears, self._changes.get(device))
+        payload = snapshot_payload(device, gears, self.changes.get(device))
         dev.version = region.publish(payload, at_least=dev.version + 1)
         self._awaiting[device] = (dev.version, now)
         log.info("device %d: snapshot version %d published", device, dev.version)
@@ -528,34 +528,10 @@ class Controller:
 
     def _publish_status(self, now: float) -> None:
         self._next_status = now + self.config.status_interval_seconds
-        doc = self.status_document(now)
+        doc = status.document(self, now)
         assert self._status_region is not None
         self._status_region.publish(doc)
         self.status = doc
-
-    def status_document(self, now: float) -> dict[str, Any]:
-        """The status document at `now` (format in controller/status.py)."""
-        workers = [{
-            "slot": w.info.slot, "generation": w.info.generation, "pid": w.info.pid,
-            "device": w.info.device, "alive": w.info.alive, "consumed": w.consumed,
-            "dropped": w.ring.dropped if w.ring is not None else w.info.dropped,
-            "applied": w.info.applied_version,
-            "profiles": [[local, name] for local, name in w.profiles.items()],
-        } for w in self.workers.values()]
-        devices = []
-        for device, dev in sorted(self.devices.items()):
-            lag = self._lag.get(device, Lag())
-            changes = self._changes.get(device, {})
-            devices.append({
-                "device": device, "version": dev.version,
-                "memory_usage": self.memory_usage(device, now), "last_update": dev.last_update,
-                "lag": dataclasses.asdict(lag),
-                "profiles": [status.profile_view(name, p, changes.get(name, []), now, self.policy)
-                             for name, p in dev.profiles.items()],
-            })
-        return {"format": status.FORMAT, "namespace": self.config.namespace, "pid": os.getpid(),
-                "embedded": self.embedded, "time": now, "events": dict(self.counts),
-                "rounds": dict(self.rounds), "workers": workers, "devices": devices}
 
 
 class EmbeddedController:

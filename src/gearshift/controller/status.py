@@ -24,13 +24,18 @@ then folded, not counted as unknown).
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
 
 from gearshift.config import PolicyConfig
 from gearshift.controller.state import ProfileState
 from gearshift.errors import LayoutError, NamespaceBusy, PayloadError
 from gearshift.policy import gear_stats
 from gearshift.shm import SnapshotRegion, names
+
+if TYPE_CHECKING:
+    from gearshift.controller.controller import Controller
 
 FORMAT = 1
 CAPACITY = 1 << 20
@@ -76,3 +81,29 @@ def profile_view(name: str, profile: ProfileState, changes: list[list[Any]], now
             "samples": hist.total_count,
         })
     return {"name": name, "changes": changes, "dims": dims}
+
+
+def document(c: Controller, now: float) -> dict[str, Any]:
+    """The status document of controller `c` at `now`."""
+    workers = [{
+        "slot": w.info.slot, "generation": w.info.generation, "pid": w.info.pid,
+        "device": w.info.device, "alive": w.info.alive, "consumed": w.consumed,
+        "dropped": w.ring.dropped if w.ring is not None else w.info.dropped,
+        "applied": w.info.applied_version,
+        "profiles": [[local, name] for local, name in w.profiles.items()],
+    } for w in c.workers.values()]
+    devices = []
+    for device, dev in sorted(c.devices.items()):
+        changes = c.changes.get(device, {})
+        lag = c.lags.get(device)
+        devices.append({
+            "device": device, "version": dev.version,
+            "memory_usage": c.memory_usage(device, now), "last_update": dev.last_update,
+            "lag": dataclasses.asdict(lag) if lag else
+            {"last_seconds": None, "count": 0, "seconds_sum": 0.0},
+            "profiles": [profile_view(name, p, changes.get(name, []), now, c.policy)
+                         for name, p in dev.profiles.items()],
+        })
+    return {"format": FORMAT, "namespace": c.config.namespace, "pid": os.getpid(),
+            "embedded": c.embedded, "time": now, "events": dict(c.counts),
+            "rounds": dict(c.rounds), "workers": workers, "devices": devices}
