@@ -256,6 +256,18 @@ def test_a_failing_round_is_logged_and_the_loop_goes_on(
     assert len(caplog.records) == 1  # rate-limited
 
 
+def test_a_failing_state_save_is_logged_and_the_loop_goes_on(
+        controller: Controller, worker, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(state, "save", full)
+    w = worker()
+    assert w.register(0, "decode", serve=controller.step)["version"] == 1
+    _run(controller, clock, 12.0, w)
+    assert 40 in w.gears("decode")["B"] and controller.counts["errors"] >= 2
+
+
 def test_embedded_controller_runs_the_same_loop_in_a_thread(config: ControllerConfig) -> None:
     embedded = Controller.start_embedded(config, POLICY)
     w = Worker(config.namespace, 0)

@@ -305,23 +305,27 @@ class Controller:
         self._next_scan = now + self.config.scan_interval_seconds
         claimed = set()
         for info in self.registry.slots():
-            if info.state == SlotState.FREE:
-                continue
-            claimed.add(info.slot)
-            w = self.workers.get(info.slot)
-            if w is None or w.info.generation != info.generation:
-                if w is not None and w.ring is not None:
-                    w.ring.close()
-                w = self.workers[info.slot] = Worker(info)
-                self._adopt(w)
-            w.info = info
-            if w.ring is None:
-                w.ring = self._attach_ring(info)
-            if info.reclaimable:
-                self._reclaim(w, now)
+            if info.state != SlotState.FREE:
+                claimed.add(info.slot)
+                self._guard(f"slot {info.slot}", self._track, info, now)
         for slot in set(self.workers) - claimed:  # freed behind our back (cleanup)
             self._forget(slot)
         self._acks(now)
+
+    def _track(self, info: SlotInfo, now: float) -> None:
+        """Follow a claimed slot: attach its ring; drain and reclaim it once its worker is gone."""
+        w = self.workers.get(info.slot)
+        if w is not None and w.info.generation != info.generation:  # claimed anew meanwhile
+            self._forget(info.slot)
+            w = None
+        if w is None:
+            w = self.workers[info.slot] = Worker(info)
+            self._adopt(w)
+        w.info = info
+        if w.ring is None:
+            w.ring = self._attach_ring(info)
+        if info.reclaimable:
+            self._reclaim(w, now)
 
     def _attach_ring(self, info: SlotInfo) -> EventRing | None:
         try:
@@ -407,7 +411,7 @@ class Controller:
         if profile is None:
             dev.profiles[name] = self._new_profile(device, name, dims, now)
             self._publish(device, now)
-            self._save()
+            self._guard("state save", self._save)
         w.map(local, self._key(device, name), name)
         self._next_status = now  # publish the mapping soon: a successor adopts it
         log.info("pid %d (slot %d) registered profile %r on device %d as id %d",
@@ -506,7 +510,7 @@ class Controller:
         if changed:
             self._publish(device, now)
         if any(changes.values()):
-            self._save()
+            self._guard("state save", self._save)
 
     def _publish(self, device: int, now: float) -> None:
         dev = self.devices[device]
