@@ -22,7 +22,7 @@ from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.dims import Dim
 from gearshift.errors import ProfileMismatch, StateError
-from gearshift.shm import Registry, SlotState, names, segment
+from gearshift.shm import Registry, SlotState, names, ring, segment
 
 from .workers import DIMS, WAIT, Worker
 
@@ -213,6 +213,23 @@ def test_unknown_and_invalid_events_are_counted(controller: Controller, worker,
     controller.step()
     assert {k: controller.counts[k] for k in ("folded", "unknown", "invalid")} == {
         "folded": 1, "unknown": 1, "invalid": 3}
+
+
+def test_a_corrupt_ring_fails_alone_and_is_discarded_with_its_worker(
+        controller: Controller, worker, clock: FakeClock) -> None:
+    bad, good = worker(), worker()
+    for w in (bad, good):
+        w.register(0, "decode", serve=controller.step)
+    bad.ring.segment.words[ring.HEAD // 8] = 1 << 40  # head far beyond tail: inconsistent
+    good.put(0, 40)
+    controller.step()
+    assert controller.counts["folded"] == 1 and controller.counts["errors"] == 1
+    bad.close()
+    clock.advance(controller.config.scan_interval_seconds)
+    controller.step()
+    assert controller.counts["reclaimed_workers"] == 1
+    assert names.ring(controller.config.namespace, bad.slot)[1:] not in _shm(
+        controller.config.namespace)
 
 
 def test_initial_gears_seed_new_profiles(config: ControllerConfig, clock: FakeClock,

@@ -335,24 +335,32 @@ class Controller:
         except LayoutError as e:
             if not info.reclaimable:
                 raise
-            log.warning("slot %d: unreadable ring of dead pid %d removed: %s",
-                        info.slot, info.pid, e)
-            segment.unlink(names.ring(self.config.namespace, info.slot))
+            self._discard_ring(info, e)
             return None
 
     def _reclaim(self, w: Worker, now: float) -> None:
         """Drain a gone worker's ring to the end, fold it, free the slot, unlink the ring."""
         if w.ring is not None:
-            for _ in range(w.ring.capacity // self.config.drain_max_events + 2):
-                if not w.ring.pending():
-                    break
-                self._take(w, w.ring.drain(self.config.drain_max_events), now)
+            try:
+                for _ in range(w.ring.capacity // self.config.drain_max_events + 2):
+                    if not w.ring.pending():
+                        break
+                    self._take(w, w.ring.drain(self.config.drain_max_events), now)
+            except LayoutError as e:
+                w.ring.close()
+                w.ring = None
+                self._discard_ring(w.info, e)
             self._flush(now)
         self.registry.reclaim(w.info.slot, w.ring)
         self._forget(w.info.slot)
         self.counts["reclaimed_workers"] += 1
         log.info("worker pid %d (slot %d, device %d) gone: slot reclaimed after %d events, "
                  "%d dropped", w.info.pid, w.info.slot, w.info.device, w.consumed, w.info.dropped)
+
+    def _discard_ring(self, info: SlotInfo, error: Exception) -> None:
+        log.warning("slot %d: unreadable ring of gone pid %d removed: %s", info.slot, info.pid,
+                    error)
+        segment.unlink(names.ring(self.config.namespace, info.slot))
 
     def _forget(self, slot: int) -> None:
         w = self.workers.pop(slot)
@@ -442,10 +450,14 @@ class Controller:
     # -- events --
 
     def _drain(self, now: float) -> None:
-        for w in list(self.workers.values()):
-            if w.ring is not None:
-                self._take(w, w.ring.drain(self.config.drain_max_events), now)
+        for w in self.workers.values():
+            if w.ring is not None:  # a ring that fails (corrupt counters) fails alone
+                self._guard(f"drain of slot {w.info.slot}", self._drain_one, w, now)
         self._flush(now)
+
+    def _drain_one(self, w: Worker, now: float) -> None:
+        assert w.ring is not None
+        self._take(w, w.ring.drain(self.config.drain_max_events), now)
 
     def _take(self, w: Worker, events: np.ndarray, now: float) -> None:
         if not len(events):
