@@ -57,26 +57,40 @@ def test_every_command_explains_itself(command: str) -> None:
 
 
 def test_the_commands_never_import_torch() -> None:
-    code = ("import sys, gearshift.controller.cli, gearshift.controller.metrics; "
-            "from gearshift.cli import main; "
-            "[main.get_command(None, c) for c in ('serve', 'status', 'stop', 'export')]; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+    code = (
+        "import sys, gearshift.controller.cli, gearshift.controller.metrics; "
+        "from gearshift.cli import main; "
+        "[main.get_command(None, c) for c in ('serve', 'status', 'stop', 'export')]; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-@pytest.mark.parametrize("toml, args, code, message", [
-    ("[policy\n", [], EXIT_USAGE, "not valid TOML"),
-    ("[controller]\nslotz = 1\n", [], EXIT_USAGE, "slotz: unknown key"),
-    ("", ["--set", "nope=1"], EXIT_USAGE, "nope: unknown key"),
-    ("", ["--set", "window_seconds=-1"], EXIT_USAGE, "window_seconds"),
-    ("", ["--namespace", "a/b"], EXIT_USAGE, "invalid namespace"),
-    ("", ["--initial-gears", "missing.json"], EXIT_USAGE, "initial_gears"),
-])
-def test_serve_refuses_bad_configuration(tmp_path: Path, namespace: str, toml: str,
-                                         args: list[str], code: int, message: str) -> None:
+@pytest.mark.parametrize(
+    "toml, args, code, message",
+    [
+        ("[policy\n", [], EXIT_USAGE, "not valid TOML"),
+        ("[controller]\nslotz = 1\n", [], EXIT_USAGE, "slotz: unknown key"),
+        ("", ["--set", "nope=1"], EXIT_USAGE, "nope: unknown key"),
+        ("", ["--set", "window_seconds=-1"], EXIT_USAGE, "window_seconds"),
+        ("", ["--namespace", "a/b"], EXIT_USAGE, "invalid namespace"),
+        ("", ["--initial-gears", "missing.json"], EXIT_USAGE, "initial_gears"),
+    ],
+)
+def test_serve_refuses_bad_configuration(
+    tmp_path: Path, namespace: str, toml: str, args: list[str], code: int, message: str
+) -> None:
     (tmp_path / "gs.toml").write_text(toml)
-    result = gs("serve", "-n", namespace, "--config", str(tmp_path / "gs.toml"),
-                "--state-dir", str(tmp_path), *args)
+    result = gs(
+        "serve",
+        "-n",
+        namespace,
+        "--config",
+        str(tmp_path / "gs.toml"),
+        "--state-dir",
+        str(tmp_path),
+        *args,
+    )
     assert result.exit_code == code and message in result.stderr
 
 
@@ -88,7 +102,8 @@ def test_serve_refuses_a_corrupt_state_file(tmp_path: Path, namespace: str) -> N
 
 
 def test_metrics_without_prometheus_client_is_a_clear_error(
-        tmp_path: Path, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     result = gs("serve", "-n", namespace, "--state-dir", str(tmp_path), "--metrics-port", "0")
     assert result.exit_code == EXIT_USAGE and "gearshift[metrics]" in result.stderr
@@ -116,8 +131,9 @@ def test_status_shows_controller_workers_and_gears(live: tuple[Controller, Worke
     assert "running" in text.output and "decode/B" in text.output and "hit" in text.output
 
 
-def test_snapshot_and_export_print_the_gears_in_use(live: tuple[Controller, Worker],
-                                                    tmp_path: Path) -> None:
+def test_snapshot_and_export_print_the_gears_in_use(
+    live: tuple[Controller, Worker], tmp_path: Path
+) -> None:
     ns = live[0].config.namespace
     [snap] = json.loads(gs("snapshot", "-n", ns, "--json", "--device", "0").output)
     assert snap["version"] == 1 and snap["profiles"]["decode"]["gears"]["B"][-1] == 64
@@ -125,7 +141,8 @@ def test_snapshot_and_export_print_the_gears_in_use(live: tuple[Controller, Work
     assert gs("snapshot", "-n", ns, "--device", "3").exit_code == EXIT_NOT_RUNNING
     (tmp_path / "gears.json").write_text(gs("export", "-n", ns).output)
     assert load_initial_gears(tmp_path / "gears.json") == {
-        0: {"decode": {"B": (1, 2, 4, 8, 16, 32, 64)}}}
+        0: {"decode": {"B": (1, 2, 4, 8, 16, 32, 64)}}
+    }
 
 
 def test_cleanup_is_refused_while_the_controller_lives(live: tuple[Controller, Worker]) -> None:

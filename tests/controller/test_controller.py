@@ -26,9 +26,14 @@ from gearshift.shm import Registry, SlotState, names, ring, segment
 
 from .workers import DIMS, WAIT, Worker
 
-POLICY = PolicyConfig(window_seconds=60.0, half_life_seconds=30.0, slice_seconds=5.0,
-                      update_interval_seconds=10.0, check_interval_seconds=1.0,
-                      recent_use_protect_seconds=5.0)
+POLICY = PolicyConfig(
+    window_seconds=60.0,
+    half_life_seconds=30.0,
+    slice_seconds=5.0,
+    update_interval_seconds=10.0,
+    check_interval_seconds=1.0,
+    recent_use_protect_seconds=5.0,
+)
 LADDER = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -63,8 +68,9 @@ def worker(controller: Controller, clock: FakeClock) -> Iterator[Callable[..., W
         w.close()
 
 
-def _run(controller: Controller, clock: FakeClock, seconds: float, *workers: Worker,
-         value: int = 40) -> None:
+def _run(
+    controller: Controller, clock: FakeClock, seconds: float, *workers: Worker, value: int = 40
+) -> None:
     """`seconds` of virtual time in 0.1 s iterations, each worker putting one `value`."""
     for _ in range(round(seconds * 10)):
         clock.advance(0.1)
@@ -94,8 +100,9 @@ def test_a_name_must_match_on_its_device_only(controller: Controller, worker) ->
     assert other_device.register(0, "decode", dims, serve=controller.step)["version"] == 1
 
 
-def test_events_flow_into_decisions_and_snapshots_advance(controller: Controller, worker,
-                                                          clock: FakeClock) -> None:
+def test_events_flow_into_decisions_and_snapshots_advance(
+    controller: Controller, worker, clock: FakeClock
+) -> None:
     w = worker()
     w.register(0, "decode", serve=controller.step)
     _run(controller, clock, 12.0, w)
@@ -112,8 +119,9 @@ def test_events_flow_into_decisions_and_snapshots_advance(controller: Controller
     assert all(isinstance(r, str) and r for r in reasons)
 
 
-def test_memory_pressure_runs_a_round_before_the_interval(controller: Controller, worker,
-                                                          clock: FakeClock) -> None:
+def test_memory_pressure_runs_a_round_before_the_interval(
+    controller: Controller, worker, clock: FakeClock
+) -> None:
     a, b = worker(), worker()
     a.register(0, "decode", serve=controller.step)
     _run(controller, clock, 2.0)
@@ -127,8 +135,9 @@ def test_memory_pressure_runs_a_round_before_the_interval(controller: Controller
     assert controller.memory_usage(0, clock.now()) is None
 
 
-def test_propagation_lag_waits_for_every_live_worker(controller: Controller, worker,
-                                                     clock: FakeClock) -> None:
+def test_propagation_lag_waits_for_every_live_worker(
+    controller: Controller, worker, clock: FakeClock
+) -> None:
     a, b = worker(), worker()
     a.register(0, "decode", serve=controller.step)
     b.register(0, "decode", serve=controller.step)
@@ -145,7 +154,8 @@ def test_propagation_lag_waits_for_every_live_worker(controller: Controller, wor
 
 
 def test_restart_continues_versions_and_restores_gears_even_on_new_segments(
-        config: ControllerConfig, clock: FakeClock) -> None:
+    config: ControllerConfig, clock: FakeClock
+) -> None:
     with Controller.open(config, POLICY, clock=clock) as first:
         w = Worker(config.namespace, 0, clock)
         w.register(0, "decode", serve=first.step)
@@ -155,13 +165,21 @@ def test_restart_continues_versions_and_restores_gears_even_on_new_segments(
     assert _shm(config.namespace) == []  # no live worker: the namespace went with it
     with Controller.open(config, POLICY, clock=clock):
         w = Worker(config.namespace, 0, clock)
-        assert w.snapshot() == (version + 1, payload | {"profiles": {"decode": {
-            "gears": payload["profiles"]["decode"]["gears"], "changes": []}}})
+        assert w.snapshot() == (
+            version + 1,
+            payload
+            | {
+                "profiles": {
+                    "decode": {"gears": payload["profiles"]["decode"]["gears"], "changes": []}
+                }
+            },
+        )
         w.close()
 
 
 def test_takeover_keeps_the_segments_and_folds_what_the_rings_hold(
-        config: ControllerConfig, clock: FakeClock) -> None:
+    config: ControllerConfig, clock: FakeClock
+) -> None:
     with Controller.open(config, POLICY, clock=clock) as first:
         w = Worker(config.namespace, 0, clock)
         w.register(5, "decode", serve=first.step)
@@ -179,8 +197,11 @@ def test_takeover_keeps_the_segments_and_folds_what_the_rings_hold(
 
 def test_dead_worker_is_drained_and_reclaimed(controller: Controller, clock: FakeClock) -> None:
     script = Path(__file__).with_name("workers.py")
-    child = subprocess.Popen([sys.executable, str(script), controller.config.namespace, "0",
-                              "100"], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, str(script), controller.config.namespace, "0", "100"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + WAIT
         while not select.select([child.stdout], [], [], 0.005)[0]:
@@ -196,7 +217,8 @@ def test_dead_worker_is_drained_and_reclaimed(controller: Controller, clock: Fak
     assert controller.counts["reclaimed_workers"] == 1 and controller.counts["folded"] == 100
     assert slot not in controller.workers
     assert names.ring(controller.config.namespace, slot)[1:] not in _shm(
-        controller.config.namespace)
+        controller.config.namespace
+    )
     registry = Registry.attach(controller.config.namespace)
     try:
         assert registry.slots()[slot].state == SlotState.FREE
@@ -204,19 +226,24 @@ def test_dead_worker_is_drained_and_reclaimed(controller: Controller, clock: Fak
         registry.close()
 
 
-def test_unknown_and_invalid_events_are_counted(controller: Controller, worker,
-                                                clock: FakeClock) -> None:
+def test_unknown_and_invalid_events_are_counted(
+    controller: Controller, worker, clock: FakeClock
+) -> None:
     w = worker()
     w.register(0, "decode", serve=controller.step)
     for args in [(0, 40), (0, 0), (0, 65), (1, 8), (0, 4, 4)]:
         w.put(*args)
     controller.step()
     assert {k: controller.counts[k] for k in ("folded", "unknown", "invalid")} == {
-        "folded": 1, "unknown": 1, "invalid": 3}
+        "folded": 1,
+        "unknown": 1,
+        "invalid": 3,
+    }
 
 
 def test_a_corrupt_ring_fails_alone_and_is_discarded_with_its_worker(
-        controller: Controller, worker, clock: FakeClock) -> None:
+    controller: Controller, worker, clock: FakeClock
+) -> None:
     bad, good = worker(), worker()
     for w in (bad, good):
         w.register(0, "decode", serve=controller.step)
@@ -229,11 +256,13 @@ def test_a_corrupt_ring_fails_alone_and_is_discarded_with_its_worker(
     controller.step()
     assert controller.counts["reclaimed_workers"] == 1
     assert names.ring(controller.config.namespace, bad.slot)[1:] not in _shm(
-        controller.config.namespace)
+        controller.config.namespace
+    )
 
 
-def test_initial_gears_seed_new_profiles(config: ControllerConfig, clock: FakeClock,
-                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_initial_gears_seed_new_profiles(
+    config: ControllerConfig, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
     seed = {0: {"decode": {"B": (8, 40, 64)}}, 3: {"prefill": {"B": (1, 999)}}}
     with Controller.open(config, POLICY, clock=clock, initial_gears=seed) as c:
         w = Worker(config.namespace, 1, clock)
@@ -245,8 +274,9 @@ def test_initial_gears_seed_new_profiles(config: ControllerConfig, clock: FakeCl
         w.close()
 
 
-def test_corrupt_state_is_an_error_unless_asked_to_start_fresh(config: ControllerConfig,
-                                                               clock: FakeClock) -> None:
+def test_corrupt_state_is_an_error_unless_asked_to_start_fresh(
+    config: ControllerConfig, clock: FakeClock
+) -> None:
     config.state_path.mkdir(parents=True)
     (config.state_path / state.STATE_FILE).write_bytes(b"\xc1garbage")
     with pytest.raises(StateError, match="corrupt"):
@@ -259,8 +289,12 @@ def test_corrupt_state_is_an_error_unless_asked_to_start_fresh(config: Controlle
 
 
 def test_a_failing_round_is_logged_and_the_loop_goes_on(
-        controller: Controller, worker, clock: FakeClock, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+    controller: Controller,
+    worker,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     def broken(*args: object) -> None:
         raise RuntimeError("policy bug")
 
@@ -274,7 +308,8 @@ def test_a_failing_round_is_logged_and_the_loop_goes_on(
 
 
 def test_a_failing_state_save_is_logged_and_the_loop_goes_on(
-        controller: Controller, worker, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    controller: Controller, worker, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def full(*args: object) -> None:
         raise OSError(28, "No space left on device")
 

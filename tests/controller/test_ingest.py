@@ -30,8 +30,14 @@ def _profile(**dims: Dim) -> ProfileState:
 def test_samples_fold_into_their_profiles_dims_by_key() -> None:
     decode = _profile(B=Dim(max=64), S=Dim(max=4096))
     prefill = _profile(S=Dim(max=4096))
-    events = _events([(1.0, 0, (3, 700), Kind.SHAPE), (2.0, 1, (900,), Kind.EAGER),
-                      (3.0, 0, (3, 100), Kind.SHAPE), (4.0, 7, (5, 5), Kind.SHAPE)])
+    events = _events(
+        [
+            (1.0, 0, (3, 700), Kind.SHAPE),
+            (2.0, 1, (900,), Kind.EAGER),
+            (3.0, 0, (3, 100), Kind.SHAPE),
+            (4.0, 7, (5, 5), Kind.SHAPE),
+        ]
+    )
     keys = np.array([0, 1, 0, 1])  # record 3 carries another id that maps to prefill's key
     out = ingest.fold(events, keys, [decode, prefill], now=10.0)
     assert out == ingest.Folded(folded=3, unknown=0, invalid=1)  # (5, 5) is 2 values for 1 dim
@@ -43,9 +49,16 @@ def test_samples_fold_into_their_profiles_dims_by_key() -> None:
 
 def test_unknown_ids_out_of_bounds_values_and_odd_kinds_are_counted_not_folded() -> None:
     decode = _profile(B=Dim(min=2, max=64))
-    events = _events([(1.0, 0, (1,), Kind.SHAPE), (1.0, 0, (65,), Kind.SHAPE),
-                      (1.0, 0, (8,), Kind.SHAPE), (1.0, 9, (8,), Kind.SHAPE),
-                      (1.0, 0, (8,), 77), (1.0, 0, (1 << 30, 1 << 31), Kind.MEMORY)])
+    events = _events(
+        [
+            (1.0, 0, (1,), Kind.SHAPE),
+            (1.0, 0, (65,), Kind.SHAPE),
+            (1.0, 0, (8,), Kind.SHAPE),
+            (1.0, 9, (8,), Kind.SHAPE),
+            (1.0, 0, (8,), 77),
+            (1.0, 0, (1 << 30, 1 << 31), Kind.MEMORY),
+        ]
+    )
     out = ingest.fold(events, np.array([0, 0, 0, -1, 0, 0]), [decode], now=2.0)
     assert out == ingest.Folded(folded=1, unknown=1, invalid=3)
     assert decode.stats["B"].view(2.0).values.tolist() == [8]
@@ -63,7 +76,13 @@ def test_times_are_capped_at_now() -> None:
 
 
 def test_memory_reading_is_the_last_valid_one() -> None:
-    events = _events([(1.0, 0, (25, 100), Kind.MEMORY), (2.0, 0, (8,), Kind.SHAPE),
-                      (3.0, 0, (60, 100), Kind.MEMORY), (4.0, 0, (5, 0), Kind.MEMORY)])
+    events = _events(
+        [
+            (1.0, 0, (25, 100), Kind.MEMORY),
+            (2.0, 0, (8,), Kind.SHAPE),
+            (3.0, 0, (60, 100), Kind.MEMORY),
+            (4.0, 0, (5, 0), Kind.MEMORY),
+        ]
+    )
     assert ingest.memory_reading(events) == (3.0, 0.4)
     assert ingest.memory_reading(events[1:2]) is None

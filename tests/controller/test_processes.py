@@ -19,10 +19,19 @@ from gearshift.shm import Registry, cleanup
 
 from .workers import WAIT, Worker
 
-FAST = [f"--set={kv}" for kv in (
-    "check_interval_seconds=0.2", "update_interval_seconds=0.5", "recent_use_protect_seconds=0.5",
-    "window_seconds=10", "half_life_seconds=5", "slice_seconds=0.5", "scan_interval_seconds=0.1",
-    "status_interval_seconds=0.1")]
+FAST = [
+    f"--set={kv}"
+    for kv in (
+        "check_interval_seconds=0.2",
+        "update_interval_seconds=0.5",
+        "recent_use_protect_seconds=0.5",
+        "window_seconds=10",
+        "half_life_seconds=5",
+        "slice_seconds=0.5",
+        "scan_interval_seconds=0.1",
+        "status_interval_seconds=0.1",
+    )
+]
 
 
 def wait_for(condition: Callable[[], object], what: str) -> None:
@@ -51,12 +60,30 @@ def serve(namespace: str, tmp_path: Path) -> Iterator[Callable[[], subprocess.Po
     started: list[subprocess.Popen] = []
 
     def start() -> subprocess.Popen:
-        started.append(subprocess.Popen(
-            [sys.executable, "-m", "gearshift", "serve", "-n", namespace, "--state-dir",
-             str(tmp_path), "--log-level", "WARNING", *FAST],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        wait_for(lambda: owner(namespace) == started[-1].pid or started[-1].poll() is not None,
-                 "the controller to start")
+        started.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gearshift",
+                    "serve",
+                    "-n",
+                    namespace,
+                    "--state-dir",
+                    str(tmp_path),
+                    "--log-level",
+                    "WARNING",
+                    *FAST,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+        wait_for(
+            lambda: owner(namespace) == started[-1].pid or started[-1].poll() is not None,
+            "the controller to start",
+        )
         return started[-1]
 
     yield start
@@ -67,8 +94,9 @@ def serve(namespace: str, tmp_path: Path) -> Iterator[Callable[[], subprocess.Po
     cleanup(namespace)
 
 
-def test_serve_survives_and_resumes(serve: Callable[[], subprocess.Popen], namespace: str,
-                                    tmp_path: Path) -> None:
+def test_serve_survives_and_resumes(
+    serve: Callable[[], subprocess.Popen], namespace: str, tmp_path: Path
+) -> None:
     first = serve()
     second = serve()  # a live controller owns the namespace
     assert second.wait(WAIT) == EXIT_CONFLICT and f"pid {first.pid}" in second.stderr.read()
@@ -76,17 +104,24 @@ def test_serve_survives_and_resumes(serve: Callable[[], subprocess.Popen], names
     worker = Worker(namespace)
     try:
         worker.register(0, "decode")
-        wait_for(lambda: worker.put(0, 40) and 40 in worker.gears("decode")["B"],
-                 "a gear at the traffic's size")
+        wait_for(
+            lambda: worker.put(0, 40) and 40 in worker.gears("decode")["B"],
+            "a gear at the traffic's size",
+        )
 
-        dying = subprocess.Popen([sys.executable, str(Path(__file__).with_name("workers.py")),
-                                  namespace, "0", "100"], stdout=subprocess.PIPE, text=True)
+        dying = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("workers.py")), namespace, "0", "100"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert dying.stdout.readline().startswith("ready")
         dying.kill()
         dying.wait(WAIT)
         dying.stdout.close()
-        wait_for(lambda: status.read(namespace)["events"]["reclaimed_workers"] == 1,
-                 "the dead worker's slot to be reclaimed")
+        wait_for(
+            lambda: status.read(namespace)["events"]["reclaimed_workers"] == 1,
+            "the dead worker's slot to be reclaimed",
+        )
 
         first.kill()  # SIGKILL: no final drain, no goodbye
         first.wait(WAIT)
@@ -94,8 +129,7 @@ def test_serve_survives_and_resumes(serve: Callable[[], subprocess.Popen], names
         puts = [worker.put(0, 40) for _ in range(2 * worker.ring.capacity)]  # never blocks
         assert not all(puts) and worker.ring.dropped > 0
         assert worker.snapshot()[0] == version and 40 in worker.gears("decode")["B"]
-        assert CliRunner().invoke(main, ["status", "-n", namespace]).exit_code == (
-            EXIT_NOT_RUNNING)
+        assert CliRunner().invoke(main, ["status", "-n", namespace]).exit_code == (EXIT_NOT_RUNNING)
 
         third = serve()  # takes the dead controller's namespace over
         wait_for(lambda: worker.snapshot()[0] > version, "a version above the last one")

@@ -18,8 +18,9 @@ DIMS = {"B": Dim(gears=[1, 2, 4, 8, 16, 32, 64], max=64)}
 
 
 class Worker:
-    def __init__(self, namespace: str, device: int = 0, clock: Clock | None = None,
-                 capacity: int = 1 << 12) -> None:
+    def __init__(
+        self, namespace: str, device: int = 0, clock: Clock | None = None, capacity: int = 1 << 12
+    ) -> None:
         self.namespace, self.device = namespace, device
         self.clock = clock or MonotonicClock()
         self.registry = Registry.attach(namespace)
@@ -28,12 +29,18 @@ class Worker:
         self.region: SnapshotRegion | None = None
         self.applied = 0
 
-    def register(self, profile: int, name: str, dims: dict[str, Dim] = DIMS,
-                 serve: Callable[[], None] = lambda: time.sleep(0.005)) -> dict:
+    def register(
+        self,
+        profile: int,
+        name: str,
+        dims: dict[str, Dim] = DIMS,
+        serve: Callable[[], None] = lambda: time.sleep(0.005),
+    ) -> dict:
         """Register and wait for the reply, calling `serve()` while waiting (an in-process
         controller's step, or a short sleep); raises the reply's typed error."""
         assert self.registry.requests(self.slot).post(
-            protocol.register_message(profile, name, dims))
+            protocol.register_message(profile, name, dims)
+        )
         deadline = time.monotonic() + WAIT
         while (reply := self.registry.replies(self.slot).take()) is None:
             assert time.monotonic() < deadline, "no registration reply"
@@ -55,8 +62,9 @@ class Worker:
         if snap is None:
             return None
         self.applied = snap.version
-        self.registry.beat(self.slot, round(self.clock.now() * 1e9), self.applied,
-                           self.ring.dropped)
+        self.registry.beat(
+            self.slot, round(self.clock.now() * 1e9), self.applied, self.ring.dropped
+        )
         return snap.version, snap.payload
 
     def gears(self, name: str) -> dict[str, tuple[int, ...]] | None:

@@ -51,8 +51,13 @@ WAIT = 30.0  # seconds: bound of every wait
 
 def _sizes(n: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.stack([np.clip(rng.lognormal(*SHAPE[d], n), 1, dim.max).astype(np.int64)
-                     for d, dim in DIMS.items()], axis=1)
+    return np.stack(
+        [
+            np.clip(rng.lognormal(*SHAPE[d], n), 1, dim.max).astype(np.int64)
+            for d, dim in DIMS.items()
+        ],
+        axis=1,
+    )
 
 
 def _produce(namespace: str, device: int, seed: int, stop: Event) -> None:
@@ -83,16 +88,20 @@ def _rss_mb() -> float:
 
 def _load(workers: int, seconds: float, warmup: float) -> dict[str, float | int]:
     namespace = f"bench-controller-{os.getpid()}"
-    policy = dataclasses.replace(PolicyConfig(), check_interval_seconds=0.1,
-                                 update_interval_seconds=0.1)
+    policy = dataclasses.replace(
+        PolicyConfig(), check_interval_seconds=0.1, update_interval_seconds=0.1
+    )
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     with tempfile.TemporaryDirectory() as state_dir:
-        controller = Controller.open(ControllerConfig(namespace=namespace, state_dir=state_dir),
-                                     policy)
+        controller = Controller.open(
+            ControllerConfig(namespace=namespace, state_dir=state_dir), policy
+        )
         clock, interval = controller.clock, controller.config.drain_interval_seconds
-        procs = [ctx.Process(target=_produce, args=(namespace, i % 2, i, stop), daemon=True)
-                 for i in range(workers)]
+        procs = [
+            ctx.Process(target=_produce, args=(namespace, i % 2, i, stop), daemon=True)
+            for i in range(workers)
+        ]
         try:
             for p in procs:
                 p.start()
@@ -114,10 +123,17 @@ def _load(workers: int, seconds: float, warmup: float) -> dict[str, float | int]
                 if p.is_alive():
                     p.kill()
             controller.close()
-    return {"events_per_second": consumed / cpu, "events_consumed": consumed,
-            "events_dropped": dropped, "loop_cpu_share": cpu / seconds,
-            "decide_ms_p50": statistics.median(round_ms), "decide_ms_max": max(round_ms),
-            "rounds": len(round_ms), "rss_mb_start": rss_start, "rss_mb_end": rss_end}
+    return {
+        "events_per_second": consumed / cpu,
+        "events_consumed": consumed,
+        "events_dropped": dropped,
+        "loop_cpu_share": cpu / seconds,
+        "decide_ms_p50": statistics.median(round_ms),
+        "decide_ms_max": max(round_ms),
+        "rounds": len(round_ms),
+        "rss_mb_start": rss_start,
+        "rss_mb_end": rss_end,
+    }
 
 
 def _loop(controller: Controller, seconds: float) -> tuple[int, float]:
@@ -134,16 +150,22 @@ def _loop(controller: Controller, seconds: float) -> tuple[int, float]:
     return consumed, cpu
 
 
-def _fold_per_event(events: np.ndarray, profile: ProfileState,
-                    config: PolicyConfig) -> dict[str, dict[tuple[int, int], list[float]]]:
+def _fold_per_event(
+    events: np.ndarray, profile: ProfileState, config: PolicyConfig
+) -> dict[str, dict[tuple[int, int], list[float]]]:
     """The baseline: per event, validate, then add exp(λ(t − slice start)) and 1 to the
     (slice, value) cell of each dim."""
     lam = math.log(2) / config.half_life_seconds
     width = config.slice_seconds
     dims = list(profile.dims.items())
     cells: dict[str, dict[tuple[int, int], list[float]]] = {name: {} for name, _ in dims}
-    rows = zip(events["t_ns"].tolist(), events["kind"].tolist(), events["ndim"].tolist(),
-               events["values"].tolist(), strict=True)
+    rows = zip(
+        events["t_ns"].tolist(),
+        events["kind"].tolist(),
+        events["ndim"].tolist(),
+        events["values"].tolist(),
+        strict=True,
+    )
     for t_ns, kind, ndim, values in rows:
         if kind not in (Kind.SHAPE, Kind.EAGER) or ndim != len(dims):
             continue
@@ -174,30 +196,59 @@ def _baseline(n: int) -> dict[str, float]:
     began = time.perf_counter()
     _fold_per_event(events, profile, config)
     per_event = n / (time.perf_counter() - began)
-    return {"fold_events_per_second": vectorised, "baseline_events_per_second": per_event,
-            "fold_speedup": vectorised / per_event}
+    return {
+        "fold_events_per_second": vectorised,
+        "baseline_events_per_second": per_event,
+        "fold_speedup": vectorised / per_event,
+    }
 
 
 @click.command()
-@click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 64),
-              help="Worker processes putting events flat out.")
-@click.option("--seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
-              help="Duration of the load.")
-@click.option("--warmup", default=1.0, show_default=True, type=click.FloatRange(min=0),
-              help="Seconds of the same load before the measurement.")
-@click.option("--baseline-events", default=200_000, show_default=True,
-              type=click.IntRange(min=1000), help="Batch size of the fold comparison.")
+@click.option(
+    "--workers",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Worker processes putting events flat out.",
+)
+@click.option(
+    "--seconds",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0.5),
+    help="Duration of the load.",
+)
+@click.option(
+    "--warmup",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds of the same load before the measurement.",
+)
+@click.option(
+    "--baseline-events",
+    default=200_000,
+    show_default=True,
+    type=click.IntRange(min=1000),
+    help="Batch size of the fold comparison.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def command(workers: int, seconds: float, warmup: float, baseline_events: int,
-            as_json: bool) -> None:
+def command(
+    workers: int, seconds: float, warmup: float, baseline_events: int, as_json: bool
+) -> None:
     """Drain and fold throughput of the controller loop (events per CPU second), decision
     round time and memory while N workers put events flat out, plus the vectorised fold
     against a per-event Python fold on the same batch."""
-    result = {"workers": workers, "seconds": seconds, **_load(workers, seconds, warmup),
-              **_baseline(baseline_events)}
+    result = {
+        "workers": workers,
+        "seconds": seconds,
+        **_load(workers, seconds, warmup),
+        **_baseline(baseline_events),
+    }
     if as_json:
         click.echo(json.dumps(result))
     else:
         for key, value in result.items():
-            click.echo(f"{key:>28}: {value:,.3f}" if isinstance(value, float)
-                       else f"{key:>28}: {value:,}")
+            click.echo(
+                f"{key:>28}: {value:,.3f}" if isinstance(value, float) else f"{key:>28}: {value:,}"
+            )

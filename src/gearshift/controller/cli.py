@@ -32,18 +32,29 @@ from gearshift.shm.segment import SHM_DIR
 
 DEFAULT_NAMESPACE = "default"
 EXITS = (  # the first class an error is an instance of decides the exit status
-    (ConfigError, EXIT_USAGE), (NamespaceError, EXIT_USAGE), (ControllerRunning, EXIT_CONFLICT),
-    (NamespaceBusy, EXIT_CONFLICT), (ControllerNotFound, EXIT_NOT_RUNNING),
-    (GearshiftError, EXIT_ERROR), (OSError, EXIT_ERROR),
+    (ConfigError, EXIT_USAGE),
+    (NamespaceError, EXIT_USAGE),
+    (ControllerRunning, EXIT_CONFLICT),
+    (NamespaceBusy, EXIT_CONFLICT),
+    (ControllerNotFound, EXIT_NOT_RUNNING),
+    (GearshiftError, EXIT_ERROR),
+    (OSError, EXIT_ERROR),
 )
-EPILOG = ("Exit status: 0 done; 1 runtime failure; 2 bad options or configuration; 3 no live "
-          "controller (or nothing published) in the namespace; 4 the namespace is owned by "
-          "another controller or still has live processes.")
+EPILOG = (
+    "Exit status: 0 done; 1 runtime failure; 2 bad options or configuration; 3 no live "
+    "controller (or nothing published) in the namespace; 4 the namespace is owned by "
+    "another controller or still has live processes."
+)
 
 namespace_option = click.option(
-    "--namespace", "-n", envvar="GEARSHIFT_NAMESPACE", show_envvar=True, metavar="NS",
+    "--namespace",
+    "-n",
+    envvar="GEARSHIFT_NAMESPACE",
+    show_envvar=True,
+    metavar="NS",
     help="Namespace of the shared-memory objects: one controller and its workers "
-    f"[default: {DEFAULT_NAMESPACE!r}; for serve, [controller] namespace of --config first].")
+    f"[default: {DEFAULT_NAMESPACE!r}; for serve, [controller] namespace of --config first].",
+)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
@@ -59,30 +70,69 @@ def _exits() -> Iterator[None]:
 
 @click.command(epilog=EPILOG)
 @namespace_option
-@click.option("--config", "config_path", envvar="GEARSHIFT_CONFIG", show_envvar=True,
-              metavar="FILE.toml", help="Policy keys at top level or under [policy]; "
-              "controller keys (drain_interval_seconds, scan_interval_seconds, slots, ...) "
-              "under [controller].")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override one policy or controller key (after --config); repeatable.")
-@click.option("--state-dir", envvar="GEARSHIFT_STATE_DIR", show_envvar=True, metavar="DIR",
-              help="Directory of the state file [default: $XDG_STATE_HOME/gearshift/NS, "
-              "else ~/.local/state/gearshift/NS].")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), envvar="GEARSHIFT_METRICS_PORT",
-              show_envvar=True, help="Serve Prometheus metrics on this port (needs the "
-              "metrics extra: pip install 'gearshift[metrics]').")
-@click.option("--log-level", default="INFO", show_default=True, envvar="GEARSHIFT_LOG_LEVEL",
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-              help="INFO logs every decision with its reasons.")
-@click.option("--initial-gears", metavar="gears.json",
-              help="Gears for profiles the state file does not know yet, as written by "
-              "`gearshift export` on another node.")
-@click.option("--fresh-on-corrupt-state", is_flag=True,
-              help="If the state file is corrupt or of a newer format, set it aside "
-              "(<file>.corrupt), warn and start fresh instead of exiting with status 1.")
-def serve(namespace: str | None, config_path: str | None, overrides: tuple[str, ...],
-          state_dir: str | None, metrics_port: int | None, log_level: str,
-          initial_gears: str | None, fresh_on_corrupt_state: bool) -> None:
+@click.option(
+    "--config",
+    "config_path",
+    envvar="GEARSHIFT_CONFIG",
+    show_envvar=True,
+    metavar="FILE.toml",
+    help="Policy keys at top level or under [policy]; "
+    "controller keys (drain_interval_seconds, scan_interval_seconds, slots, ...) "
+    "under [controller].",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override one policy or controller key (after --config); repeatable.",
+)
+@click.option(
+    "--state-dir",
+    envvar="GEARSHIFT_STATE_DIR",
+    show_envvar=True,
+    metavar="DIR",
+    help="Directory of the state file [default: $XDG_STATE_HOME/gearshift/NS, "
+    "else ~/.local/state/gearshift/NS].",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    envvar="GEARSHIFT_METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics on this port (needs the "
+    "metrics extra: pip install 'gearshift[metrics]').",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    envvar="GEARSHIFT_LOG_LEVEL",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="INFO logs every decision with its reasons.",
+)
+@click.option(
+    "--initial-gears",
+    metavar="gears.json",
+    help="Gears for profiles the state file does not know yet, as written by "
+    "`gearshift export` on another node.",
+)
+@click.option(
+    "--fresh-on-corrupt-state",
+    is_flag=True,
+    help="If the state file is corrupt or of a newer format, set it aside "
+    "(<file>.corrupt), warn and start fresh instead of exiting with status 1.",
+)
+def serve(
+    namespace: str | None,
+    config_path: str | None,
+    overrides: tuple[str, ...],
+    state_dir: str | None,
+    metrics_port: int | None,
+    log_level: str,
+    initial_gears: str | None,
+    fresh_on_corrupt_state: bool,
+) -> None:
     """Run the controller of a namespace in the foreground until SIGTERM or SIGINT.
 
     It drains the workers' event rings, keeps decayed statistics per device, profile and
@@ -97,15 +147,22 @@ def serve(namespace: str | None, config_path: str | None, overrides: tuple[str, 
     """
     logging.getLogger().setLevel(log_level.upper())
     stop = threading.Event()  # handlers first: `gearshift stop` may signal as soon as we own it
-    previous = {sig: signal.signal(sig, lambda *_: stop.set())
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
         with _exits():
-            policy, config = load_configs(config_path, overrides, namespace=namespace,
-                                          state_dir=state_dir, metrics_port=metrics_port)
+            policy, config = load_configs(
+                config_path,
+                overrides,
+                namespace=namespace,
+                state_dir=state_dir,
+                metrics_port=metrics_port,
+            )
             seed = load_initial_gears(initial_gears) if initial_gears else None
-            controller = Controller.open(config, policy, initial_gears=seed,
-                                         fresh_on_corrupt_state=fresh_on_corrupt_state)
+            controller = Controller.open(
+                config, policy, initial_gears=seed, fresh_on_corrupt_state=fresh_on_corrupt_state
+            )
         controller.run(stop)
     finally:
         for sig, handler in previous.items():
@@ -151,8 +208,11 @@ def snapshot(namespace: str | None, device: int | None, as_json: bool) -> None:
     with _exits():
         snapshots = _snapshots(namespace or DEFAULT_NAMESPACE, device)
     if as_json:
-        click.echo(json.dumps([{"device": d, "version": s.version, **s.payload}
-                               for d, s in snapshots.items()]))
+        click.echo(
+            json.dumps(
+                [{"device": d, "version": s.version, **s.payload} for d, s in snapshots.items()]
+            )
+        )
         return
     for d, s in snapshots.items():
         click.echo(f"device {d}  version {s.version}")
@@ -170,15 +230,28 @@ def export(namespace: str | None) -> None:
     on another node: {"devices": {"<device>": {"<profile>": {"<dim>": [gears]}}}}."""
     with _exits():
         snapshots = _snapshots(namespace or DEFAULT_NAMESPACE, None)
-    click.echo(json.dumps({"devices": {
-        str(d): {name: p["gears"] for name, p in s.payload.get("profiles", {}).items()}
-        for d, s in snapshots.items()}}, indent=1))
+    click.echo(
+        json.dumps(
+            {
+                "devices": {
+                    str(d): {name: p["gears"] for name, p in s.payload.get("profiles", {}).items()}
+                    for d, s in snapshots.items()
+                }
+            },
+            indent=1,
+        )
+    )
 
 
 @click.command(epilog=EPILOG)
 @namespace_option
-@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(min=0),
-              help="Seconds to wait for the controller to exit.")
+@click.option(
+    "--timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds to wait for the controller to exit.",
+)
 def stop(namespace: str | None, timeout: float) -> None:
     """Ask the namespace's controller to stop (SIGTERM: final drain, state saved) and wait
     until its process has exited. An embedded controller is refused: stop its worker."""
@@ -194,8 +267,10 @@ def stop(namespace: str | None, timeout: float) -> None:
             raise ControllerNotFound(f"namespace {namespace!r} has no live controller")
         doc = status_doc.read(namespace)
         if doc and doc["embedded"] and doc["pid"] == owner.pid:
-            raise NamespaceBusy(f"the controller of namespace {namespace!r} is embedded in "
-                                f"worker pid {owner.pid}: stop that worker instead")
+            raise NamespaceBusy(
+                f"the controller of namespace {namespace!r} is embedded in "
+                f"worker pid {owner.pid}: stop that worker instead"
+            )
         ident = liveness.identity(owner.pid)
         os.kill(owner.pid, signal.SIGTERM)
         deadline = clock.now() + timeout
@@ -232,8 +307,10 @@ def _snapshots(namespace: str, device: int | None) -> dict[int, Snapshot]:
         if snap is not None:
             out[d] = snap
     if not out:
-        raise ControllerNotFound(f"namespace {namespace!r} has no published snapshot"
-                                 + (f" of device {device}" if device is not None else ""))
+        raise ControllerNotFound(
+            f"namespace {namespace!r} has no published snapshot"
+            + (f" of device {device}" if device is not None else "")
+        )
     return out
 
 
@@ -247,44 +324,58 @@ def _gather(namespace: str, clock: MonotonicClock) -> dict[str, Any]:
     for s in slots:
         s["state"] = SlotState(s["state"]).name.lower()
     beat = clock.now() - owner.heartbeat_ns / 1e9 if owner.heartbeat_ns else None
-    return {"namespace": namespace, "controller": {
-                "pid": owner.pid, "alive": owner.alive, "heartbeat_age_seconds": beat},
-            "slots": slots, "status": status_doc.read(namespace)}
+    return {
+        "namespace": namespace,
+        "controller": {"pid": owner.pid, "alive": owner.alive, "heartbeat_age_seconds": beat},
+        "slots": slots,
+        "status": status_doc.read(namespace),
+    }
 
 
 def _render_status(view: dict[str, Any]) -> str:
     owner, doc = view["controller"], view["status"]
     mode = " (embedded in a worker)" if doc and doc["embedded"] else ""
-    head = (f"namespace {view['namespace']!r}: controller pid {owner['pid']}{mode} "
-            + ("running" if owner["alive"] else "NOT RUNNING"))
+    head = f"namespace {view['namespace']!r}: controller pid {owner['pid']}{mode} " + (
+        "running" if owner["alive"] else "NOT RUNNING"
+    )
     if owner["heartbeat_age_seconds"] is not None:
         head += f", last heartbeat {owner['heartbeat_age_seconds']:.1f} s ago"
     lines = [head]
     if doc:
         e, r = doc["events"], doc["rounds"]
-        lines.append(f"events: {e['consumed']} consumed, {e['folded']} folded, {e['unknown']} "
-                     f"unknown profile, {e['invalid']} invalid; {e['reclaimed_workers']} dead "
-                     f"workers reclaimed; {r['count']} rounds, last "
-                     f"{_ms(r['last_seconds'])}; {e['errors']} loop errors")
+        lines.append(
+            f"events: {e['consumed']} consumed, {e['folded']} folded, {e['unknown']} "
+            f"unknown profile, {e['invalid']} invalid; {e['reclaimed_workers']} dead "
+            f"workers reclaimed; {r['count']} rounds, last "
+            f"{_ms(r['last_seconds'])}; {e['errors']} loop errors"
+        )
     consumed = {(w["slot"], w["generation"]): w for w in (doc or {}).get("workers", [])}
-    lines.append(f"{'slot':>4} {'pid':>8} {'device':>6} {'state':>8} {'applied':>7} "
-                 f"{'consumed':>10} {'dropped':>8}  profiles")
+    lines.append(
+        f"{'slot':>4} {'pid':>8} {'device':>6} {'state':>8} {'applied':>7} "
+        f"{'consumed':>10} {'dropped':>8}  profiles"
+    )
     for s in view["slots"]:
         w = consumed.get((s["slot"], s["generation"]), {})
         profiles = ", ".join(name for _, name in w.get("profiles", []))
         state = s["state"] if s["alive"] or s["state"] != "active" else "dead"
-        lines.append(f"{s['slot']:>4} {s['pid']:>8} {s['device']:>6} {state:>8} "
-                     f"{s['applied_version']:>7} {w.get('consumed', '-'):>10} "
-                     f"{w.get('dropped', s['dropped']):>8}  {profiles}")
+        lines.append(
+            f"{s['slot']:>4} {s['pid']:>8} {s['device']:>6} {state:>8} "
+            f"{s['applied_version']:>7} {w.get('consumed', '-'):>10} "
+            f"{w.get('dropped', s['dropped']):>8}  {profiles}"
+        )
     for dev in (doc or {}).get("devices", []):
         usage = dev["memory_usage"]
-        lines.append(f"device {dev['device']}: version {dev['version']}, memory "
-                     + (f"{usage:.0%}" if usage is not None else "unknown")
-                     + f", propagation lag {_ms(dev['lag']['last_seconds'])} (last)")
+        lines.append(
+            f"device {dev['device']}: version {dev['version']}, memory "
+            + (f"{usage:.0%}" if usage is not None else "unknown")
+            + f", propagation lag {_ms(dev['lag']['last_seconds'])} (last)"
+        )
         for p in dev["profiles"]:
             for d in p["dims"]:
-                lines.append(f"  {p['name']}/{d['name']}: padding {d['padding']:.3f} over "
-                             f"{d['samples']} samples in the window")
+                lines.append(
+                    f"  {p['name']}/{d['name']}: padding {d['padding']:.3f} over "
+                    f"{d['samples']} samples in the window"
+                )
                 lines.append("    gear " + " ".join(f"{g:>6}" for g in d["gears"]))
                 lines.append("    hit  " + " ".join(f"{h:>6.3f}" for h in d["hit_rate"]))
                 lines.append("    pad  " + " ".join(f"{a:>6.3f}" for a in d["avg_pad"]))

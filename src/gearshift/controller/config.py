@@ -46,8 +46,12 @@ class ControllerConfig:
             _check("metrics_port", self.metrics_port, 0, 65535, integer=True)
         _check("slots", self.slots, 1, 4096, integer=True)
         _check("drain_max_events", self.drain_max_events, 1, 1 << 24, integer=True)
-        for key in ("drain_interval_seconds", "scan_interval_seconds", "memory_fresh_seconds",
-                    "status_interval_seconds"):
+        for key in (
+            "drain_interval_seconds",
+            "scan_interval_seconds",
+            "memory_fresh_seconds",
+            "status_interval_seconds",
+        ):
             _check(key, getattr(self, key), 0.0, 3600.0, low_open=True)
 
     @property
@@ -58,8 +62,9 @@ class ControllerConfig:
         return Path(base) / "gearshift" / self.namespace
 
 
-def load_configs(path: str | Path | None = None, overrides: Iterable[str] = (),
-                 **options: Any) -> tuple[PolicyConfig, ControllerConfig]:
+def load_configs(
+    path: str | Path | None = None, overrides: Iterable[str] = (), **options: Any
+) -> tuple[PolicyConfig, ControllerConfig]:
     """Both configs from defaults, then the TOML file, then `KEY=VALUE` overrides (each to the
     dataclass that has KEY), then `options` (controller keys given as command-line options;
     None means not given)."""
@@ -84,9 +89,12 @@ def load_initial_gears(path: str | Path) -> InitialGears:
     `{"devices": {"<device>": {"<profile>": {"<dim>": [gear, ...]}}}}`."""
     try:
         data = json.loads(Path(path).read_text())
-        return {int(device): {str(name): {str(dim): normalize_gears(gears)
-                                          for dim, gears in dims.items()}
-                              for name, dims in profiles.items()}
-                for device, profiles in data["devices"].items()}
+        return {
+            int(device): {
+                str(name): {str(dim): normalize_gears(gears) for dim, gears in dims.items()}
+                for name, dims in profiles.items()
+            }
+            for device, profiles in data["devices"].items()
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError("initial_gears", f"{path}: not a gears document: {e}") from None

@@ -110,8 +110,15 @@ class Lag:
 class Controller:
     """One namespace's controller; `open` it, then `run(stop)` or call `step()` yourself."""
 
-    def __init__(self, config: ControllerConfig, policy: PolicyConfig, registry: Registry,
-                 clock: Clock, initial_gears: InitialGears, embedded: bool) -> None:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        policy: PolicyConfig,
+        registry: Registry,
+        clock: Clock,
+        initial_gears: InitialGears,
+        embedded: bool,
+    ) -> None:
         self.config = config
         self.policy = policy
         self.registry = registry
@@ -121,7 +128,8 @@ class Controller:
         self.devices: dict[int, DeviceState] = {}
         self.workers: dict[int, Worker] = {}
         self.counts = dict.fromkeys(
-            ("consumed", "folded", "unknown", "invalid", "reclaimed_workers", "errors"), 0)
+            ("consumed", "folded", "unknown", "invalid", "reclaimed_workers", "errors"), 0
+        )
         self.round_seconds: deque[float] = deque(maxlen=1024)
         self.rounds = {"count": 0, "seconds_sum": 0.0, "last_seconds": None}
         self.status: dict[str, Any] | None = None  # the last document published
@@ -144,9 +152,16 @@ class Controller:
     # -- life cycle --
 
     @classmethod
-    def open(cls, config: ControllerConfig, policy: PolicyConfig | None = None, *,
-             clock: Clock | None = None, initial_gears: InitialGears | None = None,
-             fresh_on_corrupt_state: bool = False, embedded: bool = False) -> Controller:
+    def open(
+        cls,
+        config: ControllerConfig,
+        policy: PolicyConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        initial_gears: InitialGears | None = None,
+        fresh_on_corrupt_state: bool = False,
+        embedded: bool = False,
+    ) -> Controller:
         """Own `config.namespace` (creating it, or taking over a dead controller's segments),
         restore the state file and publish the restored gears.
 
@@ -162,8 +177,14 @@ class Controller:
         except BaseException:
             registry.close()
             raise
-        self = cls(config, policy or PolicyConfig(), registry, clock or MonotonicClock(),
-                   initial_gears or {}, embedded)
+        self = cls(
+            config,
+            policy or PolicyConfig(),
+            registry,
+            clock or MonotonicClock(),
+            initial_gears or {},
+            embedded,
+        )
         try:
             self._restore(fresh_on_corrupt_state)
             if config.metrics_port is not None:
@@ -173,13 +194,19 @@ class Controller:
         except BaseException:
             self._release()
             raise
-        log.info("controller pid %d owns namespace %r (state %s; %d devices restored)",
-                 os.getpid(), config.namespace, config.state_path, len(self.devices))
+        log.info(
+            "controller pid %d owns namespace %r (state %s; %d devices restored)",
+            os.getpid(),
+            config.namespace,
+            config.state_path,
+            len(self.devices),
+        )
         return self
 
     @classmethod
-    def start_embedded(cls, config: ControllerConfig, policy: PolicyConfig | None = None,
-                       **options: Any) -> EmbeddedController:
+    def start_embedded(
+        cls, config: ControllerConfig, policy: PolicyConfig | None = None, **options: Any
+    ) -> EmbeddedController:
         """Open the controller here (errors raise in the caller, e.g. ControllerRunning) and
         run it in a daemon thread of this process: the same loop and shared memory as
         `gearshift serve`. A worker should release its slot before `stop()`, so that the
@@ -233,8 +260,11 @@ class Controller:
         self.registry.close()
         try:
             removed = cleanup(self.config.namespace)
-            log.info("no live worker: namespace %r removed (%d objects)",
-                     self.config.namespace, len(removed))
+            log.info(
+                "no live worker: namespace %r removed (%d objects)",
+                self.config.namespace,
+                len(removed),
+            )
         except (ControllerRunning, NamespaceBusy) as e:
             log.info("namespace %r kept for its workers: %s", self.config.namespace, e)
 
@@ -266,7 +296,10 @@ class Controller:
         profiles = self.devices.get(w.info.device, DeviceState()).profiles
         for entry in (self._previous or {}).get("workers", []):
             if (entry["slot"], entry["generation"], entry["pid"]) == (
-                    w.info.slot, w.info.generation, w.info.pid):
+                w.info.slot,
+                w.info.generation,
+                w.info.pid,
+            ):
                 for local, name in entry["profiles"]:
                     if name in profiles:
                         w.map(local, self._key(w.info.device, name), name)
@@ -354,12 +387,19 @@ class Controller:
         self.registry.reclaim(w.info.slot, w.ring)
         self._forget(w.info.slot)
         self.counts["reclaimed_workers"] += 1
-        log.info("worker pid %d (slot %d, device %d) gone: slot reclaimed after %d events, "
-                 "%d dropped", w.info.pid, w.info.slot, w.info.device, w.consumed, w.info.dropped)
+        log.info(
+            "worker pid %d (slot %d, device %d) gone: slot reclaimed after %d events, %d dropped",
+            w.info.pid,
+            w.info.slot,
+            w.info.device,
+            w.consumed,
+            w.info.dropped,
+        )
 
     def _discard_ring(self, info: SlotInfo, error: Exception) -> None:
-        log.warning("slot %d: unreadable ring of gone pid %d removed: %s", info.slot, info.pid,
-                    error)
+        log.warning(
+            "slot %d: unreadable ring of gone pid %d removed: %s", info.slot, info.pid, error
+        )
         segment.unlink(names.ring(self.config.namespace, info.slot))
 
     def _forget(self, slot: int) -> None:
@@ -369,8 +409,11 @@ class Controller:
 
     def _acks(self, now: float) -> None:
         for device, (version, published) in list(self._awaiting.items()):
-            live = [w for w in self.workers.values()
-                    if w.info.device == device and w.info.alive and w.profiles]
+            live = [
+                w
+                for w in self.workers.values()
+                if w.info.device == device and w.info.alive and w.profiles
+            ]
             if all(w.info.applied_version >= version for w in live):
                 del self._awaiting[device]
                 if live:
@@ -406,15 +449,29 @@ class Controller:
         dev = self.devices.setdefault(device, DeviceState())
         profile = dev.profiles.get(name)
         if profile is not None and list(profile.dims.items()) != list(dims.items()):
-            holder = next((o for o in self.workers.values() if o is not w and o.info.alive
-                           and o.info.device == device and name in o.profiles.values()), None)
+            holder = next(
+                (
+                    o
+                    for o in self.workers.values()
+                    if o is not w
+                    and o.info.alive
+                    and o.info.device == device
+                    and name in o.profiles.values()
+                ),
+                None,
+            )
             if holder is not None:
                 raise ProfileMismatch(
                     f"profile {name!r} on device {device} is registered by pid "
                     f"{holder.info.pid} as {_describe(profile.dims)}; pid {w.info.pid} "
-                    f"declares {_describe(dims)}")
-            log.warning("profile %r on device %d re-declared as %s: its learned gears are reset",
-                        name, device, _describe(dims))
+                    f"declares {_describe(dims)}"
+                )
+            log.warning(
+                "profile %r on device %d re-declared as %s: its learned gears are reset",
+                name,
+                device,
+                _describe(dims),
+            )
             profile = None
         if profile is None:
             dev.profiles[name] = self._new_profile(device, name, dims, now)
@@ -422,20 +479,32 @@ class Controller:
             self._guard("state save", self._save)
         w.map(local, self._key(device, name), name)
         self._next_status = now  # publish the mapping soon: a successor adopts it
-        log.info("pid %d (slot %d) registered profile %r on device %d as id %d",
-                 w.info.pid, slot, name, device, local)
+        log.info(
+            "pid %d (slot %d) registered profile %r on device %d as id %d",
+            w.info.pid,
+            slot,
+            name,
+            device,
+            local,
+        )
         return {"op": "registered", "profile": local, "version": dev.version}
 
-    def _new_profile(self, device: int, name: str, dims: dict[str, Dim],
-                     now: float) -> ProfileState:
+    def _new_profile(
+        self, device: int, name: str, dims: dict[str, Dim], now: float
+    ) -> ProfileState:
         profile = ProfileState.new(dims, now, self.policy)
         seeded = self.initial_gears.get(device, {}).get(name) or next(
-            (p[name] for _, p in sorted(self.initial_gears.items()) if name in p), None)
+            (p[name] for _, p in sorted(self.initial_gears.items()) if name in p), None
+        )
         if seeded:
             try:
                 profile.states = initial_states(
-                    {d: dataclasses.replace(dim, gears=seeded.get(d, dim.initial_gears))
-                     for d, dim in dims.items()}, now)
+                    {
+                        d: dataclasses.replace(dim, gears=seeded.get(d, dim.initial_gears))
+                        for d, dim in dims.items()
+                    },
+                    now,
+                )
             except ShapeError as e:
                 log.warning("initial gears of %r ignored: %s", name, e)
         return profile
@@ -476,8 +545,9 @@ class Controller:
         if not self._batch:
             return
         batch, self._batch, self._batched = self._batch, [], 0
-        events, keys = (batch[0] if len(batch) == 1
-                        else map(np.concatenate, zip(*batch, strict=True)))
+        events, keys = (
+            batch[0] if len(batch) == 1 else map(np.concatenate, zip(*batch, strict=True))
+        )
         profiles = [self.devices[d].profiles.get(n) for d, n in self._targets]
         folded = ingest.fold(events, keys, profiles, now)
         for name in folded._fields:
@@ -486,8 +556,14 @@ class Controller:
     def memory_usage(self, device: int, now: float) -> float | None:
         """The highest fresh reading of the device's live workers (None: no fresh reading)."""
         fresh = now - self.config.memory_fresh_seconds
-        readings = [w.memory[1] for w in self.workers.values() if w.info.device == device
-                    and w.info.alive and w.memory is not None and w.memory[0] >= fresh]
+        readings = [
+            w.memory[1]
+            for w in self.workers.values()
+            if w.info.device == device
+            and w.info.alive
+            and w.memory is not None
+            and w.memory[0] >= fresh
+        ]
         return max(readings, default=None)
 
     # -- decisions and publication --
@@ -508,15 +584,15 @@ class Controller:
             changes[name] = [[c.dim, c.gear, c.action, c.reason] for c in decision.changes]
             changed |= decision.changed
             for c in decision.changes:
-                log.info("device %d %s/%s: %s %d: %s", device, name, c.dim, c.action, c.gear,
-                         c.reason)
+                log.info(
+                    "device %d %s/%s: %s %d: %s", device, name, c.dim, c.action, c.gear, c.reason
+                )
         seconds = self.clock.now() - began  # the policy's part; publish and save follow
         self.round_seconds.append(seconds)
         self.rounds["count"] += 1
         self.rounds["seconds_sum"] += seconds
         self.rounds["last_seconds"] = seconds
-        log.debug("device %d: round (%s, memory %s) in %.1f ms", device, why, usage,
-                  seconds * 1e3)
+        log.debug("device %d: round (%s, memory %s) in %.1f ms", device, why, usage, seconds * 1e3)
         dev.last_update = now
         self.changes[device] = changes
         if changed:
@@ -556,8 +632,9 @@ class EmbeddedController:
     def __init__(self, controller: Controller) -> None:
         self.controller = controller
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=controller.run, args=(self._stop,),
-                                        name="gearshift-controller", daemon=True)
+        self._thread = threading.Thread(
+            target=controller.run, args=(self._stop,), name="gearshift-controller", daemon=True
+        )
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> bool:
@@ -569,4 +646,3 @@ class EmbeddedController:
 
 def _describe(dims: dict[str, Dim]) -> str:
     return ", ".join(f"{name}={dim}" for name, dim in dims.items())
-

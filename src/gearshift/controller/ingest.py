@@ -24,8 +24,9 @@ class Folded(NamedTuple):
     invalid: int  # samples outside their dims' bounds or of another arity; records of no kind
 
 
-def fold(events: np.ndarray, keys: np.ndarray, profiles: Sequence[ProfileState | None],
-         now: float) -> Folded:
+def fold(
+    events: np.ndarray, keys: np.ndarray, profiles: Sequence[ProfileState | None], now: float
+) -> Folded:
     """Fold the samples of `events` (EVENT_DTYPE) into the DimStats of `profiles[key]`.
 
     A record's time is its t_ns in seconds (the controller's clock is the same
@@ -68,8 +69,9 @@ def _groups(keys: np.ndarray) -> Iterator[tuple[int, slice | np.ndarray]]:
         yield int(keys[rows[0]]), rows
 
 
-def _fold_profile(profile: ProfileState, times: np.ndarray, values: np.ndarray,
-                  ndim: np.ndarray) -> int:
+def _fold_profile(
+    profile: ProfileState, times: np.ndarray, values: np.ndarray, ndim: np.ndarray
+) -> int:
     """Fold the in-bounds samples into each dim's statistics; returns how many were folded."""
     dims = profile.dims
     v = values[:, : len(dims)]

@@ -65,45 +65,70 @@ def read(namespace: str) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and doc.get("format") == FORMAT else None
 
 
-def profile_view(name: str, profile: ProfileState, changes: list[list[Any]], now: float,
-                 policy: PolicyConfig) -> dict[str, Any]:
+def profile_view(
+    name: str, profile: ProfileState, changes: list[list[Any]], now: float, policy: PolicyConfig
+) -> dict[str, Any]:
     """One profile's entry: per dim its gears with their decayed statistics at `now`."""
     dims = []
     for dim_name, dim in profile.dims.items():
         hist = profile.stats[dim_name].view(now)
         table = gear_stats(profile.states[dim_name].gears, hist, dim, policy)
-        dims.append({
-            "name": dim_name,
-            "gears": [s.gear for s in table],
-            "hit_rate": [s.hit_rate for s in table],
-            "avg_pad": [s.avg_pad for s in table],
-            "padding": sum(s.hit_rate * s.avg_pad for s in table),
-            "samples": hist.total_count,
-        })
+        dims.append(
+            {
+                "name": dim_name,
+                "gears": [s.gear for s in table],
+                "hit_rate": [s.hit_rate for s in table],
+                "avg_pad": [s.avg_pad for s in table],
+                "padding": sum(s.hit_rate * s.avg_pad for s in table),
+                "samples": hist.total_count,
+            }
+        )
     return {"name": name, "changes": changes, "dims": dims}
 
 
 def document(c: Controller, now: float) -> dict[str, Any]:
     """The status document of controller `c` at `now`."""
-    workers = [{
-        "slot": w.info.slot, "generation": w.info.generation, "pid": w.info.pid,
-        "device": w.info.device, "alive": w.info.alive, "consumed": w.consumed,
-        "dropped": w.ring.dropped if w.ring is not None else w.info.dropped,
-        "applied": w.info.applied_version,
-        "profiles": [[local, name] for local, name in w.profiles.items()],
-    } for w in c.workers.values()]
+    workers = [
+        {
+            "slot": w.info.slot,
+            "generation": w.info.generation,
+            "pid": w.info.pid,
+            "device": w.info.device,
+            "alive": w.info.alive,
+            "consumed": w.consumed,
+            "dropped": w.ring.dropped if w.ring is not None else w.info.dropped,
+            "applied": w.info.applied_version,
+            "profiles": [[local, name] for local, name in w.profiles.items()],
+        }
+        for w in c.workers.values()
+    ]
     devices = []
     for device, dev in sorted(c.devices.items()):
         changes = c.changes.get(device, {})
         lag = c.lags.get(device)
-        devices.append({
-            "device": device, "version": dev.version,
-            "memory_usage": c.memory_usage(device, now), "last_update": dev.last_update,
-            "lag": dataclasses.asdict(lag) if lag else
-            {"last_seconds": None, "count": 0, "seconds_sum": 0.0},
-            "profiles": [profile_view(name, p, changes.get(name, []), now, c.policy)
-                         for name, p in dev.profiles.items()],
-        })
-    return {"format": FORMAT, "namespace": c.config.namespace, "pid": os.getpid(),
-            "embedded": c.embedded, "time": now, "events": dict(c.counts),
-            "rounds": dict(c.rounds), "workers": workers, "devices": devices}
+        devices.append(
+            {
+                "device": device,
+                "version": dev.version,
+                "memory_usage": c.memory_usage(device, now),
+                "last_update": dev.last_update,
+                "lag": dataclasses.asdict(lag)
+                if lag
+                else {"last_seconds": None, "count": 0, "seconds_sum": 0.0},
+                "profiles": [
+                    profile_view(name, p, changes.get(name, []), now, c.policy)
+                    for name, p in dev.profiles.items()
+                ],
+            }
+        )
+    return {
+        "format": FORMAT,
+        "namespace": c.config.namespace,
+        "pid": os.getpid(),
+        "embedded": c.embedded,
+        "time": now,
+        "events": dict(c.counts),
+        "rounds": dict(c.rounds),
+        "workers": workers,
+        "devices": devices,
+    }
