@@ -44,7 +44,8 @@ def test_the_api_example_works_as_written(namespace: str, mp, spawn) -> None:
             "SEQLEN": (1024,),
         }
         assert prof.gears["SEQLEN"] == tuple(1 << k for k in range(14))
-        assert prof.version == 1 and prof.registered  # the controller published it on register
+        wait_until(lambda: prof.version == 1)  # published on registration (2 s, or the thread)
+        assert prof.registered
         client.close()
     finally:
         stop.set()
@@ -165,10 +166,16 @@ def test_controller_killed_then_restarted(
 ) -> None:
     """Killed: routing goes on on the last snapshot, without blocking or raising, with a
     rate-limited warning. Restarted: the profile registers again and new snapshots arrive."""
-    ready, stop, registered = mp.Event(), mp.Event(), mp.Queue()
-    gears = {"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [1024, 8192]}}
-    first = spawn(serve, namespace, True, gears, ready, registered, stop)
-    assert ready.wait(WAIT)
+    children = []  # (child, its stop event): a killed child may die holding its events' locks
+
+    def start(create: bool, gears: dict) -> tuple:
+        ready, stop, registered = mp.Event(), mp.Event(), mp.Queue()
+        child = spawn(serve, namespace, create, gears, ready, registered, stop)
+        children.append((child, stop))
+        assert ready.wait(WAIT)
+        return child, registered
+
+    first, registered = start(True, {"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [1024, 8192]}})
     clock = FakeClock()
     client = gs.Client(
         Registry.attach(namespace), 0, clock=clock, background=False, register_timeout=0
@@ -189,18 +196,16 @@ def test_controller_killed_then_restarted(
         warnings = [r for r in caplog.records if "no live controller" in r.getMessage()]
         assert len(warnings) == 3
 
-        ready.clear()
-        gears = {"decode": {"BATCHSIZE": [2, 64], "SEQLEN": [512, 8192]}}
-        spawn(serve, namespace, False, gears, ready, registered, stop)
-        assert ready.wait(WAIT)
+        _, registered = start(False, {"decode": {"BATCHSIZE": [2, 64], "SEQLEN": [512, 8192]}})
         wait_until(lambda: prof.registered and prof.version > 1, client.tick)
         assert registered.get(timeout=WAIT) == (client.slot, prof.id, "decode")
         assert prof.route(BATCHSIZE=2, SEQLEN=3).gears == {"BATCHSIZE": 2, "SEQLEN": 512}
     finally:
         client.close()
-        stop.set()
-        for child in mp.active_children():
-            child.join(WAIT)
+        for child, stop in children:
+            if child.is_alive():
+                stop.set()
+                child.join(WAIT)
         cleanup(namespace)
 
 
