@@ -126,6 +126,10 @@ def start_embedded(namespace: str) -> Stoppable | None:
 
 class Client:
     """One worker's session on one device: profiles, the event ring, snapshots, the swap thread.
+
+    It owns `registry` (attached by `connect`) and `controller` (an embedded one to stop on
+    close). `clock` times heartbeats, readings and warnings and stamps events; `memory` returns
+    (free, total) device bytes; with `background=False` nothing runs until you call `tick()`.
     Close it (or use it as a context manager); it also closes at interpreter exit."""
 
     heartbeat_interval = 1.0
@@ -155,7 +159,7 @@ class Client:
         self.seen = 0  # the region version last adopted (or found unreadable)
         self.applied = 0  # the version last acked in the slot
         self._now_ns = self.clock.now_ns
-        self._controller = controller  # the embedded one this client started, if any
+        self._embedded = controller  # the embedded controller this client started, if any
         self._leader = registry.controller().pid  # the controller profiles registered with
         self._profiles: dict[str, Profile] = {}
         self._by_id: dict[int, Profile] = {}
@@ -425,8 +429,8 @@ class Client:
         ring.close()
         self.region = NO_SNAPSHOT
         self.registry.close()
-        if self._controller is not None:
-            self._controller.stop()
+        if self._embedded is not None:
+            self._embedded.stop()
 
     def __enter__(self) -> Client:
         return self
