@@ -92,5 +92,5 @@ def profile_gears(payload: Any, name: str) -> dict[str, Gears] | None:
     try:
         dims = payload["profiles"][name]["gears"]
         return {d: tuple(int(g) for g in gs) for d, gs in dims.items()}
-    except (KeyError, TypeError, ValueError):
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None

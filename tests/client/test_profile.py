@@ -123,6 +123,18 @@ def test_snapshots_without_valid_gears_for_the_profile_keep_its_gears(
         assert prof.gears == gears
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [5, {"profiles": []}, {"profiles": {"decode": None}}, {"profiles": {"decode": {"gears": [1]}}}],
+)
+def test_malformed_snapshots_never_reach_the_request_path(
+    fake: FakeController, prof: gs.Profile, payload: object
+) -> None:
+    gears = prof.gears
+    version = fake.region.publish(payload)
+    assert prof.route(BATCHSIZE=3, SEQLEN=3).version == version and prof.gears == gears
+
+
 def test_profile_dims_are_validated(client: gs.Client) -> None:
     with pytest.raises(gs.ShapeError, match="1 to 4 dims"):
         client.profile("none", {})
