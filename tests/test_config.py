@@ -12,7 +12,7 @@ from gearshift.errors import ConfigError
 
 
 def test_seed_defaults():
-    c = PolicyConfig()
+    c = PolicyConfig(policy_mode="seed")
     assert (c.window_seconds, c.half_life_seconds) == (300.0, 150.0)
     assert (c.w_h, c.w_p, c.w_sp) == (0.60, 0.20, 0.20)
     assert (c.update_interval_seconds, c.check_interval_seconds) == (300.0, 60.0)
@@ -24,10 +24,21 @@ def test_seed_defaults():
     assert c.policy_mode == "seed"
 
 
+def test_plan_is_the_default_mode_with_its_own_horizon_and_cadence():
+    c = PolicyConfig()
+    assert c.policy_mode == "plan"
+    assert (c.window_seconds, c.half_life_seconds, c.update_interval_seconds) == (
+        600.0, 300.0, 60.0)
+    assert (c.plan_gear_gain, c.plan_gear_keep, c.plan_move_gain) == (0.03, 0.015, 0.003)
+    assert (c.plan_confidence, c.plan_max_moves) == (1.0, 4)
+    assert PolicyConfig(window_seconds=900.0).window_seconds == 900.0  # set beats the mode
+    assert load_policy_config(None, ["window_seconds=none"]).window_seconds == 600.0
+
+
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("window_seconds", 0.0, r"outside \(0.0, inf\]"),
     ("half_life_seconds", -1.0, "outside"),
-    ("slice_seconds", 400.0, "exceeds window_seconds"),
+    ("slice_seconds", 700.0, "exceeds window_seconds"),
     ("w_h", 1.5, r"outside \[0.0, 1.0\]"),
     ("pad_add_threshold", -0.1, "outside"),
     ("replace_loss_threshold", float("nan"), "expected a number"),
@@ -37,7 +48,12 @@ def test_seed_defaults():
     ("add_min_samples", 2.5, "expected an integer"),
     ("min_gear_count_per_type", True, "expected an integer"),
     ("max_gears_per_type", 0, "outside"),
-    ("policy_mode", "fancy", "not one of seed"),
+    ("policy_mode", "fancy", "not one of plan, seed"),
+    ("plan_gear_gain", 1.5, "outside"),
+    ("plan_gear_keep", 0.05, "exceeds plan_gear_gain"),
+    ("plan_move_gain", -0.1, "outside"),
+    ("plan_confidence", float("nan"), "expected a number"),
+    ("plan_max_moves", 0, "outside"),
     ("w_p", "0.2", "expected a number"),
 ])
 def test_invalid_values_are_rejected_naming_the_key(key, value, message):
@@ -110,7 +126,7 @@ def test_bad_overrides_name_the_key(item: str, key: str, message: str):
 
 
 def test_scaled_divides_every_duration():
-    c = PolicyConfig().scaled(10)
+    c = PolicyConfig(policy_mode="seed").scaled(10)
     assert (c.window_seconds, c.half_life_seconds, c.slice_seconds) == (30.0, 15.0, 1.0)
     assert c.recent_use_protect_seconds == 30.0
     assert dataclasses.replace(c, w_h=0.6) == c  # weights and counts untouched

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import gearshift.planner
 import gearshift.policy
 import gearshift.stats
 from gearshift.config import PolicyConfig
@@ -30,7 +31,7 @@ from gearshift.policy import (
 from gearshift.stats import DimStats, Histogram
 
 # Short protection so tests can place hits before or after it; additions from 2 samples.
-CFG = PolicyConfig(recent_use_protect_seconds=60.0, add_min_samples=2)
+CFG = PolicyConfig(policy_mode="seed", recent_use_protect_seconds=60.0, add_min_samples=2)
 NOW = 1000.0
 OLD = NOW - 250.0  # inside the window, long past the protection
 
@@ -137,7 +138,7 @@ def test_a_recent_hit_protects(last_hit_age, evicted):
 
 @pytest.mark.parametrize(("age", "evicted"), [(0.0, []), (299.0, []), (300.0, [("evict", 16)])])
 def test_a_new_zero_use_gear_is_protected_for_the_window(age, evicted):
-    config = PolicyConfig()  # recent-use protection 300 s = the window
+    config = PolicyConfig(policy_mode="seed")  # recent-use protection 300 s = the window
     state = DimState((16, 64), {16: NOW - age, 64: 0.0})
     d = decide({"B": Dim(gears=(16, 64))}, {"B": state}, {"B": hist(at(OLD, 60, 60))}, None,
                NOW, config)
@@ -265,7 +266,7 @@ def test_duplicates_are_filtered():
     (0.0, 300.0, 0.99, None, "interval"),
 ])
 def test_should_update(last, now, usage, threshold, why):
-    config = PolicyConfig(device_memory_usage_threshold_ratio=threshold)
+    config = PolicyConfig(policy_mode="seed", device_memory_usage_threshold_ratio=threshold)
     assert should_update(last, now, usage, config) == why
 
 
@@ -306,10 +307,11 @@ def test_no_traffic_no_change():
 # --- purity -----------------------------------------------------------------------------------
 
 PURE_IMPORTS = {"__future__", "math", "collections.abc", "dataclasses", "typing", "numpy",
-                "gearshift.config", "gearshift.dims", "gearshift.errors", "gearshift.stats"}
+                "gearshift.config", "gearshift.dims", "gearshift.errors", "gearshift.stats",
+                "gearshift.optimal", "gearshift.planner", "gearshift.policy"}
 
 
-@pytest.mark.parametrize("module", [gearshift.policy, gearshift.stats])
+@pytest.mark.parametrize("module", [gearshift.policy, gearshift.stats, gearshift.planner])
 def test_module_source_imports_nothing_impure(module):
     tree = ast.parse(Path(module.__file__).read_text())
     imported = {n.module if isinstance(n, ast.ImportFrom) else a.name

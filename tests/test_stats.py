@@ -14,7 +14,7 @@ from gearshift.config import PolicyConfig
 from gearshift.errors import ShapeError, StateError
 from gearshift.stats import DimStats, Histogram
 
-CFG = PolicyConfig()  # window 300 s, half-life 150 s, slices of 10 s
+CFG = PolicyConfig(policy_mode="seed")  # window 300 s, half-life 150 s, slices of 10 s
 LAM = math.log(2) / CFG.half_life_seconds
 
 

@@ -2,7 +2,9 @@
 
 A TOML file holds the keys at top level or under a `[policy]` table; `--set
 KEY=VALUE` overrides are parsed by the field's type. `none` (or TOML `false`)
-disables `device_memory_usage_threshold_ratio`.
+disables `device_memory_usage_threshold_ratio`. The statistics horizon and the
+update interval default per `policy_mode` (`MODE_DEFAULTS`); left unset (or
+`none`), they take the mode's value at construction.
 """
 
 from __future__ import annotations
@@ -22,22 +24,34 @@ else:  # pragma: no cover
 
 from gearshift.errors import ConfigError
 
-POLICY_MODES = ("seed",)
+POLICY_MODES = ("plan", "seed")
+MODE_DEFAULTS = {
+    "seed": {"window_seconds": 300.0, "half_life_seconds": 150.0,
+             "update_interval_seconds": 300.0},
+    # The planner reads more history (its placements are exact, so noise is what limits them)
+    # and decides at every check: a round that changes nothing costs no snapshot.
+    "plan": {"window_seconds": 600.0, "half_life_seconds": 300.0,
+             "update_interval_seconds": 60.0},
+}
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """Seed 000 §4–§8 defaults; where the seed is silent, its reference implementation's."""
+    """Seed 000 §4–§8 defaults; where the seed is silent, its reference implementation's.
 
-    window_seconds: float = 300.0
-    half_life_seconds: float = 150.0
+    `policy_mode` "plan" (default) places gears at the padded-work optimum (docs/policy.md);
+    "seed" is seed 000 rule by rule. The `plan_*` keys only apply to "plan".
+    """
+
+    window_seconds: float | None = None
+    half_life_seconds: float | None = None
     slice_seconds: float = 10.0
     w_h: float = 0.60
     w_p: float = 0.20
     w_sp: float = 0.20
-    update_interval_seconds: float = 300.0
+    update_interval_seconds: float | None = None
     check_interval_seconds: float = 60.0
     device_memory_usage_threshold_ratio: float | None = 0.90
     recent_use_protect_seconds: float = 300.0
@@ -47,9 +61,20 @@ class PolicyConfig:
     add_min_samples: int = 5
     min_gear_count_per_type: int = 1
     max_gears_per_type: int = 64
-    policy_mode: str = "seed"
+    policy_mode: str = "plan"
+    plan_gear_gain: float = 0.03
+    plan_gear_keep: float = 0.015
+    plan_move_gain: float = 0.003
+    plan_confidence: float = 1.0
+    plan_max_moves: int = 4
 
     def __post_init__(self) -> None:
+        if self.policy_mode not in POLICY_MODES:
+            raise ConfigError("policy_mode",
+                              f"{self.policy_mode!r} is not one of {', '.join(POLICY_MODES)}")
+        for key, value in MODE_DEFAULTS[self.policy_mode].items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)
         positive = ("window_seconds", "half_life_seconds", "slice_seconds",
                     "update_interval_seconds", "check_interval_seconds")
         for key in positive:
@@ -57,6 +82,13 @@ class PolicyConfig:
         for key in ("w_h", "w_p", "w_sp", "replace_loss_threshold",
                     "pad_add_threshold", "split_add_threshold"):
             _check(key, getattr(self, key), 0.0, 1.0)
+        for key in ("plan_gear_gain", "plan_gear_keep", "plan_move_gain"):
+            _check(key, getattr(self, key), 0.0, 1.0)
+        _check("plan_confidence", self.plan_confidence, 0.0, 100.0)
+        _check("plan_max_moves", self.plan_max_moves, 1, 10**6, integer=True)
+        if self.plan_gear_keep > self.plan_gear_gain:
+            raise ConfigError("plan_gear_keep", f"{self.plan_gear_keep} exceeds plan_gear_gain "
+                              f"{self.plan_gear_gain} (a gear just added would be dropped)")
         _check("recent_use_protect_seconds", self.recent_use_protect_seconds, 0.0, math.inf)
         if self.device_memory_usage_threshold_ratio is not None:
             _check("device_memory_usage_threshold_ratio",
@@ -71,9 +103,6 @@ class PolicyConfig:
         if self.slice_seconds > self.window_seconds:
             raise ConfigError("slice_seconds", f"{self.slice_seconds} exceeds window_seconds "
                               f"{self.window_seconds}")
-        if self.policy_mode not in POLICY_MODES:
-            raise ConfigError("policy_mode",
-                              f"{self.policy_mode!r} is not one of {', '.join(POLICY_MODES)}")
 
     def scaled(self, factor: float) -> PolicyConfig:
         """Every duration divided by `factor` (time compression for demos and tests)."""

@@ -16,9 +16,33 @@ vectorised by recursion level: O(K n log n) for n distinct values.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from gearshift.dims import Gears
+
+
+@dataclass(frozen=True)
+class GearPlans:
+    """The optimal gear set of every count up to `costs.size`, from one run of the DP.
+
+    `costs[c - 1]` is the minimal sum(weight x gear) over covering sets of at most c gears
+    (non-increasing in c); `gears(c)` is such a set.
+    """
+
+    candidates: np.ndarray
+    costs: np.ndarray
+    back: np.ndarray
+
+    def gears(self, count: int) -> Gears:
+        chosen, j = [], self.candidates.size
+        for layer in range(min(count, self.costs.size) - 1, -1, -1):
+            chosen.append(int(self.candidates[j - 1]))
+            j = int(self.back[layer, j])
+            if j == 0:
+                break
+        return tuple(sorted(chosen))
 
 
 def optimal_gears(
@@ -29,6 +53,13 @@ def optimal_gears(
     `values` are raw sizes (any order, repeats allowed); `weights` default to one
     per value (counts), else any non-negative floats such as decayed weights.
     """
+    return gear_plans(values, k, weights, align).gears(k)
+
+
+def gear_plans(
+    values: np.ndarray, k: int, weights: np.ndarray | None = None, align: int = 1
+) -> GearPlans:
+    """The optimal sets of 1..k gears at once (`optimal_gears` for every count up to k)."""
     values = np.asarray(values, dtype=np.int64)
     if k < 1 or align < 1:
         raise ValueError(f"k and align must be >= 1, got k={k}, align={align}")
@@ -36,8 +67,7 @@ def optimal_gears(
         raise ValueError("values must be a non-empty array of positive ints")
     weights = np.ones(values.size) if weights is None else np.asarray(weights, np.float64)
     gears, inverse = np.unique(-(-values // align) * align, return_inverse=True)
-    if gears.size <= k:
-        return tuple(int(g) for g in gears)
+    k = min(k, gears.size)
     w = np.bincount(inverse, weights=weights)
     s = np.bincount(inverse, weights=weights * values)
     W = np.r_[0.0, np.cumsum(w)]
@@ -46,16 +76,13 @@ def optimal_gears(
     n = gears.size
     cost = g * W - S  # one run (0, j]
     cost[0] = 0.0
+    costs = np.empty(k)
+    costs[0] = cost[n] + S[n]
     back = np.zeros((k, n + 1), dtype=np.int64)
     for layer in range(1, k):
         cost, back[layer] = _layer(cost, g, W, S)
-    chosen, j = [], n
-    for layer in range(k - 1, -1, -1):
-        chosen.append(int(gears[j - 1]))
-        j = int(back[layer, j])
-        if j == 0:
-            break
-    return tuple(sorted(chosen))
+        costs[layer] = cost[n] + S[n]
+    return GearPlans(gears, costs, back)
 
 
 def _layer(
@@ -86,9 +113,9 @@ def _layer(
         cur[mid], arg[mid] = best, at
         left, right = mid > lo, mid < hi
         lo, hi, olo, ohi = (
-            np.r_[lo[left], mid[right] + 1],
-            np.r_[mid[left] - 1, hi[right]],
-            np.r_[olo[left], at[right]],
-            np.r_[at[left], ohi[right]],
+            np.concatenate((lo[left], mid[right] + 1)),
+            np.concatenate((mid[left] - 1, hi[right])),
+            np.concatenate((olo[left], at[right])),
+            np.concatenate((at[left], ohi[right])),
         )
     return cur, arg

@@ -1,10 +1,12 @@
-"""The gear policy of seed 000 §4–§8, §10: a pure function of state, statistics, memory, time.
+"""The gear policy: a pure function of state, statistics, memory and time.
 
-One round per profile: each dim is decided on its own (§10). Per dim, against the gears at
-the start of the round: at most one eviction (§6), then additions at the median of the raw
-samples behind too much padding or splitting (§7), limited by the per-dim cap and, under
-memory pressure, by the evictions of the round (§8). No clock, I/O, threads or torch here;
-choices where the seed is ambiguous are in docs/policy.md.
+One round per profile: each dim is decided on its own (seed 000 §10), by the rules of
+`config.policy_mode`. "seed" is seed 000 §4–§8: per dim, against the gears at the start of the
+round, at most one eviction (§6), then additions at the median of the raw samples behind too
+much padding or splitting (§7), limited by the per-dim cap and, under memory pressure, by the
+evictions of the round (§8). "plan" moves the gears toward the padded-work optimum of the
+decayed histogram (`gearshift.planner`). No clock, I/O, threads or torch here; choices where
+the seed is ambiguous, and the plan mode, are in docs/policy.md.
 """
 
 from __future__ import annotations
@@ -17,16 +19,24 @@ import numpy as np
 
 from gearshift.config import PolicyConfig
 from gearshift.dims import Dim, Gears
+from gearshift.planner import plan
 from gearshift.stats import Histogram
 
 
 @dataclass(frozen=True)
 class DimState:
-    """Gears of one dim, when each was added, and protections set by the replacement-loss rule."""
+    """Gears of one dim, when each was added, and protections set by the replacement-loss rule.
+
+    Plan mode also keeps when gears were evicted (within the protection window: they are not
+    added back before it ends) and the peak, the largest raw value seen (the largest gear never
+    drops below it).
+    """
 
     gears: Gears
     created: Mapping[int, float]
     protected_until: Mapping[int, float] = field(default_factory=dict)
+    evicted: Mapping[int, float] = field(default_factory=dict)
+    peak: int = 0
 
 
 @dataclass(frozen=True)
@@ -170,19 +180,31 @@ def decide(dims: Mapping[str, Dim], states: Mapping[str, DimState],
     pressure = memory_pressure(memory_usage, config)
     new_states: dict[str, DimState] = {}
     changes: list[GearChange] = []
+    note = (f"; memory pressure {memory_usage:.2f} >= "
+            f"{config.device_memory_usage_threshold_ratio}" if pressure else "")
     for name, dim in dims.items():
-        state = states[name]
-        table = gear_stats(state.gears, stats.get(name, Histogram.empty()), dim, config)
-        out = _eviction(name, state, table, now, config)
-        evicted = [c.gear for c in out if c.action == "evict"]
-        budget = len(evicted) if pressure else math.inf
-        note = (f"; replaces an eviction under memory pressure {memory_usage:.2f} >= "
-                f"{config.device_memory_usage_threshold_ratio}" if pressure else "")
-        count = len(state.gears) - len(evicted)
-        out += _additions(name, state.gears, count, table, budget, note, config)
-        new_states[name] = _apply(state, out, now, config)
+        state, hist = states[name], stats.get(name, Histogram.empty())
+        if config.policy_mode == "plan":
+            steps, peak = plan(dim, state, hist, pressure, now, config)
+            out = [GearChange(name, g, action, why + note) for action, g, why in steps]
+            new_states[name] = _apply(state, out, now, config, peak)
+        else:
+            out = _seed_round(name, dim, state, hist, pressure, note, now, config)
+            new_states[name] = _apply(state, out, now, config)
         changes += out
     return Decision(new_states, tuple(changes))
+
+
+def _seed_round(name: str, dim: Dim, state: DimState, hist: Histogram, pressure: bool,
+                note: str, now: float, config: PolicyConfig) -> list[GearChange]:
+    """Seed 000 on one dim: one eviction (§6), then additions (§7) within the budget (§8)."""
+    table = gear_stats(state.gears, hist, dim, config)
+    out = _eviction(name, state, table, now, config)
+    evicted = [c.gear for c in out if c.action == "evict"]
+    budget = len(evicted) if pressure else math.inf
+    count = len(state.gears) - len(evicted)
+    return out + _additions(name, state.gears, count, table, budget,
+                            note and f"; replaces an eviction under {note[2:]}", config)
 
 
 def _eviction(name: str, state: DimState, table: tuple[GearStat, ...], now: float,
@@ -253,8 +275,10 @@ def _candidate(s: GearStat, kind: str, avg: float, threshold: float, samples: in
     return avg - threshold, samples, gear, reason if gear == median else f"{reason} -> {gear}"
 
 
-def _apply(state: DimState, changes: list[GearChange], now: float,
-           config: PolicyConfig) -> DimState:
+def _apply(state: DimState, changes: list[GearChange], now: float, config: PolicyConfig,
+           peak: int | None = None) -> DimState:
+    """The state after `changes`; with a `peak` (plan mode), evictions are remembered for the
+    protection window."""
     evicted = {c.gear for c in changes if c.action == "evict"}
     added = {c.gear for c in changes if c.action == "add"}
     gears = tuple(sorted(set(state.gears) - evicted | added))
@@ -262,4 +286,8 @@ def _apply(state: DimState, changes: list[GearChange], now: float,
     protected = {g: t for g, t in state.protected_until.items() if g in gears and t > now}
     protected |= {c.gear: now + config.recent_use_protect_seconds
                   for c in changes if c.action == "protect"}
-    return DimState(gears, created, protected)
+    if peak is None:
+        return DimState(gears, created, protected, state.evicted, state.peak)
+    window = config.recent_use_protect_seconds
+    gone = {g: t for g, t in state.evicted.items() if now - t < window and g not in gears}
+    return DimState(gears, created, protected, gone | dict.fromkeys(evicted - added, now), peak)

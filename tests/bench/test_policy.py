@@ -16,7 +16,7 @@ def test_baseline_recomputes_from_its_sample_lists() -> None:
     for t, raw in [(0.0, 8), (0.0, 40), (150.0, 80), (150.0, 64)]:
         b.record(t, raw)
     (g16, hit16, pad16, _, med16), (g64, hit64, pad64, split64, med64) = b.stats(
-        150.0, PolicyConfig())
+        150.0, PolicyConfig(policy_mode="seed"))
     assert (g16, g64, med16, med64) == (16, 64, 8, 52)
     assert (hit16, hit64) == pytest.approx((0.5 / 3, 2.5 / 3))  # t=0 weighs 0.5 at t=150
     assert pad16 == pytest.approx(0.5)

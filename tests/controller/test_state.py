@@ -48,7 +48,7 @@ def test_other_boot_keeps_gears_with_fresh_protection(tmp_path: Path) -> None:
 
 def test_changed_time_settings_restart_stats_only(tmp_path: Path) -> None:
     state.save(tmp_path, _devices(100.0))
-    back = state.load(tmp_path, 100.0, PolicyConfig(window_seconds=600.0))
+    back = state.load(tmp_path, 100.0, PolicyConfig(window_seconds=1200.0))  # not the default
     assert back[0].profiles["decode"].stats["SEQLEN"].view(100.0).total_count == 0
     assert back[0].profiles["decode"].gears()["BATCHSIZE"] == [1, 8, 64]
 

@@ -1,0 +1,274 @@
+"""Plan mode: each dim's gears moved toward the padded-work optimum of its decayed histogram.
+
+One round per dim, against the window's decayed histogram. R, the decayed raw work (sum of
+weight x value), is the unit of every threshold, so a threshold reads as padding points.
+
+1. cover: `add_min_samples` events or more over the largest gear add a largest gear at their
+   maximum (aligned), since they ran split or eager;
+2. release: a gear without traffic in the window goes once its creation protection is over, or
+   at once when it lies below all traffic (it can only serve values smaller than any seen); the
+   largest gear only when the next one still covers the peak (the largest value ever seen);
+3. plan: the optimal set of K gears for the decayed weights (`optimal.gear_plans`, with the
+   gears that may not move forced in). K starts at the current count and moves by at most
+   `K_STEP`: up while one gear more saves >= `plan_gear_gain`, down while one fewer costs
+   < `plan_gear_keep`; under memory pressure down by one, never up;
+4. move: toward the plan one exact step at a time, best first: add (below K), evict the cheapest
+   (above K), or swap a plan gear for a gear off the plan when it saves `plan_move_gain` plus
+   `plan_confidence` standard errors; at most `plan_max_moves` additions and as many evictions.
+
+Creation protection (`recent_use_protect_seconds`, and any `protected_until`) holds except in
+step 2's floor case; an evicted gear is not added back within as long (no flapping). Pure: no
+clock, I/O, threads or torch. Costs grow with the distinct values (capped at `MAX_CANDIDATES`
+gear positions for the DP) and the gears, never with the events.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gearshift.config import PolicyConfig
+from gearshift.dims import Dim
+from gearshift.optimal import GearPlans, gear_plans
+from gearshift.stats import Histogram
+
+if TYPE_CHECKING:
+    from gearshift.policy import DimState
+
+K_STEP = 2
+MAX_CANDIDATES = 512
+
+Step = tuple[str, int, str]  # (action "add" | "evict", gear, reason)
+
+
+def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
+         config: PolicyConfig) -> tuple[list[Step], int]:
+    """One plan-mode round of one dim: its steps, in order, and the new peak."""
+    if not hist.values.size:
+        return [], state.peak
+    v, w = hist.values, hist.weights
+    peak = max(state.peak, int(v[-1]))
+    raw = float((w * v).sum())
+    window = config.recent_use_protect_seconds
+
+    def protected(g: int) -> bool:
+        return (now - state.created.get(g, -math.inf) < window
+                or now < state.protected_until.get(g, -math.inf))
+
+    cooling = [g for g, t in state.evicted.items() if now - t < window]
+
+    gears = list(state.gears)
+    steps = _cover(dim, gears, hist, pressure, cooling, config)
+    inside = v <= gears[-1]
+    work = _Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside])
+    cover = min(dim.aligned(peak), gears[-1])  # the lowest largest gear allowed
+    steps += _release(gears, work, cover, peak, protected, config)
+    stuck = {g for g in gears if protected(g)}
+    if protected(gears[-1]) or gears[-1] == cover or (cover in cooling and cover not in gears):
+        stuck.add(gears[-1])
+    plans = _plans(dim, gears, work, cover, stuck, cooling, config)
+    size, why = _count(gears, plans.costs, raw, len(stuck), pressure, config)
+    target = plans.gears(size)
+    assert stuck <= set(target), (stuck, target)
+    steps += _moves(gears, target, work, cover, raw, why, pressure, config)
+    return steps, peak
+
+
+def _cover(dim: Dim, gears: list[int], hist: Histogram, pressure: bool, cooling: list[int],
+           config: PolicyConfig) -> list[Step]:
+    """A new largest gear for enough samples over the largest (an addition: not under
+    memory pressure, within the cap, not a gear evicted within the protection window)."""
+    over = hist.values > gears[-1]
+    count = int(hist.counts[over].sum())
+    top = dim.aligned(int(hist.values[-1]))
+    if (count < config.add_min_samples or top <= gears[-1] or pressure or top in cooling
+            or len(gears) >= config.max_gears_per_type):
+        return []
+    how = "split" if dim.splittable else "eager"
+    step = ("add", top, f"cover: {count} samples over the largest gear {gears[-1]} ran {how} "
+                        f"(max {int(hist.values[-1])})")
+    gears.append(top)
+    return [step]
+
+
+def _release(gears: list[int], work: _Work, cover: int, peak: int,
+             protected: Callable[[int], bool], config: PolicyConfig) -> list[Step]:
+    """Gears without traffic in the window (step 2); `gears` is updated in place."""
+    steps: list[Step] = []
+    floor = int(work.values[0]) if work.values.size else math.inf
+    for g in list(gears[:-1]):
+        if len(gears) <= config.min_gear_count_per_type:
+            return steps
+        i = gears.index(g)
+        if work.weight(gears[i - 1] if i else 0, g) > 0:
+            continue
+        if g < floor:
+            steps.append(("evict", g, f"unused: below all traffic in the window "
+                                      f"(smallest {floor})"))
+        elif not protected(g):
+            steps.append(("evict", g, "unused: no traffic in the window"))
+        else:
+            continue
+        gears.remove(g)
+    if (len(gears) > max(1, config.min_gear_count_per_type) and gears[-2] >= cover
+            and not protected(gears[-1])):
+        steps.append(("evict", gears.pop(), f"unused: {gears[-1]} covers the peak {peak}"))
+    return steps
+
+
+def _plans(dim: Dim, gears: list[int], work: _Work, cover: int, stuck: set[int],
+           cooling: list[int], config: PolicyConfig) -> GearPlans:
+    """The DP's optimal sets up to `len(gears) + K_STEP` gears over candidate positions (the
+    aligned values in the window, at most MAX_CANDIDATES, none cooling down, plus the cover
+    and the stuck gears, forced in by a weight no saving can outweigh)."""
+    aligned = np.clip(-(-work.values // dim.align) * dim.align, dim.min, dim.max)
+    top = max(cover, *stuck) if stuck else cover
+    cand = np.unique(np.r_[aligned, cover]).astype(np.int64)
+    cand = cand[(cand <= top) & ~np.isin(cand, cooling)]
+    if cand.size > MAX_CANDIDATES:  # keep the top of each of MAX_CANDIDATES runs
+        cand = cand[np.arange(1, MAX_CANDIDATES + 1) * cand.size // MAX_CANDIDATES - 1]
+    forced = np.array(sorted(stuck), np.int64)
+    cand = np.union1d(cand, np.r_[forced, top]).astype(np.int64)
+    weight = np.bincount(np.searchsorted(cand, work.values), work.w, cand.size)
+    weight[np.searchsorted(cand, forced)] += 4.0 * (weight.sum() + 1.0) * float(cand[-1])
+    k = min(config.max_gears_per_type, len(gears) + K_STEP)
+    return gear_plans(cand, k, weight)
+
+
+def _count(gears: list[int], costs: np.ndarray, raw: float, stuck: int, pressure: bool,
+           config: PolicyConfig) -> tuple[int, str]:
+    """How many gears the plan holds (step 3), and why."""
+    n = len(gears)
+    low = max(stuck, config.min_gear_count_per_type, n - K_STEP)
+    size = min(n, costs.size)
+    why = f"plan of {size} gears"
+
+    def gain(k: int) -> float:  # what the k-th gear saves, in points of the raw work
+        return (costs[k - 2] - costs[k - 1]) / raw
+
+    while (not pressure and size < costs.size and size < n + K_STEP
+           and gain(size + 1) >= config.plan_gear_gain):
+        size += 1
+        why = (f"plan of {size} gears (one more saves {gain(size):.1%} >= "
+               f"{config.plan_gear_gain:.1%} of the work)")
+    while size > max(low, 1) and (gain(size) < config.plan_gear_keep or (pressure and size >= n)):
+        why = (f"plan of {size - 1} gears (one fewer costs {gain(size):.1%}"
+               + (f" < {config.plan_gear_keep:.1%} of the work)" if not pressure
+                  else " of the work; memory pressure)"))
+        size -= 1
+    return size, why
+
+
+def _moves(gears: list[int], target: tuple[int, ...], work: _Work, cover: int, raw: float,
+           why: str, pressure: bool, config: PolicyConfig) -> list[Step]:
+    """Exact steps toward `target` (step 4); `gears` is updated in place."""
+    steps: list[Step] = []
+    adds = evicts = 0
+    limit = config.plan_max_moves
+    least = config.plan_move_gain * raw
+    while True:
+        g = np.array(gears, np.int64)
+        a = np.array([t for t in target if t not in gears], np.int64)
+        e = np.array([i for i, x in enumerate(gears) if x not in target], np.int64)
+        if len(gears) > len(target) and evicts < limit and e.size:
+            loss, _, ok = _evictions(g, e, work, cover)
+            if not ok.any():
+                return steps
+            i = int(e[ok][np.argmin(loss[ok])])
+            steps.append(("evict", gears.pop(i), f"{why}: padding +{_pts(loss[ok].min(), raw)}"))
+            evicts += 1
+        elif len(gears) < len(target) and adds < limit and a.size and not pressure:
+            gain, _ = _additions(g, a, work)
+            j = int(np.argmax(gain))
+            if gain[j] < least:
+                return steps
+            steps.append(("add", int(a[j]), f"{why}: padding -{_pts(gain[j], raw)}"))
+            gears.append(int(a[j]))
+            gears.sort()
+            adds += 1
+        elif len(gears) == len(target) and adds < limit and evicts < limit and a.size and e.size:
+            gain, sd = _swaps(g, e, a, work, cover)
+            score = gain - config.plan_confidence * sd
+            i, j = np.unravel_index(int(np.argmax(score)), score.shape)
+            if score[i, j] < least:
+                return steps
+            old, new = int(g[e[i]]), int(a[j])
+            saved = f"padding -{_pts(gain[i, j], raw)} ± {_pts(sd[i, j], raw)}"
+            steps += [("evict", old, f"{why}: moves to {new}, {saved}"),
+                      ("add", new, f"{why}: replaces {old}, {saved}")]
+            gears.remove(old)
+            gears.append(new)
+            gears.sort()
+            adds, evicts = adds + 1, evicts + 1
+        else:
+            return steps
+
+
+def _pts(x: float, raw: float) -> str:
+    return f"{100 * x / raw:.2f} pts"
+
+
+def _additions(g: np.ndarray, a: np.ndarray, work: _Work) -> tuple[np.ndarray, np.ndarray]:
+    """Padded work saved by adding each of `a` to `g` (none held, all below the largest),
+    and its variance."""
+    j = np.searchsorted(g, a)
+    lo = np.where(j > 0, g[np.maximum(j - 1, 0)], 0)
+    d = g[j] - a  # the values in (lo, a] drop from g[j] to a
+    return d * work.weight(lo, a), d * d * work.var(lo, a)
+
+
+def _evictions(g: np.ndarray, e: np.ndarray, work: _Work,
+               cover: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Padded work added by evicting each gear `g[e]`, its variance, and whether the rest still
+    covers: the largest gear goes only when the next covers the peak (its loss is then 0)."""
+    top = e == g.size - 1
+    lo = np.where(e > 0, g[np.maximum(e - 1, 0)], 0)
+    nxt = g[np.minimum(e + 1, g.size - 1)]
+    d = np.where(top, 0, nxt - g[e])  # the values in (lo, g] rise to the next gear
+    ok = ~top | (g[-2] >= cover if g.size > 1 else False)
+    return d * work.weight(lo, g[e]), d * d * work.var(lo, g[e]), ok
+
+
+def _swaps(g: np.ndarray, e: np.ndarray, a: np.ndarray, work: _Work,
+           cover: int) -> tuple[np.ndarray, np.ndarray]:
+    """Padded work saved (E x A) by replacing gear g[e] with a, and its standard error; -inf
+    where the set would stop covering."""
+    add, add_var = _additions(g, a, work)
+    loss, loss_var, _ = _evictions(g, e, work, cover)
+    gain = add[None, :] - loss[:, None]
+    var = add_var[None, :] + loss_var[:, None]
+    x = g[e][:, None]
+    lo = np.where(e > 0, g[np.maximum(e - 1, 0)], 0)[:, None]
+    top = (e == g.size - 1)[:, None]
+    nxt = np.where(top, x, g[np.minimum(e + 1, g.size - 1)][:, None])
+    below = (a > lo) & (a < x)  # a takes the lower part of x's run, the rest rises to nxt
+    above = (a > x) & (a < nxt)  # x's run rises to a, a takes the lower part of nxt's run
+    gain = np.where(below, (x - a) * work.weight(lo, a) - (nxt - x) * work.weight(a, x), gain)
+    var = np.where(below, (x - a) ** 2 * work.var(lo, a) + (nxt - x) ** 2 * work.var(a, x), var)
+    gain = np.where(above, (nxt - a) * work.weight(x, a) - (a - x) * work.weight(lo, x), gain)
+    var = np.where(above, (nxt - a) ** 2 * work.var(x, a) + (a - x) ** 2 * work.var(lo, x), var)
+    rest = g[-2] if g.size > 1 else 0
+    gain = np.where(top & (np.maximum(a, rest) < cover), -np.inf, gain)
+    return gain, np.sqrt(var)
+
+
+class _Work:
+    """Prefix sums of a histogram's decayed weights and of their variance proxy (w² / count:
+    each event weighs w / count), for the weight of any value interval (lo, hi]."""
+
+    def __init__(self, values: np.ndarray, w: np.ndarray, q: np.ndarray) -> None:
+        self.values, self.w = values, w
+        self._w = np.r_[0.0, np.cumsum(w)]
+        self._q = np.r_[0.0, np.cumsum(q)]
+
+    def _at(self, prefix: np.ndarray, x: np.ndarray | int) -> np.ndarray:
+        return prefix[np.searchsorted(self.values, x, "right")]
+
+    def weight(self, lo: np.ndarray | int, hi: np.ndarray | int) -> np.ndarray:
+        return self._at(self._w, hi) - self._at(self._w, lo)
+
+    def var(self, lo: np.ndarray | int, hi: np.ndarray | int) -> np.ndarray:
+        return self._at(self._q, hi) - self._at(self._q, lo)
