@@ -195,6 +195,26 @@ def test_takeover_keeps_the_segments_and_folds_what_the_rings_hold(
         w.close()
 
 
+def test_a_successor_folds_the_events_of_a_registration_answered_just_before_a_kill(
+    config: ControllerConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = Controller.open(config, POLICY, clock=clock)
+
+    def killed(now: float) -> None:
+        raise KeyboardInterrupt  # the controller dies right after answering, as by SIGKILL
+
+    monkeypatch.setattr(first, "_drain", killed)
+    w = Worker(config.namespace, 0, clock)
+    with pytest.raises(KeyboardInterrupt):
+        w.register(5, "decode", serve=first.step)
+    for _ in range(10):
+        assert w.put(5, 40)  # routed on the registration the dead controller answered
+    with Controller.open(config, POLICY, clock=clock) as second:
+        second.step()
+        assert second.counts["folded"] == 10 and second.counts["unknown"] == 0
+        w.close()
+
+
 def test_dead_worker_is_drained_and_reclaimed(controller: Controller, clock: FakeClock) -> None:
     script = Path(__file__).with_name("workers.py")
     child = subprocess.Popen(

@@ -478,7 +478,7 @@ class Controller:
             self._publish(device, now)
             self._guard("state save", self._save)
         w.map(local, self._key(device, name), name)
-        self._next_status = now  # publish the mapping soon: a successor adopts it
+        self._guard("status", self._publish_status, now)  # before the reply: a successor adopts it
         log.info(
             "pid %d (slot %d) registered profile %r on device %d as id %d",
             w.info.pid,
