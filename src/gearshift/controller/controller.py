@@ -110,6 +110,8 @@ class Lag:
 class Controller:
     """One namespace's controller; `open` it, then `run(stop)` or call `step()` yourself."""
 
+    region_type: type[SnapshotRegion] = SnapshotRegion  # of the devices' snapshot regions
+
     def __init__(
         self,
         config: ControllerConfig,
@@ -605,9 +607,9 @@ class Controller:
         region = self._regions.get(device)
         if region is None:
             try:
-                region = SnapshotRegion.create(self.config.namespace, device)
+                region = self.region_type.create(self.config.namespace, device)
             except NamespaceBusy:
-                region = SnapshotRegion.attach(self.config.namespace, device)
+                region = self.region_type.attach(self.config.namespace, device)
             self._regions[device] = region
         gears = {name: p.gears() for name, p in dev.profiles.items()}
         payload = snapshot_payload(device, gears, self.changes.get(device))
