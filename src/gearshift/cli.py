@@ -28,7 +28,7 @@ COMMANDS = {
     "stop": "gearshift.controller.cli:stop",
     "cleanup": "gearshift.controller.cli:cleanup_command",
     "export": "gearshift.controller.cli:export",
-    "stress": "gearshift.stress:command",
+    "stress": "gearshift.stress.cli:command",
 }
 
 
