@@ -62,9 +62,9 @@ class PolicyConfig:
     min_gear_count_per_type: int = 1
     max_gears_per_type: int = 64
     policy_mode: str = "plan"
-    plan_gear_gain: float = 0.03
-    plan_gear_keep: float = 0.015
-    plan_move_gain: float = 0.003
+    plan_gear_gain: float = 0.035
+    plan_gear_keep: float = 0.0125
+    plan_move_gain: float = 0.002
     plan_confidence: float = 1.0
     plan_max_moves: int = 4
 

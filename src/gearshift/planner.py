@@ -65,7 +65,7 @@ def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
     inside = v <= gears[-1]
     work = _Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside])
     cover = min(dim.aligned(peak), gears[-1])  # the lowest largest gear allowed
-    steps += _release(gears, work, cover, peak, protected, config)
+    steps += _release(gears, work, int(v[0]), cover, peak, protected, config)
     stuck = {g for g in gears if protected(g)}
     if protected(gears[-1]) or gears[-1] == cover or (cover in cooling and cover not in gears):
         stuck.add(gears[-1])
@@ -73,7 +73,7 @@ def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
     size, why = _count(gears, plans.costs, raw, len(stuck), pressure, config)
     target = plans.gears(size)
     assert stuck <= set(target), (stuck, target)
-    steps += _moves(gears, target, work, cover, raw, why, pressure, config)
+    steps += _moves(gears, size, target, work, cover, raw, why, pressure, config)
     return steps, peak
 
 
@@ -94,11 +94,11 @@ def _cover(dim: Dim, gears: list[int], hist: Histogram, pressure: bool, cooling:
     return [step]
 
 
-def _release(gears: list[int], work: _Work, cover: int, peak: int,
+def _release(gears: list[int], work: _Work, floor: int, cover: int, peak: int,
              protected: Callable[[int], bool], config: PolicyConfig) -> list[Step]:
-    """Gears without traffic in the window (step 2); `gears` is updated in place."""
+    """Gears without traffic in the window (step 2), `floor` being its smallest value; `gears`
+    is updated in place."""
     steps: list[Step] = []
-    floor = int(work.values[0]) if work.values.size else math.inf
     for g in list(gears[:-1]):
         if len(gears) <= config.min_gear_count_per_type:
             return steps
@@ -121,9 +121,9 @@ def _release(gears: list[int], work: _Work, cover: int, peak: int,
 
 def _plans(dim: Dim, gears: list[int], work: _Work, cover: int, stuck: set[int],
            cooling: list[int], config: PolicyConfig) -> GearPlans:
-    """The DP's optimal sets up to `len(gears) + K_STEP` gears over candidate positions (the
-    aligned values in the window, at most MAX_CANDIDATES, none cooling down, plus the cover
-    and the stuck gears, forced in by a weight no saving can outweigh)."""
+    """The DP's optimal sets up to `len(gears) + K_STEP` gears over candidate positions: the
+    aligned values in the window (at most MAX_CANDIDATES, none cooling down), the cover and the
+    gears held, the stuck ones forced in by a weight no saving can outweigh."""
     aligned = np.clip(-(-work.values // dim.align) * dim.align, dim.min, dim.max)
     top = max(cover, *stuck) if stuck else cover
     cand = np.unique(np.r_[aligned, cover]).astype(np.int64)
@@ -131,7 +131,8 @@ def _plans(dim: Dim, gears: list[int], work: _Work, cover: int, stuck: set[int],
     if cand.size > MAX_CANDIDATES:  # keep the top of each of MAX_CANDIDATES runs
         cand = cand[np.arange(1, MAX_CANDIDATES + 1) * cand.size // MAX_CANDIDATES - 1]
     forced = np.array(sorted(stuck), np.int64)
-    cand = np.union1d(cand, np.r_[forced, top]).astype(np.int64)
+    held = [g for g in gears if g <= top]  # a plan may keep any gear held (at no weight)
+    cand = np.union1d(cand, np.r_[held, top]).astype(np.int64)
     weight = np.bincount(np.searchsorted(cand, work.values), work.w, cand.size)
     weight[np.searchsorted(cand, forced)] += 4.0 * (weight.sum() + 1.0) * float(cand[-1])
     k = min(config.max_gears_per_type, len(gears) + K_STEP)
@@ -162,9 +163,10 @@ def _count(gears: list[int], costs: np.ndarray, raw: float, stuck: int, pressure
     return size, why
 
 
-def _moves(gears: list[int], target: tuple[int, ...], work: _Work, cover: int, raw: float,
-           why: str, pressure: bool, config: PolicyConfig) -> list[Step]:
-    """Exact steps toward `target` (step 4); `gears` is updated in place."""
+def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, cover: int,
+           raw: float, why: str, pressure: bool, config: PolicyConfig) -> list[Step]:
+    """Exact steps toward `size` gears, taken from `target` (which may hold fewer when more
+    gears save nothing) (step 4); `gears` is updated in place."""
     steps: list[Step] = []
     adds = evicts = 0
     limit = config.plan_max_moves
@@ -173,14 +175,14 @@ def _moves(gears: list[int], target: tuple[int, ...], work: _Work, cover: int, r
         g = np.array(gears, np.int64)
         a = np.array([t for t in target if t not in gears], np.int64)
         e = np.array([i for i, x in enumerate(gears) if x not in target], np.int64)
-        if len(gears) > len(target) and evicts < limit and e.size:
+        if len(gears) > size and evicts < limit and e.size:
             loss, _, ok = _evictions(g, e, work, cover)
             if not ok.any():
                 return steps
             i = int(e[ok][np.argmin(loss[ok])])
             steps.append(("evict", gears.pop(i), f"{why}: padding +{_pts(loss[ok].min(), raw)}"))
             evicts += 1
-        elif len(gears) < len(target) and adds < limit and a.size and not pressure:
+        elif len(gears) < size and adds < limit and a.size and not pressure:
             gain, _ = _additions(g, a, work)
             j = int(np.argmax(gain))
             if gain[j] < least:
@@ -189,7 +191,7 @@ def _moves(gears: list[int], target: tuple[int, ...], work: _Work, cover: int, r
             gears.append(int(a[j]))
             gears.sort()
             adds += 1
-        elif len(gears) == len(target) and adds < limit and evicts < limit and a.size and e.size:
+        elif len(gears) == size and adds < limit and evicts < limit and a.size and e.size:
             gain, sd = _swaps(g, e, a, work, cover)
             score = gain - config.plan_confidence * sd
             i, j = np.unravel_index(int(np.argmax(score)), score.shape)

@@ -1,0 +1,220 @@
+"""Plan mode, rule by rule in virtual time, then on whole synthetic traces against the optimum."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gearshift.config import PolicyConfig
+from gearshift.dims import Dim, padded_work
+from gearshift.planner import _additions, _evictions, _swaps, _Work
+from gearshift.policy import Decision, DimState, decide
+from gearshift.simulate import policy_dims, simulate
+from gearshift.stats import DimStats
+from gearshift.trace import Trace
+
+# Plan mode (the default); a short protection so tests can place times around it.
+CFG = PolicyConfig(recent_use_protect_seconds=60.0, add_min_samples=2)
+NOW = 1000.0
+OLD = NOW - 250.0  # inside the window, long past the protection
+
+
+def run(gears: tuple[int, ...], events: list[tuple[float, int]], config: PolicyConfig = CFG,
+        dim: Dim | None = None, memory: float | None = None, created: float = 0.0,
+        now: float = NOW, **state: object) -> Decision:
+    """One round on a single dim "B" whose gears were created at `created` (by default long
+    ago: unprotected)."""
+    stats = DimStats(config)
+    stats.fold(np.array([t for t, _ in events], float), np.array([v for _, v in events]))
+    dim = dim or Dim(gears=gears, max=100_000)
+    s = DimState(gears, dict.fromkeys(gears, created), **state)  # type: ignore[arg-type]
+    return decide({"B": dim}, {"B": s}, {"B": stats.view(now)}, memory, now, config)
+
+
+def at(t: float, value: int, times: int = 1) -> list[tuple[float, int]]:
+    return [(t, value)] * times
+
+
+def actions(d: Decision) -> list[tuple[str, int]]:
+    return [(c.action, c.gear) for c in d.changes]
+
+
+def test_addition_lands_where_it_saves_most_not_at_the_median():
+    # pad samples 500 x5 and 900 x5 on 1024: the seed's median is 700; 500 saves most.
+    d = run((1024,), at(OLD, 500, 5) + at(OLD, 900, 5))
+    assert actions(d)[0] == ("add", 500)
+    assert d.states["B"].gears == (500, 900)  # then 1024 moves down to the peak, 900
+    assert all(c.reason.startswith("plan of 2 gears") for c in d.changes)
+
+
+def test_eviction_takes_the_gear_whose_removal_adds_least_padding():
+    # Dropping 200 pads one 190 up to 300 (+110); dropping 100 would pad ten 100s (+1000).
+    events = at(OLD, 100, 10) + at(OLD, 190) + at(OLD, 300, 10) + at(OLD, 1000, 10)
+    config = dataclasses.replace(CFG, plan_gear_keep=0.05, plan_gear_gain=0.5)
+    d = run((100, 200, 300, 1000), events, config)
+    assert actions(d) == [("evict", 200)]
+    assert "one fewer costs 0.8% < 5.0% of the work" in d.changes[0].reason
+
+
+def test_no_gear_is_added_while_it_saves_less_than_the_gain_threshold():
+    events = at(OLD, 500, 5) + at(OLD, 900, 5)  # a gear at 500 saves 37% of the work
+    d = run((1024,), events, dataclasses.replace(CFG, plan_gear_gain=0.4, plan_gear_keep=0.1))
+    assert d.states["B"].gears == (900,)  # only the largest moves down to the peak
+
+
+def test_an_evicted_gear_is_not_added_back_within_the_protection_window():
+    events = at(OLD, 500, 10)
+    held = run((1024,), events, evicted={500: NOW - 30.0})
+    assert held.changes == ()
+    later = run((1024,), events, now=NOW + 31.0, evicted={500: NOW - 30.0})
+    assert ("add", 500) in actions(later)
+    assert later.states["B"].evicted == {1024: NOW + 31.0}  # the expired entry is dropped
+
+
+@pytest.mark.parametrize(("age", "kept"), [(30.0, True), (90.0, False)])
+def test_a_new_gear_is_protected_for_the_window(age: float, kept: bool):
+    events = at(OLD, 80) + at(OLD, 900, 20)  # dropping 100 costs 5% of the work
+    config = dataclasses.replace(CFG, plan_gear_keep=0.4, plan_gear_gain=0.5)
+    d = run((100, 1000), events, config, created=NOW - age)
+    assert (100 in d.states["B"].gears) == kept
+
+
+def test_unused_gears_go_and_below_all_traffic_even_while_protected():
+    events = at(OLD, 10, 5) + at(OLD, 900, 5)
+    d = run((2, 4, 16, 600, 1024), events, created=NOW)  # all protected
+    assert [c for c in actions(d) if c[0] == "evict"] == [("evict", 2), ("evict", 4)]
+    assert all("below all traffic in the window (smallest 10)" in c.reason
+               for c in d.changes if c.action == "evict")
+    d = run((2, 4, 16, 600, 1024), events, created=NOW - 90.0)  # protection over
+    assert ("evict", 600) in actions(d)
+
+
+@pytest.mark.parametrize(("peak", "gears"), [(0, (256,)), (2000, (256, 1024))])
+def test_the_largest_gear_goes_only_when_the_next_covers_the_peak(peak: int, gears: tuple):
+    still = dataclasses.replace(CFG, plan_gear_gain=0.9, plan_gear_keep=0.0, plan_move_gain=0.9)
+    d = run((256, 1024), at(OLD, 200, 10) + at(OLD, 250, 10), still, peak=peak)
+    assert d.states["B"].gears == gears
+    assert d.states["B"].peak == max(peak, 250)
+
+
+def test_samples_over_the_largest_gear_add_a_covering_gear_at_their_max():
+    dim = Dim(gears=(64,), max=4096, align=16)
+    d = run((64,), at(OLD, 60, 5) + at(OLD, 90) + at(OLD, 100), dim=dim)
+    assert d.changes[0].action == "add" and d.changes[0].gear == 112
+    assert d.changes[0].reason == "cover: 2 samples over the largest gear 64 ran eager (max 100)"
+    under_pressure = run((64,), at(OLD, 60, 5) + at(OLD, 90) + at(OLD, 100), dim=dim, memory=0.95)
+    assert under_pressure.states["B"].gears == (64,)
+
+
+def test_memory_pressure_evicts_the_cheapest_gear_and_adds_only_in_its_place():
+    events = at(OLD, 90, 10) + at(OLD, 190, 2) + at(OLD, 290, 10) + at(OLD, 700, 10)
+    gears = (100, 200, 300, 1000)
+    calm = run(gears, events)
+    assert len(calm.states["B"].gears) >= len(gears)
+    d = run(gears, events, memory=0.95)
+    assert ("evict", 200) in actions(d) and len(d.states["B"].gears) == len(gears) - 1
+    assert all(c.reason.endswith("memory pressure 0.95 >= 0.9") for c in d.changes)
+    off = run(gears, events, dataclasses.replace(CFG, device_memory_usage_threshold_ratio=None),
+              memory=0.95)
+    assert off.changes == calm.changes
+
+
+def test_moves_per_round_are_bounded():
+    rng = np.random.default_rng(1)
+    events = [(OLD, int(v)) for v in rng.integers(300, 4000, 400)]
+    gears = (256, 512, 1024, 2048, 4096)
+    for limit in (1, 2):
+        d = run(gears, events, dataclasses.replace(CFG, plan_max_moves=limit))
+        planned = [c.action for c in d.changes if c.reason.startswith("plan")]
+        assert 0 < planned.count("add") <= limit and planned.count("evict") <= limit
+
+
+def test_min_count_and_cap_hold():
+    events = at(OLD, 1000, 20)
+    floor = run((100, 200, 300, 1000), events, dataclasses.replace(CFG, min_gear_count_per_type=3))
+    assert len(floor.states["B"].gears) == 3
+    rng = np.random.default_rng(2)
+    spread = [(OLD, int(v)) for v in rng.integers(1, 4096, 500)]
+    capped = run((4096,), spread, dataclasses.replace(CFG, max_gears_per_type=2))
+    assert len(capped.states["B"].gears) == 2
+
+
+def test_seed_mode_stays_selectable():
+    events = at(OLD, 400, 5) + at(OLD, 900, 5)
+    d = run((1024,), events, dataclasses.replace(CFG, policy_mode="seed"))
+    assert actions(d) == [("add", 650)]  # the median of the pad samples
+    assert d.states["B"].peak == 0 and d.states["B"].evicted == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_exact_gains_match_recomputed_padded_work(data: st.DataObject):
+    g = np.array(sorted(data.draw(st.sets(st.integers(2, 200), min_size=2, max_size=8))))
+    values = np.array(sorted(data.draw(st.sets(st.integers(1, int(g[-1])), min_size=1))))
+    w = np.array(data.draw(st.lists(st.floats(0.01, 5.0), min_size=values.size,
+                                    max_size=values.size)))
+    work = _Work(values, w, w * w)
+    free = [x for x in range(1, int(g[-1])) if x not in g]
+    if not free:
+        return
+    a = np.array(sorted(data.draw(st.sets(st.sampled_from(free), min_size=1, max_size=4))))
+    e = np.arange(g.size)
+
+    def cost(gears) -> float:
+        return float((padded_work(tuple(sorted(gears)), values, False) * w).sum())
+
+    base = cost(g)
+    add, _ = _additions(g, a, work)
+    assert add == pytest.approx([base - cost([*g, x]) for x in a], abs=1e-6)
+    loss, _, ok = _evictions(g, e[:-1], work, cover=int(g[-1]))
+    assert loss == pytest.approx([cost(np.delete(g, i)) - base for i in e[:-1]], abs=1e-6)
+    assert ok.all()
+    cover = int(values[-1])
+    gain, _ = _swaps(g, e, a, work, cover)
+    for i in e:
+        for j, x in enumerate(a):
+            rest = [*np.delete(g, i), x]
+            if max(rest) >= cover:
+                assert gain[i, j] == pytest.approx(base - cost(rest), abs=1e-6)
+            else:
+                assert gain[i, j] == -np.inf
+
+
+# --- whole traces: within 1.25 x the optimum at equal gear count, bounded churn, no flapping ---
+
+def synthetic(name: str, rng: np.random.Generator) -> Trace:
+    t = np.sort(rng.uniform(0.0, 3600.0, rng.poisson(3 * 3600)))
+    n = t.size
+    draw = {
+        "lognormal": lambda: rng.lognormal(7.0, 0.8, n),
+        "bimodal": lambda: np.where(rng.random(n) < 0.6, rng.normal(600, 120, n),
+                                    rng.normal(3500, 500, n)),
+        "shift": lambda: np.where(t > 1800, rng.lognormal(8.0, 0.5, n),
+                                  rng.lognormal(6.0, 0.6, n)),
+        "uniform": lambda: rng.uniform(1, 4096, n),
+    }[name]()
+    return Trace(name, t, {"SEQLEN": np.clip(np.round(draw), 1, 16384).astype(np.int64)})
+
+
+@pytest.mark.parametrize("name", ["lognormal", "bimodal", "shift", "uniform"])
+def test_synthetic_traces_pad_within_a_quarter_of_the_optimum(name: str):
+    trace = synthetic(name, np.random.default_rng(7))
+    config = PolicyConfig()
+    result = simulate(trace, policy_dims(trace, "adaptive"), config)
+    d = result.dims["SEQLEN"]
+    k = round(d.mean_gears)
+    best = policy_dims(trace, "optimal", k={"SEQLEN": k})["SEQLEN"]
+    optimum = padded_work(best.initial_gears, trace.dims["SEQLEN"], False).sum() / d.raw_work - 1
+    assert d.padding_overhead <= 1.25 * optimum, (d.padding_overhead, optimum, k)
+    assert result.summary()["dims"]["SEQLEN"]["churn_per_hour"] < 120
+    evicted: dict[int, float] = {}
+    for c in result.changes:
+        assert c.reason
+        if c.action == "evict":
+            evicted[c.gear] = c.t
+        elif c.gear in evicted:  # no flapping: never back within the protection window
+            assert c.t - evicted[c.gear] >= config.recent_use_protect_seconds, c
