@@ -12,6 +12,7 @@ BENCHMARKS = {
     "optimal": "gearshift.bench.optimal:command",
     "policy": "gearshift.bench.policy:command",
     "ring": "gearshift.bench.ring:command",
+    "simulate": "gearshift.bench.simulate:command",
     "snapshot": "gearshift.bench.snapshot:command",
 }
 

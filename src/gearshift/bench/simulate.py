@@ -1,0 +1,85 @@
+"""`gearshift bench simulate`: the policy modes on the shipped traces against their baselines.
+
+Per trace and dim: the power-of-two ladder, seed mode, plan mode, and the hindsight-optimal
+static set with as many gears as plan mode holds on average (rounded), all replayed here;
+`ratio` is plan mode's padding over that optimum's (the goal: <= 1.25), `seed_ratio` seed
+mode's over the optimum at its own mean gear count.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from gearshift.config import PolicyConfig
+from gearshift.simulate import DimResult, policy_dims, simulate
+from gearshift.trace import load_trace, shipped_traces
+
+
+def _figures(d: DimResult, hours: float) -> dict[str, float]:
+    return {"padding_overhead": d.padding_overhead, "mean_gears": d.mean_gears,
+            "adds_per_hour": d.adds / hours, "evictions_per_hour": d.evictions / hours,
+            "eager_events": d.eager_events, "split_events": d.split_events}
+
+
+def _optimal(trace, dim: str, k: int) -> float:
+    dims = policy_dims(trace, "optimal", k={dim: k})
+    return simulate(trace, dims, PolicyConfig(), adaptive=False).dims[dim].padding_overhead
+
+
+def bench_trace(name: str) -> dict[str, dict[str, object]]:
+    """Every dim of one trace: pow2, seed, plan, optimal at plan's mean gear count."""
+    trace = load_trace(name)
+    hours = trace.duration / 3600.0
+    runs = {
+        "pow2": simulate(trace, policy_dims(trace, "pow2"), PolicyConfig(), adaptive=False),
+        "seed": simulate(trace, policy_dims(trace, "adaptive"), PolicyConfig(policy_mode="seed")),
+        "plan": simulate(trace, policy_dims(trace, "adaptive"), PolicyConfig(policy_mode="plan")),
+    }
+    out = {}
+    for dim in trace.dims:
+        row: dict[str, object] = {mode: _figures(r.dims[dim], hours) for mode, r in runs.items()}
+        plan, seed = runs["plan"].dims[dim], runs["seed"].dims[dim]
+        k = round(plan.mean_gears)
+        best = _optimal(trace, dim, k)
+        row["optimal"] = {"k": k, "padding_overhead": best}
+        row["ratio"] = plan.padding_overhead / best if best else float("inf")
+        seed_best = _optimal(trace, dim, round(seed.mean_gears))
+        row["seed_ratio"] = seed.padding_overhead / seed_best if seed_best else float("inf")
+        out[dim] = row
+    return out
+
+
+def markdown(result: dict[str, object]) -> str:
+    """The report table of docs/policy.md."""
+    lines = ["| trace | dim | pow2 | seed: pad, gears, adds+evictions/h | "
+             "plan: pad, gears, adds+evictions/h | optimal at plan's K | plan / optimal |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for trace, dims in result["traces"].items():  # type: ignore[union-attr]
+        for dim, r in dims.items():
+            s, p = r["seed"], r["plan"]
+            lines.append(
+                f"| {trace.removeprefix('azure_')} | {dim} | {r['pow2']['padding_overhead']:.3f}"
+                f" | {s['padding_overhead']:.3f}, {s['mean_gears']:.1f}, "
+                f"{s['adds_per_hour'] + s['evictions_per_hour']:.0f}"
+                f" | {p['padding_overhead']:.3f}, {p['mean_gears']:.1f}, "
+                f"{p['adds_per_hour'] + p['evictions_per_hour']:.0f}"
+                f" | {r['optimal']['padding_overhead']:.3f} (K={r['optimal']['k']})"
+                f" | {r['ratio']:.2f} |")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--trace", "names", multiple=True, help="A shipped trace (default: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def command(names: tuple[str, ...], as_json: bool) -> None:
+    """Replay the shipped traces under pow2, seed and plan mode; plan's padding against the
+    hindsight optimum at its mean gear count (goal: ratio <= 1.25)."""
+    began = time.perf_counter()
+    traces = {name: bench_trace(name) for name in names or shipped_traces()}
+    ratios = [r["ratio"] for dims in traces.values() for r in dims.values()]
+    result = {"traces": traces, "worst_ratio": max(ratios),
+              "wall_seconds": time.perf_counter() - began}
+    click.echo(json.dumps(result) if as_json else markdown(result))

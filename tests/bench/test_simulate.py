@@ -1,0 +1,28 @@
+"""`gearshift bench simulate`: the report table's figures, and the goal on every shipped trace."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gearshift.bench.simulate import command, markdown
+
+
+def test_plan_mode_pads_within_a_quarter_of_the_optimum_on_every_shipped_trace() -> None:
+    result = CliRunner().invoke(command, ["--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert len(data["traces"]) == 6
+    for trace, dims in data["traces"].items():
+        for dim, r in dims.items():
+            plan, best = r["plan"], r["optimal"]
+            assert best["k"] == round(plan["mean_gears"])
+            assert r["ratio"] == pytest.approx(plan["padding_overhead"] / best["padding_overhead"])
+            assert r["ratio"] <= 1.25, (trace, dim, r)
+            assert plan["padding_overhead"] < r["seed"]["padding_overhead"], (trace, dim)
+    assert data["worst_ratio"] == max(r["ratio"] for d in data["traces"].values()
+                                      for r in d.values())
+    table = markdown(data)
+    assert table.count("\n") == 2 + 8 - 1 and "| code_prefill | SEQLEN |" in table
