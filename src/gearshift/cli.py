@@ -21,6 +21,7 @@ EXIT_CONFLICT = 4  # another controller owns the namespace, or workers are alive
 # name -> "module:attribute" of a click command, imported on first use.
 COMMANDS = {
     "simulate": "gearshift.simulate_cli:simulate",
+    "demo": "gearshift.demo.cli:demo",
     "bench": "gearshift.bench.cli:bench",
     "serve": "gearshift.controller.cli:serve",
     "status": "gearshift.controller.cli:status",

@@ -1,0 +1,158 @@
+"""`gearshift demo` as a user runs it: a short run's JSON, and cleanup, also on Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from gearshift.cli import EXIT_ERROR, EXIT_USAGE, main
+from gearshift.demo.cli import EXIT_INTERRUPTED, table
+
+WAIT = 240.0  # seconds: two workers import torch on a loaded 2-core machine
+FIGURES = {
+    "seconds",
+    "requests",
+    "useful_tokens",
+    "useful_tokens_per_second",
+    "padded_tokens",
+    "padding_overhead",
+    "computed_tokens",
+    "worker_cpu_seconds",
+    "parent_cpu_seconds",
+    "dims",
+    "adds",
+    "evictions",
+    "captures",
+    "replays",
+    "eager",
+    "snapshot_version",
+    "versions_missed",
+    "propagation_lag",
+}
+
+
+def demo(namespace: str, *args: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "gearshift", "demo", "--namespace", namespace, *args]
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own session: every process it starts can be found
+    )
+
+
+def session_processes(sid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[3]) == sid:
+            found.append(int(entry.name))
+    return found
+
+
+def assert_all_gone(proc: subprocess.Popen, namespace: str) -> None:
+    deadline = time.monotonic() + 10.0  # the resource tracker ends on its own, just after
+    while session_processes(proc.pid):
+        assert time.monotonic() < deadline, f"left running: {session_processes(proc.pid)}"
+        time.sleep(0.1)
+    assert not [n for n in os.listdir("/dev/shm") if namespace in n]
+
+
+def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
+    proc = demo(namespace, "--seconds", "10", "--workers", "2", "--json")
+    out, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0, err
+    result = json.loads(out)
+    assert {"adaptive", "static", "speedup", "trace", "stride", "time_compression"} <= set(result)
+    adaptive, static = result["adaptive"], result["static"]
+    assert set(adaptive) == set(static) == FIGURES
+    assert adaptive["requests"] == static["requests"] == result["requests"] > 0
+    assert adaptive["useful_tokens"] == static["useful_tokens"]
+    assert result["speedup"] == (
+        adaptive["useful_tokens_per_second"] / static["useful_tokens_per_second"]
+    )
+    assert set(adaptive["dims"]) == {"SEQLEN"} and adaptive["snapshot_version"] >= 1
+    assert static["adds"] == static["evictions"] == 0 and static["snapshot_version"] is None
+    assert static["padding_overhead"] > 0 and static["captures"] == 2 * 15  # 2 workers x ladder
+    assert "adaptive" in err and "static" in err  # the progress lines
+    assert_all_gone(proc, namespace)
+
+
+def test_ctrl_c_ends_every_process_and_segment_it_started(namespace: str) -> None:
+    proc = demo(namespace, "--seconds", "30", "--workers", "2")
+    assert proc.stderr is not None
+    deadline = time.monotonic() + WAIT
+    while "adaptive" not in proc.stderr.readline():  # the first progress line: all running
+        assert time.monotonic() < deadline and proc.poll() is None
+    assert [n for n in os.listdir("/dev/shm") if namespace in n]
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert_all_gone(proc, namespace)
+
+
+def test_bad_options_fail_before_starting_anything() -> None:
+    runner = CliRunner()
+    bad_trace = runner.invoke(main, ["demo", "--trace", "no-such-trace"])
+    assert bad_trace.exit_code == EXIT_ERROR and "trace not found" in bad_trace.output
+    bad_key = runner.invoke(main, ["demo", "--set", "no_such_key=1"])
+    assert bad_key.exit_code == EXIT_USAGE and "no_such_key" in bad_key.output
+    assert runner.invoke(main, ["demo", "--workers", "0"]).exit_code == EXIT_USAGE
+
+
+def test_table_puts_the_runs_side_by_side() -> None:
+    run = {
+        "seconds": 10.0,
+        "useful_tokens": 1000,
+        "useful_tokens_per_second": 100.0,
+        "padding_overhead": 0.5,
+        "computed_tokens": 1600,
+        "worker_cpu_seconds": 19.0,
+        "parent_cpu_seconds": 0.1,
+        "adds": 0,
+        "evictions": 0,
+        "captures": 15,
+        "eager": 0,
+        "snapshot_version": None,
+        "propagation_lag": None,
+        "dims": {"SEQLEN": {"padding_overhead": 0.5, "mean_gears": 15.0}},
+    }
+    adaptive = {
+        **run,
+        "seconds": 8.0,
+        "useful_tokens_per_second": 125.0,
+        "adds": 3,
+        "evictions": 4,
+        "snapshot_version": 7,
+        "propagation_lag": {"mean_ms": 42.0, "last_ms": 40.0, "count": 3},
+    }
+    text = table(
+        {
+            "adaptive": adaptive,
+            "static": run,
+            "speedup": 1.25,
+            "trace": "t",
+            "requests": 500,
+            "stride": 2,
+            "rows": 1000,
+            "workers": 4,
+            "time_compression": 100.0,
+            "seconds": 30.0,
+        }
+    )
+    assert "1 row in 2 of 1,000" in text and "1.25x" in text
+    lines = {line.split("  ")[0]: line.split() for line in text.splitlines()}
+    assert lines["adds / evictions"][-6:] == ["3", "/", "4", "0", "/", "0"]
+    assert lines["propagation lag, mean (n)"][-4:] == ["42", "ms", "(3)", "-"]
