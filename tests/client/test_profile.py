@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from fake_controller import FakeController
@@ -39,6 +41,13 @@ def test_dims_with_large_gears_route_by_bisection(client: gs.Client) -> None:
     assert prof.route(SEQLEN=150_000).chunks == {"SEQLEN": (200_000,)}
     assert prof.route(SEQLEN=1000).chunks == {"SEQLEN": (1000,)}
     assert prof.route(SEQLEN=999_999).eager
+
+
+def test_routing_tables_give_a_collection_nothing_to_walk(prof: gs.Profile) -> None:
+    # a collection walks every tracked container, inside whichever request sets it off: no
+    # routing structure may hold one reference per raw value (8193 for SEQLEN here)
+    tracked = [obj for row in prof._state.table for obj in row if gc.is_tracked(obj)]
+    assert max(len(gc.get_referents(obj)) for obj in tracked) <= len(prof.gears["SEQLEN"])
 
 
 def test_route_records_one_event_per_request(
