@@ -57,7 +57,7 @@ def test_eviction_takes_the_gear_whose_removal_adds_least_padding():
     config = dataclasses.replace(CFG, plan_gear_keep=0.05, plan_gear_gain=0.5)
     d = run((100, 200, 300, 1000), events, config)
     assert actions(d) == [("evict", 200)]
-    assert "one fewer costs 0.8% < 5.0% of the work" in d.changes[0].reason
+    assert "one fewer costs 0.78% < 5.00% of the work" in d.changes[0].reason
 
 
 def test_no_gear_is_added_while_it_saves_less_than_the_gain_threshold():

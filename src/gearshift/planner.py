@@ -153,11 +153,11 @@ def _count(gears: list[int], costs: np.ndarray, raw: float, stuck: int, pressure
     while (not pressure and size < costs.size and size < n + K_STEP
            and gain(size + 1) >= config.plan_gear_gain):
         size += 1
-        why = (f"plan of {size} gears (one more saves {gain(size):.1%} >= "
-               f"{config.plan_gear_gain:.1%} of the work)")
+        why = (f"plan of {size} gears (one more saves {gain(size):.2%} >= "
+               f"{config.plan_gear_gain:.2%} of the work)")
     while size > max(low, 1) and (gain(size) < config.plan_gear_keep or (pressure and size >= n)):
-        why = (f"plan of {size - 1} gears (one fewer costs {gain(size):.1%}"
-               + (f" < {config.plan_gear_keep:.1%} of the work)" if not pressure
+        why = (f"plan of {size - 1} gears (one fewer costs {gain(size):.2%}"
+               + (f" < {config.plan_gear_keep:.2%} of the work)" if not pressure
                   else " of the work; memory pressure)"))
         size -= 1
     return size, why
