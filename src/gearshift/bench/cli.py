@@ -7,6 +7,7 @@ import click
 from gearshift.cli import LazyGroup
 
 BENCHMARKS = {
+    "all": "gearshift.bench.report:command",
     "controller": "gearshift.bench.controller:command",
     "hotpath": "gearshift.bench.hotpath:command",
     "optimal": "gearshift.bench.optimal:command",
