@@ -1,0 +1,63 @@
+"""README.md stays true: its commands, its worker example, its CLI and configuration tables."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import click
+import pytest
+
+from gearshift.bench.cli import BENCHMARKS
+from gearshift.cli import main
+from gearshift.config import PolicyConfig
+from gearshift.controller.config import ControllerConfig
+
+ROOT = Path(__file__).parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, re.DOTALL)
+
+
+def section(title: str) -> str:
+    return README.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_first_command_runs_the_demo_and_second_is_what_ci_runs() -> None:
+    demo, tests = blocks("sh")[:2]
+    assert demo.strip().endswith("gearshift demo")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert tests.strip().split(" && ", 2)[2] in ci  # the install, ruff and pytest line
+
+
+def test_worker_example_runs(
+    namespace: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (code,) = blocks("python")
+    assert len(code.strip().splitlines()) <= 13
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))  # the embedded controller's state file
+    code = code.replace("gs.connect(embedded=True)", f"gs.connect({namespace!r}, embedded=True)")
+    scope: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    prefill = scope["prefill"]
+    assert prefill.gears["SEQLEN"][-1] == 4096 and prefill.version >= 1  # type: ignore[attr-defined]
+
+
+def test_cli_table_names_every_command_and_benchmark() -> None:
+    table = section("Command line")
+    with click.Context(main) as ctx:
+        commands = main.list_commands(ctx)
+    for name in commands:
+        assert f"`gearshift {name}" in table, name
+    for name in BENCHMARKS:
+        assert f"`{name}`" in table or f"`gearshift bench {name}`" in table, name
+
+
+@pytest.mark.parametrize("config", [PolicyConfig, ControllerConfig])
+def test_configuration_tables_list_every_key(config: type) -> None:
+    table = section("Configuration")
+    for field in dataclasses.fields(config):
+        assert f"`{field.name}`" in table, field.name
