@@ -16,7 +16,8 @@ object of the role function's keyword arguments.
 - controller: the real `Controller` publishing through `JournaledRegion`.
 
 Each ends on SIGTERM or when its parent (the harness) is gone, and logs to its own file, one
-line per write (a SIGKILL loses no line written), times in CLOCK_MONOTONIC ns:
+line per write (a SIGKILL loses no line written; one it cuts short lacks its newline and is
+not read), times in CLOCK_MONOTONIC ns:
 
     worker  ready SLOT                    connected, profile registered: routing starts
             v VERSION T                   the first route() planned on VERSION
@@ -235,21 +236,31 @@ class WorkerLog:
 
     @classmethod
     def read(cls, path: Path) -> WorkerLog:
+        """The log so far; the maxima include the stalls logged after the last count (a
+        killed worker's)."""
         out = cls()
-        for kind, *values in (line.split() for line in path.read_text().splitlines()):
+        for kind, *values in (line.split() for line in _lines(path)):
             if kind == "ready":
                 out.slot = int(values[0])
             elif kind == "v":
                 out.versions.append((int(values[0]), int(values[1])))
             elif kind == "s":
-                out.stalls.append((int(values[0]), int(values[2])))
+                stall, wall, t_ns = map(int, values)
+                out.stalls.append((stall, t_ns))
+                out.wall_max, out.stall_max = max(out.wall_max, wall), max(out.stall_max, stall)
             elif kind in ("n", "exit"):
-                out.wall_max, out.stall_max = map(int, values)
+                wall, stall = map(int, values)
+                out.wall_max, out.stall_max = max(out.wall_max, wall), max(out.stall_max, stall)
         return out
 
 
 def reader_counts(path: Path) -> tuple[int, int, int, int]:
     """A reader's last (reads, versions verified, reads refused, torn)."""
-    counts = [line.split()[1:] for line in path.read_text().splitlines() if line[:2] == "a "]
+    counts = [line.split()[1:] for line in _lines(path) if line[:2] == "a "]
     reads, versions, refused, torn_ = map(int, counts[-1]) if counts else (0, 0, 0, 0)
     return reads, versions, refused, torn_
+
+
+def _lines(path: Path) -> list[str]:
+    """The complete lines of a log (a write cut short by a kill lacks its newline)."""
+    return path.read_text().split("\n")[:-1]
