@@ -21,6 +21,7 @@ FIGURES = {
     "requests",
     "useful_tokens",
     "useful_tokens_per_second",
+    "useful_tokens_per_cpu_second",
     "padded_tokens",
     "padding_overhead",
     "computed_tokens",
@@ -74,7 +75,8 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
     out, err = proc.communicate(timeout=WAIT)
     assert proc.returncode == 0, err
     result = json.loads(out)
-    assert {"adaptive", "static", "speedup", "trace", "stride", "time_compression"} <= set(result)
+    keys = {"adaptive", "static", "speedup", "cpu_speedup", "trace", "stride", "time_compression"}
+    assert keys <= set(result)
     adaptive, static = result["adaptive"], result["static"]
     assert set(adaptive) == set(static) == FIGURES
     assert adaptive["requests"] == static["requests"] == result["requests"] > 0
@@ -117,6 +119,7 @@ def test_table_puts_the_runs_side_by_side() -> None:
         "seconds": 10.0,
         "useful_tokens": 1000,
         "useful_tokens_per_second": 100.0,
+        "useful_tokens_per_cpu_second": 50.0,
         "padding_overhead": 0.5,
         "computed_tokens": 1600,
         "worker_cpu_seconds": 19.0,
@@ -143,6 +146,7 @@ def test_table_puts_the_runs_side_by_side() -> None:
             "adaptive": adaptive,
             "static": run,
             "speedup": 1.25,
+            "cpu_speedup": 1.1,
             "trace": "t",
             "requests": 500,
             "stride": 2,
@@ -152,7 +156,7 @@ def test_table_puts_the_runs_side_by_side() -> None:
             "seconds": 30.0,
         }
     )
-    assert "1 row in 2 of 1,000" in text and "1.25x" in text
+    assert "1 row in 2 of 1,000" in text and "1.25x" in text and "1.10x" in text
     lines = {line.split("  ")[0]: line.split() for line in text.splitlines()}
     assert lines["adds / evictions"][-6:] == ["3", "/", "4", "0", "/", "0"]
     assert lines["propagation lag, mean (n)"][-4:] == ["42", "ms", "(3)", "-"]

@@ -162,6 +162,11 @@ def table(r: dict[str, Any]) -> str:
             _si(s["useful_tokens_per_second"]),
         ),
         (
+            "useful tokens per CPU second",
+            _si(a["useful_tokens_per_cpu_second"]),
+            _si(s["useful_tokens_per_cpu_second"]),
+        ),
+        (
             "padding overhead (tokens)",
             f"{a['padding_overhead']:.1%}",
             f"{s['padding_overhead']:.1%}",
@@ -204,5 +209,9 @@ def table(r: dict[str, Any]) -> str:
     width = max(len(name) for name, *_ in rows) + 2
     lines = [head, "", f"{'':{width}}{'adaptive':>14}{'static pow2':>16}"]
     lines += [f"{name:{width}}{x:>14}{y:>16}" for name, x, y in rows]
-    lines += ["", f"speedup (useful tokens per second, adaptive / static): {r['speedup']:.2f}x"]
+    lines += [
+        "",
+        f"speedup (useful tokens per second, adaptive / static): {r['speedup']:.2f}x",
+        f"per CPU second (workers and controller; robust to other load): {r['cpu_speedup']:.2f}x",
+    ]
     return "\n".join(lines)
