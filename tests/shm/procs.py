@@ -154,6 +154,12 @@ def lock_and_die(namespace: str) -> None:
     os._exit(0)
 
 
+def acquire_and_die_unrecorded(namespace: str) -> None:
+    """Die holding the namespace lock before recording itself as its holder."""
+    Registry.attach(namespace)._sem.acquire()
+    os._exit(0)
+
+
 def control_until(namespace: str, started: Event, stop: Event) -> None:
     registry = Registry.attach(namespace)
     registry.claim_controller()

@@ -19,6 +19,7 @@ from gearshift.shm.segment import Segment, exists
 from shm.procs import (
     WAIT,
     Spawn,
+    acquire_and_die_unrecorded,
     claim_and_hold,
     claim_put_exit,
     control_until,
@@ -167,6 +168,19 @@ def test_a_lock_held_by_a_dead_process_is_reported_and_repaired(
         registry.claim_slot(0)
     assert registry.repair_lock()
     assert not registry.repair_lock()
+    assert registry.claim_slot(0) == 0
+
+
+def test_a_lock_left_held_unrecorded_by_a_dead_process_is_repaired_after_a_timeout(
+    namespace: str, registry: Registry, spawn: Spawn
+) -> None:
+    holder = spawn(acquire_and_die_unrecorded, namespace)
+    holder.join(WAIT)
+    registry.lock_timeout = 0.05
+    with pytest.raises(NamespaceBusy, match="pid 0"):
+        registry.claim_slot(0)
+    assert registry.repair_lock()
+    assert not registry.repair_lock()  # free now
     assert registry.claim_slot(0) == 0
 
 

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import posix_ipc
 
+from gearshift.clock import Clock, MonotonicClock
 from gearshift.errors import ControllerNotFound, ControllerRunning, NamespaceBusy
 from gearshift.shm import liveness, names, segment
 from gearshift.shm.mailbox import Mailbox
@@ -277,16 +278,29 @@ class Registry:
             self._set_slot(slot, IDENT, 0)
             self._set_slot(slot, STATE, SlotState.FREE)
 
-    def repair_lock(self) -> bool:
-        """Release the lock if its recorded holder died holding it. Controller (and cleanup) only:
-        two repairers at once could both release it."""
+    def repair_lock(self, clock: Clock | None = None) -> bool:
+        """Release the lock if its holder died holding it: the recorded holder is dead, or none
+        is recorded for a whole `lock_timeout` (a holder killed between acquiring and recording
+        itself, or between clearing and releasing; a live one passes there in microseconds).
+        Controller (and cleanup) only: two repairers at once could both release it."""
         owner = self._word(LOCK_OWNER)
-        if not owner or liveness.alive(owner) or self._sem.value != 0:
+        if self._sem.value != 0 or (owner and liveness.alive(owner)):
+            return False
+        if not owner and not self._unrecorded_for(self.lock_timeout, clock or MonotonicClock()):
             return False
         if self._word(LOCK_OWNER) != owner:  # released meanwhile: not that dead holder's any more
             return False
         self._set(LOCK_OWNER, 0)
         self._sem.release()
+        return True
+
+    def _unrecorded_for(self, seconds: float, clock: Clock) -> bool:
+        """The lock stays held with no holder recorded for `seconds`."""
+        deadline = clock.now() + seconds
+        while clock.now() < deadline:
+            if self._sem.value != 0 or self._word(LOCK_OWNER):
+                return False
+            clock.sleep(0.001)
         return True
 
     def retire(self) -> None:
@@ -317,6 +331,7 @@ class Registry:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
+        me = liveness.current()  # before acquiring: a holder killed unrecorded costs a repair wait
         try:
             self._sem.acquire(self.lock_timeout)
         except posix_ipc.BusyError:
@@ -326,7 +341,7 @@ class Registry:
                 f"the lock of namespace {self.namespace!r} is held over {self.lock_timeout} s by "
                 f"pid {liveness.pid_of(owner)} ({state})"
             ) from None
-        self._set(LOCK_OWNER, liveness.current())
+        self._set(LOCK_OWNER, me)
         try:
             yield
         finally:
