@@ -31,7 +31,7 @@ Liveness is an identity check (pid and start time, robust to pid reuse), not a h
 heartbeats are for display and hang detection. A holder of the semaphore that dies would block
 everyone: holders record their identity in `lock_owner`, waiters give up after `lock_timeout`
 with NamespaceBusy naming it, and the controller's `repair_lock()` (also run by `cleanup`)
-releases a lock whose owner is dead.
+releases a lock whose holder is dead (recorded, or none recorded for a whole `lock_timeout`).
 
 Worker: `slot = claim_slot(device)`; `EventRing.create(ns, slot)`; register profiles by
 `requests(slot).post(msg)` and poll `replies(slot).take()` (`mailbox.raise_for_error`); then
