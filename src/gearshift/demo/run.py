@@ -185,7 +185,14 @@ class Demo:
                 name=f"gearshift-demo-{i}",
                 daemon=True,
             )
-            proc.start()
+            # Ctrl-C is this process's to handle: a worker inherits SIGINT ignored from its
+            # first instruction (a blocked mask is not inherited through spawn), so one
+            # interrupted while it imports torch prints no traceback
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                proc.start()
+            finally:
+                signal.signal(signal.SIGINT, previous)
             theirs.close()
             self.procs.append(proc)
             self.conns.append(ours)

@@ -11,8 +11,9 @@ A run captures its initial gears first and is timed from then on; its reply is a
 (`_replay`), an error `("error", traceback)`. Progress goes to the shared array `progress`:
 [requests done, useful tokens, padded tokens] at `3 * index`.
 
-SIGINT is ignored (the parent handles Ctrl-C); SIGTERM exits through the `finally` blocks, so
-the client releases its slot; a worker whose parent is gone stops at its next request.
+SIGINT is ignored (inherited from the demo process, which handles Ctrl-C); SIGTERM exits
+through the `finally` blocks, so the client releases its slot; a worker whose parent is gone
+stops at its next request.
 """
 
 from __future__ import annotations
@@ -180,7 +181,6 @@ def static(
 
 def main(conn: Connection, progress: Any, index: int) -> None:
     """The worker's command loop (module docstring)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     torch.set_num_threads(1)  # N workers share the cores: one thread each
     model = Model()
