@@ -151,6 +151,7 @@ class Demo:
             per_token = self._ask(every, "calibrate", self.full.dims, self.full.sizes)
             left = self.seconds - (time.monotonic() - began)
             budget = max(1.0, left * RUN_SHARE)
+            # all timed at once, so the machine's seconds per token are their mean over N
             stride = stride_for(self.full, sum(per_token) / self.workers**2, budget)
             workload = self.full.every(stride)
             factor = workload.duration / budget
