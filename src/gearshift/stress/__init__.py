@@ -35,12 +35,16 @@ payload) before its publishing store. A reader takes what `SnapshotRegion.read()
 counts it torn unless it is for that device, its version never goes down, and its payload
 equals a journaled payload of that version. Workers must route only on journaled versions.
 
-Stall: a route() call's wall time if its thread blocked during it (a voluntary context switch:
-a lock, a sleep, I/O), else the call's CPU time. It counts route's own work (adopting a
-snapshot, a collection its allocations trigger) and every wait, not the time the machine gave
-the CPU to others: on an oversubscribed machine a thread is preempted for milliseconds
-anywhere, and on a VM the vCPU itself stops (measured here: 15-50 ms gaps with no context
-switch and no run time at all). The wall-clock maximum is in the details.
+Stall: the wall time of a route() call that blocked (a voluntary context switch: a lock, a
+sleep, I/O) or kept its CPU (its thread was off the CPU for at most `roles.LOST_CPU_NS`, 50 us,
+of the call: wall minus CPU time). A call that lost its CPU without blocking was interrupted
+by other processes or by the hypervisor, and is only counted: on an oversubscribed machine a
+thread is preempted for milliseconds anywhere, and on a VM the vCPU itself stops (measured on
+2-core development VMs: 15-50 ms with no context switch in the guest, of which even the
+thread's CPU clock absorbs up to a few ms), so neither that call's wall time nor its CPU time
+is route's. What route() itself does slowly (adopt a snapshot, set off a collection, wait)
+happens hundreds of times a run, in calls that keep their CPU too. The wall-clock maximum of
+all calls is in the details.
 
 Propagation: from the journal time of a publication to the first route() planned on it, per
 worker incarnation (the version it found at connect excluded).

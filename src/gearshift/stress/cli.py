@@ -51,8 +51,9 @@ def command(
     snapshot they accept.
 
     Exit status 1 if a snapshot was torn, an event lost, a segment leaked, a worker routed on
-    a version never published, or a route() call stalled over 1 ms (its CPU time, or its
-    wall time if it blocked: see `gearshift.stress`).
+    a version never published, or a route() call stalled over 1 ms (one that blocked or kept
+    its CPU; those interrupted by other processes or the hypervisor are only counted: see
+    `gearshift.stress`).
     """
 
     def interrupt(*_: object) -> None:

@@ -358,6 +358,7 @@ class _Harness:
                 ),
                 "route_stall_ms_max_controller_dead": report.ms(max(dead, default=0)),
                 "route_wall_ms_max": report.ms(max(log.wall_max for _, log in logs)),
+                "route_calls_interrupted": sum(log.interrupted for _, log in logs),
                 "controller_dead_seconds": round(
                     sum(end - start for start, end in self.downtime if end) / 1e9, 2
                 ),

@@ -21,8 +21,8 @@ not read), times in CLOCK_MONOTONIC ns:
 
     worker  ready SLOT                    connected, profile registered: routing starts
             v VERSION T                   the first route() planned on VERSION
-            s STALL WALL T                a route() call that stalled over SLOW_NS
-            n|exit WALL_MAX STALL_MAX     every REPORT_SECONDS, and at a graceful exit
+            s STALL T                     a route() call that stalled over SLOW_NS
+            n|exit WALL_MAX STALL_MAX INTERRUPTED   every REPORT_SECONDS, and at exit
     reader  t DEVICE VERSION WHY          a torn snapshot accepted
             a READS VERSIONS REFUSED TORN every REPORT_SECONDS, and at exit
 
@@ -61,6 +61,7 @@ PHASE_SECONDS = 1.0  # the traffic's centres move this often
 SPREAD = 0.15  # log-normal spread of the raw sizes around a centre
 BATCH = 1024  # route() calls between looks at the clock and the stop flag
 SLOW_NS = 50_000  # a call that stalls longer is logged at once
+LOST_CPU_NS = 50_000  # a call whose thread was off the CPU longer was interrupted
 REPORT_SECONDS = 0.5
 CONNECT_SECONDS = 30.0  # a worker started while the controller is down waits for it this long
 COUNTERS = 64  # bytes of a counter file
@@ -122,11 +123,12 @@ def _route(
     seed: list[int],
     stop: _Stop,
 ) -> None:
-    """route() flat out, timing each call: its stall is its wall time if the thread blocked
-    (a voluntary context switch) during it, else its CPU time."""
+    """route() flat out, timing each call: a call that blocked (a voluntary context switch)
+    or kept its CPU stalled for its wall time; one that lost its CPU without blocking was
+    interrupted, and is only counted (see the package docstring)."""
     rng = np.random.default_rng(seed)
     perf, cpu, usage, thread = time.perf_counter_ns, time.thread_time_ns, getrusage, RUSAGE_THREAD
-    calls = wall_max = stall_max = version = 0
+    calls = wall_max = stall_max = interrupted = version = 0
     report = tick = 0.0
     cpu0, blocked0 = cpu(), usage(thread).ru_nvcsw
     while not stop:
@@ -143,14 +145,16 @@ def _route(
             cpu1, blocked1 = cpu(), usage(thread).ru_nvcsw
             calls += 1
             words[FINISHED] = calls
-            stall = wall if blocked1 != blocked0 else min(wall, cpu1 - cpu0)
+            if blocked1 == blocked0 and wall - (cpu1 - cpu0) > LOST_CPU_NS:
+                interrupted += 1
+            else:
+                if wall > stall_max:
+                    stall_max = wall
+                if wall > SLOW_NS:
+                    write("s", wall, time.monotonic_ns())
             cpu0, blocked0 = cpu1, blocked1
             if wall > wall_max:
                 wall_max = wall
-            if stall > stall_max:
-                stall_max = stall
-            if stall > SLOW_NS:
-                write("s", stall, wall, time.monotonic_ns())
             if plan[0] != version:
                 version = plan[0]
                 write("v", version, time.monotonic_ns())
@@ -159,8 +163,8 @@ def _route(
             client.tick()
         if now >= report:
             report = now + REPORT_SECONDS
-            write("n", wall_max, stall_max)
-    write("exit", wall_max, stall_max)
+            write("n", wall_max, stall_max, interrupted)
+    write("exit", wall_max, stall_max, interrupted)
 
 
 def reader(namespace: str, devices: int, journal: str, log: str) -> None:
@@ -233,6 +237,7 @@ class WorkerLog:
     stalls: list[tuple[int, int]] = field(default_factory=list)  # (stall ns, when) > SLOW_NS
     wall_max: int = 0
     stall_max: int = 0
+    interrupted: int = 0
 
     @classmethod
     def read(cls, path: Path) -> WorkerLog:
@@ -245,11 +250,11 @@ class WorkerLog:
             elif kind == "v":
                 out.versions.append((int(values[0]), int(values[1])))
             elif kind == "s":
-                stall, wall, t_ns = map(int, values)
+                stall, t_ns = map(int, values)
                 out.stalls.append((stall, t_ns))
-                out.wall_max, out.stall_max = max(out.wall_max, wall), max(out.stall_max, stall)
+                out.wall_max, out.stall_max = max(out.wall_max, stall), max(out.stall_max, stall)
             elif kind in ("n", "exit"):
-                wall, stall = map(int, values)
+                wall, stall, out.interrupted = map(int, values)
                 out.wall_max, out.stall_max = max(out.wall_max, wall), max(out.stall_max, stall)
         return out
 
