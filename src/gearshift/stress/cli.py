@@ -46,7 +46,7 @@ from gearshift.stress.harness import StressConfig, run
 def command(
     workers: int, seconds: float, chaos: bool, seed: int, namespace: str, as_json: bool
 ) -> None:
-    """Stress the whole system: WORKERS processes route random 2-dim shapes through the real
+    """Stress the whole system: --workers processes route random 2-dim shapes through the real
     client while the controller decides every 0.1 s and snapshot readers verify every
     snapshot they accept.
 
