@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -17,6 +19,8 @@ EXIT_ERROR = 1  # a runtime failure
 EXIT_USAGE = 2  # click's own code for bad arguments
 EXIT_NOT_RUNNING = 3  # no live controller in the namespace
 EXIT_CONFLICT = 4  # another controller owns the namespace, or workers are alive
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # name -> "module:attribute" of a click command, imported on first use.
 COMMANDS = {
@@ -31,6 +35,36 @@ COMMANDS = {
     "export": "gearshift.controller.cli:export",
     "stress": "gearshift.stress.cli:command",
 }
+
+
+def json_option(help: str = "Print one JSON object.") -> Callable[[F], F]:
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def namespace_option(help: str, **kwargs: Any) -> Callable[[F], F]:
+    """`--namespace/-n NS`: the shared-memory namespace of one controller and its workers."""
+    return click.option("--namespace", "-n", metavar="NS", help=help, **kwargs)
+
+
+def config_options(what: str, layout: str) -> Callable[[F], F]:
+    """`--config FILE.toml` (keys laid out as `layout` says) and repeatable `--set KEY=VALUE`,
+    for the keys `what` names."""
+
+    def apply(fn: F) -> F:
+        fn = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                          help=f"Override one {what} key (after --config); repeatable.")(fn)
+        return click.option("--config", "config_path", metavar="FILE.toml",
+                            envvar="GEARSHIFT_CONFIG", show_envvar=True,
+                            help=f"TOML file of {what} keys: {layout}.")(fn)
+
+    return apply
+
+
+def log_level_option(default: str, help: str) -> Callable[[F], F]:
+    return click.option("--log-level", default=default, envvar="GEARSHIFT_LOG_LEVEL",
+                        show_default=True, help=help,
+                        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
+                                          case_sensitive=False))
 
 
 class LazyGroup(click.Group):
@@ -52,9 +86,7 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gearshift")
-@click.option("--log-level", default="WARNING", envvar="GEARSHIFT_LOG_LEVEL", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-              help="Logging threshold for messages on stderr.")
+@log_level_option("WARNING", "Logging threshold for messages on stderr.")
 def main(log_level: str) -> None:
     """gearshift: adaptive shape gears for accelerator graphs.
 

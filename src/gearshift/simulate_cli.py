@@ -11,7 +11,7 @@ from typing import NoReturn
 import click
 
 from gearshift import simulate as replay
-from gearshift.cli import EXIT_ERROR, EXIT_USAGE
+from gearshift.cli import EXIT_ERROR, EXIT_USAGE, config_options, json_option
 from gearshift.config import load_policy_config
 from gearshift.dims import Gears, normalize_gears
 from gearshift.errors import ConfigError, GearshiftError, TraceError
@@ -53,20 +53,8 @@ from gearshift.trace import Trace, load_trace
     help="Whether DIM runs in chunks over its largest gear (yes) or eager (no). "
     "Default: yes for BATCHSIZE, no for any other dim.",
 )
-@click.option(
-    "--config",
-    "config_path",
-    metavar="FILE.toml",
-    help="Policy keys, at top level or under [policy].",
-)
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override one policy key (after --config).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@config_options("policy", "at top level or under [policy]")
+@json_option()
 @click.option(
     "--plot",
     metavar="OUT.png",

@@ -34,6 +34,7 @@ import click
 import numpy as np
 
 from gearshift import protocol
+from gearshift.cli import json_option
 from gearshift.clock import MonotonicClock
 from gearshift.config import PolicyConfig
 from gearshift.controller import ingest
@@ -232,7 +233,7 @@ def _baseline(n: int) -> dict[str, float]:
     type=click.IntRange(min=1000),
     help="Batch size of the fold comparison.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option()
 def command(
     workers: int, seconds: float, warmup: float, baseline_events: int, as_json: bool
 ) -> None:

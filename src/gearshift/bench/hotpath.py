@@ -25,6 +25,7 @@ import click
 import numpy as np
 
 from gearshift import protocol
+from gearshift.cli import json_option
 from gearshift.client.session import Client
 from gearshift.dims import Dim, Gears, chunks_for
 from gearshift.shm import EventRing, Registry, SnapshotRegion, cleanup
@@ -115,7 +116,7 @@ def _version_ns(version: Callable[[], int], calls: int) -> float:
 @click.command()
 @click.option("--batches", default=400, show_default=True, help="Timed batches per design.")
 @click.option("--batch", default=200, show_default=True, help="Requests per batch.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option()
 def command(batches: int, batch: int, as_json: bool) -> None:
     """Median ns per `route` call, per snapshot version check, and per request of the seed's
     in-process design, measured in the same run."""

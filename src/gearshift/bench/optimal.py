@@ -14,6 +14,7 @@ from typing import TypeVar
 import click
 import numpy as np
 
+from gearshift.cli import json_option
 from gearshift.dims import padded_work
 from gearshift.optimal import optimal_gears
 
@@ -50,7 +51,7 @@ def _timed(fn: Callable[..., T], *args: object) -> tuple[T, float]:
     help="Distinct values for the quadratic baseline.",
 )
 @click.option("--k", default=16, show_default=True, help="Gears.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option()
 def command(n: int, m: int, k: int, as_json: bool) -> None:
     """Time optimal_gears on N distinct values; speedup over the quadratic DP at M values."""
     rng = np.random.default_rng(0)

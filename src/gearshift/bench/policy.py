@@ -22,6 +22,7 @@ from typing import TypeVar
 import click
 import numpy as np
 
+from gearshift.cli import json_option
 from gearshift.config import PolicyConfig
 from gearshift.dims import Dim, Gears
 from gearshift.policy import decide, gear_stats, initial_states
@@ -135,7 +136,7 @@ def _at(n: int) -> str:
 @click.option("--baseline-events", "m", default=1_000_000, show_default=True,
               help="Largest sample list the Python baseline is timed on.")
 @click.option("--batch", default=65_536, show_default=True, help="Events per fold call.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option()
 def command(n: int, m: int, batch: int, as_json: bool) -> None:
     """Fold N events per dim into DimStats; time a decision round at N/100, N/10, N events
     against the reference design's list-based round at M/10 and M events."""

@@ -24,6 +24,7 @@ from multiprocessing.synchronize import Event
 
 import click
 
+from gearshift.cli import json_option
 from gearshift.shm import EventRing
 
 EVENT = (123_456_789, 3, 7, (1000, 37), (1, 1))  # t_ns, profile, version, values, chunks
@@ -165,7 +166,7 @@ def _get_some(q: Queue, most: int = CHECK_EVERY) -> int:
 @click.option("--workers", default=2, show_default=True, help="Producer processes.")
 @click.option("--seconds", default=3.0, show_default=True, help="End-to-end run length, each.")
 @click.option("--capacity", default=1 << 16, show_default=True, help="Records per ring.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option()
 def command(workers: int, seconds: float, capacity: int, as_json: bool) -> None:
     """Time ring put, drain and N producers -> 1 consumer against a multiprocessing.Queue."""
     namespace = f"bench{os.getpid()}"

@@ -13,6 +13,7 @@ import time
 
 import click
 
+from gearshift.cli import json_option
 from gearshift.config import PolicyConfig
 from gearshift.simulate import DimResult, policy_dims, simulate
 from gearshift.trace import load_trace, shipped_traces
@@ -73,7 +74,7 @@ def markdown(result: dict[str, object]) -> str:
 
 @click.command()
 @click.option("--trace", "names", multiple=True, help="A shipped trace (default: all).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option()
 def command(names: tuple[str, ...], as_json: bool) -> None:
     """Replay the shipped traces under pow2, seed and plan mode; plan's padding against the
     hindsight optimum at its mean gear count (goal: ratio <= 1.25)."""

@@ -19,6 +19,7 @@ import time
 import click
 
 from gearshift.bench.ring import per_call_ns
+from gearshift.cli import json_option
 from gearshift.protocol import snapshot_payload
 from gearshift.shm import SnapshotRegion
 from gearshift.shm.codec import pack
@@ -43,7 +44,7 @@ def _transfer_us(q: multiprocessing.Queue, payload: dict, repeats: int = 200) ->
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option()
 def command(as_json: bool) -> None:
     """Time snapshot version check, read and publish against a multiprocessing.Queue."""
     payload = _payload()

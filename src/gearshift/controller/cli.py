@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from gearshift import cli
 from gearshift.cli import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_USAGE
 from gearshift.clock import MonotonicClock
 from gearshift.controller import status as status_doc
@@ -46,16 +47,13 @@ EPILOG = (
     "another controller or still has live processes."
 )
 
-namespace_option = click.option(
-    "--namespace",
-    "-n",
+namespace_option = cli.namespace_option(
+    "Namespace of the shared-memory objects: one controller and its workers "
+    f"[default: {DEFAULT_NAMESPACE!r}; for serve, [controller] namespace of --config first].",
     envvar="GEARSHIFT_NAMESPACE",
     show_envvar=True,
-    metavar="NS",
-    help="Namespace of the shared-memory objects: one controller and its workers "
-    f"[default: {DEFAULT_NAMESPACE!r}; for serve, [controller] namespace of --config first].",
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+json_option = cli.json_option("Print JSON.")
 
 
 @contextmanager
@@ -70,22 +68,10 @@ def _exits() -> Iterator[None]:
 
 @click.command(epilog=EPILOG)
 @namespace_option
-@click.option(
-    "--config",
-    "config_path",
-    envvar="GEARSHIFT_CONFIG",
-    show_envvar=True,
-    metavar="FILE.toml",
-    help="Policy keys at top level or under [policy]; "
-    "controller keys (drain_interval_seconds, scan_interval_seconds, slots, ...) "
-    "under [controller].",
-)
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override one policy or controller key (after --config); repeatable.",
+@cli.config_options(
+    "policy or controller",
+    "policy keys at top level or under [policy], controller keys (drain_interval_seconds, "
+    "scan_interval_seconds, slots, ...) under [controller]",
 )
 @click.option(
     "--state-dir",
@@ -103,14 +89,7 @@ def _exits() -> Iterator[None]:
     help="Serve Prometheus metrics on this port (needs the "
     "metrics extra: pip install 'gearshift[metrics]').",
 )
-@click.option(
-    "--log-level",
-    default="INFO",
-    show_default=True,
-    envvar="GEARSHIFT_LOG_LEVEL",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    help="INFO logs every decision with its reasons.",
-)
+@cli.log_level_option("INFO", "INFO logs every decision with its reasons.")
 @click.option(
     "--initial-gears",
     metavar="gears.json",

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from gearshift.cli import EXIT_ERROR
+from gearshift.cli import EXIT_ERROR, json_option, namespace_option
 from gearshift.errors import GearshiftError
 from gearshift.stress.harness import StressConfig, run
 
@@ -34,15 +34,12 @@ from gearshift.stress.harness import StressConfig, run
     help="SIGKILL a worker about every second and the controller about every 5 s; restart them.",
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the shapes and the chaos.")
-@click.option(
-    "--namespace",
-    "-n",
-    default="",
-    metavar="NS",
-    help="Namespace to run in, e.g. to watch it with `gearshift status -n NS` "
+@namespace_option(
+    "Namespace to run in, e.g. to watch it with `gearshift status -n NS` "
     "[default: a fresh one].",
+    default="",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object.")
+@json_option("Print the figures as one JSON object.")
 def command(
     workers: int, seconds: float, chaos: bool, seed: int, namespace: str, as_json: bool
 ) -> None:
