@@ -2,16 +2,19 @@
 
 One round per dim, against the window's decayed histogram. R, the decayed raw work (sum of
 weight x value), is the unit of every threshold, so a threshold reads as padding points.
+The largest gear is kept, as in seed mode: no step evicts or replaces it; only the cover
+rule moves the top of the set, up (the former largest then becomes an ordinary gear).
 
 1. cover: `add_min_samples` events or more over the largest gear add a largest gear at their
    maximum (aligned), since they ran split or eager;
-2. release: a gear without traffic in the window goes once its creation protection is over, or
-   at once when it lies below all traffic (it can only serve values smaller than any seen); the
-   largest gear only when the next one still covers the peak (the largest value ever seen);
-3. plan: the optimal set of K gears for the decayed weights (`optimal.gear_plans`, with the
-   gears that may not move forced in). K starts at the current count and moves by at most
-   `K_STEP`: up while one gear more saves >= `plan_gear_gain`, down while one fewer costs
-   < `plan_gear_keep`; under memory pressure down by one, never up;
+2. release: a gear below the largest without traffic in the window goes once its creation
+   protection is over, or at once when it lies below all traffic (it can only serve values
+   smaller than any seen);
+3. plan: the optimal set of K gears for the decayed weights (`optimal.gear_plans`) over
+   candidates up to the largest gear, so every plan holds it, with the other gears that may
+   not move forced in. K starts at the current count and moves by at most `K_STEP`: up while
+   one gear more saves >= `plan_gear_gain`, down while one fewer costs < `plan_gear_keep`;
+   under memory pressure down by one, never up;
 4. move: toward the plan one exact step at a time, best first: add (below K), evict the cheapest
    (above K), or swap a plan gear for a gear off the plan when it saves `plan_move_gain` plus
    `plan_confidence` standard errors; at most `plan_max_moves` additions and as many evictions.
@@ -45,12 +48,11 @@ Step = tuple[str, int, str]  # (action "add" | "evict", gear, reason)
 
 
 def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
-         config: PolicyConfig) -> tuple[list[Step], int]:
-    """One plan-mode round of one dim: its steps, in order, and the new peak."""
+         config: PolicyConfig) -> list[Step]:
+    """One plan-mode round of one dim: its steps, in order."""
     if not hist.values.size:
-        return [], state.peak
+        return []
     v, w = hist.values, hist.weights
-    peak = max(state.peak, int(v[-1]))
     raw = float((w * v).sum())
     window = config.recent_use_protect_seconds
 
@@ -64,17 +66,14 @@ def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
     steps = _cover(dim, gears, hist, pressure, cooling, config)
     inside = v <= gears[-1]
     work = _Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside])
-    cover = min(dim.aligned(peak), gears[-1])  # the lowest largest gear allowed
-    steps += _release(gears, work, int(v[0]), cover, peak, protected, config)
-    stuck = {g for g in gears if protected(g)}
-    if protected(gears[-1]) or gears[-1] == cover or (cover in cooling and cover not in gears):
-        stuck.add(gears[-1])
-    plans = _plans(dim, gears, work, cover, stuck, cooling, config)
+    steps += _release(gears, work, int(v[0]), protected, config)
+    stuck = {g for g in gears if protected(g)} | {gears[-1]}
+    plans = _plans(dim, gears, work, stuck, cooling, config)
     size, why = _count(gears, plans.costs, raw, len(stuck), pressure, config)
     target = plans.gears(size)
     assert stuck <= set(target), (stuck, target)
-    steps += _moves(gears, size, target, work, cover, raw, why, pressure, config)
-    return steps, peak
+    steps += _moves(gears, size, target, work, raw, why, pressure, config)
+    return steps
 
 
 def _cover(dim: Dim, gears: list[int], hist: Histogram, pressure: bool, cooling: list[int],
@@ -94,10 +93,10 @@ def _cover(dim: Dim, gears: list[int], hist: Histogram, pressure: bool, cooling:
     return [step]
 
 
-def _release(gears: list[int], work: _Work, floor: int, cover: int, peak: int,
-             protected: Callable[[int], bool], config: PolicyConfig) -> list[Step]:
-    """Gears without traffic in the window (step 2), `floor` being its smallest value; `gears`
-    is updated in place."""
+def _release(gears: list[int], work: _Work, floor: int, protected: Callable[[int], bool],
+             config: PolicyConfig) -> list[Step]:
+    """Gears below the largest without traffic in the window (step 2), `floor` being its
+    smallest value; `gears` is updated in place."""
     steps: list[Step] = []
     for g in list(gears[:-1]):
         if len(gears) <= config.min_gear_count_per_type:
@@ -113,28 +112,24 @@ def _release(gears: list[int], work: _Work, floor: int, cover: int, peak: int,
         else:
             continue
         gears.remove(g)
-    if (len(gears) > max(1, config.min_gear_count_per_type) and gears[-2] >= cover
-            and not protected(gears[-1])):
-        steps.append(("evict", gears.pop(), f"unused: {gears[-1]} covers the peak {peak}"))
     return steps
 
 
-def _plans(dim: Dim, gears: list[int], work: _Work, cover: int, stuck: set[int],
-           cooling: list[int], config: PolicyConfig) -> GearPlans:
+def _plans(dim: Dim, gears: list[int], work: _Work, stuck: set[int], cooling: list[int],
+           config: PolicyConfig) -> GearPlans:
     """The DP's optimal sets up to `len(gears) + K_STEP` gears over candidate positions: the
-    aligned values in the window (at most MAX_CANDIDATES, none cooling down), the cover and the
-    gears held, the stuck ones forced in by a weight no saving can outweigh."""
-    aligned = np.clip(-(-work.values // dim.align) * dim.align, dim.min, dim.max)
-    top = max(cover, *stuck) if stuck else cover
-    cand = np.unique(np.r_[aligned, cover]).astype(np.int64)
-    cand = cand[(cand <= top) & ~np.isin(cand, cooling)]
+    aligned values in the window below the largest gear (at most MAX_CANDIDATES, none cooling
+    down) and the gears held. The largest gear is the last candidate, so every plan holds it;
+    the other stuck gears are forced in by a weight no saving can outweigh."""
+    top = gears[-1]
+    cand = np.unique(np.clip(-(-work.values // dim.align) * dim.align, dim.min, dim.max))
+    cand = cand[(cand < top) & ~np.isin(cand, cooling)]
     if cand.size > MAX_CANDIDATES:  # keep the top of each of MAX_CANDIDATES runs
         cand = cand[np.arange(1, MAX_CANDIDATES + 1) * cand.size // MAX_CANDIDATES - 1]
-    forced = np.array(sorted(stuck), np.int64)
-    held = [g for g in gears if g <= top]  # a plan may keep any gear held (at no weight)
-    cand = np.union1d(cand, np.r_[held, top]).astype(np.int64)
+    cand = np.union1d(cand, gears).astype(np.int64)  # a plan may keep any gear (at no weight)
+    forced = np.array(sorted(stuck - {top}), np.int64)
     weight = np.bincount(np.searchsorted(cand, work.values), work.w, cand.size)
-    weight[np.searchsorted(cand, forced)] += 4.0 * (weight.sum() + 1.0) * float(cand[-1])
+    weight[np.searchsorted(cand, forced)] += 4.0 * (weight.sum() + 1.0) * float(top)
     k = min(config.max_gears_per_type, len(gears) + K_STEP)
     return gear_plans(cand, k, weight)
 
@@ -163,10 +158,11 @@ def _count(gears: list[int], costs: np.ndarray, raw: float, stuck: int, pressure
     return size, why
 
 
-def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, cover: int,
-           raw: float, why: str, pressure: bool, config: PolicyConfig) -> list[Step]:
+def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, raw: float,
+           why: str, pressure: bool, config: PolicyConfig) -> list[Step]:
     """Exact steps toward `size` gears, taken from `target` (which may hold fewer when more
-    gears save nothing) (step 4); `gears` is updated in place."""
+    gears save nothing, and always holds the largest gear) (step 4); `gears` is updated in
+    place."""
     steps: list[Step] = []
     adds = evicts = 0
     limit = config.plan_max_moves
@@ -176,11 +172,9 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, co
         a = np.array([t for t in target if t not in gears], np.int64)
         e = np.array([i for i, x in enumerate(gears) if x not in target], np.int64)
         if len(gears) > size and evicts < limit and e.size:
-            loss, _, ok = _evictions(g, e, work, cover)
-            if not ok.any():
-                return steps
-            i = int(e[ok][np.argmin(loss[ok])])
-            steps.append(("evict", gears.pop(i), f"{why}: padding +{_pts(loss[ok].min(), raw)}"))
+            loss, _ = _evictions(g, e, work)
+            i = int(np.argmin(loss))
+            steps.append(("evict", gears.pop(int(e[i])), f"{why}: padding +{_pts(loss[i], raw)}"))
             evicts += 1
         elif len(gears) < size and adds < limit and a.size and not pressure:
             gain, _ = _additions(g, a, work)
@@ -192,7 +186,7 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, co
             gears.sort()
             adds += 1
         elif len(gears) == size and adds < limit and evicts < limit and a.size and e.size:
-            gain, sd = _swaps(g, e, a, work, cover)
+            gain, sd = _swaps(g, e, a, work)
             score = gain - config.plan_confidence * sd
             i, j = np.unravel_index(int(np.argmax(score)), score.shape)
             if score[i, j] < least:
@@ -222,38 +216,31 @@ def _additions(g: np.ndarray, a: np.ndarray, work: _Work) -> tuple[np.ndarray, n
     return d * work.weight(lo, a), d * d * work.var(lo, a)
 
 
-def _evictions(g: np.ndarray, e: np.ndarray, work: _Work,
-               cover: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Padded work added by evicting each gear `g[e]`, its variance, and whether the rest still
-    covers: the largest gear goes only when the next covers the peak (its loss is then 0)."""
-    top = e == g.size - 1
+def _evictions(g: np.ndarray, e: np.ndarray, work: _Work) -> tuple[np.ndarray, np.ndarray]:
+    """Padded work added by evicting each gear `g[e]` (never the largest), and its variance."""
+    assert (e < g.size - 1).all(), "the largest gear is never evicted"
     lo = np.where(e > 0, g[np.maximum(e - 1, 0)], 0)
-    nxt = g[np.minimum(e + 1, g.size - 1)]
-    d = np.where(top, 0, nxt - g[e])  # the values in (lo, g] rise to the next gear
-    ok = ~top | (g[-2] >= cover if g.size > 1 else False)
-    return d * work.weight(lo, g[e]), d * d * work.var(lo, g[e]), ok
+    d = g[e + 1] - g[e]  # the values in (lo, g] rise to the next gear
+    return d * work.weight(lo, g[e]), d * d * work.var(lo, g[e])
 
 
-def _swaps(g: np.ndarray, e: np.ndarray, a: np.ndarray, work: _Work,
-           cover: int) -> tuple[np.ndarray, np.ndarray]:
-    """Padded work saved (E x A) by replacing gear g[e] with a, and its standard error; -inf
-    where the set would stop covering."""
+def _swaps(g: np.ndarray, e: np.ndarray, a: np.ndarray,
+           work: _Work) -> tuple[np.ndarray, np.ndarray]:
+    """Padded work saved (E x A) by replacing gear g[e] (never the largest) with a, and its
+    standard error."""
     add, add_var = _additions(g, a, work)
-    loss, loss_var, _ = _evictions(g, e, work, cover)
+    loss, loss_var = _evictions(g, e, work)
     gain = add[None, :] - loss[:, None]
     var = add_var[None, :] + loss_var[:, None]
     x = g[e][:, None]
     lo = np.where(e > 0, g[np.maximum(e - 1, 0)], 0)[:, None]
-    top = (e == g.size - 1)[:, None]
-    nxt = np.where(top, x, g[np.minimum(e + 1, g.size - 1)][:, None])
+    nxt = g[e + 1][:, None]
     below = (a > lo) & (a < x)  # a takes the lower part of x's run, the rest rises to nxt
     above = (a > x) & (a < nxt)  # x's run rises to a, a takes the lower part of nxt's run
     gain = np.where(below, (x - a) * work.weight(lo, a) - (nxt - x) * work.weight(a, x), gain)
     var = np.where(below, (x - a) ** 2 * work.var(lo, a) + (nxt - x) ** 2 * work.var(a, x), var)
     gain = np.where(above, (nxt - a) * work.weight(x, a) - (a - x) * work.weight(lo, x), gain)
     var = np.where(above, (nxt - a) ** 2 * work.var(x, a) + (a - x) ** 2 * work.var(lo, x), var)
-    rest = g[-2] if g.size > 1 else 0
-    gain = np.where(top & (np.maximum(a, rest) < cover), -np.inf, gain)
     return gain, np.sqrt(var)
 
 

@@ -28,15 +28,13 @@ class DimState:
     """Gears of one dim, when each was added, and protections set by the replacement-loss rule.
 
     Plan mode also keeps when gears were evicted (within the protection window: they are not
-    added back before it ends) and the peak, the largest raw value seen (the largest gear never
-    drops below it).
+    added back before it ends).
     """
 
     gears: Gears
     created: Mapping[int, float]
     protected_until: Mapping[int, float] = field(default_factory=dict)
     evicted: Mapping[int, float] = field(default_factory=dict)
-    peak: int = 0
 
 
 @dataclass(frozen=True)
@@ -185,9 +183,9 @@ def decide(dims: Mapping[str, Dim], states: Mapping[str, DimState],
     for name, dim in dims.items():
         state, hist = states[name], stats.get(name, Histogram.empty())
         if config.policy_mode == "plan":
-            steps, peak = plan(dim, state, hist, pressure, now, config)
-            out = [GearChange(name, g, action, why + note) for action, g, why in steps]
-            new_states[name] = _apply(state, out, now, config, peak)
+            out = [GearChange(name, g, action, why + note)
+                   for action, g, why in plan(dim, state, hist, pressure, now, config)]
+            new_states[name] = _apply(state, out, now, config, cooling=True)
         else:
             out = _seed_round(name, dim, state, hist, pressure, note, now, config)
             new_states[name] = _apply(state, out, now, config)
@@ -276,8 +274,8 @@ def _candidate(s: GearStat, kind: str, avg: float, threshold: float, samples: in
 
 
 def _apply(state: DimState, changes: list[GearChange], now: float, config: PolicyConfig,
-           peak: int | None = None) -> DimState:
-    """The state after `changes`; with a `peak` (plan mode), evictions are remembered for the
+           cooling: bool = False) -> DimState:
+    """The state after `changes`; with `cooling` (plan mode), evictions are remembered for the
     protection window."""
     evicted = {c.gear for c in changes if c.action == "evict"}
     added = {c.gear for c in changes if c.action == "add"}
@@ -286,8 +284,8 @@ def _apply(state: DimState, changes: list[GearChange], now: float, config: Polic
     protected = {g: t for g, t in state.protected_until.items() if g in gears and t > now}
     protected |= {c.gear: now + config.recent_use_protect_seconds
                   for c in changes if c.action == "protect"}
-    if peak is None:
-        return DimState(gears, created, protected, state.evicted, state.peak)
+    if not cooling:
+        return DimState(gears, created, protected, state.evicted)
     window = config.recent_use_protect_seconds
     gone = {g: t for g, t in state.evicted.items() if now - t < window and g not in gears}
-    return DimState(gears, created, protected, gone | dict.fromkeys(evicted - added, now), peak)
+    return DimState(gears, created, protected, gone | dict.fromkeys(evicted - added, now))

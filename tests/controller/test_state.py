@@ -19,7 +19,7 @@ def _devices(now: float) -> dict[int, DeviceState]:
     profile = ProfileState.new(dims, now, CONFIG)
     profile.stats["SEQLEN"].fold(np.array([now - 1.0, now]), np.array([700, 900]))
     seq = profile.states["SEQLEN"]
-    profile.states["SEQLEN"] = DimState(seq.gears, seq.created, {4096: now + 9}, {96: now - 2}, 900)
+    profile.states["SEQLEN"] = DimState(seq.gears, seq.created, {4096: now + 9}, {96: now - 2})
     return {0: DeviceState(version=7, last_update=now - 5, profiles={"decode": profile})}
 
 
@@ -31,7 +31,7 @@ def test_round_trip_keeps_gears_times_stats_and_version(tmp_path: Path) -> None:
     assert profile.gears() == {"BATCHSIZE": [1, 8, 64], "SEQLEN": list(Dim(max=4096).initial_gears)}
     assert profile.states["BATCHSIZE"].created == {1: 100.0, 8: 100.0, 64: 100.0}
     seq = profile.states["SEQLEN"]
-    assert (seq.protected_until, seq.evicted, seq.peak) == ({4096: 109.0}, {96: 98.0}, 900)
+    assert (seq.protected_until, seq.evicted) == ({4096: 109.0}, {96: 98.0})
     assert profile.dims["SEQLEN"].align == 16 and profile.dims["BATCHSIZE"].splittable
     assert profile.stats["SEQLEN"].view(100.0).counts.tolist() == [1, 1]
     assert [p.name for p in tmp_path.iterdir()] == [state.STATE_FILE]  # no temp file left
@@ -48,7 +48,7 @@ def test_other_boot_keeps_gears_with_fresh_protection(tmp_path: Path) -> None:
     profile = back[0].profiles["decode"]
     assert back[0].version == 7 and back[0].last_update is None
     assert profile.states["BATCHSIZE"].created == {1: 5.0, 8: 5.0, 64: 5.0}
-    assert profile.states["SEQLEN"].evicted == {} and profile.states["SEQLEN"].peak == 900
+    assert profile.states["SEQLEN"].evicted == {}
     assert profile.stats["SEQLEN"].view(5.0).total_count == 0
 
 

@@ -68,8 +68,7 @@ def boot_id() -> str:
 
 def _dim_state_to_dict(s: DimState) -> dict[str, Any]:
     return {"gears": list(s.gears), "created": dict(s.created),
-            "protected_until": dict(s.protected_until), "evicted": dict(s.evicted),
-            "peak": s.peak}
+            "protected_until": dict(s.protected_until), "evicted": dict(s.evicted)}
 
 
 def encode(devices: dict[int, DeviceState]) -> bytes:
@@ -104,9 +103,8 @@ def decode(blob: bytes, now: float, config: PolicyConfig) -> dict[int, DeviceSta
                 for k, s in p["states"].items():
                     gears = tuple(s["gears"])
                     profile.states[k] = (
-                        DimState(gears, s["created"], s["protected_until"], s["evicted"],
-                                 s["peak"]) if same_boot
-                        else DimState(gears, dict.fromkeys(gears, now), peak=s["peak"]))
+                        DimState(gears, s["created"], s["protected_until"], s["evicted"])
+                        if same_boot else DimState(gears, dict.fromkeys(gears, now)))
                     if same_boot:
                         profile.stats[k] = _restore_stats(p["stats"][k], config, name, k)
                 profiles[name] = profile
