@@ -19,20 +19,28 @@ def make_trace(t: list[float], **dims: list[int]) -> Trace:
     return Trace("synthetic", np.array(t, float), {k: np.array(v) for k, v in dims.items()})
 
 
-def test_default_dims_cover_the_trace_with_powers_of_two() -> None:
+def test_default_dims_end_at_the_trace_maximum() -> None:
     trace = make_trace([0, 1, 2], BATCHSIZE=[3, 56, 1], SEQLEN=[9000, 2, 14050])
     dims = policy_dims(trace, "adaptive")
+    assert dims["BATCHSIZE"] == Dim(gears=(1, 2, 4, 8, 16, 32, 56), max=56, splittable=True)
+    assert dims["SEQLEN"].gears == Dim(max=14050).initial_gears
+    assert dims["SEQLEN"].gears[-1] == dims["SEQLEN"].max == 14050
+    assert not dims["SEQLEN"].splittable
+    assert policy_dims(trace, "static") == dims
+
+
+def test_pow2_dims_cover_the_trace_with_powers_of_two() -> None:
+    trace = make_trace([0, 1, 2], BATCHSIZE=[3, 56, 1], SEQLEN=[9000, 2, 14050])
+    dims = policy_dims(trace, "pow2")
     assert dims["BATCHSIZE"] == Dim(gears=(1, 2, 4, 8, 16, 32, 64), max=64, splittable=True)
     assert dims["SEQLEN"].gears[-1] == dims["SEQLEN"].max == 16384
-    assert not dims["SEQLEN"].splittable
-    assert policy_dims(trace, "pow2") == policy_dims(trace, "static") == dims
 
 
 def test_given_gears_and_splittable_override() -> None:
     trace = make_trace([0, 1], SEQLEN=[100, 3000])
     dims = policy_dims(trace, "static", gears={"SEQLEN": (512, 8192)}, splittable={"SEQLEN": True})
     assert dims["SEQLEN"] == Dim(gears=(512, 8192), max=8192, splittable=True)
-    assert policy_dims(trace, "static", gears={"SEQLEN": (64,)})["SEQLEN"].max == 4096
+    assert policy_dims(trace, "static", gears={"SEQLEN": (64,)})["SEQLEN"].max == 3000
 
 
 def test_optimal_dims_use_k_or_the_ladder_count() -> None:

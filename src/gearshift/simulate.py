@@ -9,11 +9,13 @@ reading: the last one before the check) may trigger a `decide` round whose
 gears apply from the check on. Static policies replay the same segments and
 never decide.
 
-Gear sets per trace column (`policy_dims`): bounds `[1, P]` with P the smallest
-power of two >= the column's largest value (or the largest given gear, if
-larger); default gears (adaptive, static) = the power-of-two ladder up to P,
-which is also `pow2`; `optimal` = the hindsight-optimal K gears of the column
-(default K: as many as that ladder). `BATCHSIZE` is splittable, other dims not.
+Gear sets per trace column (`policy_dims`): bounds `[1, M]` with M the column's
+largest value (the tightest server limit the trace admits; or the largest given
+gear, if larger); default gears (adaptive, static) = the Dim's default ladder,
+`ladder(1, M)`: the powers of two below M, plus M. `pow2` = the power-of-two
+ladder up to P, the smallest power of two >= M (bounds `[1, P]`); `optimal` =
+the hindsight-optimal K gears of the column (default K: as many as either
+ladder, which hold as many gears). `BATCHSIZE` is splittable, other dims not.
 """
 
 from __future__ import annotations
@@ -132,12 +134,14 @@ def policy_dims(
         raise ShapeError(f"k: only used by policy optimal, not {policy}")
     out = {}
     for name, values in trace.dims.items():
-        cover = 1 << (int(values.max()) - 1).bit_length()
-        initial = gears.get(name) or ladder(1, cover)
-        if policy == "optimal":
-            initial = optimal_gears(values, k.get(name, len(ladder(1, cover))))
+        peak = int(values.max())
+        initial = gears.get(name) or ladder(1, peak)
+        if policy == "pow2":
+            initial = ladder(1, 1 << (peak - 1).bit_length())
+        elif policy == "optimal":
+            initial = optimal_gears(values, k.get(name, len(ladder(1, peak))))
         split = splittable.get(name, name in SPLITTABLE)
-        out[name] = Dim(gears=initial, max=max(cover, *initial), splittable=split)
+        out[name] = Dim(gears=initial, max=max(peak, *initial), splittable=split)
     return out
 
 

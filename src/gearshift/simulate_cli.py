@@ -36,15 +36,15 @@ from gearshift.trace import Trace, load_trace
     "--gears",
     multiple=True,
     metavar="DIM=G1,G2,...",
-    help="Initial gears of DIM (adaptive, static). Default: powers of two up to the "
-    "first one >= the dim's largest value in the trace.",
+    help="Initial gears of DIM (adaptive, static). Default: the powers of two below "
+    "the dim's largest value in the trace, plus that value.",
 )
 @click.option(
     "--k",
     multiple=True,
     metavar="K|DIM=K",
     help="Gear count of every dim, or of DIM, for --policy optimal. Default: as "
-    "many as the power-of-two ladder.",
+    "many as the default gears.",
 )
 @click.option(
     "--splittable",
@@ -75,7 +75,8 @@ def simulate(
 
     The trace runs in virtual time with the controller's cadence: the policy is
     checked every check_interval_seconds of trace time. Each column is one dim
-    with bounds [1, the first power of two >= its largest value]. Reports, per
+    with bounds [1, its largest value] ([1, the first power of two >= it] for
+    pow2). Reports, per
     dim, padding_overhead = padded work / raw work - 1 (a split request's padded
     work is the sum of its chunks' gears, an eager one's its raw size),
     mean_gears (time-weighted), final gears, adds, evictions, churn per hour,

@@ -9,6 +9,16 @@ from click.testing import CliRunner
 
 from gearshift.bench.simulate import command, markdown
 
+# Dims where plan mode misses issue 7's goal (ratio <= 1.25), with the ratio they stay within.
+MISSED = {
+    ("azure_code_batched", "BATCHSIZE"): 2.2,
+    ("azure_code_batched", "SEQLEN"): 1.3,
+    ("azure_code_decode", "BATCHSIZE"): 1.35,
+    ("azure_conv_batched", "BATCHSIZE"): 1.5,
+    ("azure_conv_batched", "SEQLEN"): 1.35,
+    ("azure_conv_prefill", "SEQLEN"): 1.35,
+}
+
 
 def test_plan_mode_on_every_shipped_trace() -> None:
     result = CliRunner().invoke(command, ["--json"])
@@ -22,11 +32,10 @@ def test_plan_mode_on_every_shipped_trace() -> None:
             assert r["ratio"] == pytest.approx(plan["padding_overhead"] / best["padding_overhead"])
             assert plan["padding_overhead"] < r["seed"]["padding_overhead"], (trace, dim)
             assert plan["eager_events"] == 0, (trace, dim)  # the largest gear never moves down
-            # Issue 7's goal is ratio <= 1.25; with the largest gear kept (seed rule) it is
-            # missed by up to 0.12 (docs/policy.md, Report), or by a few points of padding
-            # where the optimum pads almost nothing (the start's largest gear is one of K).
-            excess = plan["padding_overhead"] - best["padding_overhead"]
-            assert r["ratio"] <= 1.4 or excess <= 0.035, (trace, dim, r)
+            if (trace, dim) in MISSED:  # issue 7's goal is missed here (docs/policy.md, Report)
+                assert r["ratio"] <= MISSED[trace, dim], (trace, dim, r)
+            else:
+                assert r["ratio"] <= 1.25, (trace, dim, r)
     assert data["worst_ratio"] == max(r["ratio"] for d in data["traces"].values()
                                       for r in d.values())
     table = markdown(data)
