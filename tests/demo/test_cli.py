@@ -24,9 +24,15 @@ FIGURES = {
     "useful_tokens_per_cpu_second",
     "padded_tokens",
     "padding_overhead",
-    "computed_tokens",
+    "model_seconds",
+    "compute_overhead",
+    "replayed_tokens",
+    "captured_tokens",
     "worker_cpu_seconds",
-    "parent_cpu_seconds",
+    "capture_cpu_seconds",
+    "controller_cpu_seconds",
+    "demo_cpu_seconds",
+    "worker_peak_rss_mb",
     "dims",
     "adds",
     "evictions",
@@ -35,6 +41,7 @@ FIGURES = {
     "eager",
     "snapshot_version",
     "versions_missed",
+    "decision_rounds",
     "propagation_lag",
 }
 
@@ -75,8 +82,8 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
     out, err = proc.communicate(timeout=WAIT)
     assert proc.returncode == 0, err
     result = json.loads(out)
-    keys = {"adaptive", "static", "speedup", "cpu_speedup", "trace", "stride", "time_compression"}
-    assert keys <= set(result)
+    keys = {"adaptive", "static", "speedup", "cpu_speedup", "compute_ratio", "model", "stride"}
+    assert keys | {"trace", "time_compression", "trace_rounds"} <= set(result)
     adaptive, static = result["adaptive"], result["static"]
     assert set(adaptive) == set(static) == FIGURES
     assert adaptive["requests"] == static["requests"] == result["requests"] > 0
@@ -84,9 +91,13 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
     assert result["speedup"] == (
         adaptive["useful_tokens_per_second"] / static["useful_tokens_per_second"]
     )
+    assert result["compute_ratio"] == static["model_seconds"] / adaptive["model_seconds"]
     assert set(adaptive["dims"]) == {"SEQLEN"} and adaptive["snapshot_version"] >= 1
-    assert static["adds"] == static["evictions"] == 0 and static["snapshot_version"] is None
-    assert static["padding_overhead"] > 0 and static["captures"] == 2 * 15  # 2 workers x ladder
+    assert adaptive["decision_rounds"]["count"] >= 1 and adaptive["controller_cpu_seconds"] > 0
+    assert static["adds"] == static["evictions"] == static["captures"] == 0
+    assert static["snapshot_version"] is static["decision_rounds"] is None
+    assert static["replayed_tokens"] == static["padded_tokens"] > static["useful_tokens"]
+    assert static["compute_overhead"] > static["padding_overhead"] > 0  # attention: S^2
     assert "adaptive" in err and "static" in err  # the progress lines
     assert_all_gone(proc, namespace)
 
@@ -95,7 +106,7 @@ def test_ctrl_c_ends_every_process_and_segment_it_started(namespace: str) -> Non
     proc = demo(namespace, "--seconds", "30", "--workers", "2")
     assert proc.stderr is not None
     deadline = time.monotonic() + WAIT
-    while "adaptive" not in proc.stderr.readline():  # the first progress line: all running
+    while "adaptive" not in proc.stderr.readline():  # the controller and workers are up
         assert time.monotonic() < deadline and proc.poll() is None
     assert [n for n in os.listdir("/dev/shm") if namespace in n]
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
@@ -121,14 +132,20 @@ def test_table_puts_the_runs_side_by_side() -> None:
         "useful_tokens_per_second": 100.0,
         "useful_tokens_per_cpu_second": 50.0,
         "padding_overhead": 0.5,
-        "computed_tokens": 1600,
+        "compute_overhead": 0.8,
+        "replayed_tokens": 1500,
+        "captured_tokens": 0,
         "worker_cpu_seconds": 19.0,
-        "parent_cpu_seconds": 0.1,
+        "capture_cpu_seconds": 0.0,
+        "controller_cpu_seconds": 0.0,
+        "demo_cpu_seconds": 0.1,
+        "worker_peak_rss_mb": 400.0,
         "adds": 0,
         "evictions": 0,
-        "captures": 15,
+        "captures": 0,
         "eager": 0,
         "snapshot_version": None,
+        "decision_rounds": None,
         "propagation_lag": None,
         "dims": {"SEQLEN": {"padding_overhead": 0.5, "mean_gears": 15.0}},
     }
@@ -139,6 +156,7 @@ def test_table_puts_the_runs_side_by_side() -> None:
         "adds": 3,
         "evictions": 4,
         "snapshot_version": 7,
+        "decision_rounds": {"count": 58, "mean_ms": 12.0},
         "propagation_lag": {"mean_ms": 42.0, "last_ms": 40.0, "count": 3},
     }
     text = table(
@@ -147,16 +165,23 @@ def test_table_puts_the_runs_side_by_side() -> None:
             "static": run,
             "speedup": 1.25,
             "cpu_speedup": 1.1,
+            "compute_ratio": 1.3,
             "trace": "t",
+            "model": {"about": "a block"},
             "requests": 500,
             "stride": 2,
             "rows": 1000,
             "workers": 4,
             "time_compression": 100.0,
+            "trace_rounds": 58.4,
             "seconds": 30.0,
         }
     )
-    assert "1 row in 2 of 1,000" in text and "1.25x" in text and "1.10x" in text
+    assert (
+        "1 row in 2 of 1,000" in text and "model: a block" in text and "about 58 decision" in text
+    )
+    assert "1.25x" in text and "1.10x" in text and "1.30x" in text
     lines = {line.split("  ")[0]: line.split() for line in text.splitlines()}
     assert lines["adds / evictions"][-6:] == ["3", "/", "4", "0", "/", "0"]
+    assert lines["decision rounds (mean ms)"][-4:] == ["58", "(12", "ms)", "-"]
     assert lines["propagation lag, mean (n)"][-4:] == ["42", "ms", "(3)", "-"]

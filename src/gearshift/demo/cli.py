@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
@@ -70,16 +71,22 @@ def demo(
     overrides: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Replay a trace through N workers with adaptive gears, then with static ones.
+    """Replay a trace through N workers with static gears, then with adaptive ones.
 
-    Starts an embedded controller and N worker processes that run a small torch model
-    (x + W2 gelu(W1 x) over x = [*dims, 32]: cost proportional to padded tokens) on the CPU
-    backend through the adaptive graph runner, and replays the trace (default: the shipped
-    Azure conversation trace, prefill batches, BATCHSIZE x SEQLEN) with time compressed so the
-    demo takes about --seconds: every k-th row if needed, and the policy's windows and
-    intervals divided by the same factor. Then the same requests run on static power-of-two
-    gears, and a table compares them: useful tokens per second (wall time, captures included),
-    padding overhead, mean gears, adds and evictions, graph captures, propagation lag.
+    N worker processes run a small prefill model on the CPU backend through the adaptive graph
+    runner: one pre-norm transformer block over x = [*dims, 64], causal self-attention (one
+    head, torch's scaled_dot_product_attention) and a GELU MLP. Its cost grows like
+    S H^2 + S^2 H, as prefill's does, so padding costs more than its share of tokens; causal
+    attention keeps padded tokens out of the real ones' outputs. The trace (default: the
+    shipped Azure conversation trace's prefills, SEQLEN) is replayed with time compressed so
+    the demo takes about --seconds: every k-th row if needed, and the policy's windows and
+    intervals divided by the same factor; the controller and the workers' clients run on trace
+    time, so decision rounds keep the trace's cadence, and new gears are captured before the
+    next request, as if captures took no trace time. The static run keeps the initial gears
+    (powers of two below the largest request, and it); the adaptive run starts on them. A
+    table compares them: useful tokens per second (wall time, captures of new gears included)
+    and per CPU second (workers and controller), padding in tokens and in model compute, mean
+    gears, adds and evictions, graph captures, decision rounds, propagation lag.
     """
     try:
         policy = load_policy_config(None, overrides)
@@ -154,64 +161,69 @@ def _si(x: float) -> str:
 def table(r: dict[str, Any]) -> str:
     """The side-by-side table of `Demo.run()`'s result."""
     a, s = r["adaptive"], r["static"]
+
+    def row(name: str, fmt: Callable[[dict[str, Any]], str]) -> tuple[str, str, str]:
+        return name, fmt(a), fmt(s)
+
     rows = [
-        ("wall time, captures included", f"{a['seconds']:.1f} s", f"{s['seconds']:.1f} s"),
-        (
-            "useful tokens per second",
-            _si(a["useful_tokens_per_second"]),
-            _si(s["useful_tokens_per_second"]),
-        ),
-        (
-            "useful tokens per CPU second",
-            _si(a["useful_tokens_per_cpu_second"]),
-            _si(s["useful_tokens_per_cpu_second"]),
-        ),
-        (
-            "padding overhead (tokens)",
-            f"{a['padding_overhead']:.1%}",
-            f"{s['padding_overhead']:.1%}",
-        ),
+        row("wall time, captures included", lambda x: f"{x['seconds']:.1f} s"),
+        row("useful tokens per second", lambda x: _si(x["useful_tokens_per_second"])),
+        row("useful tokens per CPU second", lambda x: _si(x["useful_tokens_per_cpu_second"])),
+        row("padding overhead (tokens)", lambda x: f"{x['padding_overhead']:.1%}"),
     ]
     for d in a["dims"]:
-        ad, sd = a["dims"][d], s["dims"][d]
         rows += [
-            (f"  {d} padding", f"{ad['padding_overhead']:.1%}", f"{sd['padding_overhead']:.1%}"),
-            (f"  {d} mean gears", f"{ad['mean_gears']:.1f}", f"{sd['mean_gears']:.1f}"),
+            row(f"  {d} padding", lambda x, d=d: f"{x['dims'][d]['padding_overhead']:.1%}"),
+            row(f"  {d} mean gears", lambda x, d=d: f"{x['dims'][d]['mean_gears']:.1f}"),
         ]
-    lag = a["propagation_lag"]
     rows += [
-        (
-            "computed / useful tokens",
-            f"{a['computed_tokens'] / a['useful_tokens']:.3f}",
-            f"{s['computed_tokens'] / s['useful_tokens']:.3f}",
+        row("padding overhead (model compute)", lambda x: f"{x['compute_overhead']:.1%}"),
+        row("computed tokens / useful: replays", lambda x: _share(x, "replayed_tokens")),
+        row("  captures", lambda x: _share(x, "captured_tokens")),
+        row(
+            "CPU s: workers / controller",
+            lambda x: f"{x['worker_cpu_seconds']:.1f} / {x['controller_cpu_seconds']:.1f}",
         ),
-        (
-            "CPU s: workers / demo process",
-            f"{a['worker_cpu_seconds']:.1f} / {a['parent_cpu_seconds']:.1f}",
-            f"{s['worker_cpu_seconds']:.1f} / {s['parent_cpu_seconds']:.1f}",
+        row("  workers' captures", lambda x: f"{x['capture_cpu_seconds']:.1f}"),
+        row("adds / evictions", lambda x: f"{x['adds']} / {x['evictions']}"),
+        row("graph captures (new gears)", lambda x: f"{x['captures']:,}"),
+        row("eager runs (no graph ready)", lambda x: f"{x['eager']:,}"),
+        row(
+            "snapshot version",
+            lambda x: f"v{x['snapshot_version']}" if x["snapshot_version"] else "-",
         ),
-        ("adds / evictions", f"{a['adds']} / {a['evictions']}", f"{s['adds']} / {s['evictions']}"),
-        ("graph captures", f"{a['captures']:,}", f"{s['captures']:,}"),
-        ("eager runs (no graph ready)", f"{a['eager']:,}", f"{s['eager']:,}"),
-        ("snapshot version", f"v{a['snapshot_version']}", "-"),
-        (
-            "propagation lag, mean (n)",
-            f"{lag['mean_ms']:.0f} ms ({lag['count']})" if lag else "-",
-            "-",
-        ),
+        row("decision rounds (mean ms)", lambda x: _rounds(x["decision_rounds"])),
+        row("propagation lag, mean (n)", lambda x: _lag(x["propagation_lag"])),
+        row("peak memory per worker", lambda x: f"{x['worker_peak_rss_mb']:.0f} MB"),
+        row("demo process CPU s (not counted)", lambda x: f"{x['demo_cpu_seconds']:.1f}"),
     ]
-    head = (
+    head = [
         f"gearshift demo: {r['trace']}, {r['requests']:,} requests (1 row in {r['stride']} of "
-        f"{r['rows']:,}), "
-        f"{r['workers']} workers; time compressed {r['time_compression']:.0f}x (policy windows "
-        f"and intervals divided by it); {r['seconds']:.0f} s in all"
-    )
+        f"{r['rows']:,}), {r['workers']} workers; time compressed {r['time_compression']:.0f}x "
+        f"(policy windows and intervals divided by it: about {r['trace_rounds']:.0f} decision "
+        f"rounds over the trace); {r['seconds']:.0f} s in all",
+        f"model: {r['model']['about']}",
+    ]
     width = max(len(name) for name, *_ in rows) + 2
-    lines = [head, "", f"{'':{width}}{'adaptive':>14}{'static pow2':>16}"]
+    lines = [*head, "", f"{'':{width}}{'adaptive':>14}{'static':>16}"]
     lines += [f"{name:{width}}{x:>14}{y:>16}" for name, x, y in rows]
     lines += [
         "",
         f"speedup (useful tokens per second, adaptive / static): {r['speedup']:.2f}x",
         f"per CPU second (workers and controller; robust to other load): {r['cpu_speedup']:.2f}x",
+        f"compute-bound ceiling (model cost of the padded work, static / adaptive): "
+        f"{r['compute_ratio']:.2f}x",
     ]
     return "\n".join(lines)
+
+
+def _share(x: dict[str, Any], key: str) -> str:
+    return f"{x[key] / x['useful_tokens']:.3f}"
+
+
+def _rounds(rounds: dict[str, float] | None) -> str:
+    return f"{rounds['count']} ({rounds['mean_ms']:.0f} ms)" if rounds else "-"
+
+
+def _lag(lag: dict[str, float] | None) -> str:
+    return f"{lag['mean_ms']:.0f} ms ({lag['count']})" if lag else "-"

@@ -1,19 +1,24 @@
-"""The demo run: worker processes, the embedded controller, an adaptive and a static run.
+"""The demo run: worker processes, the embedded controller, a static and an adaptive run.
 
 1. Start N worker processes (spawn: each imports torch) and wait until all are ready.
-2. Worker 0 times the static path on a spread of the trace (seconds per padded token); that
-   fixes the stride (every k-th row, so that a run fits in about half the time left) and the
-   time compression (the trace's duration over one run's expected duration).
-3. Adaptive run: the controller runs embedded in this process (a daemon thread, the same loop
+2. Calibrate: every worker captures the initial gears and times replays of each (CPU time);
+   a least-squares `Cost` of those times, and the cores this process may use, fix the stride
+   (every k-th row, so that the static run fits in about RUN_SHARE of the time left) and the
+   time compression (the trace's duration over that run's expected duration).
+3. Static run: the workers replay the rows on the initial gears they captured, each
+   taking the next row when it is free (one shared counter), as a server's workers take
+   requests off one queue: they move through the trace together, in order.
+4. Adaptive run: the controller runs embedded in this process (a daemon thread, the same loop
    as `gearshift serve`) with the policy's windows and intervals divided by the compression;
-   every worker connects, registers the profile and replays its share; then the controller
-   stops.
-4. Static run: the same workers replay the same shares on the power-of-two gears.
+   every worker connects, registers the profile, captures the initial gears and takes rows
+   as in the static run; then the controller stops.
 
-A run's wall time is from the first worker's start to the last one's end, captures included;
-its CPU time is the workers' (all their threads) plus this process's (the embedded controller,
-in the adaptive run), so `cpu_speedup` compares the work each run cost even when other
-processes share the machine.
+Each run starts when every worker has captured its initial gears (`("go",)` to all), so
+start-up captures time neither run; captures of gears added meanwhile are in. A run's wall
+time is from the first worker's start to the last one's end; its CPU time is the workers'
+(all their threads) plus the controller's (this process's threads but the main one), so
+`cpu_speedup` compares the work each run cost even when other processes share the machine;
+this process's main thread (progress, gear watch) is instrumentation, reported apart.
 While a run goes, `report` gets a Progress every REPORT_SECONDS. This process reads the
 device's snapshot region as a worker does: the gears of every version published give the
 time-weighted mean gears, adds and evictions (a version published and replaced between two
@@ -29,12 +34,13 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack, suppress
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -42,17 +48,18 @@ from gearshift import protocol
 from gearshift.config import PolicyConfig
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller, EmbeddedController
-from gearshift.demo.workload import PROFILE, Workload, stride_for
+from gearshift.demo.clock import TraceClock
+from gearshift.demo.workload import HEADS, MODEL, PROFILE, WIDTH, Cost, Workload, stride_for
 from gearshift.dims import Gears
 from gearshift.errors import GearshiftError
 from gearshift.shm import SnapshotRegion, cleanup
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT = 300.0  # seconds for N workers to import torch on a loaded machine
-POLL_SECONDS = 0.02
+POLL_SECONDS = 0.1
 REPORT_SECONDS = 0.5
 EXIT_TIMEOUT = 5.0
-RUN_SHARE = 0.45  # of the time left after start-up, for the static run (the adaptive is faster)
+RUN_SHARE = 0.42  # of the time left after calibration, for the static run (the adaptive is faster)
 
 
 @dataclass(frozen=True)
@@ -72,10 +79,10 @@ class Progress:
 Report = Callable[[Progress], None]
 
 
-def _worker(conn: Connection, progress: Any, index: int) -> None:
+def _worker(conn: Connection, index: int, *shared: Any) -> None:
     from gearshift.demo import worker  # torch is imported in the workers only
 
-    worker.main(conn, progress, index)
+    worker.main(conn, index, *shared)
 
 
 class GearWatch:
@@ -137,6 +144,8 @@ class Demo:
         self.namespace, self.policy, self.report = namespace, policy, report
         self.ctx = multiprocessing.get_context("spawn")
         self.progress = self.ctx.RawArray("q", 3 * workers)
+        self.queue = self.ctx.Value("q", 0)  # the next row a worker takes
+        self.origin = self.ctx.Value("d", 0.0)  # the adaptive run's start (TraceClock)
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
         self.controller: EmbeddedController | None = None
@@ -148,31 +157,37 @@ class Demo:
             stack.callback(self._cleanup)  # before the state directory goes
             self._start()
             every = range(self.workers)
-            per_token = self._ask(every, "calibrate", self.full.dims, self.full.sizes)
-            left = self.seconds - (time.monotonic() - began)
-            budget = max(1.0, left * RUN_SHARE)
-            # all timed at once, so the machine's seconds per token are their mean over N
-            stride = stride_for(self.full, sum(per_token) / self.workers**2, budget)
-            workload = self.full.every(stride)
+            timed = self._ask(every, "calibrate", self.full.dims)
+            cost = Cost.fit([sample for samples in timed for sample in samples])
+            budget = max(1.0, (self.seconds - (time.monotonic() - began)) * RUN_SHARE)
+            parallel = min(self.workers, len(os.sched_getaffinity(0)))
+            workload = self.full.every(stride_for(self.full, cost, budget, parallel))
             factor = workload.duration / budget
+            static = self._run("static", workload, cost, workload.dims, workload.sizes)
+            times = workload.times / factor
             config = ControllerConfig(namespace=self.namespace, state_dir=state_dir)
-            self.controller = Controller.start_embedded(config, self.policy.scaled(factor))
-            adaptive = self._run("adaptive", workload)
+            clock = TraceClock(times, self.origin, self.queue)
+            policy = self.policy.scaled(factor)
+            self.controller = Controller.start_embedded(config, policy, clock=clock)
+            args = (self.namespace, workload.dims, workload.sizes, times)
+            adaptive = self._run("adaptive", workload, cost, *args)
             self._stop_controller()
-            static = self._run("static", workload)
         return {
             "trace": workload.trace,
+            "model": {"width": WIDTH, "heads": HEADS, "about": MODEL, "cost": asdict(cost)},
             "workers": self.workers,
             "rows": workload.rows,
             "stride": workload.stride,
             "requests": workload.events,
             "time_compression": factor,
+            "trace_rounds": workload.duration / self.policy.update_interval_seconds,
             "seconds": time.monotonic() - began,
-            "adaptive": adaptive,
             "static": static,
+            "adaptive": adaptive,
             "speedup": adaptive["useful_tokens_per_second"] / static["useful_tokens_per_second"],
             "cpu_speedup": adaptive["useful_tokens_per_cpu_second"]
             / static["useful_tokens_per_cpu_second"],
+            "compute_ratio": static["model_seconds"] / adaptive["model_seconds"],
         }
 
     # processes
@@ -182,7 +197,7 @@ class Demo:
             ours, theirs = self.ctx.Pipe()
             proc = self.ctx.Process(
                 target=_worker,
-                args=(theirs, self.progress, i),
+                args=(theirs, i, self.progress, self.queue, self.origin),
                 name=f"gearshift-demo-{i}",
                 daemon=True,
             )
@@ -224,6 +239,7 @@ class Demo:
                     raise GearshiftError(f"demo worker {i} died during {command}") from None
                 if kind == "error":
                     raise GearshiftError(f"demo worker {i} failed during {command}:\n{value}")
+                assert kind == command, (kind, command)
                 replies[i] = value
             if time.monotonic() > deadline:
                 raise GearshiftError(f"demo workers timed out during {command}")
@@ -233,13 +249,22 @@ class Demo:
 
     # the runs
 
-    def _run(self, name: str, workload: Workload) -> dict[str, Any]:
+    def _run(self, name: str, workload: Workload, cost: Cost, *args: Any) -> dict[str, Any]:
+        self.queue.value = 0  # before the adaptive run's clock reads it (origin still 0)
+        for conn in self.conns:
+            conn.send((name, *args))
+        every = range(self.workers)
+        self._collect(every, "prepared", time.monotonic() + READY_TIMEOUT)
         gears = {d: dim.initial_gears for d, dim in workload.dims.items()}
-        now = began = time.monotonic()
-        cpu = time.process_time()
-        watch = GearWatch(self.namespace, gears, now) if name == "adaptive" else None
         self.progress[:] = [0] * len(self.progress)
-        next_report = now
+        now = began = next_report = time.monotonic()
+        cpu, main_cpu = time.process_time(), time.thread_time()
+        rounds = dict(self.controller.controller.rounds) if self.controller else None
+        if name == "adaptive":
+            self.origin.value = time.monotonic()  # the TraceClock starts
+        for conn in self.conns:
+            conn.send(("go",))
+        watch = GearWatch(self.namespace, gears, now) if name == "adaptive" else None
 
         def tick() -> None:
             nonlocal next_report
@@ -250,23 +275,30 @@ class Demo:
                 next_report = now + REPORT_SECONDS
                 self.report(self._progress(name, now - began, workload, watch, gears))
 
-        args = [(workload.dims, workload.share(i, self.workers)) for i in range(self.workers)]
-        if name == "adaptive":
-            args = [(self.namespace, *a) for a in args]
-        for conn, a in zip(self.conns, args, strict=True):
-            conn.send((name, *a))
         deadline = began + max(READY_TIMEOUT, 20 * self.seconds)
         try:
-            results = self._collect(range(self.workers), name, deadline, tick)
+            results = self._collect(every, name, deadline, tick)
             tick()
-            figures = self._figures(results, workload, watch)
-            figures["parent_cpu_seconds"] = time.process_time() - cpu
-            spent = figures["worker_cpu_seconds"] + figures["parent_cpu_seconds"]
+            demo = time.thread_time() - main_cpu
+            figures = self._figures(results, workload, watch, cost)
+            figures["controller_cpu_seconds"] = time.process_time() - cpu - demo
+            figures["demo_cpu_seconds"] = demo
+            spent = figures["worker_cpu_seconds"] + figures["controller_cpu_seconds"]
             figures["useful_tokens_per_cpu_second"] = figures["useful_tokens"] / spent
+            figures["decision_rounds"] = self._rounds(rounds)
             return figures
         finally:
             if watch is not None:
                 watch.close()
+
+    def _rounds(self, before: dict[str, Any] | None) -> dict[str, float] | None:
+        """The controller's decision rounds since `before`: how many, mean milliseconds."""
+        if before is None or self.controller is None:
+            return None
+        after = self.controller.controller.rounds
+        count = after["count"] - before["count"]
+        spent = after["seconds_sum"] - before["seconds_sum"]
+        return {"count": count, "mean_ms": spent / count * 1e3 if count else 0.0}
 
     def _progress(
         self,
@@ -289,13 +321,18 @@ class Demo:
         )
 
     def _figures(
-        self, results: list[dict[str, Any]], workload: Workload, watch: GearWatch | None
+        self,
+        results: list[dict[str, Any]],
+        workload: Workload,
+        watch: GearWatch | None,
+        cost: Cost,
     ) -> dict[str, Any]:
         def total(key: str) -> int:
             return sum(r[key] for r in results)
 
         seconds = max(r["ended"] for r in results) - min(r["began"] for r in results)
         useful = total("useful")
+        model = cost.seconds(0, total("padded"), total("padded_pairs"))
         dims = {}
         for d, dim in workload.dims.items():
             raw = sum(r["dims"][d][0] for r in results)
@@ -321,8 +358,13 @@ class Demo:
             "useful_tokens_per_second": useful / seconds,
             "padded_tokens": total("padded"),
             "padding_overhead": total("padded") / useful - 1.0,
-            "computed_tokens": total("computed"),
+            "model_seconds": model,
+            "compute_overhead": model / cost.seconds(0, useful, total("useful_pairs")) - 1.0,
+            "replayed_tokens": total("computed") - total("capture_tokens"),
+            "captured_tokens": total("capture_tokens"),
             "worker_cpu_seconds": total("cpu"),
+            "capture_cpu_seconds": total("capture_cpu"),
+            "worker_peak_rss_mb": max(r["rss_mb"] for r in results),
             "dims": dims,
             "adds": watch.adds if watch else 0,
             "evictions": watch.evictions if watch else 0,

@@ -1,15 +1,26 @@
-"""A demo worker process: replays its share of the requests through a small torch model.
+"""A demo worker process: replays trace rows through a transformer block, on the CPU.
 
 Commands come from the parent over a pipe, one reply each:
-`("calibrate", dims, sizes)` -> seconds per padded token of the static path;
-`("adaptive", namespace, dims, sizes)` -> a run through a gearshift client: the profile routes
-and records every request, an AdaptiveRunner replays graphs of the gears in use, the client's
-swap thread adopts new snapshots and captures their gears;
-`("static", dims, sizes)` -> the same requests on an AdaptiveRunner that keeps the initial
-power-of-two gears, with no client and no controller; `("exit",)`.
-A run captures its initial gears first and is timed from then on; its reply is a dict
-(`_replay`), an error `("error", traceback)`. Progress goes to the shared array `progress`:
-[requests done, useful tokens, padded tokens] at `3 * index`.
+`("calibrate", dims)` -> captures the initial gears on the runner kept for the static run and
+times replays of each sequence gear: `[(tokens, pairs, CPU seconds), ...]`;
+`("static", dims, sizes)` -> requests on that runner, its gears kept, with no client and no
+controller;
+`("adaptive", namespace, dims, sizes, times)` -> requests through a gearshift client on the
+run's `TraceClock` (`times`: the rows' compressed trace times): the profile routes and records
+every request, an AdaptiveRunner replays graphs of the gears in use, the client's swap thread
+adopts new snapshots and captures their gears;
+`("exit",)`.
+A run captures its initial gears, replies `("prepared", None)` and starts on the parent's
+`("go",)`, so that the workers start together and start-up captures time neither run. Then,
+as a server's workers take requests off one queue, each takes the next row of `sizes` from
+the shared counter `queue` until none is left: the workers move through the trace together.
+Its reply is a dict (`_replay`), an error `("error", traceback)`. Progress goes to the shared
+array `progress`: [requests done, useful tokens, padded tokens] at `3 * index`.
+
+In the adaptive run a worker adopts a new snapshot before its next request and waits until
+its swap thread has captured the new gears: compressed a hundredfold, the fraction of a second
+a capture takes would otherwise be minutes of trace served on the old gears, where a server
+serves seconds of an hour. The captures' CPU and wall time count in the run.
 
 SIGINT is ignored (inherited from the demo process, which handles Ctrl-C); SIGTERM exits
 through the `finally` blocks, so the client releases its slot; a worker whose parent is gone
@@ -21,13 +32,15 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import resource
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -38,156 +51,250 @@ import torch.nn.functional as F
 import gearshift as gs
 from gearshift.client.backends import CpuBackend
 from gearshift.client.pool import GraphResourcePool
-from gearshift.demo.workload import PROFILE, padded_tokens
+from gearshift.clock import Clock
+from gearshift.demo.clock import TraceClock
+from gearshift.demo.workload import HEADS, PROFILE, SEQ, WIDTH
 from gearshift.dims import Dim, Gears, padded_work
 
-WIDTH = 64  # features per token
-CALIBRATION_REQUESTS = 48
+SETTLE_POLL = 0.001  # seconds between looks at whether the swap thread has captured new gears
 MEMORY = (1 << 33, 1 << 34)  # the (free, total) reading the CPU "device" reports: 50 % used
+CALIBRATION_TOKENS = 8192  # a gear is timed over this many tokens' worth of replays ...
+CALIBRATION_REPEATS = 16  # ... at most this many: the median skips a preempted one
 
 
 class Model:
-    """`x + W2 gelu(W1 x)` over the last axis: cost proportional to the tokens it is given.
+    """One pre-norm transformer block over `x = [..., S, width]`, as prefill runs it:
+    `x += Wo attention(LN x)`, causal, `heads` heads (`F.scaled_dot_product_attention`, its
+    CPU flash kernel), then `x += W2 gelu(W1 LN x)`. Causal attention makes padding after a
+    sequence's last token harmless: no token sees a later one, so the real tokens' outputs
+    do not depend on it (a padded row of a batch is a sequence of its own).
     `tokens` counts every token computed, captures and replays alike."""
 
-    def __init__(self, width: int = WIDTH, seed: int = 0) -> None:
+    def __init__(self, width: int = WIDTH, heads: int = HEADS, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
-        self.w1 = torch.randn(width, 4 * width, generator=g) / math.sqrt(width)
-        self.w2 = torch.randn(4 * width, width, generator=g) / math.sqrt(4 * width)
-        self.width, self.tokens = width, 0
+
+        def weight(rows: int, cols: int) -> torch.Tensor:
+            return torch.randn(rows, cols, generator=g) / math.sqrt(rows)
+
+        self.qkv, self.out = weight(width, 3 * width), weight(width, width)
+        self.w1, self.w2 = weight(width, 4 * width), weight(4 * width, width)
+        self.width, self.heads, self.tokens = width, heads, 0
         self._lock = threading.Lock()  # the swap thread captures while requests replay
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         with self._lock:
             self.tokens += x.numel() // self.width
-        return x + F.gelu(x @ self.w1) @ self.w2
+        h = x.reshape(-1, *x.shape[-2:])  # [N, S, H]: 4-d heads take the flash kernel
+        n, s, width = h.shape
+        qkv = F.layer_norm(h, (width,)) @ self.qkv
+        q, k, v = qkv.view(n, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + a.transpose(1, 2).reshape(n, s, width) @ self.out
+        h = h + F.gelu(F.layer_norm(h, (width,)) @ self.w1) @ self.w2
+        return h.view(x.shape)
 
 
-def runner_for(model: Model, dims: Mapping[str, Dim]) -> gs.AdaptiveRunner:
-    """An AdaptiveRunner of `model` with `x` = [*dims, width], in a pool of its own."""
-    axes = (*dims, None)
+class Runner(gs.AdaptiveRunner):
+    """An AdaptiveRunner that adds up the CPU seconds and the tokens of its captures (they
+    and releases run on one thread at a time: the caller's, then the swap thread)."""
+
+    capture_seconds = 0.0
+    capture_tokens = 0
+
+    def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
+        began, ready = time.thread_time(), set(self.ready())
+        try:
+            return super().capture(variants)
+        finally:
+            self.capture_seconds += time.thread_time() - began
+            self.capture_tokens += sum(map(math.prod, set(self.ready()) - ready))
+
+
+def features(model: Model, dims: Mapping[str, Dim]) -> tuple[int, ...]:
+    """x's static trailing sizes: the features, after a sequence axis of 1 without SEQLEN."""
+    return (model.width,) if SEQ in dims else (1, model.width)
+
+
+def runner_for(model: Model, dims: Mapping[str, Dim]) -> Runner:
+    """A Runner of `model` with `x` = [*dims, *features], in a pool of its own."""
+    tail = features(model, dims)
+    axes = (*dims, *(None for _ in tail))
     transform = gs.Transform(model, dims, {"x": axes}, outputs=axes)
-    example = {"x": torch.zeros(*(1 for _ in dims), model.width)}
-    return gs.AdaptiveRunner(transform, example, pool=GraphResourcePool(CpuBackend()))
+    example = {"x": torch.zeros(*(1 for _ in dims), *tail)}
+    return Runner(transform, example, pool=GraphResourcePool(CpuBackend()))
 
 
 def variants(gears: Mapping[str, Gears]) -> list[dict[str, int]]:
     return [dict(zip(gears, v, strict=True)) for v in itertools.product(*gears.values())]
 
 
-def _inputs(model: Model, sizes: Mapping[str, np.ndarray]) -> Iterator[dict[str, torch.Tensor]]:
-    """Request i's input: the leading `sizes[:, i]` block of one random tensor."""
-    source = torch.randn(*(int(v.max()) for v in sizes.values()), model.width)
-    for row in zip(*(v.tolist() for v in sizes.values()), strict=True):
-        yield {"x": source[tuple(slice(0, n) for n in row)]}
+def pairs(dims: Mapping[str, Dim], sizes: Sequence[int]) -> int:
+    """Tokens times sequence length (the last size with SEQLEN, else 1)."""
+    return math.prod(sizes) * (sizes[-1] if SEQ in dims else 1)
+
+
+def _inputs(
+    model: Model, dims: Mapping[str, Dim], rows: Sequence[Sequence[int]]
+) -> list[dict[str, torch.Tensor]]:
+    """Each row's input: the leading `row` block of one random tensor."""
+    source = torch.randn(*np.max(rows, axis=0).tolist(), *features(model, dims))
+    return [{"x": source[tuple(slice(0, n) for n in row)]} for row in rows]
 
 
 # route(i, request) brackets request i's run and yields its padded work per dim
 Route = Callable[[int, dict[str, int]], AbstractContextManager[Sequence[int]]]
 
 
+@dataclass(frozen=True)
+class Feed:
+    """A run's link to the demo process: `take()` the next row (shared by all workers, in
+    trace order; past the end when none is left), `start()` once the initial gears are
+    captured, `report(requests, useful, padded)` the progress so far."""
+
+    take: Callable[[], int]
+    start: Callable[[], None] = lambda: None
+    report: Callable[[int, int, int], None] = lambda *_: None
+
+
 def _replay(
-    model: Model,
-    runner: gs.AdaptiveRunner,
-    route: Route,
-    sizes: Mapping[str, np.ndarray],
-    progress: Any,
-    index: int,
+    model: Model, runner: Runner, route: Route, sizes: Mapping[str, np.ndarray], feed: Feed
 ) -> dict[str, Any]:
-    """Capture the runner's gears, then run every request through `route`; the figures."""
-    parent, names = os.getppid(), list(sizes)
-    raw, padded = [0] * len(names), [0] * len(names)
-    useful = cost = 0
-    model.tokens = 0
-    began, cpu = time.monotonic(), time.process_time()
+    """Capture the runner's gears, `feed.start()`, then run the rows `feed.take()` gives
+    through `route`; the figures of the run (from the start on)."""
+    dims, names = runner.transform.dims, list(sizes)
+    rows = list(zip(*(v.tolist() for v in sizes.values()), strict=True))
+    inputs = _inputs(model, dims, rows)
     runner.capture(variants(runner.gears))
-    rows = zip(*(v.tolist() for v in sizes.values()), strict=True)
-    for i, (row, x) in enumerate(zip(rows, _inputs(model, sizes), strict=True)):
+    feed.start()
+    parent, stats = os.getppid(), dict(runner.stats)
+    raw, padded = [0] * len(names), [0] * len(names)
+    done = useful = cost = useful_pairs = padded_pairs = 0
+    model.tokens, runner.capture_seconds, runner.capture_tokens = 0, 0.0, 0
+    began, cpu = time.monotonic(), time.process_time()
+    while (i := feed.take()) < len(rows):
         if os.getppid() != parent:
             raise SystemExit("the demo process is gone")
+        row = rows[i]
         with route(i, dict(zip(names, row, strict=True))) as work:
-            runner.run(x)
+            runner.run(inputs[i])
         raw = [a + b for a, b in zip(raw, row, strict=True)]
         padded = [a + b for a, b in zip(padded, work, strict=True)]
         useful, cost = useful + math.prod(row), cost + math.prod(work)
-        progress[3 * index : 3 * index + 3] = [i + 1, useful, cost]
+        useful_pairs += pairs(dims, row)
+        padded_pairs += pairs(dims, work)
+        done += 1
+        feed.report(done, useful, cost)
     return {
         "began": began,
         "ended": time.monotonic(),
         "cpu": time.process_time() - cpu,
-        "requests": len(sizes[names[0]]),
+        "capture_cpu": runner.capture_seconds,
+        "capture_tokens": runner.capture_tokens,
+        "requests": done,
         "useful": useful,
         "padded": cost,
+        "useful_pairs": useful_pairs,
+        "padded_pairs": padded_pairs,
         "computed": model.tokens,
         "dims": {d: [r, p] for d, r, p in zip(names, raw, padded, strict=True)},
-        **runner.stats,
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        **{k: v - stats[k] for k, v in runner.stats.items()},
     }
 
 
-def _static_route(runner: gs.AdaptiveRunner, sizes: Mapping[str, np.ndarray]) -> Route:
+def _static_route(runner: Runner, sizes: Mapping[str, np.ndarray]) -> Route:
     dims = runner.transform.dims
     work = [padded_work(runner.gears[d], sizes[d], dim.splittable) for d, dim in dims.items()]
     per_request = np.stack(work, axis=1).tolist()
     return lambda i, _: nullcontext(per_request[i])
 
 
-def calibrate(model: Model, dims: Mapping[str, Dim], sizes: Mapping[str, np.ndarray]) -> float:
-    """Seconds per padded token of the static path (captures apart), on a spread of the
-    requests."""
-    n = len(next(iter(sizes.values())))
-    rows = np.linspace(0, n - 1, min(n, CALIBRATION_REQUESTS)).astype(np.int64)
-    sample = {d: v[rows] for d, v in sizes.items()}
-    runner = runner_for(model, dims)
+def calibrate(model: Model, runner: Runner) -> list[tuple[int, int, float]]:
+    """Capture the runner's gears and time replays of each gear of its last dim (the others
+    at their smallest): `(tokens, pairs, median CPU seconds of a replay)`."""
+    dims = runner.transform.dims
     runner.capture(variants(runner.gears))
-    inputs = list(_inputs(model, sample))
-    began = time.perf_counter()
-    for x in inputs:
-        runner.run(x)
-    return (time.perf_counter() - began) / float(padded_tokens(dims, sample).sum())
+    *lead, last = runner.gears.values()
+    rows = [(*(g[0] for g in lead), g) for g in last]
+    samples = []
+    for row, x in zip(rows, _inputs(model, dims, rows), strict=True):
+        tokens = math.prod(row)
+        seconds = []
+        for _ in range(min(CALIBRATION_REPEATS, max(1, CALIBRATION_TOKENS // tokens))):
+            began = time.thread_time()
+            runner.run(x)
+            seconds.append(time.thread_time() - began)
+        samples.append((tokens, pairs(dims, row), float(np.median(seconds))))
+    return samples
 
 
 def adaptive(
     model: Model,
-    progress: Any,
-    index: int,
     namespace: str,
     dims: Mapping[str, Dim],
     sizes: Mapping[str, np.ndarray],
+    feed: Feed,
+    clock: Clock | None = None,
 ) -> dict[str, Any]:
-    """A run through a client of the controller serving `namespace`."""
-    with gs.connect(namespace, memory=lambda: MEMORY) as client:
+    """A run through a client (on `clock`) of the controller serving `namespace`."""
+    with gs.connect(namespace, clock=clock, memory=lambda: MEMORY) as client:
         profile = client.profile(PROFILE, dims)
         runner = profile.attach(runner_for(model, dims))
 
         @contextmanager
         def route(_: int, request: dict[str, int]) -> Iterator[list[int]]:
+            client.refresh()  # a new snapshot's gears are captured before the request
+            while not profile.settled:  # (module docstring)
+                time.sleep(SETTLE_POLL)
             with profile.request(**request) as plan:
                 yield [sum(plan.chunks[d]) or n for d, n in request.items()]
 
-        return _replay(model, runner, route, sizes, progress, index)
+        return _replay(model, runner, route, sizes, feed)
 
 
 def static(
-    model: Model,
-    progress: Any,
-    index: int,
-    dims: Mapping[str, Dim],
-    sizes: Mapping[str, np.ndarray],
+    model: Model, runner: Runner, sizes: Mapping[str, np.ndarray], feed: Feed
 ) -> dict[str, Any]:
-    """A run on the initial gears, kept: no client, no controller."""
-    runner = runner_for(model, dims)
-    return _replay(model, runner, _static_route(runner, sizes), sizes, progress, index)
+    """A run on the runner's initial gears, kept: no client, no controller."""
+    return _replay(model, runner, _static_route(runner, sizes), sizes, feed)
 
 
-def main(conn: Connection, progress: Any, index: int) -> None:
-    """The worker's command loop (module docstring)."""
+def main(conn: Connection, index: int, progress: Any, queue: Any, origin: Any) -> None:
+    """The worker's command loop (module docstring); `queue` and `origin` are the run's shared
+    `Value`s (`TraceClock`)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     torch.set_num_threads(1)  # N workers share the cores: one thread each
     model = Model()
+    kept: dict[tuple[str, ...], Runner] = {}  # the static run's runner, by dims
+
+    def static_runner(dims: Mapping[str, Dim]) -> Runner:
+        if tuple(dims) not in kept:
+            kept[tuple(dims)] = runner_for(model, dims)
+        return kept[tuple(dims)]
+
+    def take() -> int:
+        with queue.get_lock():
+            queue.value += 1
+            return queue.value - 1
+
+    def start() -> None:
+        conn.send(("prepared", None))
+        try:
+            go = conn.recv()
+        except EOFError:
+            raise SystemExit("the demo process is gone") from None
+        assert go == ("go",), go
+
+    def report(*figures: int) -> None:
+        progress[3 * index : 3 * index + 3] = figures
+
+    feed = Feed(take, start, report)
     commands = {
-        "calibrate": lambda *a: calibrate(model, *a),
-        "adaptive": lambda *a: adaptive(model, progress, index, *a),
-        "static": lambda *a: static(model, progress, index, *a),
+        "calibrate": lambda dims: calibrate(model, static_runner(dims)),
+        "static": lambda dims, sizes: static(model, static_runner(dims), sizes, feed),
+        "adaptive": lambda namespace, dims, sizes, times: adaptive(
+            model, namespace, dims, sizes, feed, TraceClock(times, origin, queue)
+        ),
     }
     conn.send(("ready", os.getpid()))
     while True:

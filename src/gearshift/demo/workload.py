@@ -1,10 +1,13 @@
-"""The demo's workload: a trace's rows as requests, dealt to N workers (numpy, no torch).
+"""The demo's workload: a trace's rows as requests (numpy, no torch).
 
-Each row is one request whose raw sizes are the row's dims: the model gets an input
-`x` of shape `[*sizes, width]`, so a request carries `prod(sizes)` useful tokens and costs
-the tokens of its padded chunks (`padded_tokens`): compute is proportional to padded work.
-Every dim starts on the power-of-two ladder covering the trace (`simulate.policy_dims`:
-BATCHSIZE splittable, other dims not); the static baseline keeps those gears.
+Each row is one prefill request whose raw sizes are the row's dims; the model (`MODEL`) gets
+`x = [*sizes, WIDTH]` and attends over SEQLEN, the last dim (a trace without SEQLEN runs every
+row as sequences of one token). A request carries `prod(sizes)` useful tokens and runs its
+padded chunks: `padded_tokens` tokens, and `padded_pairs` (tokens x sequence length), which
+attention's cost follows. Every dim is the simulator's (`simulate.policy_dims`): bounds
+[1, M], M the trace's largest value (a server's limit), and gears starting on its default
+ladder, the powers of two below M and M; BATCHSIZE is splittable, other dims not. The static
+baseline keeps those gears; the adaptive run starts on them.
 
 To fit the time asked for, the demo replays every `stride`-th row (the trace's shape and
 order kept) and divides the policy's windows and intervals by `factor`, the trace's
@@ -14,7 +17,7 @@ duration over the expected duration of one run.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,19 +27,29 @@ from gearshift.simulate import policy_dims
 from gearshift.trace import load_trace
 
 # The problem at its worst: of the shipped traces' dims, the power-of-two ladder pads this one
-# most (43.6 %; plan mode 14.5 %: `gearshift bench simulate`). One dim, so a new gear costs one
-# capture per worker, and the most rows of the prefill traces.
+# most (`gearshift bench simulate`). One dim, so a new gear costs one capture per worker, and
+# the most rows of the prefill traces.
 DEFAULT_TRACE = "azure_conv_prefill"
 PROFILE = "demo"
+SEQ = "SEQLEN"  # the dim attention runs over
+WIDTH, HEADS = 64, 1  # the model's features per token, and its attention heads
+HEAD = "one head" if HEADS == 1 else f"{HEADS} heads"
+MODEL = (
+    f"one pre-norm transformer block, H = {WIDTH}: causal self-attention ({HEAD}) and a GELU "
+    "MLP; S tokens cost ~24 S H^2 + 2 S^2 H flops, as in prefill, so padding costs more than "
+    "its share of tokens"
+)
 
 
 @dataclass(frozen=True)
 class Workload:
-    """The rows replayed: `sizes[dim][i]` is request i's raw size; `rows` in the trace."""
+    """The rows replayed: `sizes[dim][i]` is request i's raw size, `times[i]` its time (seconds
+    since the trace's first row); `rows` in the trace."""
 
     trace: str
     dims: dict[str, Dim]
     sizes: dict[str, np.ndarray]
+    times: np.ndarray
     duration: float
     rows: int
     stride: int = 1
@@ -49,11 +62,8 @@ class Workload:
         """Every `stride`-th row of the full trace (stride 1: all of it)."""
         assert self.stride == 1, "subsample the full workload"
         sizes = {d: v[::stride] for d, v in self.sizes.items()}
-        return Workload(self.trace, self.dims, sizes, self.duration, self.rows, stride)
-
-    def share(self, worker: int, workers: int) -> dict[str, np.ndarray]:
-        """The rows worker `worker` of `workers` replays (round-robin, in trace order)."""
-        return {d: v[worker::workers] for d, v in self.sizes.items()}
+        times = self.times[::stride]
+        return Workload(self.trace, self.dims, sizes, times, self.duration, self.rows, stride)
 
     def useful(self) -> np.ndarray:
         return useful_tokens(self.sizes)
@@ -63,11 +73,42 @@ class Workload:
         return padded_tokens(self.dims, self.sizes, gears)
 
 
+@dataclass(frozen=True)
+class Cost:
+    """Seconds the model takes: `per_call` a chunk, `per_token` a token (projections, MLP),
+    `per_pair` a token per token of its sequence (causal attention)."""
+
+    per_call: float
+    per_token: float
+    per_pair: float
+
+    def seconds(self, calls: float, tokens: float, pairs: float) -> float:
+        return self.per_call * calls + self.per_token * tokens + self.per_pair * pairs
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> Cost:
+        """Least squares on the relative error over timed calls `(tokens, pairs, seconds)`."""
+        x = np.array([(1.0, t, p) for t, p, _ in samples])
+        y = np.array([s for *_, s in samples])
+        coef = np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)[0]
+        return cls(*map(float, coef))
+
+
 def load_workload(source: str) -> Workload:
-    """The workload of a trace given by path or shipped name (TraceError if unreadable)."""
+    """The workload of a trace given by path or shipped name (TraceError if unreadable), with
+    SEQLEN, the sequence axis, as the last dim."""
     trace = load_trace(source)
-    dims = policy_dims(trace, "pow2")
-    return Workload(trace.name, dims, dict(trace.dims), trace.duration, trace.events)
+    dims = policy_dims(trace, "static")
+    order = sorted(dims, key=lambda d: d == SEQ)
+    assert SEQ not in dims or not dims[SEQ].splittable, "one chunk per sequence"
+    return Workload(
+        trace.name,
+        {d: dims[d] for d in order},
+        {d: trace.dims[d] for d in order},
+        trace.t - trace.t[0],
+        trace.duration,
+        trace.events,
+    )
 
 
 def useful_tokens(sizes: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -86,7 +127,21 @@ def padded_tokens(
     return np.prod(np.stack(work), axis=0)
 
 
-def stride_for(workload: Workload, per_token: float, budget: float) -> int:
-    """The smallest stride whose static run, at `per_token` seconds per padded token (all
-    workers together), fits in `budget` seconds."""
-    return max(1, math.ceil(float(workload.padded().sum()) * per_token / budget))
+def padded_pairs(
+    dims: Mapping[str, Dim],
+    sizes: Mapping[str, np.ndarray],
+    gears: Mapping[str, Gears] | None = None,
+) -> np.ndarray:
+    """Per request, its padded tokens times its padded sequence length (SEQLEN runs as one
+    chunk); the tokens alone without SEQLEN."""
+    gears = gears or {d: dim.initial_gears for d, dim in dims.items()}
+    tokens = padded_tokens(dims, sizes, gears)
+    return tokens * padded_work(gears[SEQ], sizes[SEQ], False) if SEQ in dims else tokens
+
+
+def stride_for(workload: Workload, cost: Cost, budget: float, parallel: int) -> int:
+    """The smallest stride whose static run, at `cost` on `parallel` cores, fits in `budget`
+    seconds."""
+    pairs = padded_pairs(workload.dims, workload.sizes)
+    seconds = cost.seconds(workload.events, float(workload.padded().sum()), float(pairs.sum()))
+    return max(1, math.ceil(seconds / parallel / budget))

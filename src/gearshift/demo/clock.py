@@ -1,0 +1,40 @@
+"""The adaptive run's clock: trace time, as far as the workers have taken the trace.
+
+The embedded controller and every worker's client read it, so events are stamped, windows
+decay and decision rounds fall in trace time (over the time compression), as in the
+simulator, however fast or slow the workers go: a slower run (a loaded machine, captures)
+does not get more rounds over fewer events each.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+
+class TraceClock:
+    """CLOCK_MONOTONIC until the run starts (`origin.value` 0); then `origin.value` plus the
+    compressed trace time `times[i]` of the last row taken (`queue.value` is the next one).
+    `origin` and `queue` are shared `multiprocessing.Value`s: `origin` is set once, when the
+    run starts, to CLOCK_MONOTONIC then (so time never goes back); `queue` only grows while
+    the clock is read. `sleep` waits wall time."""
+
+    def __init__(self, times: np.ndarray, origin: Any, queue: Any) -> None:
+        assert len(times) and np.all(np.diff(times) >= 0), "trace times, non-decreasing"
+        self.times, self.origin, self.queue = times.tolist(), origin, queue
+
+    def now(self) -> float:
+        origin = self.origin.value
+        if not origin:
+            return time.monotonic()
+        taken = min(max(self.queue.value, 1), len(self.times))
+        return origin + self.times[taken - 1]
+
+    def now_ns(self) -> int:
+        return round(self.now() * 1e9)
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)

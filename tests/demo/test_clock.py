@@ -1,0 +1,28 @@
+"""The adaptive run's clock: wall time until the run starts, then the trace time taken."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from gearshift.demo.clock import TraceClock
+
+
+def test_follows_the_monotonic_clock_until_the_run_starts() -> None:
+    clock = TraceClock(np.array([0.0, 1.0]), SimpleNamespace(value=0.0), SimpleNamespace(value=5))
+    before = time.monotonic()
+    now = clock.now()
+    assert before <= now <= time.monotonic()
+
+
+def test_then_reads_the_time_of_the_last_row_taken() -> None:
+    origin, queue = SimpleNamespace(value=100.0), SimpleNamespace(value=0)
+    clock = TraceClock(np.array([0.0, 0.5, 0.5, 2.0]), origin, queue)
+    seen = []
+    for taken in range(6):  # none yet, each row, then past the end
+        queue.value = taken
+        seen.append(clock.now())
+    assert seen == [100.0, 100.0, 100.5, 100.5, 102.0, 102.0]
+    assert clock.now_ns() == 102_000_000_000
