@@ -1,14 +1,19 @@
-"""Shared fixtures: unique shared-memory namespaces, and a session-wide leak check."""
+"""Shared fixtures: unique shared-memory namespaces, bounded child processes, and a
+session-wide leak check."""
 
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
 
 import pytest
 
 PREFIX = f"gstest{os.getpid()}x"
+JOIN_TIMEOUT = 30.0
 _counter = itertools.count()
 
 
@@ -20,6 +25,32 @@ def _leaked() -> list[str]:
 def namespace() -> str:
     """A namespace no other test uses."""
     return f"{PREFIX}{next(_counter)}"
+
+
+@pytest.fixture(scope="session")
+def mp() -> BaseContext:
+    """The context of child processes; a test package overrides it to preload its helpers."""
+    return multiprocessing.get_context("forkserver")
+
+
+@pytest.fixture
+def spawn(mp: BaseContext) -> Iterator[Callable[..., BaseProcess]]:
+    """Start `target(*args)` in a child; every child is joined (or killed) when the test ends."""
+    children: list[BaseProcess] = []
+
+    def start(target: Callable[..., None], *args: object) -> BaseProcess:
+        child = mp.Process(target=target, args=args, daemon=True)
+        child.start()
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        child.join(JOIN_TIMEOUT)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert all(child.exitcode is not None for child in children)
 
 
 @pytest.fixture(scope="session", autouse=True)

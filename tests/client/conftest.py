@@ -1,18 +1,16 @@
 """Fixtures of the routing client's tests: an in-process fake controller, a client driven by
-hand in virtual time, and child processes (forkserver, bounded joins)."""
+hand in virtual time, and a forkserver context preloading the fake controller."""
 
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from fake_controller import FakeController, ServingClock
 
 import gearshift as gs
 from gearshift.shm import Registry
-
-JOIN_TIMEOUT = 30.0
 
 
 @pytest.fixture
@@ -38,22 +36,3 @@ def mp() -> multiprocessing.context.BaseContext:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["fake_controller"])
     return ctx
-
-
-@pytest.fixture
-def spawn(mp) -> Iterator[Callable[..., multiprocessing.Process]]:
-    """Start `target(*args)` in a child; every child is joined (or killed) when the test ends."""
-    children: list[multiprocessing.Process] = []
-
-    def start(target: Callable, *args: object) -> multiprocessing.Process:
-        child = mp.Process(target=target, args=args, daemon=True)
-        child.start()
-        children.append(child)
-        return child
-
-    yield start
-    for child in children:
-        child.join(JOIN_TIMEOUT)
-        if child.is_alive():
-            child.kill()
-            child.join()
