@@ -1,4 +1,4 @@
-"""`gearshift demo`: adaptive gears against static power-of-two gears on a shipped trace."""
+"""`gearshift demo`: adaptive gears against static gears (the default ladder) on a shipped trace."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 import click
 
-from gearshift.cli import EXIT_ERROR, EXIT_USAGE
+from gearshift.cli import EXIT_ERROR, EXIT_USAGE, json_option, namespace_option
 from gearshift.config import load_policy_config
 from gearshift.demo.workload import DEFAULT_TRACE, load_workload
 from gearshift.errors import ConfigError, GearshiftError
@@ -44,12 +44,7 @@ EXIT_INTERRUPTED = 130  # the shell's code for a run ended by SIGINT
     type=click.FloatRange(min=5),
     help="About how long the whole demo takes (start-up and both runs).",
 )
-@click.option(
-    "--namespace",
-    "-n",
-    metavar="NS",
-    help="Shared-memory namespace of its controller [default: demo-<pid>].",
-)
+@namespace_option("Shared-memory namespace of its controller [default: demo-<pid>].")
 @click.option(
     "--set",
     "overrides",
@@ -57,12 +52,7 @@ EXIT_INTERRUPTED = 130  # the shell's code for a run ended by SIGINT
     metavar="KEY=VALUE",
     help="A policy key, in trace seconds (scaled with the time compression).",
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help='Print one JSON object: {"adaptive", "static", "speedup", ...}.',
-)
+@json_option('Print one JSON object: {"adaptive", "static", "speedup", ...}.')
 def demo(
     workers: int,
     trace: str,
