@@ -606,11 +606,7 @@ class Controller:
         dev = self.devices[device]
         region = self._regions.get(device)
         if region is None:
-            try:
-                region = self.region_type.create(self.config.namespace, device)
-            except NamespaceBusy:
-                region = self.region_type.attach(self.config.namespace, device)
-            self._regions[device] = region
+            region = self._regions[device] = self.region_type.open(self.config.namespace, device)
         gears = {name: p.gears() for name, p in dev.profiles.items()}
         payload = snapshot_payload(device, gears, self.changes.get(device))
         dev.version = region.publish(payload, at_least=dev.version + 1)

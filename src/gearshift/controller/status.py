@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from gearshift.config import PolicyConfig
 from gearshift.controller.state import ProfileState
-from gearshift.errors import LayoutError, NamespaceBusy, PayloadError
+from gearshift.errors import LayoutError, PayloadError
 from gearshift.policy import gear_stats
 from gearshift.shm import SnapshotRegion, names
 
@@ -43,10 +43,7 @@ CAPACITY = 1 << 20
 
 def open_region(namespace: str) -> SnapshotRegion:
     """The namespace's status region, created if needed (the controller)."""
-    try:
-        return SnapshotRegion.create_named(names.status(namespace), CAPACITY)
-    except NamespaceBusy:
-        return SnapshotRegion.attach_named(names.status(namespace))
+    return SnapshotRegion.open_named(names.status(namespace), CAPACITY)
 
 
 def read(namespace: str) -> dict[str, Any] | None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import zlib
 from typing import NamedTuple
 
-from gearshift.errors import PayloadError
+from gearshift.errors import NamespaceBusy, PayloadError
 from gearshift.shm import codec, names
 from gearshift.shm.segment import LINE, Segment, fence
 
@@ -78,6 +78,19 @@ class SnapshotRegion:
     def attach(cls, namespace: str, device: int) -> SnapshotRegion:
         """Attach device `device`'s region; FileNotFoundError if the controller has not made it."""
         return cls.attach_named(names.snapshot(namespace, device))
+
+    @classmethod
+    def open(cls, namespace: str, device: int) -> SnapshotRegion:
+        """Device `device`'s region, created if it does not exist yet (the controller)."""
+        return cls.open_named(names.snapshot(namespace, device))
+
+    @classmethod
+    def open_named(cls, name: str, capacity: int = DEFAULT_CAPACITY) -> SnapshotRegion:
+        """The region `name`, created with `capacity` if it does not exist yet."""
+        try:
+            return cls.create_named(name, capacity)
+        except NamespaceBusy:
+            return cls.attach_named(name)
 
     @classmethod
     def create_named(cls, name: str, capacity: int = DEFAULT_CAPACITY) -> SnapshotRegion:
