@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from gearshift import protocol
 from gearshift.dims import Dim, Gears, chunks_for, normalize_gears
 from gearshift.errors import ShapeError, StateError
+from gearshift.shm import ring
 from gearshift.shm.ring import MAX_DIMS, Kind
 
 if TYPE_CHECKING:
@@ -84,17 +85,17 @@ class Runner(Protocol):
 class _State:
     """Gears in use from one snapshot; `active` (under the profile's lock) counts requests.
     `table` has per dim what routing needs: bounds, the largest gear, a raw -> chunk lookup
-    (`_lookup`)."""
+    (`_lookup`); `meta` is the record word of a request routed on it (`ring.meta`)."""
 
-    __slots__ = ("active", "epoch", "gears", "table", "version")
+    __slots__ = ("active", "epoch", "gears", "meta", "table", "version")
 
     def __init__(
-        self, version: int, gears: dict[str, Gears], dims: Mapping[str, Dim], epoch: int
+        self, version: int, gears: dict[str, Gears], dims: Mapping[str, Dim], epoch: int, pid: int
     ) -> None:
         self.version, self.gears, self.epoch, self.active = version, gears, epoch, 0
+        self.meta = ring.meta(pid, version, Kind.SHAPE, len(dims))
         self.table = tuple(
-            (n, d.min, d.max, gears[n][-1], *_lookup(gears[n]), gears[n], d.splittable)
-            for n, d in dims.items()
+            (n, d.min, gears[n][-1], *_lookup(gears[n])) for n, d in dims.items()
         )
 
 
@@ -146,10 +147,11 @@ class Profile:
         self.registered = False
         self.rejected: Exception | None = None  # a registration the controller refused
         self._client = client
-        self._record = client.record
+        self._write, self._now_ns = client.ring.write, client.clock.now_ns
         self._ndim = len(self.dims)
+        self._single = ring.counts([1] * self._ndim)  # one chunk per dim
         self._lock = threading.Lock()
-        self._state = _State(0, {n: d.initial_gears for n, d in self.dims.items()}, dims, 0)
+        self._state = _State(0, {n: d.initial_gears for n, d in self.dims.items()}, dims, 0, pid)
         self._draining: list[_State] = []  # replaced states with requests in flight
         self._releases: list[tuple[int, str, int]] = []  # (epoch that removed it, dim, gear)
         self._runner: Runner | None = None
@@ -194,24 +196,41 @@ class Profile:
                 client.wake()
 
     def _route(self, state: _State, sizes: Mapping[str, int]) -> Plan:
+        if len(sizes) == self._ndim:  # the common case: ints within the gears, one chunk each
+            chunks, values = {}, []
+            for name, low, top, index, singles in state.table:
+                raw = sizes.get(name)
+                if type(raw) is not int or raw < low or raw > top:
+                    break
+                chunks[name] = singles[index[raw]]
+                values.append(raw)
+            else:
+                self._write(self._now_ns(), values, state.meta, self._single)
+                return _new_plan(Plan, (state.version, chunks))
+        return self._route_checked(state, sizes)
+
+    def _route_checked(self, state: _State, sizes: Mapping[str, int]) -> Plan:
+        """`_route` for any sizes: coerced, bounds checked, split or eager over the gears."""
         if len(sizes) != self._ndim:
             raise self._mismatch(sizes)
-        chunks, values, counts, kind = {}, [], [], _SHAPE
-        for name, low, high, top, index, singles, gears, splittable in state.table:
+        chunks, values, runs, kind = {}, [], [], _SHAPE
+        for name, low, top, index, singles in state.table:
             raw = sizes.get(name)
             if type(raw) is not int:
                 raw = self._coerce(name, sizes)
+            high = self.dims[name].max
             if raw < low or raw > high:
                 raise ShapeError(f"{self.name}: {name}={raw} is outside [{low}, {high}]")
             values.append(raw)
             if raw <= top:
                 chunks[name] = singles[index[raw]]
-                counts.append(1)
+                runs.append(1)
             else:
-                chunks[name] = c = chunks_for(gears, raw, splittable)
-                counts.append(min(len(c), MAX_CHUNKS))
+                chunks[name] = c = chunks_for(state.gears[name], raw, self.dims[name].splittable)
+                runs.append(min(len(c), MAX_CHUNKS))
                 kind = kind if c else _EAGER
-        self._record(self.id, state.version, values, counts, kind)
+        meta = ring.meta(self.id, state.version, kind, self._ndim)
+        self._write(self._now_ns(), values, meta, ring.counts(runs))
         return _new_plan(Plan, (state.version, chunks))
 
     def _coerce(self, name: str, sizes: Mapping[str, object]) -> int:
@@ -274,7 +293,7 @@ class Profile:
         gears = self._gears_in(payload)
         with self._lock:
             old = self._state
-            new = _State(version, gears or old.gears, self.dims, old.epoch + 1)
+            new = _State(version, gears or old.gears, self.dims, old.epoch + 1, self.id)
             self._state = new
             if old.active:
                 self._draining.append(old)

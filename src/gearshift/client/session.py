@@ -16,7 +16,7 @@ every `warn_interval`), polls the snapshot version, lets every profile warm up a
 `memory_interval` (`memory`, else the first attached runner's backend). Nothing on the request
 path waits for it or for the controller.
 
-Threads: the ring has one producer per process, so records are serialised by `_ring_lock`;
+Threads: the ring serialises the process's producer threads itself;
 `_profiles` is copy-on-write; adoption runs under `_adopting`, which request threads only try.
 """
 
@@ -26,7 +26,7 @@ import atexit
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from gearshift import protocol
@@ -168,15 +168,13 @@ class Client:
         self._outstanding: Profile | None = None  # posted, no reply yet
         self._registration = threading.Lock()
         self._adopting = threading.Lock()
-        self._ring_lock = threading.Lock()
         self._wake, self._stop = threading.Event(), threading.Event()
         self._quiet_until = self._next_beat = self._next_memory = float("-inf")
         self._region_stale = False
         self._closed = False
         self.slot = registry.claim_slot(device)
-        self._ring: EventRing | None
         try:
-            self._ring = EventRing.create(self.namespace, self.slot, ring_capacity)
+            self.ring = EventRing.create(self.namespace, self.slot, ring_capacity)
         except BaseException:
             registry.release_slot(self.slot)
             raise
@@ -282,19 +280,6 @@ class Client:
 
     # request path
 
-    def record(
-        self, profile: int, version: int, values: Sequence[int], chunks: Sequence[int], kind: int
-    ) -> None:
-        """One event into the ring (dropped and counted there when it is full)."""
-        t_ns = self._now_ns()
-        lock = self._ring_lock
-        lock.acquire()  # cheaper than `with` on the hot path
-        try:
-            if self._ring is not None:
-                self._ring.put(t_ns, profile, version, values, chunks, kind)
-        finally:
-            lock.release()
-
     def refresh(self, force: bool = False) -> None:
         """Adopt the region's snapshot into every profile if its version changed (or `force`).
         Request threads only try: while another thread adopts they go on with what is in use."""
@@ -348,8 +333,8 @@ class Client:
             prof.maintain()
         seen = self.seen
         applied = seen if all(p.settled for p in profiles) else self.applied
-        ring = self._ring
-        if ring is None:
+        ring = self.ring
+        if self._closed:
             return
         if applied != self.applied or now >= self._next_beat:
             self.registry.beat(self.slot, self._now_ns(), applied, ring.dropped)
@@ -357,8 +342,7 @@ class Client:
         if self.memory is not None and now >= self._next_memory:
             self._next_memory = now + self.memory_interval
             free, total = self.memory()
-            with self._ring_lock:
-                ring.put_memory(self._now_ns(), free, total)
+            ring.put_memory(self._now_ns(), free, total)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -419,14 +403,13 @@ class Client:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(JOIN_TIMEOUT)
-        with self._ring_lock:
-            ring, self._ring = self._ring, None
+        ring = self.ring
         try:
             self.registry.beat(self.slot, self._now_ns(), self.applied, ring.dropped)
             self.registry.release_slot(self.slot)
         except GearshiftError as e:
             log.warning("namespace %r: releasing slot %d: %s", self.namespace, self.slot, e)
-        ring.close()
+        ring.close()  # a request thread's later record is a no-op
         self.region = NO_SNAPSHOT
         self.registry.close()
         if self._embedded is not None:

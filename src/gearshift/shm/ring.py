@@ -30,10 +30,12 @@ every record below it is complete, and the producer never rewrites a record befo
 has moved `tail` past it, which it does only after copying. A producer killed mid-record has not
 moved head: its half-written record is invisible.
 
-Producer (worker, request path): `put(t_ns, profile, version, values, chunks)` and
-`put_memory(t_ns, free, total)` never block, never take a lock, make no syscall and allocate no
-buffer: a full ring drops the event, counts it in `dropped` and returns False. Callers pass
-validated ints (the client checks shapes); a malformed call raises before anything is published.
+Producer (worker, request path): `put(t_ns, profile, version, values, chunks)`, its packed form
+`write(t_ns, values, meta, counts)` and `put_memory(t_ns, free, total)` never block, make no
+syscall and allocate no buffer (the threads of the producing process serialise on a
+process-local lock, held for the few stores of one record): a full ring drops the event,
+counts it in `dropped` and returns False. Callers pass validated ints (the client checks shapes); a malformed
+call raises before anything is published.
 Consumer (controller): `drain(max_events)` returns a copy of [tail, head) as an EVENT_DTYPE array,
 oldest first, then publishes tail.
 """
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -80,15 +83,24 @@ RECORD = EVENT_DTYPE.itemsize
 
 
 def _record_struct(ndim: int) -> struct.Struct:
-    """EVENT_DTYPE as a struct for `ndim` dims; pack_into zero-fills the unused dims ('x')."""
-    unused = MAX_DIMS - ndim
-    fmt = f"<q{ndim}q{8 * unused}xIHBB{ndim}H{2 * unused}x8x"
-    packer = struct.Struct(fmt)
+    """EVENT_DTYPE as a struct for `ndim` dims: t_ns, the values (unused ones zero-filled by
+    'x'), then bytes 40..47 and 48..55 as one little-endian word each (`meta`, `counts`)."""
+    packer = struct.Struct(f"<q{ndim}q{8 * (MAX_DIMS - ndim)}xQQ8x")
     assert packer.size == RECORD
     return packer
 
 
 _PACK = {ndim: _record_struct(ndim).pack_into for ndim in range(1, MAX_DIMS + 1)}
+
+
+def meta(profile: int, version: int, kind: int, ndim: int) -> int:
+    """Bytes 40..47 of a record (version, profile, kind, ndim) as one word."""
+    return version | profile << 32 | kind << 48 | ndim << 56
+
+
+def counts(chunks: Sequence[int]) -> int:
+    """Bytes 48..55 of a record (chunk count per dim, 16 bits each) as one word."""
+    return sum(count << 16 * i for i, count in enumerate(chunks))
 
 
 class EventRing:
@@ -105,6 +117,8 @@ class EventRing:
         self._head = words[_HEAD]  # producer's copy of its own word
         self._tail = words[_TAIL]  # consumer's copy of its own word
         self._dropped = words[_DROPPED]
+        self._lock = threading.Lock()  # serialises the producer's threads, and close
+        self._closed = False
 
     @classmethod
     def create(cls, namespace: str, slot: int, capacity: int = DEFAULT_CAPACITY) -> EventRing:
@@ -137,27 +151,29 @@ class EventRing:
         kind: int = Kind.SHAPE,
     ) -> bool:
         """Record one event (1..4 raw dim values, as many chunk counts); False if dropped."""
-        head = self._head
-        if head - self._words[_TAIL] >= self.capacity:
-            self._dropped += 1
-            self._words[_DROPPED] = self._dropped
-            return False
-        _PACK[len(values)](
-            self._mm,
-            RECORDS + (head & self._mask) * RECORD,
-            t_ns,
-            *values,
-            version,
-            profile,
-            kind,
-            len(values),
-            *chunks,
-        )
-        if WEAK_ORDERING:
-            fence()
-        self._head = head = head + 1
-        self._words[_HEAD] = head  # the publishing store
-        return True
+        return self.write(t_ns, values, meta(profile, version, kind, len(values)), counts(chunks))
+
+    def write(self, t_ns: int, values: Sequence[int], meta: int, counts: int) -> bool:
+        """`put` with bytes 40..55 already packed (`meta`, `counts`): the request path's form.
+        False, and nothing written, once the ring is closed."""
+        lock = self._lock
+        lock.acquire()  # cheaper than `with` on the request path
+        try:
+            head = self._head
+            if self._closed or head - self._words[_TAIL] >= self.capacity:
+                if not self._closed:
+                    self._dropped += 1
+                    self._words[_DROPPED] = self._dropped
+                return False
+            offset = RECORDS + (head & self._mask) * RECORD
+            _PACK[len(values)](self._mm, offset, t_ns, *values, meta, counts)
+            if WEAK_ORDERING:
+                fence()
+            self._head = head = head + 1
+            self._words[_HEAD] = head  # the publishing store
+            return True
+        finally:
+            lock.release()
 
     def put_memory(self, t_ns: int, free: int, total: int) -> bool:
         """Record a device memory reading in bytes; False if dropped."""
@@ -192,8 +208,11 @@ class EventRing:
         return self._words[_DROPPED]
 
     def close(self) -> None:
-        del self._records  # a numpy view: it must go before the mapping can close
-        self.segment.close()
+        """Unmap the ring; a producer thread's later `write` returns False."""
+        with self._lock:
+            self._closed = True
+            del self._records  # a numpy view: it must go before the mapping can close
+            self.segment.close()
 
     def unlink(self) -> bool:
         return self.segment.unlink()
