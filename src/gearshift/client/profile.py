@@ -94,9 +94,7 @@ class _State:
     ) -> None:
         self.version, self.gears, self.epoch, self.active = version, gears, epoch, 0
         self.meta = ring.meta(pid, version, Kind.SHAPE, len(dims))
-        self.table = tuple(
-            (n, d.min, gears[n][-1], *_lookup(gears[n])) for n, d in dims.items()
-        )
+        self.table = tuple((n, d.min, gears[n][-1], *_lookup(gears[n])) for n, d in dims.items())
 
 
 @functools.lru_cache(maxsize=64)  # read-only tables, shared by the states of equal gears

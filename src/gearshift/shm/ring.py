@@ -34,8 +34,8 @@ Producer (worker, request path): `put(t_ns, profile, version, values, chunks)`, 
 `write(t_ns, values, meta, counts)` and `put_memory(t_ns, free, total)` never block, make no
 syscall and allocate no buffer (the threads of the producing process serialise on a
 process-local lock, held for the few stores of one record): a full ring drops the event,
-counts it in `dropped` and returns False. Callers pass validated ints (the client checks shapes); a malformed
-call raises before anything is published.
+counts it in `dropped` and returns False. Callers pass validated ints (the client checks
+shapes); a malformed call raises before anything is published.
 Consumer (controller): `drain(max_events)` returns a copy of [tail, head) as an EVENT_DTYPE array,
 oldest first, then publishes tail.
 """
