@@ -291,10 +291,10 @@ def test_a_none_threshold_disables_memory_checks():
 def test_state_bookkeeping():
     dims = {"B": Dim(gears=(16, 64), max=512)}
     states = initial_states(dims, 5.0)
-    assert states == {"B": DimState((16, 64), {16: 5.0, 64: 5.0}, {})}
+    assert states == {"B": DimState((16, 64), {16: 5.0, 64: 5.0}, {}, initial=frozenset({16, 64}))}
     d = decide(dims, states, {"B": hist(at(OLD, 300, 300, 400))}, None, NOW, CFG)
     assert actions(d) == [("evict", 16), ("add", 300)]
-    assert d.states["B"] == DimState((64, 300), {64: 5.0, 300: NOW}, {})
+    assert d.states["B"] == DimState((64, 300), {64: 5.0, 300: NOW}, {}, initial=frozenset({64}))
     assert d.changed
 
 

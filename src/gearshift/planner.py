@@ -20,7 +20,10 @@ rule moves the top of the set, up (the former largest then becomes an ordinary g
    `plan_confidence` standard errors; at most `plan_max_moves` additions and as many evictions.
 
 Creation protection (`recent_use_protect_seconds`, and any `protected_until`) holds except in
-step 2's floor case; an evicted gear is not added back within as long (no flapping). Pure: no
+step 2's floor case, and for an initial gear (`DimState.initial`: there from the start, never
+chosen on evidence) only while all the window's traffic lies below it, a ramp-up it may yet
+serve: the start-up ladder gives way to the plan as soon as traffic shows where gears pay. An
+evicted gear is not added back within the protection window (no flapping). Pure: no
 clock, I/O, threads or torch. Costs grow with the distinct values (capped at `MAX_CANDIDATES`
 gear positions for the DP) and the gears, never with the events.
 """
@@ -55,8 +58,11 @@ def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
     v, w = hist.values, hist.weights
     raw = float((w * v).sum())
     window = config.recent_use_protect_seconds
+    top = int(v[-1])
 
     def protected(g: int) -> bool:
+        if g in state.initial and g < top:  # a start-up guess that traffic has gone past
+            return False
         return (now - state.created.get(g, -math.inf) < window
                 or now < state.protected_until.get(g, -math.inf))
 

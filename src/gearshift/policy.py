@@ -28,13 +28,15 @@ class DimState:
     """Gears of one dim, when each was added, and protections set by the replacement-loss rule.
 
     Plan mode also keeps when gears were evicted (within the protection window: they are not
-    added back before it ends).
+    added back before it ends) and which gears are `initial`: the Dim's initial gears, there
+    from the start and never chosen on evidence (their creation protection is narrower).
     """
 
     gears: Gears
     created: Mapping[int, float]
     protected_until: Mapping[int, float] = field(default_factory=dict)
     evicted: Mapping[int, float] = field(default_factory=dict)
+    initial: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,8 @@ class GearStat:
 
 def initial_states(dims: Mapping[str, Dim], now: float) -> dict[str, DimState]:
     """Every dim at its initial gears, created at `now`."""
-    return {name: DimState(dim.initial_gears, dict.fromkeys(dim.initial_gears, now))
+    return {name: DimState(dim.initial_gears, dict.fromkeys(dim.initial_gears, now),
+                           initial=frozenset(dim.initial_gears))
             for name, dim in dims.items()}
 
 
@@ -284,8 +287,10 @@ def _apply(state: DimState, changes: list[GearChange], now: float, config: Polic
     protected = {g: t for g, t in state.protected_until.items() if g in gears and t > now}
     protected |= {c.gear: now + config.recent_use_protect_seconds
                   for c in changes if c.action == "protect"}
+    initial = frozenset(state.initial & set(gears) - added)
     if not cooling:
-        return DimState(gears, created, protected, state.evicted)
+        return DimState(gears, created, protected, state.evicted, initial)
     window = config.recent_use_protect_seconds
     gone = {g: t for g, t in state.evicted.items() if now - t < window and g not in gears}
-    return DimState(gears, created, protected, gone | dict.fromkeys(evicted - added, now))
+    return DimState(gears, created, protected, gone | dict.fromkeys(evicted - added, now),
+                    initial)

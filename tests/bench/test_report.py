@@ -14,6 +14,7 @@ from gearshift.bench.cli import BENCHMARKS
 from gearshift.bench.hotpath import command as hotpath
 from gearshift.bench.optimal import command as optimal
 from gearshift.bench.snapshot import command as snapshot
+from gearshift.bench.synthetic import command as synthetic
 
 RING = {  # `bench ring --json` keys, as it prints them
     "workers": 2,
@@ -59,6 +60,7 @@ def test_every_registered_benchmark_has_a_table() -> None:
         ("optimal", optimal, ["--values", "300", "--baseline-values", "100"], 2),
         ("hotpath", hotpath, ["--batches", "5", "--batch", "20"], 2),
         ("snapshot", snapshot, [], 2),
+        ("synthetic", synthetic, ["--seeds", "1", "--family", "uniform", "--family", "spikes"], 2),
     ],
 )
 def test_tables_read_what_the_benchmarks_print(

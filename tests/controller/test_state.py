@@ -32,6 +32,7 @@ def test_round_trip_keeps_gears_times_stats_and_version(tmp_path: Path) -> None:
     assert profile.states["BATCHSIZE"].created == {1: 100.0, 8: 100.0, 64: 100.0}
     seq = profile.states["SEQLEN"]
     assert (seq.protected_until, seq.evicted) == ({4096: 109.0}, {96: 98.0})
+    assert (profile.states["BATCHSIZE"].initial, seq.initial) == ({1, 8, 64}, frozenset())
     assert profile.dims["SEQLEN"].align == 16 and profile.dims["BATCHSIZE"].splittable
     assert profile.stats["SEQLEN"].view(100.0).counts.tolist() == [1, 1]
     assert [p.name for p in tmp_path.iterdir()] == [state.STATE_FILE]  # no temp file left

@@ -15,6 +15,7 @@ BENCHMARKS = {
     "ring": "gearshift.bench.ring:command",
     "simulate": "gearshift.bench.simulate:command",
     "snapshot": "gearshift.bench.snapshot:command",
+    "synthetic": "gearshift.bench.synthetic:command",
 }
 
 

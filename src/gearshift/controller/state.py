@@ -68,7 +68,8 @@ def boot_id() -> str:
 
 def _dim_state_to_dict(s: DimState) -> dict[str, Any]:
     return {"gears": list(s.gears), "created": dict(s.created),
-            "protected_until": dict(s.protected_until), "evicted": dict(s.evicted)}
+            "protected_until": dict(s.protected_until), "evicted": dict(s.evicted),
+            "initial": sorted(s.initial)}
 
 
 def encode(devices: dict[int, DeviceState]) -> bytes:
@@ -103,7 +104,8 @@ def decode(blob: bytes, now: float, config: PolicyConfig) -> dict[int, DeviceSta
                 for k, s in p["states"].items():
                     gears = tuple(s["gears"])
                     profile.states[k] = (
-                        DimState(gears, s["created"], s["protected_until"], s["evicted"])
+                        DimState(gears, s["created"], s["protected_until"], s["evicted"],
+                                 frozenset(s.get("initial", ())))
                         if same_boot else DimState(gears, dict.fromkeys(gears, now)))
                     if same_boot:
                         profile.stats[k] = _restore_stats(p["stats"][k], config, name, k)

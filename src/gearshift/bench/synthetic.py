@@ -1,0 +1,137 @@
+"""`gearshift bench synthetic`: plan mode on one-hour traces that are not shipped.
+
+Eleven families of request sizes (stationary, heavy-tailed, drifting, shifting, bursty,
+sparse), each drawn with several seeds and replayed from the default start (`ladder(1, M)`,
+as `gearshift simulate` does). Per family: plan mode's padding over the hindsight-optimal
+static set with as many gears as plan mode holds on average, rounded (issue 7's measure, goal
+<= 1.25) and interpolated between the two nearest gear counts (no rounding luck); the worst
+and the mean over the seeds, with padding, mean gears and churn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+
+import click
+import numpy as np
+
+from gearshift.cli import json_option
+from gearshift.config import PolicyConfig
+from gearshift.simulate import policy_dims, simulate
+from gearshift.trace import Trace
+
+HOUR = 3600.0
+Draw = Callable[[np.random.Generator, np.ndarray], np.ndarray]
+
+# family -> (dim, requests per second, sizes at times t)
+FAMILIES: dict[str, tuple[str, float, Draw]] = {
+    "lognormal": ("SEQLEN", 3.0, lambda r, t: r.lognormal(7.0, 0.8, t.size)),
+    "uniform": ("SEQLEN", 3.0, lambda r, t: r.uniform(1, 4096, t.size)),
+    "geometric batch": ("BATCHSIZE", 3.0, lambda r, t: r.geometric(0.25, t.size)),
+    "pareto": ("SEQLEN", 3.0, lambda r, t: 64 * (1 + r.pareto(1.5, t.size))),
+    "spikes": (
+        "SEQLEN",
+        3.0,
+        lambda r, t: np.where(
+            r.random(t.size) < 0.9, r.choice([128, 512, 2048], t.size), r.uniform(1, 8192, t.size)
+        ),
+    ),
+    "bimodal": (
+        "SEQLEN",
+        3.0,
+        lambda r, t: np.where(
+            r.random(t.size) < 0.6, r.normal(600, 120, t.size), r.normal(3500, 500, t.size)
+        ),
+    ),
+    "shift halfway": (
+        "SEQLEN",
+        3.0,
+        lambda r, t: np.where(
+            t > HOUR / 2, r.lognormal(8.0, 0.5, t.size), r.lognormal(6.0, 0.6, t.size)
+        ),
+    ),
+    "drifting batch": ("BATCHSIZE", 3.0, lambda r, t: r.poisson(2 + 40 * t / HOUR) + 1),
+    "sinusoidal drift": (
+        "SEQLEN",
+        3.0,
+        lambda r, t: r.lognormal(6.5 + np.sin(2 * np.pi * t / 1800), 0.5),
+    ),
+    "bursts": (
+        "SEQLEN",
+        3.0,
+        lambda r, t: np.where(
+            t % 1200 < 120, r.lognormal(8.5, 0.3, t.size), r.lognormal(6.5, 0.7, t.size)
+        ),
+    ),
+    "sparse": ("SEQLEN", 0.3, lambda r, t: r.lognormal(7.0, 0.8, t.size)),
+}
+
+
+def synthetic(family: str, seed: int) -> Trace:
+    """One hour of `family` (a FAMILIES key), sizes rounded and clipped to [1, 16384]."""
+    dim, rate, draw = FAMILIES[family]
+    rng = np.random.default_rng(seed)
+    t = np.sort(rng.uniform(0.0, HOUR, rng.poisson(rate * HOUR)))
+    sizes = np.clip(np.round(draw(rng, t)), 1, 16384).astype(np.int64)
+    return Trace(family, t, {dim: sizes})
+
+
+def _optimal(trace: Trace, dim: str, k: int) -> float:
+    dims = policy_dims(trace, "optimal", k={dim: k})
+    return simulate(trace, dims, PolicyConfig(), adaptive=False).dims[dim].padding_overhead
+
+
+def run_trace(trace: Trace, config: PolicyConfig) -> dict[str, float]:
+    """Plan mode on `trace`'s single dim against the optimum at its mean gear count."""
+    result = simulate(trace, policy_dims(trace, "adaptive"), config)
+    ((dim, d),) = result.dims.items()
+    low = math.floor(d.mean_gears)
+    below, above = _optimal(trace, dim, low), _optimal(trace, dim, low + 1)
+    share = d.mean_gears - low
+    rounded = above if round(d.mean_gears) > low else below
+    return {
+        "padding_overhead": d.padding_overhead,
+        "mean_gears": d.mean_gears,
+        "churn_per_hour": (d.adds + d.evictions) / (result.duration / HOUR),
+        "ratio": d.padding_overhead / rounded,
+        "ratio_interpolated": d.padding_overhead / (below * (1 - share) + above * share),
+    }
+
+
+@click.command()
+@click.option("--seeds", default=5, show_default=True, help="Traces drawn per family.")
+@click.option(
+    "--family",
+    "families",
+    multiple=True,
+    type=click.Choice(list(FAMILIES)),
+    help="A family (default: all).",
+)
+@json_option()
+def command(seeds: int, families: tuple[str, ...], as_json: bool) -> None:
+    """Plan mode on synthetic one-hour traces against the hindsight optimum at equal gear
+    count (goal: ratio <= 1.25)."""
+    config = PolicyConfig()
+    out: dict[str, dict[str, float]] = {}
+    for family in families or FAMILIES:
+        runs = [run_trace(synthetic(family, seed), config) for seed in range(seeds)]
+        out[family] = {f"{key}_mean": statistics.fmean(r[key] for r in runs) for key in runs[0]}
+        out[family] |= {
+            f"{key}_worst": max(r[key] for r in runs) for key in ("ratio", "ratio_interpolated")
+        }
+    if as_json:
+        click.echo(json.dumps({"seeds": seeds, "families": out}))
+        return
+    click.echo(
+        "| family | worst ratio | mean ratio | worst, interpolated | padding | gears | "
+        "adds+evictions/h |\n| --- | --- | --- | --- | --- | --- | --- |"
+    )
+    for family, r in out.items():
+        click.echo(
+            f"| {family} | {r['ratio_worst']:.2f} | {r['ratio_mean']:.2f} | "
+            f"{r['ratio_interpolated_worst']:.2f} | {r['padding_overhead_mean']:.3f} | "
+            f"{r['mean_gears_mean']:.1f} | {r['churn_per_hour_mean']:.0f} |"
+        )

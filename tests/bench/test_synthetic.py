@@ -1,0 +1,30 @@
+"""`gearshift bench synthetic`: families of unshipped traces against the optimum."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from click.testing import CliRunner
+
+from gearshift.bench.synthetic import FAMILIES, command, synthetic
+
+
+def test_every_family_draws_one_hour_of_valid_sizes() -> None:
+    for family, (dim, rate, _) in FAMILIES.items():
+        trace = synthetic(family, 0)
+        sizes = trace.dims[dim]
+        assert list(trace.dims) == [dim] and sizes.min() >= 1 and sizes.max() <= 16384
+        assert abs(trace.t.size - rate * 3600) < 6 * np.sqrt(rate * 3600)
+        assert np.array_equal(sizes, synthetic(family, 0).dims[dim])  # seeded
+
+
+def test_report_per_family() -> None:
+    result = CliRunner().invoke(command, ["--seeds", "1", "--family", "lognormal", "--json"])
+    assert result.exit_code == 0, result.output
+    r = json.loads(result.output)["families"]["lognormal"]
+    assert r["ratio_worst"] == r["ratio_mean"] <= 1.25
+    assert 0.9 < r["ratio_interpolated_worst"] / r["ratio_worst"] < 1.1
+    assert r["mean_gears_mean"] > 1 and r["padding_overhead_mean"] > 0
+    table = CliRunner().invoke(command, ["--seeds", "1", "--family", "bimodal"]).output
+    assert table.count("\n") == 3 and table.splitlines()[2].startswith("| bimodal | ")
