@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import gc
+import threading
 
 import numpy as np
 import pytest
 from fake_controller import FakeController
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import gearshift as gs
 from gearshift.shm import Kind
@@ -161,3 +164,122 @@ def test_the_same_name_gives_the_same_profile(client: gs.Client, prof: gs.Profil
     assert client.profile("decode", dict(DIMS)) is prof
     with pytest.raises(gs.ProfileMismatch, match="other dims"):
         client.profile("decode", {"BATCHSIZE": gs.Dim()})
+
+
+# the specialised route (generated per profile) against the generic one (Profile.route)
+
+SMALL = {  # min > 1, splits, eager: every branch of the request path within a few values
+    "B": gs.Dim(gears=[2, 8], max=20, splittable=True),
+    "S": gs.Dim(gears=[16, 64], min=4, max=100),
+}
+_size = st.one_of(
+    st.integers(-2, 110),
+    st.integers(-2, 110).map(np.int64),
+    st.sampled_from([2.0, True, None, "8", 1 << 70]),
+)
+_sizes = st.dictionaries(st.sampled_from(["B", "S", "X", "_unknown"]), _size, max_size=4)
+
+
+def _outcome(route, fake: FakeController, slot: int, sizes: dict) -> tuple:
+    """What one route call gives back (its Plan or its error) and records."""
+    try:
+        result = route(**sizes)
+    except gs.ShapeError as e:
+        result = str(e)
+    events = fake.drain(slot)
+    return result, [(e["values"].tolist(), e["chunks"].tolist(), e["kind"]) for e in events]
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(sizes=_sizes | st.fixed_dictionaries({"B": _size, "S": _size}))
+def test_the_specialised_route_plans_records_and_fails_as_the_generic_one(
+    fake: FakeController, client: gs.Client, sizes: dict
+) -> None:
+    prof = client.profile("small", SMALL)
+    assert "route" in vars(prof)  # specialised
+    generic = _outcome(lambda **s: gs.Profile.route(prof, **s), fake, client.slot, sizes)
+    assert _outcome(prof.route, fake, client.slot, sizes) == generic
+    result, events = generic
+    assert len(events) == (not isinstance(result, str))
+
+
+def test_plans_of_one_gear_combination_are_shared_and_read_only(
+    fake: FakeController, prof: gs.Profile
+) -> None:
+    plan = prof.route(BATCHSIZE=13, SEQLEN=700)
+    assert prof.route(BATCHSIZE=9, SEQLEN=513) is plan
+    with prof.request(BATCHSIZE=16, SEQLEN=1024) as same:
+        assert same is plan
+    with pytest.raises(TypeError):
+        plan.chunks["BATCHSIZE"] = (8,)  # type: ignore[index]
+    version = fake.publish({"decode": {"BATCHSIZE": [16, 64], "SEQLEN": [1024, 8192]}})
+    again = prof.route(BATCHSIZE=13, SEQLEN=700)
+    assert again is not plan and again.version == version and again.chunks == plan.chunks
+
+
+@pytest.mark.parametrize("names", [("seq-len", "class"), ("_B", "S"), ("\ufb01", "S")])
+def test_dims_named_unlike_parameters_route_on_the_generic_path(
+    fake: FakeController, client: gs.Client, names: tuple[str, str]
+) -> None:
+    # "\ufb01" (the fi ligature) is an identifier that Python would normalise to "fi"
+    prof = client.profile("odd", {names[0]: gs.Dim(gears=[4, 8]), names[1]: gs.Dim()})
+    assert "route" not in vars(prof)  # the class's
+    fake.drain(client.slot)
+    assert prof.route(**{names[0]: 3, names[1]: 5}).gears == {names[0]: 4, names[1]: 8}
+    with pytest.raises(gs.ShapeError, match="missing"):
+        prof.route(**{names[0]: 3})
+    assert fake.drain(client.slot)["values"][:, :2].tolist() == [[3, 5]]
+
+
+def test_route_takes_keywords_only(prof: gs.Profile) -> None:
+    with pytest.raises(TypeError):
+        prof.route(13, 700)  # type: ignore[misc]
+
+
+def test_snapshot_gears_in_another_dim_order_are_recorded_in_the_profile_order(
+    fake: FakeController, client: gs.Client, prof: gs.Profile
+) -> None:
+    fake.publish({"decode": {"SEQLEN": [512, 8192], "BATCHSIZE": [8, 64]}})
+    assert prof.route(BATCHSIZE=72, SEQLEN=700).chunks == {
+        "BATCHSIZE": (64, 8),
+        "SEQLEN": (8192,),
+    }
+    prof.route(BATCHSIZE=3, SEQLEN=5)
+    fake.drain(client.slot)
+    prof.route(BATCHSIZE=72, SEQLEN=700)
+    prof.route(BATCHSIZE=3, SEQLEN=5)
+    events = fake.drain(client.slot)
+    assert events["values"][:, :2].tolist() == [[72, 700], [3, 5]]
+    assert events["chunks"][:, :2].tolist() == [[2, 1], [1, 1]]
+
+
+def test_request_threads_routing_at_once_lose_no_event(
+    fake: FakeController, client: gs.Client, prof: gs.Profile
+) -> None:
+    fake.drain(client.slot)
+    threads, calls = 4, 3000  # 12000 events: the default ring holds them all
+
+    def work(t: int) -> None:
+        for i in range(calls):
+            prof.route(BATCHSIZE=1 + t, SEQLEN=1 + i)
+            if i % 500 == 0:
+                prof.route(BATCHSIZE=65 + t, SEQLEN=1 + i)  # a split, on the generic path
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    events = fake.drain(client.slot)
+    per_thread = threads * (calls + calls // 500)
+    assert len(events) == per_thread and client.ring.dropped == 0
+    got = sorted(map(tuple, events["values"][:, :2].tolist()))
+    expected = sorted(
+        (b + t, 1 + i)
+        for t in range(threads)
+        for i in range(calls)
+        for b in ((1, 65) if i % 500 == 0 else (1,))
+    )
+    assert got == expected

@@ -4,6 +4,7 @@ import itertools
 import os
 import random
 import signal
+import struct
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -62,6 +63,35 @@ def test_event_dtype_is_at_most_64_bytes_and_matches_what_put_writes(
     assert (a["t_ns"], a["profile"], a["version"], a["kind"], a["ndim"]) == (5, 7, 9, 2, 2)
     assert a["values"].tolist() == [100, 200, 0, 0] and a["chunks"].tolist() == [1, 3, 0, 0]
     assert (b["kind"], b["values"][0], b["values"][1]) == (Kind.MEMORY, 2**40, 2**41)
+
+
+def test_write_is_put_with_packed_words_and_malformed_calls_publish_nothing(
+    namespace: str, rings: list[EventRing]
+) -> None:
+    rings.append(producer := EventRing.create(namespace, 0, 4))
+    meta, counts = ring.meta(7, 9, Kind.EAGER, 2), ring.counts((1, 3))
+    assert producer.write(5, 100, -200, 0, 0, meta, counts)
+    producer.put(5, 7, 9, (100, -200), (1, 3), Kind.EAGER)
+    for values in ((), (1, 2, 3, 4, 5)):
+        with pytest.raises(ValueError, match="1 to 4 values"):
+            producer.put(6, 7, 9, values, ())
+    with pytest.raises(struct.error):
+        producer.write(6, 1 << 63, 0, 0, 0, meta, counts)  # does not fit the record
+    assert producer.write(7, 1, 0, 0, 0, meta, counts)  # the lock was released
+    a, b, c = producer.drain()
+    assert a.tobytes() == b.tobytes() and c["t_ns"] == 7 and producer.dropped == 0
+
+
+def test_a_closed_ring_writes_nothing_and_counts_no_drop(namespace: str) -> None:
+    producer = EventRing.create(namespace, 0, 4)
+    consumer = EventRing.attach(namespace, 0)
+    try:
+        producer.close()
+        assert not producer.write(1, 1, 0, 0, 0, 0, 0) and not producer.put(1, 0, 0, (1,), (1,))
+        assert consumer.pending() == 0 and consumer.dropped == 0
+    finally:
+        consumer.close()
+        producer.unlink()
 
 
 def test_capacity_must_be_a_power_of_two(namespace: str) -> None:

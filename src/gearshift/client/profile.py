@@ -4,6 +4,14 @@
 spot), a gear lookup per dim on the gears in use, one ring record; it never captures, blocks
 or raises because of the controller. A plan's chunks follow `dims.chunks_for`.
 
+Its fast path (`_specialised`): each profile gets a `route` generated for its dims, the way
+namedtuple and dataclasses generate methods: the dims are keyword parameters, the check that
+each is an int within [min, largest gear] is unrolled, and such a request's Plan is its
+state's for that gear combination, made once and shared (its chunks are read-only). Every
+other request (coerced, split, eager, bad) takes the generic path, with the same plans,
+records and errors. Binding to parameters, no loop and no Plan built per request halve the
+Python work of a request (`gearshift bench hotpath`).
+
 Adopting a snapshot (`Client.refresh`, on whichever thread sees the new version first; the
 payload is decoded once for all profiles) builds a new `_State`, whose gears and lookup tables
 never change after, and publishes it to request threads by one reference assignment under
@@ -24,11 +32,14 @@ from __future__ import annotations
 import array
 import functools
 import itertools
+import keyword
 import logging
+import math
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from gearshift import protocol
@@ -52,7 +63,7 @@ class Plan(NamedTuple):
     every chunk (largest first; `()` on a non-splittable dim over its largest gear: eager)."""
 
     version: int
-    chunks: dict[str, Gears]
+    chunks: Mapping[str, Gears]  # read-only: Plans are shared by the requests they fit
 
     @property
     def gears(self) -> dict[str, int | None]:
@@ -84,41 +95,123 @@ class Runner(Protocol):
 
 class _State:
     """Gears in use from one snapshot; `active` (under the profile's lock) counts requests.
-    `table` has per dim what routing needs: bounds, the largest gear, a raw -> chunk lookup
-    (`_lookup`); `meta` is the record word of a request routed on it (`ring.meta`)."""
+    `table` has per dim (name, min, largest gear, index): `index[raw]` is the position of the
+    smallest gear >= raw times the dim's stride, so a request whose dims all fit their gears
+    sums them into the key of its Plan in `plans`; `bounds` is `table` flat without the names
+    (the specialised route's). `meta` is the record word of such a request (`ring.meta`)."""
 
-    __slots__ = ("active", "epoch", "gears", "meta", "table", "version")
+    __slots__ = ("active", "bounds", "epoch", "gears", "meta", "plans", "table", "version")
 
     def __init__(
         self, version: int, gears: dict[str, Gears], dims: Mapping[str, Dim], epoch: int, pid: int
     ) -> None:
         self.version, self.gears, self.epoch, self.active = version, gears, epoch, 0
         self.meta = ring.meta(pid, version, Kind.SHAPE, len(dims))
-        self.table = tuple((n, d.min, gears[n][-1], *_lookup(gears[n])) for n, d in dims.items())
+        counts = [len(gears[n]) for n in dims]
+        strides = [math.prod(counts[i + 1 :]) for i in range(len(counts))]  # mixed radix
+        self.table = tuple(
+            (n, d.min, gears[n][-1], _lookup(gears[n], stride))
+            for (n, d), stride in zip(dims.items(), strides, strict=True)
+        )
+        self.bounds = tuple(x for row in self.table for x in row[1:])
+        self.plans = _Plans(version, {n: (gears[n], k) for n, k in zip(dims, strides, strict=True)})
+
+
+class _Plans(dict[int, "Plan"]):
+    """The one-chunk-per-dim Plans of a state by key (sum of gear position x stride), made on
+    first use and shared by every request they fit: a Plan and its chunks are read-only."""
+
+    def __init__(self, version: int, axes: dict[str, tuple[Gears, int]]) -> None:
+        super().__init__()
+        self.version, self.axes = version, axes
+
+    def __missing__(self, key: int) -> Plan:
+        chunks = {
+            n: (gears[key // stride % len(gears)],) for n, (gears, stride) in self.axes.items()
+        }
+        plan = self[key] = _new_plan(Plan, (self.version, MappingProxyType(chunks)))
+        return plan
 
 
 @functools.lru_cache(maxsize=64)  # read-only tables, shared by the states of equal gears
-def _lookup(gears: Gears) -> tuple[Sequence[int], tuple[Gears, ...]]:
-    """(index, singles): the request path takes `singles[index[raw]]`, the one chunk of the
-    smallest gear >= raw, for raw in 1..largest gear. The index is an array of ints (one subscript)
-    when the largest gear is at most LOOKUP_MAX, else a bisecting view. An array holds no
-    references, so the garbage collector never walks it: a list of one chunk per raw value
-    cost a collection 0.2-1.5 ms per 64 tables of 8192, inside whichever request set it off."""
-    singles = tuple((gear,) for gear in gears)
+def _lookup(gears: Gears, stride: int) -> Sequence[int]:
+    """`index[raw]` = stride x the position of the smallest gear >= raw, for raw in 1..largest
+    gear: an array of ints (one subscript) when the largest gear is at most LOOKUP_MAX, else a
+    bisecting view. An array holds no references, so the garbage collector never walks it: a
+    list of one chunk per raw value cost a collection 0.2-1.5 ms per 64 tables of 8192, inside
+    whichever request set it off."""
     if gears[-1] > LOOKUP_MAX:
-        return _Bisect(gears), singles
-    index = array.array("H" if len(gears) <= 1 << 16 else "I", [0])  # raw 0: never looked up
+        return _Bisect(gears, stride)
+    top = (len(gears) - 1) * stride
+    index = array.array("H" if top < 1 << 16 else "I" if top < 1 << 32 else "Q", [0])
     for i, (low, gear) in enumerate(zip((0, *gears), gears, strict=False)):
-        index += array.array(index.typecode, [i]) * (gear - low)
-    return index, singles
+        index += array.array(index.typecode, [i * stride]) * (gear - low)
+    return index
 
 
 class _Bisect:
-    def __init__(self, gears: Gears) -> None:
-        self.gears = gears
+    def __init__(self, gears: Gears, stride: int) -> None:
+        self.gears, self.stride = gears, stride
 
     def __getitem__(self, raw: int) -> int:
-        return bisect_left(self.gears, raw)
+        return bisect_left(self.gears, raw) * self.stride
+
+
+_MISSING: Any = object()  # a dim the caller did not pass
+_ROUTE = """
+def route(*, {params}, **_unknown):
+    if _client.region.version() != _client.seen:
+        _client.refresh()
+    _s = _profile._state
+    {bounds} = _s.bounds
+    if {fits} and not _unknown:
+        _plan = _s.plans[{key}]
+        _write(_now(), {values}, _s.meta, _single)
+        return _plan
+    _sizes = {{{given}, **_unknown}}
+    if {missing}:
+        _sizes = {{n: v for n, v in _sizes.items() if v is not _MISSING}}
+    return _profile._route_checked(_s, _sizes)
+"""
+
+
+def _specialised(profile: Profile) -> Callable[..., Plan] | None:
+    """`profile.route` generated for its dims (see the module docstring), or None when a dim
+    name cannot be a parameter of it."""
+    names = list(profile.dims)
+    if not all(map(_parameter, names)):
+        return None
+    dims = list(enumerate(names))
+    source = _ROUTE.format(
+        params=", ".join(f"{n}=_MISSING" for n in names),
+        bounds=", ".join(f"_l{i}, _t{i}, _i{i}" for i, _ in dims),
+        fits=" and ".join(f"_type({n}) is _int and _l{i} <= {n} <= _t{i}" for i, n in dims),
+        key=" + ".join(f"_i{i}[{n}]" for i, n in dims),
+        values=", ".join(names + ["0"] * (MAX_DIMS - len(names))),
+        given=", ".join(f"{n!r}: {n}" for n in names),
+        missing=" or ".join(f"{n} is _MISSING" for n in names),
+    )
+    scope = {
+        "__name__": __name__,
+        "_MISSING": _MISSING,
+        "_type": type,
+        "_int": int,
+        "_client": profile._client,
+        "_profile": profile,
+        "_write": profile._write,
+        "_now": profile._now_ns,
+        "_single": profile._single,
+    }
+    exec(source, scope)  # names checked above: the way dataclasses and namedtuple do it
+    route = scope["route"]
+    route.__doc__, route.__qualname__ = Profile.route.__doc__, f"Profile({profile.name!r}).route"
+    return route
+
+
+def _parameter(name: str) -> bool:
+    """An ASCII identifier (Python NFKC-normalises others), no keyword, no `_` prefix (the
+    generated route's own names have one)."""
+    return name.isascii() and name.isidentifier() and not keyword.iskeyword(name) and name[0] != "_"
 
 
 def checked_dims(name: str, dims: Mapping[str, Dim]) -> dict[str, Dim]:
@@ -154,6 +247,8 @@ class Profile:
         self._releases: list[tuple[int, str, int]] = []  # (epoch that removed it, dim, gear)
         self._runner: Runner | None = None
         self._warm: _State | None = None  # the state whose variants are all captured
+        if (route := _specialised(self)) is not None:
+            self.route = route  # type: ignore[method-assign]
 
     @property
     def gears(self) -> dict[str, Gears]:
@@ -195,41 +290,37 @@ class Profile:
 
     def _route(self, state: _State, sizes: Mapping[str, int]) -> Plan:
         if len(sizes) == self._ndim:  # the common case: ints within the gears, one chunk each
-            chunks, values = {}, []
-            for name, low, top, index, singles in state.table:
+            key, values = 0, [0] * MAX_DIMS
+            for i, (name, low, top, index) in enumerate(state.table):
                 raw = sizes.get(name)
                 if type(raw) is not int or raw < low or raw > top:
                     break
-                chunks[name] = singles[index[raw]]
-                values.append(raw)
+                key += index[raw]
+                values[i] = raw
             else:
-                self._write(self._now_ns(), values, state.meta, self._single)
-                return _new_plan(Plan, (state.version, chunks))
+                plan = state.plans[key]
+                self._write(self._now_ns(), *values, state.meta, self._single)
+                return plan
         return self._route_checked(state, sizes)
 
-    def _route_checked(self, state: _State, sizes: Mapping[str, int]) -> Plan:
+    def _route_checked(self, state: _State, sizes: Mapping[str, object]) -> Plan:
         """`_route` for any sizes: coerced, bounds checked, split or eager over the gears."""
         if len(sizes) != self._ndim:
             raise self._mismatch(sizes)
-        chunks, values, runs, kind = {}, [], [], _SHAPE
-        for name, low, top, index, singles in state.table:
+        chunks, values, runs, kind = {}, [0] * MAX_DIMS, [], _SHAPE
+        for i, (name, spec) in enumerate(self.dims.items()):
             raw = sizes.get(name)
             if type(raw) is not int:
                 raw = self._coerce(name, sizes)
-            high = self.dims[name].max
-            if raw < low or raw > high:
-                raise ShapeError(f"{self.name}: {name}={raw} is outside [{low}, {high}]")
-            values.append(raw)
-            if raw <= top:
-                chunks[name] = singles[index[raw]]
-                runs.append(1)
-            else:
-                chunks[name] = c = chunks_for(state.gears[name], raw, self.dims[name].splittable)
-                runs.append(min(len(c), MAX_CHUNKS))
-                kind = kind if c else _EAGER
-        meta = ring.meta(self.id, state.version, kind, self._ndim)
-        self._write(self._now_ns(), values, meta, ring.counts(runs))
-        return _new_plan(Plan, (state.version, chunks))
+            if raw < spec.min or raw > spec.max:
+                raise ShapeError(f"{self.name}: {name}={raw} is outside [{spec.min}, {spec.max}]")
+            values[i] = raw
+            chunks[name] = c = chunks_for(state.gears[name], raw, spec.splittable)
+            runs.append(min(len(c), MAX_CHUNKS))
+            kind = kind if c else _EAGER
+        meta = state.meta if kind == _SHAPE else ring.meta(self.id, state.version, kind, self._ndim)
+        self._write(self._now_ns(), *values, meta, ring.counts(runs))
+        return _new_plan(Plan, (state.version, MappingProxyType(chunks)))
 
     def _coerce(self, name: str, sizes: Mapping[str, object]) -> int:
         if name not in sizes:
