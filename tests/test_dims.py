@@ -85,3 +85,17 @@ def test_check(raw, ok):
     else:
         with pytest.raises(ShapeError, match="B="):
             dim.check("B", raw)
+
+
+def test_cost_is_a_polynomial_of_the_chunk_size() -> None:
+    assert Dim().work(np.array([0, 3, 10])).tolist() == [0.0, 3.0, 10.0]
+    attention = Dim(cost=[1, 2, 0.5])
+    assert attention.cost == (1.0, 2.0, 0.5)
+    assert attention.work(np.array([2, 4])).tolist() == [7.0, 17.0]
+
+
+@pytest.mark.parametrize("cost", [(), (1.0,), (0.0, 0.0), (0.0, -1.0), (0.0, float("inf")),
+                                  ("a", 1.0), 5])
+def test_bad_costs_are_shape_errors(cost: object) -> None:
+    with pytest.raises(ShapeError, match=r"Dim\.cost"):
+        Dim(cost=cost)  # type: ignore[arg-type]

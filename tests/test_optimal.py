@@ -9,19 +9,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gearshift.dims import padded_work
-from gearshift.optimal import optimal_gears
+from gearshift.dims import Dim, padded_work
+from gearshift.optimal import gear_plans, optimal_gears
+
+LINEAR = Dim()
 
 
-def cost(gears: tuple[int, ...], values: np.ndarray, weights: np.ndarray) -> float:
-    return float((padded_work(gears, values, False) * weights).sum())
+def cost(
+    gears: tuple[int, ...], values: np.ndarray, weights: np.ndarray, work: Dim = LINEAR
+) -> float:
+    return float((work.work(padded_work(gears, values, False)) * weights).sum())
 
 
-def brute_force(values: np.ndarray, weights: np.ndarray, k: int, align: int) -> float:
+def brute_force(
+    values: np.ndarray, weights: np.ndarray, k: int, align: int, work: Dim = LINEAR
+) -> float:
     candidates = np.unique(-(-values // align) * align)
     top, rest = int(candidates[-1]), [int(c) for c in candidates[:-1]]
     return min(
-        cost((*combo, top), values, weights)
+        cost((*combo, top), values, weights, work)
         for r in range(min(k, len(candidates)))
         for combo in itertools.combinations(rest, r)
     )
@@ -46,6 +52,30 @@ def test_matches_brute_force(values: list[int], k: int, align: int, data: st.Dat
     assert len(gears) <= k and list(gears) == sorted(set(gears))
     assert all(g % align == 0 for g in gears) and gears[-1] >= v.max()
     assert cost(gears, v, w) == pytest.approx(brute_force(v, w, k, align), rel=1e-12, abs=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.integers(1, 60), min_size=1, max_size=12),
+    k=st.integers(1, 5),
+    quadratic=st.floats(0.0, 2.0),
+)
+def test_a_cost_polynomial_is_minimised_exactly(values: list[int], k: int, quadratic: float):
+    v, w = np.array(values), np.ones(len(values))
+    work = Dim(cost=(3.0, 1.0, quadratic))
+    plans = gear_plans(v, k, cost=work.work)
+    gears = plans.gears(k)
+    assert gears[-1] == v.max()
+    best = brute_force(v, w, k, 1, work)
+    assert cost(gears, v, w, work) == pytest.approx(best, rel=1e-9)
+    assert plans.costs[min(k, plans.costs.size) - 1] == pytest.approx(best, rel=1e-9)
+
+
+def test_a_steeper_cost_puts_gears_higher() -> None:
+    v = np.arange(1, 1001)
+    linear = optimal_gears(v, 3)
+    steep = gear_plans(v, 3, cost=Dim(cost=(0.0, 1.0, 0.1)).work).gears(3)
+    assert steep[-1] == linear[-1] == 1000 and steep[:2] > linear[:2]
 
 
 def test_weights_move_the_gears() -> None:

@@ -178,6 +178,20 @@ def test_min_count_and_cap_hold():
     assert len(capped.states["B"].gears) == 2
 
 
+def test_a_quadratic_cost_spends_gears_where_padding_costs_most():
+    # Uniform sizes up to 4096: counting elements, the gears spread evenly; when a chunk costs
+    # ~x^2 (attention), padding long requests costs more, so the gears crowd toward the top.
+    rng = np.random.default_rng(3)
+    events = [(OLD, int(v)) for v in rng.integers(1, 4097, 2000)]
+    config = dataclasses.replace(CFG, max_gears_per_type=3)  # one round: up to K_STEP more
+    flat = run((4096,), events, config).states["B"].gears
+    steep = run((4096,), events, config, dim=Dim(gears=(4096,), max=100_000,
+                                                 cost=(0.0, 1.0, 0.01))).states["B"].gears
+    assert len(flat) == len(steep) == 3 and flat[-1] == steep[-1] == 4096
+    assert steep[0] > flat[0] and steep[1] > flat[1]
+    assert "padding" in run((4096,), events, config).changes[0].reason
+
+
 def test_seed_mode_stays_selectable():
     events = at(OLD, 400, 5) + at(OLD, 900, 5)
     d = run((1024,), events, dataclasses.replace(CFG, policy_mode="seed"))
@@ -192,7 +206,8 @@ def test_exact_gains_match_recomputed_padded_work(data: st.DataObject):
     values = np.array(sorted(data.draw(st.sets(st.integers(1, int(g[-1])), min_size=1))))
     w = np.array(data.draw(st.lists(st.floats(0.01, 5.0), min_size=values.size,
                                     max_size=values.size)))
-    work = _Work(values, w, w * w)
+    dim = Dim(cost=(0.0, 1.0, data.draw(st.sampled_from([0.0, 0.01, 1.0]))))
+    work = _Work(values, w, w * w, dim.work)
     free = [x for x in range(1, int(g[-1])) if x not in g]
     if not free:
         return
@@ -200,17 +215,19 @@ def test_exact_gains_match_recomputed_padded_work(data: st.DataObject):
     e = np.arange(g.size)
 
     def cost(gears) -> float:
-        return float((padded_work(tuple(sorted(gears)), values, False) * w).sum())
+        return float((dim.work(padded_work(tuple(sorted(gears)), values, False)) * w).sum())
 
     base = cost(g)
     add, _ = _additions(g, a, work)
-    assert add == pytest.approx([base - cost([*g, x]) for x in a], abs=1e-6)
+    assert add == pytest.approx([base - cost([*g, x]) for x in a], rel=1e-9, abs=1e-6)
     loss, _ = _evictions(g, e[:-1], work)  # never the largest
-    assert loss == pytest.approx([cost(np.delete(g, i)) - base for i in e[:-1]], abs=1e-6)
+    assert loss == pytest.approx([cost(np.delete(g, i)) - base for i in e[:-1]], rel=1e-9,
+                                 abs=1e-6)
     gain, _ = _swaps(g, e[:-1], a, work)
     for i in e[:-1]:
         for j, x in enumerate(a):
-            assert gain[i, j] == pytest.approx(base - cost([*np.delete(g, i), x]), abs=1e-6)
+            assert gain[i, j] == pytest.approx(base - cost([*np.delete(g, i), x]), rel=1e-9,
+                                               abs=1e-6)
 
 
 # --- whole traces: within 1.25 x the optimum at equal gear count, bounded churn, no flapping ---

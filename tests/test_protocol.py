@@ -4,7 +4,10 @@ from gearshift import protocol
 from gearshift.dims import Dim
 from gearshift.errors import PayloadError, ShapeError
 
-DIMS = {"BATCHSIZE": Dim(gears=[1, 8, 64], splittable=True), "SEQLEN": Dim(max=4096, align=16)}
+DIMS = {
+    "BATCHSIZE": Dim(gears=[1, 8, 64], splittable=True),
+    "SEQLEN": Dim(max=4096, align=16, cost=(2e-4, 2e-6, 1e-9)),
+}
 
 
 def test_registration_round_trip_keeps_dims_and_their_order() -> None:
@@ -20,6 +23,7 @@ def test_registration_round_trip_keeps_dims_and_their_order() -> None:
     ({"name": ""}, PayloadError),
     ({"dims": [["X", {"nonsense": 1}]]}, ShapeError),
     ({"dims": [["X", {"min": 0}]]}, ShapeError),
+    ({"dims": [["X", {"cost": [1.0]}]]}, ShapeError),
     ({"dims": []}, ShapeError),
     ({"dims": 5}, PayloadError),
 ])

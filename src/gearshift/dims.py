@@ -30,7 +30,11 @@ class Dim:
 
     `gears` are the initial gears (default: the power-of-two ladder between
     `min` and `max`, plus `max`); `align` rounds gears the policy adds up to a
-    multiple; `min`/`max` bound both raw values and gears.
+    multiple; `min`/`max` bound both raw values and gears. `cost` tells plan mode
+    what a chunk of size x costs, as polynomial coefficients in x, lowest first
+    (`work`): the default (0, 1) counts padded elements; prefill attention, whose
+    cost grows as S^2, gives e.g. (c0, c1, c2), and the policy then minimises
+    padded compute instead.
     """
 
     gears: Sequence[int] | None = None
@@ -39,6 +43,7 @@ class Dim:
     align: int = 1
     splittable: bool = False
     pad_value: float = 0.0
+    cost: Sequence[float] = (0.0, 1.0)
 
     def __post_init__(self) -> None:
         for name in ("min", "max", "align"):
@@ -52,10 +57,22 @@ class Dim:
             if gears[0] < self.min or gears[-1] > self.max:
                 raise ShapeError(f"Dim gears {list(gears)} fall outside [{self.min}, {self.max}]")
             object.__setattr__(self, "gears", gears)
+        try:
+            cost = tuple(float(c) for c in self.cost)
+        except (TypeError, ValueError):
+            cost = ()
+        if not cost or not all(np.isfinite(cost)) or min(cost) < 0 or not any(cost[1:]):
+            raise ShapeError(f"Dim.cost must be finite non-negative polynomial coefficients, "
+                             f"lowest first, growing with x; got {self.cost!r}")
+        object.__setattr__(self, "cost", cost)
 
     @property
     def initial_gears(self) -> Gears:
         return self.gears if self.gears is not None else ladder(self.min, self.max)
+
+    def work(self, x: np.ndarray) -> np.ndarray:
+        """The cost of chunks of sizes `x` (float64): the `cost` polynomial, increasing."""
+        return np.polynomial.polynomial.polyval(np.asarray(x, np.float64), self.cost)
 
     def check(self, name: str, raw: int) -> None:
         """Raise ShapeError unless `raw` is an int within the bounds."""

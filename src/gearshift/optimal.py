@@ -16,6 +16,7 @@ vectorised by recursion level: O(K n log n) for n distinct values.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,8 @@ from gearshift.dims import Gears
 class GearPlans:
     """The optimal gear set of every count up to `costs.size`, from one run of the DP.
 
-    `costs[c - 1]` is the minimal sum(weight x gear) over covering sets of at most c gears
+    `costs[c - 1]` is the minimal sum(weight x gear) (or x cost(gear), with `gear_plans`'s
+    `cost`) over covering sets of at most c gears
     (non-increasing in c); `gears(c)` is such a set.
     """
 
@@ -57,9 +59,15 @@ def optimal_gears(
 
 
 def gear_plans(
-    values: np.ndarray, k: int, weights: np.ndarray | None = None, align: int = 1
+    values: np.ndarray,
+    k: int,
+    weights: np.ndarray | None = None,
+    align: int = 1,
+    cost: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> GearPlans:
-    """The optimal sets of 1..k gears at once (`optimal_gears` for every count up to k)."""
+    """The optimal sets of 1..k gears at once (`optimal_gears` for every count up to k).
+    With `cost` (increasing, as `Dim.work`), sum(weight x cost(gear)) is minimised instead;
+    the runs' cost keeps the Monge form with cost(g_j) in place of g_j."""
     values = np.asarray(values, dtype=np.int64)
     if k < 1 or align < 1:
         raise ValueError(f"k and align must be >= 1, got k={k}, align={align}")
@@ -68,11 +76,12 @@ def gear_plans(
     weights = np.ones(values.size) if weights is None else np.asarray(weights, np.float64)
     gears, inverse = np.unique(-(-values // align) * align, return_inverse=True)
     k = min(k, gears.size)
+    work = (lambda x: x.astype(np.float64)) if cost is None else cost
     w = np.bincount(inverse, weights=weights)
-    s = np.bincount(inverse, weights=weights * values)
+    s = np.bincount(inverse, weights=weights * work(values))
     W = np.r_[0.0, np.cumsum(w)]
     S = np.r_[0.0, np.cumsum(s)]
-    g = np.r_[0, gears].astype(np.float64)  # g[j]: gear of the run ending at candidate j
+    g = np.r_[0.0, work(gears)]  # g[j]: cost of the gear of the run ending at candidate j
     n = gears.size
     cost = g * W - S  # one run (0, j]
     cost[0] = 0.0

@@ -1,7 +1,9 @@
 """Plan mode: each dim's gears moved toward the padded-work optimum of its decayed histogram.
 
-One round per dim, against the window's decayed histogram. R, the decayed raw work (sum of
-weight x value), is the unit of every threshold, so a threshold reads as padding points.
+One round per dim, against the window's decayed histogram. Work is the Dim's `work` (its
+`cost` polynomial: by default the size itself); R, the decayed raw work (sum of weight x
+work(value)), is the unit of every threshold, so a threshold reads as padding points, and
+every placement minimises padded work: elements by default, compute with a quadratic cost.
 The largest gear is kept, as in seed mode: no step evicts or replaces it; only the cover
 rule moves the top of the set, up (the former largest then becomes an ordinary gear).
 
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 
 K_STEP = 2
 MAX_CANDIDATES = 512
+LINEAR = Dim().work  # the default cost: a chunk's size
 
 Step = tuple[str, int, str]  # (action "add" | "evict", gear, reason)
 
@@ -56,7 +59,7 @@ def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
     if not hist.values.size:
         return []
     v, w = hist.values, hist.weights
-    raw = float((w * v).sum())
+    raw = float((w * dim.work(v)).sum())
     window = config.recent_use_protect_seconds
     top = int(v[-1])
 
@@ -71,7 +74,7 @@ def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
     gears = list(state.gears)
     steps = _cover(dim, gears, hist, pressure, cooling, config)
     inside = v <= gears[-1]
-    work = _Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside])
+    work = _Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside], dim.work)
     steps += _release(gears, work, int(v[0]), protected, config)
     stuck = {g for g in gears if protected(g)} | {gears[-1]}
     plans = _plans(dim, gears, work, stuck, cooling, config)
@@ -137,7 +140,7 @@ def _plans(dim: Dim, gears: list[int], work: _Work, stuck: set[int], cooling: li
     weight = np.bincount(np.searchsorted(cand, work.values), work.w, cand.size)
     weight[np.searchsorted(cand, forced)] += 4.0 * (weight.sum() + 1.0) * float(top)
     k = min(config.max_gears_per_type, len(gears) + K_STEP)
-    return gear_plans(cand, k, weight)
+    return gear_plans(cand, k, weight, cost=dim.work)
 
 
 def _count(gears: list[int], costs: np.ndarray, raw: float, stuck: int, pressure: bool,
@@ -218,7 +221,7 @@ def _additions(g: np.ndarray, a: np.ndarray, work: _Work) -> tuple[np.ndarray, n
     and its variance."""
     j = np.searchsorted(g, a)
     lo = np.where(j > 0, g[np.maximum(j - 1, 0)], 0)
-    d = g[j] - a  # the values in (lo, a] drop from g[j] to a
+    d = work.cost(g[j]) - work.cost(a)  # the values in (lo, a] drop from g[j] to a
     return d * work.weight(lo, a), d * d * work.var(lo, a)
 
 
@@ -226,7 +229,7 @@ def _evictions(g: np.ndarray, e: np.ndarray, work: _Work) -> tuple[np.ndarray, n
     """Padded work added by evicting each gear `g[e]` (never the largest), and its variance."""
     assert (e < g.size - 1).all(), "the largest gear is never evicted"
     lo = np.where(e > 0, g[np.maximum(e - 1, 0)], 0)
-    d = g[e + 1] - g[e]  # the values in (lo, g] rise to the next gear
+    d = work.cost(g[e + 1]) - work.cost(g[e])  # the values in (lo, g] rise to the next gear
     return d * work.weight(lo, g[e]), d * d * work.var(lo, g[e])
 
 
@@ -243,19 +246,22 @@ def _swaps(g: np.ndarray, e: np.ndarray, a: np.ndarray,
     nxt = g[e + 1][:, None]
     below = (a > lo) & (a < x)  # a takes the lower part of x's run, the rest rises to nxt
     above = (a > x) & (a < nxt)  # x's run rises to a, a takes the lower part of nxt's run
-    gain = np.where(below, (x - a) * work.weight(lo, a) - (nxt - x) * work.weight(a, x), gain)
-    var = np.where(below, (x - a) ** 2 * work.var(lo, a) + (nxt - x) ** 2 * work.var(a, x), var)
-    gain = np.where(above, (nxt - a) * work.weight(x, a) - (a - x) * work.weight(lo, x), gain)
-    var = np.where(above, (nxt - a) ** 2 * work.var(x, a) + (a - x) ** 2 * work.var(lo, x), var)
+    cx, ca, cn = work.cost(x), work.cost(a), work.cost(nxt)
+    gain = np.where(below, (cx - ca) * work.weight(lo, a) - (cn - cx) * work.weight(a, x), gain)
+    var = np.where(below, (cx - ca) ** 2 * work.var(lo, a) + (cn - cx) ** 2 * work.var(a, x), var)
+    gain = np.where(above, (cn - ca) * work.weight(x, a) - (ca - cx) * work.weight(lo, x), gain)
+    var = np.where(above, (cn - ca) ** 2 * work.var(x, a) + (ca - cx) ** 2 * work.var(lo, x), var)
     return gain, np.sqrt(var)
 
 
 class _Work:
     """Prefix sums of a histogram's decayed weights and of their variance proxy (w² / count:
-    each event weighs w / count), for the weight of any value interval (lo, hi]."""
+    each event weighs w / count), for the weight of any value interval (lo, hi]; `cost` is the
+    work of a chunk of each size (`Dim.work`)."""
 
-    def __init__(self, values: np.ndarray, w: np.ndarray, q: np.ndarray) -> None:
-        self.values, self.w = values, w
+    def __init__(self, values: np.ndarray, w: np.ndarray, q: np.ndarray,
+                 cost: Callable[[np.ndarray], np.ndarray] = LINEAR) -> None:
+        self.values, self.w, self.cost = values, w, cost
         self._w = np.r_[0.0, np.cumsum(w)]
         self._q = np.r_[0.0, np.cumsum(q)]
 

@@ -90,6 +90,17 @@ def test_cost_fit_recovers_a_call_token_pair_model() -> None:
         assert got == pytest.approx(want, rel=1e-6)
 
 
+def test_priced_dims_give_seqlen_the_models_cost() -> None:
+    dims = {"BATCHSIZE": Dim(max=64, splittable=True), "SEQLEN": Dim(max=4096)}
+    priced = Cost(-1e-4, 2e-6, 1e-9).priced(dims)
+    assert priced["SEQLEN"].cost == (0.0, 2e-6, 1e-9)  # a negative fit is no cost
+    assert priced["BATCHSIZE"] == dims["BATCHSIZE"]
+    assert priced["SEQLEN"].work(np.array([1000])) == pytest.approx(3e-3)
+    assert Cost(1e-4, 0.0, -1e-9).priced(dims) == dims  # nothing rising: elements, as before
+    assert Cost(1e-4, 2e-6, 1e-9).priced({"BATCHSIZE": dims["BATCHSIZE"]}) == {
+        "BATCHSIZE": dims["BATCHSIZE"]}
+
+
 def test_stride_is_the_smallest_that_fits_the_budget_on_the_cores() -> None:
     w = workload()  # 5 requests, 192 padded tokens
     per_token = Cost(per_call=0.0, per_token=0.01, per_pair=0.0)

@@ -169,7 +169,7 @@ class Demo:
             clock = TraceClock(times, self.origin, self.queue)
             policy = self.policy.scaled(factor)
             self.controller = Controller.start_embedded(config, policy, clock=clock)
-            args = (self.namespace, workload.dims, workload.sizes, times)
+            args = (self.namespace, cost.priced(workload.dims), workload.sizes, times)
             adaptive = self._run("adaptive", workload, cost, *args)
             self._stop_controller()
         return {

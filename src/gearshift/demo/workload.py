@@ -7,7 +7,8 @@ padded chunks: `padded_tokens` tokens, and `padded_pairs` (tokens x sequence len
 attention's cost follows. Every dim is the simulator's (`simulate.policy_dims`): bounds
 [1, M], M the trace's largest value (a server's limit), and gears starting on its default
 ladder, the powers of two below M and M; BATCHSIZE is splittable, other dims not. The static
-baseline keeps those gears; the adaptive run starts on them.
+baseline keeps those gears; the adaptive run starts on them, with SEQLEN priced by the
+calibrated model (`Cost.priced`), so that the policy weighs padding by what it costs.
 
 To fit the time asked for, the demo replays every `stride`-th row (the trace's shape and
 order kept) and divides the policy's windows and intervals by `factor`, the trace's
@@ -16,6 +17,7 @@ duration over the expected duration of one run.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -84,6 +86,16 @@ class Cost:
 
     def seconds(self, calls: float, tokens: float, pairs: float) -> float:
         return self.per_call * calls + self.per_token * tokens + self.per_pair * pairs
+
+    def priced(self, dims: Mapping[str, Dim]) -> dict[str, Dim]:
+        """`dims` with SEQLEN's `cost` set to one sequence's seconds at each length (`Dim.work`):
+        plan mode then minimises padded compute, not padded tokens. Other dims keep counting
+        elements (a chunk's cost is linear in them); without a rising fit, SEQLEN does too."""
+        poly = tuple(max(0.0, c) for c in (self.per_call, self.per_token, self.per_pair))
+        if SEQ not in dims or not any(poly[1:]):
+            return dict(dims)
+        return {d: dataclasses.replace(dim, cost=poly) if d == SEQ else dim
+                for d, dim in dims.items()}
 
     @classmethod
     def fit(cls, samples: Sequence[tuple[int, int, float]]) -> Cost:
