@@ -192,6 +192,16 @@ def test_a_quadratic_cost_spends_gears_where_padding_costs_most():
     assert "padding" in run((4096,), events, config).changes[0].reason
 
 
+def test_protected_gears_stay_in_the_plan_whatever_the_cost():
+    # Nearly all cost is quadratic: moving 100's weight up to 101 is cheap next to what the
+    # cluster at 9000 saves, but 100 is protected, so the plan keeps it (no assertion fails).
+    events = at(OLD, 50, 5) + at(OLD, 101, 200) + at(OLD, 9000, 200) + at(OLD, 12000, 10)
+    dim = Dim(gears=(100, 14050), max=14050, cost=(0.0, 1e-12, 1e-9))
+    d = run((100, 14050), events, dataclasses.replace(CFG, max_gears_per_type=3), dim=dim,
+            created=NOW)
+    assert d.states["B"].gears == (100, 9000, 14050)
+
+
 def test_seed_mode_stays_selectable():
     events = at(OLD, 400, 5) + at(OLD, 900, 5)
     d = run((1024,), events, dataclasses.replace(CFG, policy_mode="seed"))

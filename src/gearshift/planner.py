@@ -138,7 +138,12 @@ def _plans(dim: Dim, gears: list[int], work: _Work, stuck: set[int], cooling: li
     cand = np.union1d(cand, gears).astype(np.int64)  # a plan may keep any gear (at no weight)
     forced = np.array(sorted(stuck - {top}), np.int64)
     weight = np.bincount(np.searchsorted(cand, work.values), work.w, cand.size)
-    weight[np.searchsorted(cand, forced)] += 4.0 * (weight.sum() + 1.0) * float(top)
+    # Leaving a forced gear out moves its weight up at least one position, which costs at
+    # least work(1) - work(0) per unit (an increasing polynomial with non-negative terms);
+    # no plan saves more than all the weight padded up to the top.
+    step = float(dim.work(np.array([1]))[0] - dim.work(np.array([0]))[0])
+    weight[np.searchsorted(cand, forced)] += 4.0 * (weight.sum() + 1.0) * float(
+        dim.work(np.array([top]))[0]) / step
     k = min(config.max_gears_per_type, len(gears) + K_STEP)
     return gear_plans(cand, k, weight, cost=dim.work)
 
