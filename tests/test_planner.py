@@ -209,6 +209,33 @@ def test_seed_mode_stays_selectable():
     assert d.states["B"].evicted == {}
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(st.integers(1, 5000), min_size=1, max_size=60),
+    gears=st.sets(st.integers(1, 5000), min_size=1, max_size=10),
+    ages=st.lists(st.sampled_from([0.0, 30.0, 500.0]), min_size=10, max_size=10),
+    cost=st.sampled_from([(0.0, 1.0), (1e-4, 2e-6, 1e-9), (0.0, 1e-12, 1e-9), (5, 0, 0, 1)]),
+    memory=st.sampled_from([None, 0.99]),
+)
+def test_every_round_keeps_the_safety_rules(values: list[int], gears: set[int], ages: list[float],
+                                            cost: tuple[float, ...], memory: float | None):
+    gears_t = tuple(sorted(gears))
+    created = {g: NOW - age for g, age in zip(gears_t, ages, strict=False)}
+    dim = Dim(gears=gears_t, max=10_000, cost=cost)
+    config = dataclasses.replace(CFG, max_gears_per_type=8, min_gear_count_per_type=1)
+    stats = DimStats(config)
+    stats.fold(np.full(len(values), OLD), np.array(values))
+    d = decide({"B": dim}, {"B": DimState(gears_t, created)}, {"B": stats.view(NOW)}, memory,
+               NOW, config).states["B"].gears
+    floor = min(values)
+    kept = {g for g in gears_t if NOW - created[g] < config.recent_use_protect_seconds}
+    assert max(d) >= gears_t[-1]  # the largest gear is kept (the cover rule may add above)
+    assert {g for g in kept if g >= floor} <= set(d)  # protection holds (step 2's floor aside)
+    assert len(d) <= max(len(gears_t), config.max_gears_per_type)
+    if memory is not None:
+        assert len(d) <= len(gears_t)  # no growth under memory pressure
+
+
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_exact_gains_match_recomputed_padded_work(data: st.DataObject):

@@ -76,6 +76,8 @@ def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
     inside = v <= gears[-1]
     work = _Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside], dim.work)
     steps += _release(gears, work, int(v[0]), protected, config)
+    if not work.values.size:  # all traffic over the largest gear, too little to cover yet
+        return steps
     stuck = {g for g in gears if protected(g)} | {gears[-1]}
     plans = _plans(dim, gears, work, stuck, cooling, config)
     size, why = _count(gears, plans.costs, raw, len(stuck), pressure, config)
@@ -144,7 +146,7 @@ def _plans(dim: Dim, gears: list[int], work: _Work, stuck: set[int], cooling: li
     step = float(dim.work(np.array([1]))[0] - dim.work(np.array([0]))[0])
     weight[np.searchsorted(cand, forced)] += 4.0 * (weight.sum() + 1.0) * float(
         dim.work(np.array([top]))[0]) / step
-    k = min(config.max_gears_per_type, len(gears) + K_STEP)
+    k = min(max(config.max_gears_per_type, len(stuck)), len(gears) + K_STEP)
     return gear_plans(cand, k, weight, cost=dim.work)
 
 
