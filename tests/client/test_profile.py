@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import pickle
 import threading
 
 import numpy as np
@@ -214,6 +215,7 @@ def test_plans_of_one_gear_combination_are_shared_and_read_only(
         assert same is plan
     with pytest.raises(TypeError):
         plan.chunks["BATCHSIZE"] = (8,)  # type: ignore[index]
+    assert pickle.loads(pickle.dumps(plan)) == plan  # it can go to another process
     version = fake.publish({"decode": {"BATCHSIZE": [16, 64], "SEQLEN": [1024, 8192]}})
     again = prof.route(BATCHSIZE=13, SEQLEN=700)
     assert again is not plan and again.version == version and again.chunks == plan.chunks

@@ -74,6 +74,10 @@ class Plan(NamedTuple):
     def eager(self) -> bool:
         return not all(self.chunks.values())
 
+    def __reduce__(self) -> tuple[type[Plan], tuple[int, dict[str, Gears]]]:
+        """Pickles with its chunks as a dict (a read-only mapping does not pickle)."""
+        return Plan, (self.version, dict(self.chunks))
+
 
 _new_plan = tuple.__new__  # builds a Plan without the Python-level __new__ of NamedTuple
 
