@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gearshift.dims import Dim, chunks_for, gear_for, ladder, normalize_gears, padded_work
+from gearshift.dims import (
+    Dim,
+    chunks_for,
+    gear_for,
+    ladder,
+    normalize_gears,
+    padded_cost,
+    padded_work,
+)
 from gearshift.errors import ShapeError
 
 
@@ -99,3 +107,18 @@ def test_cost_is_a_polynomial_of_the_chunk_size() -> None:
 def test_bad_costs_are_shape_errors(cost: object) -> None:
     with pytest.raises(ShapeError, match=r"Dim\.cost"):
         Dim(cost=cost)  # type: ignore[arg-type]
+
+
+@given(
+    raws=st.lists(st.integers(1, 500), min_size=1, max_size=30),
+    gears=st.sets(st.integers(1, 100), min_size=1, max_size=6),
+    splittable=st.booleans(),
+)
+def test_padded_cost_sums_each_chunks_cost(raws: list[int], gears: set[int], splittable: bool):
+    g = tuple(sorted(gears))
+    flat = Dim(gears=g, max=500, splittable=splittable)
+    assert padded_cost(flat, g, np.array(raws)).tolist() == padded_work(
+        g, np.array(raws), splittable).tolist()
+    steep = Dim(gears=g, max=500, splittable=splittable, cost=(1.0, 0.0, 1.0))
+    expected = [sum(1 + c * c for c in chunks_for(g, r, splittable)) or 1 + r * r for r in raws]
+    assert padded_cost(steep, g, np.array(raws)).tolist() == expected

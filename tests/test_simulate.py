@@ -50,6 +50,21 @@ def test_optimal_dims_use_k_or_the_ladder_count() -> None:
     assert dims["BATCHSIZE"].gears == optimal_gears(trace.dims["BATCHSIZE"], 6)  # 1..32
 
 
+def test_cost_prices_the_dims_and_the_optimum() -> None:
+    trace = load_trace("azure_code_prefill")
+    steep = (0.0, 1.0, 0.01)
+    dims = policy_dims(trace, "optimal", k={"SEQLEN": 4}, cost={"SEQLEN": steep})
+    flat = policy_dims(trace, "optimal", k={"SEQLEN": 4})["SEQLEN"]
+    assert dims["SEQLEN"].cost == steep and flat.cost == (0.0, 1.0)
+    assert dims["SEQLEN"].gears[-1] == flat.gears[-1] and dims["SEQLEN"].gears > flat.gears
+    static = simulate(trace, dims, PolicyConfig(), adaptive=False).dims["SEQLEN"]
+    values = trace.dims["SEQLEN"]
+    gears = np.array(dims["SEQLEN"].gears)
+    padded = gears[np.searchsorted(gears, values)].astype(float)
+    direct = (padded + 0.01 * padded**2).sum() / (values + 0.01 * values.astype(float) ** 2).sum()
+    assert static.cost_overhead == pytest.approx(direct - 1)
+
+
 @pytest.mark.parametrize(
     ("policy", "kwargs", "message"),
     [

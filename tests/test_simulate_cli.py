@@ -13,6 +13,7 @@ from gearshift.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 
 KEYS = {
     "padding_overhead",
+    "cost_overhead",
     "mean_gears",
     "final_gears",
     "adds",
@@ -140,6 +141,9 @@ def test_bad_traces(tmp_path: Path, text: str | None, code: int, message: str) -
         (["--policy", "optimal", "--k", "0"], "error: --k: expected a positive int, got '0'"),
         (["--policy", "optimal", "--k", "X=2"], "error: k: unknown dim X"),
         (["--splittable", "SEQLEN=maybe"], "error: --splittable: expected DIM=yes|no"),
+        (["--cost", "SEQLEN=0,x"], "error: --cost: expected DIM=C0,C1,... numbers"),
+        (["--cost", "SEQLEN=1"], "error: Dim.cost must be finite non-negative"),
+        (["--cost", "X=0,1"], "error: cost: unknown dim X"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(args: list[str], message: str) -> None:
@@ -153,3 +157,15 @@ def test_help_documents_the_defaults() -> None:
     assert result.exit_code == EXIT_OK
     text = " ".join(result.output.split())
     assert "Default: yes for BATCHSIZE" in text and "power-of-two ladder" in text
+
+
+def test_cost_prices_the_padding_the_policy_and_the_report_count() -> None:
+    code, out, _ = run("azure_conv_prefill", "--cost", "SEQLEN=0,1,0.001", "--json")
+    assert code == EXIT_OK
+    priced = json.loads(out)["dims"]["SEQLEN"]
+    plain = json.loads(run("azure_conv_prefill", "--json")[1])["dims"]["SEQLEN"]
+    assert plain["cost_overhead"] == pytest.approx(plain["padding_overhead"])
+    assert priced["cost_overhead"] > priced["padding_overhead"]  # long requests pad dearer
+    assert priced["final_gears"] != plain["final_gears"]
+    table = run("azure_conv_prefill", "--cost", "SEQLEN=0,1,0.001")[1]
+    assert "cost pad" in table.splitlines()[1] and "cost pad" not in run("azure_conv_prefill")[1]

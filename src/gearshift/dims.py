@@ -125,6 +125,17 @@ def chunks_for(gears: Gears, raw: int, splittable: bool) -> Gears:
     return (top,) * full + tail  # type: ignore[return-value]
 
 
+def padded_cost(dim: Dim, gears: Gears, raw: np.ndarray) -> np.ndarray:
+    """Vectorised cost (`dim.work`) of each raw value on `gears`: the sum of its chunks'
+    costs (its own cost when eager); with the default cost, `padded_work`."""
+    if not dim.splittable:  # one chunk, or eager at the raw size
+        return dim.work(padded_work(gears, raw, False))
+    g = np.asarray(gears, dtype=np.int64)
+    full, rest = np.divmod(np.asarray(raw, dtype=np.int64), g[-1])
+    tail = g[np.minimum(np.searchsorted(g, rest), len(g) - 1)]
+    return full * dim.work(g[-1]) + np.where(rest > 0, dim.work(tail), 0.0)
+
+
 def padded_work(gears: Gears, raw: np.ndarray, splittable: bool) -> np.ndarray:
     """Vectorised padded work of each raw value (sum of its chunks; raw when eager)."""
     g = np.asarray(gears, dtype=np.int64)

@@ -21,15 +21,15 @@ ladder, which hold as many gears). `BATCHSIZE` is splittable, other dims not.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from gearshift.config import PolicyConfig
-from gearshift.dims import Dim, Gears, ladder, padded_work
+from gearshift.dims import Dim, Gears, ladder, padded_cost, padded_work
 from gearshift.errors import ShapeError
-from gearshift.optimal import optimal_gears
+from gearshift.optimal import gear_plans
 from gearshift.policy import decide, initial_states, should_update
 from gearshift.stats import DimStats
 from gearshift.trace import Trace
@@ -56,6 +56,8 @@ class DimResult:
 
     raw_work: int
     padded_work: int
+    raw_cost: float
+    padded_cost: float
     mean_gears: float
     split_events: int
     eager_events: int
@@ -68,6 +70,11 @@ class DimResult:
     @property
     def padding_overhead(self) -> float:
         return self.padded_work / self.raw_work - 1.0
+
+    @property
+    def cost_overhead(self) -> float:
+        """Padded over raw cost (`Dim.work`) - 1: padding_overhead with the default cost."""
+        return self.padded_cost / self.raw_cost - 1.0
 
     @property
     def final_gears(self) -> Gears:
@@ -96,6 +103,7 @@ class SimulationResult:
             "dims": {
                 name: {
                     "padding_overhead": d.padding_overhead,
+                    "cost_overhead": d.cost_overhead,
                     "mean_gears": d.mean_gears,
                     "final_gears": list(d.final_gears),
                     "adds": d.adds,
@@ -116,12 +124,15 @@ def policy_dims(
     gears: Mapping[str, Gears] | None = None,
     k: Mapping[str, int] | None = None,
     splittable: Mapping[str, bool] | None = None,
+    cost: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, Dim]:
-    """The Dim of every trace column under `policy` (module docstring); ShapeError on misuse."""
+    """The Dim of every trace column under `policy` (module docstring); ShapeError on misuse.
+    `cost` sets a dim's `Dim.cost`: the policy, and the optimum, minimise padded cost."""
     gears, k, splittable = dict(gears or {}), dict(k or {}), dict(splittable or {})
+    cost = dict(cost or {})
     if policy not in POLICIES:
         raise ShapeError(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
-    for option, given in (("gears", gears), ("k", k), ("splittable", splittable)):
+    for option, given in (("gears", gears), ("k", k), ("splittable", splittable), ("cost", cost)):
         unknown = set(given) - set(trace.dims)
         if unknown:
             raise ShapeError(
@@ -136,12 +147,14 @@ def policy_dims(
     for name, values in trace.dims.items():
         peak = int(values.max())
         initial = gears.get(name) or ladder(1, peak)
+        priced = Dim(cost=cost.get(name, Dim.cost))
         if policy == "pow2":
             initial = ladder(1, 1 << (peak - 1).bit_length())
         elif policy == "optimal":
-            initial = optimal_gears(values, k.get(name, len(ladder(1, peak))))
+            count = k.get(name, len(ladder(1, peak)))
+            initial = gear_plans(values, count, cost=priced.work).gears(count)
         split = splittable.get(name, name in SPLITTABLE)
-        out[name] = Dim(gears=initial, max=max(peak, *initial), splittable=split)
+        out[name] = Dim(gears=initial, max=max(peak, *initial), splittable=split, cost=priced.cost)
     return out
 
 
@@ -162,6 +175,7 @@ def simulate(
     gears = {name: [] for name in dims}
     raw = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
     padded = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
+    costs = {name: np.zeros(starts.size) for name in dims}
     changes: list[Change] = []
     last_update, updates = 0.0, 0
     for seg, (lo, hi) in enumerate(itertools.pairwise(cuts)):
@@ -170,6 +184,7 @@ def simulate(
             gears[name].append(current[name])
             raw[name][seg] = values.sum()
             padded[name][seg] = padded_work(current[name], values, dim.splittable).sum()
+            costs[name][seg] = padded_cost(dim, current[name], values).sum()
             if adaptive:
                 stats[name].fold(t[lo:hi], values)
         if seg == checks.size or not adaptive:
@@ -197,6 +212,7 @@ def simulate(
             weights,
             raw[name],
             padded[name],
+            float(costs[name].sum()),
             [c.action for c in changes if c.dim == name],
         )
         for name, dim in dims.items()
@@ -212,6 +228,7 @@ def _dim_result(
     weights: np.ndarray,
     raw: np.ndarray,
     padded: np.ndarray,
+    padded_cost: float,
     actions: list[str],
 ) -> DimResult:
     """Totals of one dim from its per-segment gears (`sizes` events each) and work."""
@@ -219,6 +236,8 @@ def _dim_result(
     return DimResult(
         raw_work=int(raw.sum()),
         padded_work=int(padded.sum()),
+        raw_cost=float(dim.work(values).sum()),
+        padded_cost=padded_cost,
         mean_gears=float(np.average([len(g) for g in gears], weights=weights)),
         split_events=over if dim.splittable else 0,
         eager_events=0 if dim.splittable else over,

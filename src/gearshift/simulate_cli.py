@@ -53,6 +53,14 @@ from gearshift.trace import Trace, load_trace
     help="Whether DIM runs in chunks over its largest gear (yes) or eager (no). "
     "Default: yes for BATCHSIZE, no for any other dim.",
 )
+@click.option(
+    "--cost",
+    multiple=True,
+    metavar="DIM=C0,C1,...",
+    help="What a chunk of DIM costs, polynomial coefficients in its size, lowest first "
+    "(Dim.cost): the policy and the optimum minimise padded cost, reported as "
+    "cost_overhead. Default 0,1: the size itself.",
+)
 @config_options("policy", "at top level or under [policy]")
 @json_option()
 @click.option(
@@ -66,6 +74,7 @@ def simulate(
     gears: tuple[str, ...],
     k: tuple[str, ...],
     splittable: tuple[str, ...],
+    cost: tuple[str, ...],
     config_path: str | None,
     overrides: tuple[str, ...],
     as_json: bool,
@@ -79,14 +88,17 @@ def simulate(
     pow2). Reports, per
     dim, padding_overhead = padded work / raw work - 1 (a split request's padded
     work is the sum of its chunks' gears, an eager one's its raw size),
-    mean_gears (time-weighted), final gears, adds, evictions, churn per hour,
-    split and eager events; --json also lists every decision with its reason.
+    cost_overhead (the same in the dim's --cost), mean_gears (time-weighted), final
+    gears, adds, evictions, churn per hour, split and eager events; --json also lists
+    every decision with its reason.
     """
     began = time.perf_counter()
     try:
         config = load_policy_config(config_path, overrides)
         data = load_trace(trace)
-        dims = replay.policy_dims(data, policy, _gears(gears), _counts(k, data), _split(splittable))
+        dims = replay.policy_dims(
+            data, policy, _gears(gears), _counts(k, data), _split(splittable), _costs(cost)
+        )
     except TraceError as e:
         _fail(e, EXIT_ERROR)
     except GearshiftError as e:
@@ -104,7 +116,7 @@ def simulate(
         }
         click.echo(json.dumps({**head, **summary}))
     else:
-        click.echo(_table(result, summary["dims"], policy, wall))
+        click.echo(_table(result, summary["dims"], policy, wall, priced=bool(cost)))
     if plot:
         _plot(result, plot)
 
@@ -145,6 +157,18 @@ def _counts(items: Iterable[str], trace: Trace) -> dict[str, int]:
     return out
 
 
+def _costs(items: Iterable[str]) -> dict[str, tuple[float, ...]]:
+    out = {}
+    for name, value in _pairs("--cost", items):
+        try:
+            out[name] = tuple(float(c) for c in value.split(","))
+        except ValueError:
+            raise ConfigError(
+                "--cost", f"expected DIM=C0,C1,... numbers, got {name}={value}"
+            ) from None
+    return out
+
+
 def _split(items: Iterable[str]) -> dict[str, bool]:
     choices = {"yes": True, "no": False}
     out = {}
@@ -155,16 +179,19 @@ def _split(items: Iterable[str]) -> dict[str, bool]:
     return out
 
 
-def _table(result: replay.SimulationResult, dims: dict, policy: str, wall: float) -> str:
+def _table(
+    result: replay.SimulationResult, dims: dict, policy: str, wall: float, priced: bool
+) -> str:
     lines = [
         f"{result.trace}: {policy}, {result.events} events over {result.duration / 60:.1f} min, "
         f"{result.updates} updates, {len(result.changes)} changes, {wall:.2f} s",
-        f"{'dim':<12}{'padding':>9}{'mean gears':>12}{'adds':>6}{'evicts':>8}{'churn/h':>9}"
-        f"{'split':>7}{'eager':>7}  final gears",
+        f"{'dim':<12}{'padding':>9}{'cost pad' if priced else '':>9}{'mean gears':>12}{'adds':>6}"
+        f"{'evicts':>8}{'churn/h':>9}{'split':>7}{'eager':>7}  final gears",
     ]
     for name, d in dims.items():
+        cost = f"{d['cost_overhead']:>9.4f}" if priced else f"{'':>9}"
         lines.append(
-            f"{name:<12}{d['padding_overhead']:>9.4f}{d['mean_gears']:>12.2f}{d['adds']:>6}"
+            f"{name:<12}{d['padding_overhead']:>9.4f}{cost}{d['mean_gears']:>12.2f}{d['adds']:>6}"
             f"{d['evictions']:>8}{d['churn_per_hour']:>9.1f}{d['split_events']:>7}"
             f"{d['eager_events']:>7}  {','.join(map(str, d['final_gears']))}"
         )
