@@ -27,8 +27,10 @@ def test_seed_defaults():
 def test_plan_is_the_default_mode_with_its_own_horizon_and_cadence():
     c = PolicyConfig()
     assert c.policy_mode == "plan"
-    assert (c.window_seconds, c.half_life_seconds, c.update_interval_seconds) == (
-        600.0, 300.0, 60.0)
+    assert (c.window_seconds, c.half_life_seconds) == (600.0, 300.0)
+    assert (c.update_interval_seconds, c.check_interval_seconds) == (15.0, 15.0)
+    seed = PolicyConfig(policy_mode="seed")
+    assert (seed.update_interval_seconds, seed.check_interval_seconds) == (300.0, 60.0)
     assert (c.plan_gear_gain, c.plan_gear_keep, c.plan_move_gain) == (0.035, 0.0125, 0.002)
     assert (c.plan_confidence, c.plan_max_moves) == (1.0, 4)
     assert PolicyConfig(window_seconds=900.0).window_seconds == 900.0  # set beats the mode

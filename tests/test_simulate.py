@@ -119,7 +119,8 @@ def test_pow2_on_a_shipped_trace() -> None:
 
 def test_segments_follow_the_check_interval() -> None:
     trace = make_trace([0, 59.9, 60, 119, 120, 150.5], SEQLEN=[1, 2, 4, 8, 16, 32])
-    result = simulate(trace, {"SEQLEN": Dim(gears=(64,))}, PolicyConfig(), adaptive=False)
+    config = PolicyConfig(check_interval_seconds=60.0)
+    result = simulate(trace, {"SEQLEN": Dim(gears=(64,))}, config, adaptive=False)
     assert result.starts.tolist() == [0, 60, 120]
     assert result.dims["SEQLEN"].segment_raw.tolist() == [3, 12, 48]
     assert result.dims["SEQLEN"].segment_padded.tolist() == [128, 128, 128]

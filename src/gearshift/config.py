@@ -27,11 +27,12 @@ from gearshift.errors import ConfigError
 POLICY_MODES = ("plan", "seed")
 MODE_DEFAULTS = {
     "seed": {"window_seconds": 300.0, "half_life_seconds": 150.0,
-             "update_interval_seconds": 300.0},
+             "update_interval_seconds": 300.0, "check_interval_seconds": 60.0},
     # The planner reads more history (its placements are exact, so noise is what limits them)
-    # and decides at every check: a round that changes nothing costs no snapshot.
+    # and decides every 15 s: a burst or a drift gets its gears within seconds, and a round
+    # that changes nothing costs no snapshot.
     "plan": {"window_seconds": 600.0, "half_life_seconds": 300.0,
-             "update_interval_seconds": 60.0},
+             "update_interval_seconds": 15.0, "check_interval_seconds": 15.0},
 }
 
 T = TypeVar("T")
@@ -52,7 +53,7 @@ class PolicyConfig:
     w_p: float = 0.20
     w_sp: float = 0.20
     update_interval_seconds: float | None = None
-    check_interval_seconds: float = 60.0
+    check_interval_seconds: float | None = None
     device_memory_usage_threshold_ratio: float | None = 0.90
     recent_use_protect_seconds: float = 300.0
     replace_loss_threshold: float = 0.60
