@@ -70,9 +70,10 @@ def demo(
     attention keeps padded tokens out of the real ones' outputs. The trace (default: the
     shipped Azure conversation trace's prefills, SEQLEN) is replayed with time compressed so
     the demo takes about --seconds: every k-th row if needed, and the policy's windows and
-    intervals divided by the same factor; the controller and the workers' clients run on trace
-    time, so decision rounds keep the trace's cadence, and new gears are captured before the
-    next request, as if captures took no trace time. The static run keeps the initial gears
+    intervals stretched by k and divided by the same factor, so that a window and a decision
+    round hold as many requests as at the trace's full rate; the controller and the workers'
+    clients run on trace time, and new gears are captured before the next request, as if
+    captures took no trace time. The static run keeps the initial gears
     (powers of two below the largest request, and it); the adaptive run starts on them. A
     table compares them: useful tokens per second (wall time, captures of new gears included)
     and per CPU second (workers and controller), padding in tokens and in model compute, mean
@@ -190,8 +191,8 @@ def table(r: dict[str, Any]) -> str:
     head = [
         f"gearshift demo: {r['trace']}, {r['requests']:,} requests (1 row in {r['stride']} of "
         f"{r['rows']:,}), {r['workers']} workers; time compressed {r['time_compression']:.0f}x "
-        f"(policy windows and intervals divided by it: about {r['trace_rounds']:.0f} decision "
-        f"rounds over the trace); {r['seconds']:.0f} s in all",
+        f"(policy windows and intervals x{r['stride']}, divided by it: about "
+        f"{r['trace_rounds']:.0f} decision rounds over the trace); {r['seconds']:.0f} s in all",
         f"model: {r['model']['about']}",
     ]
     width = max(len(name) for name, *_ in rows) + 2

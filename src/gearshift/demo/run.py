@@ -9,7 +9,10 @@
    taking the next row when it is free (one shared counter), as a server's workers take
    requests off one queue: they move through the trace together, in order.
 4. Adaptive run: the controller runs embedded in this process (a daemon thread, the same loop
-   as `gearshift serve`) with the policy's windows and intervals divided by the compression;
+   as `gearshift serve`) with the policy's durations (windows, protection, intervals)
+   multiplied by the stride and divided by the compression: a window and a round hold as many
+   replayed requests as at the trace's full rate, so decision rounds and captures weigh per
+   request what they weigh in service (the policy sees the trace's drift stride times faster);
    every worker connects, registers the profile, captures the initial gears and takes rows
    as in the static run; then the controller stops.
 
@@ -172,7 +175,7 @@ class Demo:
                 namespace=self.namespace, state_dir=state_dir, drain_interval_seconds=DRAIN_SECONDS
             )
             clock = TraceClock(times, self.origin, self.queue)
-            policy = self.policy.scaled(factor)
+            policy = self.policy.scaled(factor / workload.stride)
             self.controller = Controller.start_embedded(config, policy, clock=clock)
             args = (self.namespace, cost.priced(workload.dims), workload.sizes, times)
             adaptive = self._run("adaptive", workload, cost, *args)
@@ -185,7 +188,8 @@ class Demo:
             "stride": workload.stride,
             "requests": workload.events,
             "time_compression": factor,
-            "trace_rounds": workload.duration / self.policy.update_interval_seconds,
+            "trace_rounds": workload.duration
+            / (self.policy.update_interval_seconds * workload.stride),
             "seconds": time.monotonic() - began,
             "static": static,
             "adaptive": adaptive,

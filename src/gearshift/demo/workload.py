@@ -11,8 +11,8 @@ baseline keeps those gears; the adaptive run starts on them, with SEQLEN priced 
 calibrated model (`Cost.priced`), so that the policy weighs padding by what it costs.
 
 To fit the time asked for, the demo replays every `stride`-th row (the trace's shape and
-order kept) and divides the policy's windows and intervals by `factor`, the trace's
-duration over the expected duration of one run.
+order kept) and divides the policy's durations by `factor / stride`, `factor` being the
+trace's duration over the expected duration of one run.
 """
 
 from __future__ import annotations
