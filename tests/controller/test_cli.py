@@ -18,6 +18,7 @@ from gearshift.config import PolicyConfig
 from gearshift.controller import state
 from gearshift.controller.config import ControllerConfig, load_initial_gears
 from gearshift.controller.controller import Controller
+from gearshift.dims import Dim
 
 from .workers import Worker
 
@@ -129,6 +130,19 @@ def test_status_shows_controller_workers_and_gears(live: tuple[Controller, Worke
     text = gs("status", "-n", ns)
     assert text.exit_code == EXIT_OK
     assert "running" in text.output and "decode/B" in text.output and "hit" in text.output
+
+
+def test_status_shows_a_priced_dims_cost(live: tuple[Controller, Worker]) -> None:
+    controller, worker = live
+    priced = {"S": Dim(max=4096, cost=(2e-4, 2.35e-6, 1.15e-9))}
+    worker.register(1, "prefill", priced, serve=controller.step)
+    controller.clock.advance(2.0)  # the next status document
+    controller.step()
+    lines = gs("status", "-n", controller.config.namespace).output.splitlines()
+    [decode] = [line for line in lines if "decode/B: padding" in line]
+    [prefill] = [line for line in lines if "prefill/S: padding" in line]
+    assert "cost" not in decode  # elements, the default: not shown
+    assert prefill.endswith("cost of a chunk of size x: 0.0002 + 2.35e-06 x + 1.15e-09 x^2")
 
 
 def test_snapshot_and_export_print_the_gears_in_use(

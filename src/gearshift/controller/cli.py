@@ -351,9 +351,11 @@ def _render_status(view: dict[str, Any]) -> str:
         )
         for p in dev["profiles"]:
             for d in p["dims"]:
+                priced = d["cost"] != [0.0, 1.0]  # plan mode weighs padding by this cost
                 lines.append(
                     f"  {p['name']}/{d['name']}: padding {d['padding']:.3f} over "
                     f"{d['samples']} samples in the window"
+                    + (f"; cost of a chunk of size x: {_polynomial(d['cost'])}" if priced else "")
                 )
                 lines.append("    gear " + " ".join(f"{g:>6}" for g in d["gears"]))
                 lines.append("    hit  " + " ".join(f"{h:>6.3f}" for h in d["hit_rate"]))
@@ -365,3 +367,13 @@ def _render_status(view: dict[str, Any]) -> str:
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def _polynomial(coefficients: list[float]) -> str:
+    """`Dim.cost` as text: 0.0002 + 2.35e-06 x + 1.15e-09 x^2."""
+    terms = [
+        f"{c:g}" + ("" if i == 0 else " x" if i == 1 else f" x^{i}")
+        for i, c in enumerate(coefficients)
+        if c
+    ]
+    return " + ".join(terms)

@@ -78,6 +78,7 @@ def profile_view(
                 "avg_pad": [s.avg_pad for s in table],
                 "padding": sum(s.hit_rate * s.avg_pad for s in table),
                 "samples": hist.total_count,
+                "cost": list(dim.cost),
             }
         )
     return {"name": name, "changes": changes, "dims": dims}
