@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+
 import click
 
 from gearshift.cli import LazyGroup
@@ -22,3 +25,14 @@ BENCHMARKS = {
 @click.group(cls=LazyGroup, lazy=BENCHMARKS)
 def bench() -> None:
     """Run a benchmark; every figure comes with a baseline measured in the same run."""
+
+
+def echo_result(result: Mapping[str, float], as_json: bool) -> None:
+    """A benchmark's figures: one JSON object, or one aligned `name: value` line each."""
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    width = max(map(len, result))
+    for key, value in result.items():
+        shown = f"{value:,.3f}" if isinstance(value, float) else f"{value:,}"
+        click.echo(f"{key:>{width}}: {shown}")

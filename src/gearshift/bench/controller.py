@@ -24,7 +24,6 @@ traffic; `fold_speedup` is their ratio.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import multiprocessing
 import os
@@ -37,6 +36,7 @@ import click
 import numpy as np
 
 from gearshift import protocol
+from gearshift.bench.cli import echo_result
 from gearshift.cli import json_option
 from gearshift.clock import MonotonicClock
 from gearshift.config import PolicyConfig
@@ -263,10 +263,4 @@ def command(
         "events_per_second_busy_rounds": busy["events_per_second"],
         **_baseline(baseline_events),
     }
-    if as_json:
-        click.echo(json.dumps(result))
-    else:
-        for key, value in result.items():
-            click.echo(
-                f"{key:>28}: {value:,.3f}" if isinstance(value, float) else f"{key:>28}: {value:,}"
-            )
+    echo_result(result, as_json)

@@ -12,7 +12,6 @@ lookup, and, under the sample lock, one sample object per dim appended to its ge
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import threading
@@ -25,6 +24,7 @@ import click
 import numpy as np
 
 from gearshift import protocol
+from gearshift.bench.cli import echo_result
 from gearshift.cli import json_option
 from gearshift.client.session import Client
 from gearshift.dims import Dim, Gears, chunks_for
@@ -160,8 +160,4 @@ def command(batches: int, batch: int, as_json: bool) -> None:
         "baseline_inprocess_ns_median": statistics.median(theirs),
     }
     result["ratio"] = result["route_ns_median"] / result["baseline_inprocess_ns_median"]
-    if as_json:
-        click.echo(json.dumps(result))
-    else:
-        for key, value in result.items():
-            click.echo(f"{key:>30}: {value:,.3f}")
+    echo_result(result, as_json)

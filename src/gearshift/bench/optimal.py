@@ -6,7 +6,6 @@ layer, vectorised) is the baseline, timed on the same input at a size it can aff
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -14,6 +13,7 @@ from typing import TypeVar
 import click
 import numpy as np
 
+from gearshift.bench.cli import echo_result
 from gearshift.cli import json_option
 from gearshift.dims import padded_work
 from gearshift.optimal import optimal_gears
@@ -72,10 +72,4 @@ def command(n: int, m: int, k: int, as_json: bool) -> None:
         "quadratic_ms_at_baseline": quad_ms,
         "speedup_at_baseline": quad_ms / small_ms,
     }
-    if as_json:
-        click.echo(json.dumps(result))
-    else:
-        for key, value in result.items():
-            click.echo(
-                f"{key:>26}: {value:.3f}" if isinstance(value, float) else f"{key:>26}: {value}"
-            )
+    echo_result(result, as_json)

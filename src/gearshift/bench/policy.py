@@ -11,7 +11,6 @@ same events.
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import statistics
 import threading
@@ -22,6 +21,7 @@ from typing import TypeVar
 import click
 import numpy as np
 
+from gearshift.bench.cli import echo_result
 from gearshift.cli import json_option
 from gearshift.config import PolicyConfig
 from gearshift.dims import Dim, Gears
@@ -174,9 +174,4 @@ def command(n: int, m: int, batch: int, as_json: bool) -> None:
     extrapolated = round_ms / len(sub_times) * n
     result[f"baseline_decide_ms_at_{_at(n)}_extrapolated"] = extrapolated
     result[f"decide_speedup_at_{_at(n)}"] = extrapolated / result[f"decide_ms_at_{_at(n)}"]
-    if as_json:
-        click.echo(json.dumps(result))
-    else:
-        for key, value in result.items():
-            click.echo(f"{key:>40}: {value:,.3f}" if isinstance(value, float)
-                       else f"{key:>40}: {value:,}")
+    echo_result(result, as_json)

@@ -11,7 +11,6 @@ Each figure comes with the naive design measured in the same run:
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import queue
@@ -24,6 +23,7 @@ from multiprocessing.synchronize import Event
 
 import click
 
+from gearshift.bench.cli import echo_result
 from gearshift.cli import json_option
 from gearshift.shm import EventRing
 
@@ -199,8 +199,4 @@ def command(workers: int, seconds: float, capacity: int, as_json: bool) -> None:
         "baseline_queue_get_events_per_second": queue_get_rate,
         "drain_speedup": drain_rate / queue_get_rate,
     }
-    if as_json:
-        click.echo(json.dumps(result))
-        return
-    for key, value in result.items():
-        click.echo(f"{key:40} {value:>16,.1f}")
+    echo_result(result, as_json)

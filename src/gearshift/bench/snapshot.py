@@ -10,7 +10,6 @@ gears each, one change each). Each figure comes with the naive design measured i
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import statistics
@@ -18,6 +17,7 @@ import time
 
 import click
 
+from gearshift.bench.cli import echo_result
 from gearshift.bench.ring import per_call_ns
 from gearshift.cli import json_option
 from gearshift.protocol import snapshot_payload
@@ -72,8 +72,4 @@ def command(as_json: bool) -> None:
         "baseline_queue_transfer_us_median": transfer_us,
         "transfer_speedup": transfer_us / (publish_us + read_us),
     }
-    if as_json:
-        click.echo(json.dumps(result))
-        return
-    for key, value in result.items():
-        click.echo(f"{key:40} {value:>16,.1f}")
+    echo_result(result, as_json)
