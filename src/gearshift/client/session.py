@@ -333,9 +333,9 @@ class Client:
             prof.maintain()
         seen = self.seen
         applied = seen if all(p.settled for p in profiles) else self.applied
-        ring = self.ring
         if self._closed:
             return
+        ring = self.ring
         if applied != self.applied or now >= self._next_beat:
             self.registry.beat(self.slot, self._now_ns(), applied, ring.dropped)
             self.applied, self._next_beat = applied, now + self.heartbeat_interval

@@ -20,6 +20,7 @@ from gearshift.clock import MonotonicClock
 from gearshift.controller import status as status_doc
 from gearshift.controller.config import load_configs, load_initial_gears
 from gearshift.controller.controller import Controller
+from gearshift.dims import Dim
 from gearshift.errors import (
     ConfigError,
     ControllerNotFound,
@@ -351,7 +352,7 @@ def _render_status(view: dict[str, Any]) -> str:
         )
         for p in dev["profiles"]:
             for d in p["dims"]:
-                priced = d["cost"] != [0.0, 1.0]  # plan mode weighs padding by this cost
+                priced = tuple(d["cost"]) != Dim.cost  # plan mode weighs padding by it
                 lines.append(
                     f"  {p['name']}/{d['name']}: padding {d['padding']:.3f} over "
                     f"{d['samples']} samples in the window"
