@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import threading
 import time
 from types import SimpleNamespace
 
@@ -26,3 +28,15 @@ def test_then_reads_the_time_of_the_last_row_taken() -> None:
         seen.append(clock.now())
     assert seen == [100.0, 100.0, 100.5, 100.5, 102.0, 102.0]
     assert clock.now_ns() == 102_000_000_000
+
+
+def test_reads_shared_values_without_their_locks() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    origin, queue = ctx.Value("d", 100.0, lock=ctx.Lock()), ctx.Value("q", 2, lock=ctx.Lock())
+    clock = TraceClock(np.array([0.0, 0.5, 2.0]), origin, queue)
+    seen: list[float] = []
+    with queue.get_lock(), origin.get_lock():  # a worker taking a row holds the queue's lock
+        reader = threading.Thread(target=lambda: seen.append(clock.now()), daemon=True)
+        reader.start()
+        reader.join(5.0)
+    assert seen == [100.5]

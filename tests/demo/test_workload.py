@@ -72,10 +72,13 @@ def test_pairs_are_padded_tokens_times_the_padded_sequence() -> None:
     assert padded_pairs(batch, SIZES).tolist() == [1, 4, 8, 8, 2]
 
 
-def test_every_keeps_every_kth_row_and_its_time() -> None:
+def test_every_keeps_one_row_in_stride_and_its_time() -> None:
     w = workload().every(2)
     assert w.stride == 2 and w.rows == 5 and w.events == 3
     assert w.sizes["SEQLEN"].tolist() == [16, 9, 3] and w.times.tolist() == [0.0, 2.5, 9.0]
+    w = workload().every(1.5)  # rows 0, 1 (1.5), 3, 4 (4.5)
+    assert w.stride == 1.5 and w.events == 4
+    assert w.sizes["SEQLEN"].tolist() == [16, 5, 1, 3] and w.times.tolist() == [0, 1, 4, 9]
 
 
 def test_cost_fit_recovers_a_call_token_pair_model() -> None:
@@ -101,12 +104,11 @@ def test_priced_dims_give_seqlen_the_models_cost() -> None:
         "BATCHSIZE": dims["BATCHSIZE"]}
 
 
-def test_stride_is_the_smallest_that_fits_the_budget_on_the_cores() -> None:
+def test_stride_makes_the_static_run_take_the_budget_on_the_cores() -> None:
     w = workload()  # 5 requests, 192 padded tokens
     per_token = Cost(per_call=0.0, per_token=0.01, per_pair=0.0)
-    assert stride_for(w, per_token, budget=1.92, parallel=1) == 1
-    assert stride_for(w, per_token, budget=1.0, parallel=1) == 2
-    assert stride_for(w, per_token, budget=0.19, parallel=1) == 11
-    assert stride_for(w, per_token, budget=0.19, parallel=2) == 6
+    assert stride_for(w, per_token, budget=4.0, parallel=1) == 1.0  # never below one
+    assert stride_for(w, per_token, budget=1.0, parallel=1) == pytest.approx(1.92)
+    assert stride_for(w, per_token, budget=0.48, parallel=2) == pytest.approx(2.0)
     calls = Cost(per_call=1.0, per_token=0.0, per_pair=0.0)
-    assert stride_for(w, calls, budget=1.0, parallel=1) == 5
+    assert stride_for(w, calls, budget=1.0, parallel=1) == pytest.approx(5.0)

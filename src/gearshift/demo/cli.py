@@ -64,20 +64,20 @@ def demo(
     """Replay a trace through N workers with static gears, then with adaptive ones.
 
     N worker processes run a small prefill model on the CPU backend through the adaptive graph
-    runner: one pre-norm transformer block over x = [*dims, 64], causal self-attention (one
+    runner: one pre-norm transformer block over x = [*dims, 16], causal self-attention (one
     head, torch's scaled_dot_product_attention) and a GELU MLP. Its cost grows like
     S H^2 + S^2 H, as prefill's does, so padding costs more than its share of tokens; causal
     attention keeps padded tokens out of the real ones' outputs. The trace (default: the
     shipped Azure conversation trace's prefills, SEQLEN) is replayed with time compressed so
-    the demo takes about --seconds: every k-th row if needed, and the policy's windows and
-    intervals stretched by k and divided by the same factor, so that a window and a decision
-    round hold as many requests as at the trace's full rate; the controller and the workers'
-    clients run on trace time, and new gears are captured before the next request, as if
-    captures took no trace time. The static run keeps the initial gears
-    (powers of two below the largest request, and it); the adaptive run starts on them. A
-    table compares them: useful tokens per second (wall time, captures of new gears included)
-    and per CPU second (workers and controller), padding in tokens and in model compute, mean
-    gears, adds and evictions, graph captures, decision rounds, propagation lag.
+    the demo takes about --seconds: one row in k (k >= 1, maybe fractional) if needed, and
+    the policy's windows and intervals stretched by k and divided by the same factor, so that
+    a window and a decision round hold as many requests as at the trace's full rate; the
+    controller and the workers' clients run on trace time, and new gears are captured before
+    the next request, as if captures took no trace time. The static run keeps the initial
+    gears (powers of two below the largest request, and it); the adaptive run starts on them.
+    A table compares them: useful tokens per second (wall time, captures of new gears
+    included) and per CPU second (workers and controller), padding in tokens and in model
+    compute, mean gears, adds and evictions, graph captures, decision rounds, propagation lag.
     """
     try:
         policy = load_policy_config(None, overrides)
@@ -189,9 +189,9 @@ def table(r: dict[str, Any]) -> str:
         row("demo process CPU s (not counted)", lambda x: f"{x['demo_cpu_seconds']:.1f}"),
     ]
     head = [
-        f"gearshift demo: {r['trace']}, {r['requests']:,} requests (1 row in {r['stride']} of "
+        f"gearshift demo: {r['trace']}, {r['requests']:,} requests (1 row in {r['stride']:.3g} of "
         f"{r['rows']:,}), {r['workers']} workers; time compressed {r['time_compression']:.0f}x "
-        f"(policy windows and intervals x{r['stride']}, divided by it: about "
+        f"(policy windows and intervals x{r['stride']:.3g}, divided by it: about "
         f"{r['trace_rounds']:.0f} decision rounds over the trace); {r['seconds']:.0f} s in all",
         f"model: {r['model']['about']}",
     ]

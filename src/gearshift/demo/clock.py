@@ -19,11 +19,14 @@ class TraceClock:
     compressed trace time `times[i]` of the last row taken (`queue.value` is the next one).
     `origin` and `queue` are shared `multiprocessing.Value`s: `origin` is set once, when the
     run starts, to CLOCK_MONOTONIC then (so time never goes back); `queue` only grows while
-    the clock is read. `sleep` waits wall time."""
+    the clock is read. Reads take no lock (each value is one aligned 8-byte word, read
+    whole): every request stamps an event, and the values' locks are the workers' queue.
+    `sleep` waits wall time."""
 
     def __init__(self, times: np.ndarray, origin: Any, queue: Any) -> None:
         assert len(times) and np.all(np.diff(times) >= 0), "trace times, non-decreasing"
-        self.times, self.origin, self.queue = times.tolist(), origin, queue
+        self.times = times.tolist()
+        self.origin, self.queue = (getattr(v, "get_obj", lambda v=v: v)() for v in (origin, queue))
 
     def now(self) -> float:
         origin = self.origin.value

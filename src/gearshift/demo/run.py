@@ -3,8 +3,9 @@
 1. Start N worker processes (spawn: each imports torch) and wait until all are ready.
 2. Calibrate: every worker captures the initial gears and times replays of each (CPU time);
    a least-squares `Cost` of those times, and the cores this process may use, fix the stride
-   (every k-th row, so that the static run fits in about RUN_SHARE of the time left) and the
-   time compression (the trace's duration over that run's expected duration).
+   (one row in k, k >= 1 maybe fractional, so that the static run takes about RUN_SHARE of
+   the time left) and the time compression (the trace's duration over that run's expected
+   duration).
 3. Static run: the workers replay the rows on the initial gears they captured, each
    taking the next row when it is free (one shared counter), as a server's workers take
    requests off one queue: they move through the trace together, in order.
@@ -62,10 +63,10 @@ READY_TIMEOUT = 300.0  # seconds for N workers to import torch on a loaded machi
 POLL_SECONDS = 0.1
 REPORT_SECONDS = 0.5
 EXIT_TIMEOUT = 5.0
-# The embedded controller's loop: 20 Hz, not the sidecar's 100 Hz, on a machine whose cores the
-# workers fill (its rings hold 65 536 events; a round sees events 50 ms late at most).
-DRAIN_SECONDS = 0.05
-RUN_SHARE = 0.42  # of the time left after calibration, for the static run (the adaptive is faster)
+# The embedded controller's loop: 10 Hz, not the sidecar's 100 Hz, on a machine whose cores the
+# workers fill (its rings hold 65 536 events; a round sees events 100 ms late at most).
+DRAIN_SECONDS = 0.1
+RUN_SHARE = 0.53  # of the time left after calibration, for the static run (the adaptive is faster)
 
 
 @dataclass(frozen=True)

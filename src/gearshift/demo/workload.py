@@ -10,15 +10,15 @@ ladder, the powers of two below M and M; BATCHSIZE is splittable, other dims not
 baseline keeps those gears; the adaptive run starts on them, with SEQLEN priced by the
 calibrated model (`Cost.priced`), so that the policy weighs padding by what it costs.
 
-To fit the time asked for, the demo replays every `stride`-th row (the trace's shape and
-order kept) and divides the policy's durations by `factor / stride`, `factor` being the
-trace's duration over the expected duration of one run.
+To fit the time asked for, the demo replays one row in `stride` (rows floor(i x stride); a
+stride may be fractional, so a run fills its time; the trace's shape and order are kept) and
+divides the policy's durations by `factor / stride`, `factor` being the trace's duration over
+the expected duration of one run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -34,7 +34,7 @@ from gearshift.trace import load_trace
 DEFAULT_TRACE = "azure_conv_prefill"
 PROFILE = "demo"
 SEQ = "SEQLEN"  # the dim attention runs over
-WIDTH, HEADS = 64, 1  # the model's features per token, and its attention heads
+WIDTH, HEADS = 16, 1  # the model's features per token, and its attention heads
 HEAD = "one head" if HEADS == 1 else f"{HEADS} heads"
 MODEL = (
     f"one pre-norm transformer block, H = {WIDTH}: causal self-attention ({HEAD}) and a GELU "
@@ -54,17 +54,18 @@ class Workload:
     times: np.ndarray
     duration: float
     rows: int
-    stride: int = 1
+    stride: float = 1.0
 
     @property
     def events(self) -> int:
         return len(next(iter(self.sizes.values())))
 
-    def every(self, stride: int) -> Workload:
-        """Every `stride`-th row of the full trace (stride 1: all of it)."""
-        assert self.stride == 1, "subsample the full workload"
-        sizes = {d: v[::stride] for d, v in self.sizes.items()}
-        times = self.times[::stride]
+    def every(self, stride: float) -> Workload:
+        """Rows floor(i x stride) of the full trace, i = 0, 1, ... (stride 1: all of it)."""
+        assert self.stride == 1 and stride >= 1, "subsample the full workload"
+        rows = np.floor(np.arange(0, self.events, stride)).astype(np.int64)
+        sizes = {d: v[rows] for d, v in self.sizes.items()}
+        times = self.times[rows]
         return Workload(self.trace, self.dims, sizes, times, self.duration, self.rows, stride)
 
     def useful(self) -> np.ndarray:
@@ -151,9 +152,9 @@ def padded_pairs(
     return tokens * padded_work(gears[SEQ], sizes[SEQ], False) if SEQ in dims else tokens
 
 
-def stride_for(workload: Workload, cost: Cost, budget: float, parallel: int) -> int:
-    """The smallest stride whose static run, at `cost` on `parallel` cores, fits in `budget`
+def stride_for(workload: Workload, cost: Cost, budget: float, parallel: int) -> float:
+    """The stride (>= 1) whose static run, at `cost` on `parallel` cores, takes `budget`
     seconds."""
     pairs = padded_pairs(workload.dims, workload.sizes)
     seconds = cost.seconds(workload.events, float(workload.padded().sum()), float(pairs.sum()))
-    return max(1, math.ceil(seconds / parallel / budget))
+    return max(1.0, seconds / parallel / budget)
