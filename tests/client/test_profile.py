@@ -104,6 +104,7 @@ def test_bad_shapes_are_clear_errors_and_record_nothing(
     with pytest.raises(gs.ShapeError), prof.request(**sizes):
         pass
     assert len(fake.drain(client.slot)) == 0
+    assert prof._state.active == 0  # nor is it left in flight (its state's graphs would stay)
 
 
 def test_a_new_snapshot_is_adopted_on_the_next_route(

@@ -37,8 +37,7 @@ import logging
 import math
 import threading
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -234,6 +233,40 @@ def checked_dims(name: str, dims: Mapping[str, Dim]) -> dict[str, Dim]:
     return dims
 
 
+class _Request:
+    """`Profile.request`'s context (a class: a generator's costs twice as much per request).
+    Enter counts the request in its state under the profile's lock, then routes it; leaving
+    (also when routing raised) uncounts it and wakes the swap thread if that drained a
+    replaced state."""
+
+    __slots__ = ("profile", "sizes", "state")
+
+    def __init__(self, profile: Profile, sizes: Mapping[str, int]) -> None:
+        self.profile, self.sizes = profile, sizes
+
+    def __enter__(self) -> Plan:
+        profile = self.profile
+        client = profile._client
+        if client.region.version() != client.seen:
+            client.refresh()
+        with profile._lock:
+            self.state = state = profile._state
+            state.active += 1
+        try:
+            return profile._route(state, self.sizes)
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        profile, state = self.profile, self.state
+        with profile._lock:
+            state.active -= 1
+            drained = not state.active and state is not profile._state
+        if drained:
+            profile._client.wake()
+
+
 class Profile:
     """One named graph-compiled function of a client's device; made by `Client.profile`."""
 
@@ -273,24 +306,10 @@ class Profile:
             client.refresh()
         return self._route(self._state, sizes)
 
-    @contextmanager
-    def request(self, **sizes: int) -> Iterator[Plan]:
+    def request(self, **sizes: int) -> _Request:
         """`route`, and count the request in flight until the block ends: graphs of gears a
         newer snapshot removes are kept until it is done. Bracket every graph run with it."""
-        client = self._client
-        if client.region.version() != client.seen:
-            client.refresh()
-        with self._lock:
-            state = self._state
-            state.active += 1
-        try:
-            yield self._route(state, sizes)
-        finally:
-            with self._lock:
-                state.active -= 1
-                drained = not state.active and state is not self._state
-            if drained:
-                client.wake()
+        return _Request(self, sizes)
 
     def _route(self, state: _State, sizes: Mapping[str, int]) -> Plan:
         if len(sizes) == self._ndim:  # the common case: ints within the gears, one chunk each
