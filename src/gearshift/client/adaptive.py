@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_unflatten
 
 from gearshift.client.backends import Graph, backend_for
 from gearshift.client.pool import GraphResourcePool, KeyGearIndex
-from gearshift.client.transform import Transform
-from gearshift.dims import Gears
+from gearshift.client.transform import Chunk, Span, Transform
+from gearshift.dims import Gears, gear_for
 from gearshift.errors import ShapeError
 
 Variant = tuple[int, ...]
@@ -39,7 +39,8 @@ Variant = tuple[int, ...]
 class _Captured:
     inputs: dict[str, torch.Tensor]  # views of the static buffers at the variant's gears
     graph: Graph
-    outputs: Any  # rewritten by every replay
+    leaves: list[torch.Tensor]  # the graph's outputs, checked at capture, rewritten by replays
+    spec: Any  # their pytree structure
 
 
 class AdaptiveRunner:
@@ -70,6 +71,12 @@ class AdaptiveRunner:
             n: tuple(None if d else s for d, s in zip(axes, example[n].shape, strict=True))
             for n, axes in transform.inputs.items()
         }
+        self._static = [  # (input, axis, size) of every static axis
+            (n, axis, size)
+            for n, shape in self._shapes.items()
+            for axis, size in enumerate(shape)
+            if size is not None
+        ]
         self._dtypes = {n: example[n].dtype for n in transform.bound}
         self._unbound = {
             n: example[n].clone() for n in transform.inputs if n not in transform.bound
@@ -94,41 +101,55 @@ class AdaptiveRunner:
                     continue
                 inputs = self._views(gears)
                 graph = self.backend.graph(functools.partial(self._body, inputs))
-                outputs = graph.capture()
+                leaves, spec = self.transform.leaves(graph.capture())
                 self.pool.register(graph)
                 self.index.attach(
                     self.pool.consume_recent_keys(), zip(self.names, gears, strict=True)
                 )
                 with self._lock:
-                    self._variants = {**self._variants, gears: _Captured(inputs, graph, outputs)}
+                    captured = _Captured(inputs, graph, leaves, spec)
+                    self._variants = {**self._variants, gears: captured}
                     self.stats["captures"] += 1
                 done += 1
         return done
 
     def run(self, tensors: Mapping[str, torch.Tensor]) -> Any:
-        """`fn(**tensors)`, computed by replaying graphs on padded chunks where possible."""
+        """`fn(**tensors)`, computed by replaying graphs on padded chunks where possible. A call
+        whose every dim fits one gear (the common case) is one chunk: no Plan, nothing to join."""
         t = self.transform
-        plan = t.plan(t.check(tensors), self.gears)
+        sizes = t.check(tensors)
         self._check_static(tensors)
-        if plan is None:
-            with self._lock:
-                self.stats["eager"] += 1
-            return t.fn(**tensors)
-        parts = []
+        gears = [gear_for(self.gears[d], sizes[d]) for d in self.names]
+        if None in gears:
+            plan = t.plan(sizes, self.gears)
+            if plan is None:
+                with self._lock:
+                    self.stats["eager"] += 1
+                return t.fn(**tensors)
+            chunks = plan.chunks()
+        else:
+            plan = None
+            chunks = [{d: Span(0, sizes[d], g) for d, g in zip(self.names, gears, strict=True)}]
         with self._lock:
             for name, buffer in self._unbound.items():
                 buffer.copy_(tensors[name])
-            for chunk in plan.chunks():
-                captured = self._ready(tuple(chunk[d].gear for d in self.names))
-                if captured is None:
-                    self.stats["eager"] += 1
-                    parts.append(t.cut(t.fn(**t.transform(tensors, chunk)), chunk))
-                    continue
-                t.fill(captured.inputs, tensors, chunk)
-                captured.graph.replay()
-                self.stats["replays"] += 1
-                parts.append(tree_map(torch.Tensor.clone, t.cut(captured.outputs, chunk)))
-        return t.join(parts, plan)
+            parts = [self._chunk(tensors, chunk) for chunk in chunks]
+        leaves = parts[0][0] if plan is None else t.join([p for p, _ in parts], plan)
+        return tree_unflatten(leaves, parts[0][1])
+
+    def _chunk(self, tensors: Mapping[str, torch.Tensor], chunk: Chunk) -> tuple[list, Any]:
+        """One chunk's output leaves, cut back, and their spec; under `_lock`. Replayed leaves
+        are copies: the next replay rewrites the graph's."""
+        t = self.transform
+        captured = self._ready(tuple(chunk[d].gear for d in self.names))
+        if captured is None:
+            self.stats["eager"] += 1
+            leaves, spec = t.leaves(t.fn(**t.transform(tensors, chunk)))
+            return t.cut(leaves, chunk), spec
+        t.fill(captured.inputs, tensors, chunk)
+        captured.graph.replay()
+        self.stats["replays"] += 1
+        return [y.clone() for y in t.cut(captured.leaves, chunk)], captured.spec
 
     def release(self, dim: str, gear: int) -> int:
         """Drop every variant that used `gear` on `dim` and release its graphs through the pool
@@ -181,10 +202,9 @@ class AdaptiveRunner:
         return views
 
     def _check_static(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        for name, shape in self._shapes.items():
-            for axis, size in enumerate(shape):
-                if size is not None and tensors[name].shape[axis] != size:
-                    raise ShapeError(
-                        f"{name} axis {axis} is {tensors[name].shape[axis]}; the graphs were"
-                        f" built for {size}"
-                    )
+        for name, axis, size in self._static:
+            if tensors[name].shape[axis] != size:
+                raise ShapeError(
+                    f"{name} axis {axis} is {tensors[name].shape[axis]}; the graphs were built"
+                    f" for {size}"
+                )

@@ -44,27 +44,31 @@ class Backend(Protocol):
 
 
 class CpuGraph:
-    """Seed 004's CpuGraph: replay re-runs `fn` and writes its result into the captured outputs."""
+    """Seed 004's CpuGraph: replay re-runs `fn` and writes its result into the captured outputs
+    (`_leaves`: their pytree leaves, flattened once at capture)."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn: Callable[[], Any] | None = fn
         self.outputs: Any = None
+        self._leaves: list[Any] = []
 
     @torch.no_grad()
     def capture(self) -> Any:
         assert self.fn is not None, "capture after reset"
         self.outputs = self.fn()
+        self._leaves = tree_leaves(self.outputs)
         return self.outputs
 
     @torch.no_grad()
     def replay(self) -> None:
         assert self.fn is not None, "replay after reset"
-        for dst, src in zip(tree_leaves(self.outputs), tree_leaves(self.fn()), strict=True):
+        for dst, src in zip(self._leaves, tree_leaves(self.fn()), strict=True):
             if isinstance(dst, torch.Tensor):
                 dst.copy_(src)
 
     def reset(self) -> None:
         self.fn = self.outputs = None
+        self._leaves = []
 
 
 class CpuBackend:

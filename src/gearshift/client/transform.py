@@ -101,7 +101,7 @@ class Transform:
         The first call also finds the output axes (symbolic trace) unless declared."""
         if tensors.keys() != self.inputs.keys():
             raise ShapeError(f"expected inputs {sorted(self.inputs)}, got {sorted(tensors)}")
-        seen: dict[str, tuple[int, str, int]] = {}
+        sizes: dict[str, int] = {}
         for name, axes in self.inputs.items():
             shape = tensors[name].shape
             if len(shape) != len(axes):
@@ -110,21 +110,20 @@ class Transform:
                 if dim is None:
                     continue
                 size = shape[axis]
-                if dim in seen and seen[dim][0] != size:
-                    first = seen[dim]
+                if sizes.setdefault(dim, size) != size:
+                    first, i = next((n, a.index(dim)) for n, a in self.inputs.items() if dim in a)
                     raise ShapeError(
-                        f"{name} axis {axis} ({dim}) is {size}, but {first[1]} axis {first[2]} is"
-                        f" {first[0]}"
+                        f"{name} axis {axis} ({dim}) is {size}, but {first} axis {i} is"
+                        f" {sizes[dim]}"
                     )
                 spec = self.dims[dim]
                 if not spec.min <= size <= spec.max:
                     raise ShapeError(
                         f"{name} axis {axis}: {dim}={size} is outside [{spec.min}, {spec.max}]"
                     )
-                seen[dim] = (size, name, axis)
         if self.outputs is None:
             self.outputs = self._trace_outputs(tensors)
-        return {dim: seen[dim][0] for dim in self.dims}
+        return {dim: sizes[dim] for dim in self.dims}
 
     def plan(
         self, sizes: Mapping[str, int], gears: Mapping[str, Gears] | None = None
@@ -160,13 +159,14 @@ class Transform:
             for axis, dim in enumerate(axes):
                 if dim is not None:
                     span = chunk[dim]
-                    src = src.narrow(axis, span.start, span.size)
-                    region = region.narrow(axis, 0, span.size)
+                    if span.size != src.shape[axis]:  # a chunk of a split call
+                        src = src.narrow(axis, span.start, span.size)
+                    if span.size != out.shape[axis]:
+                        region = region.narrow(axis, 0, span.size)
             region.copy_(src)
             for axis, dim in enumerate(axes):
-                if dim is not None:
-                    size = chunk[dim].size
-                    out.narrow(axis, size, out.shape[axis] - size).fill_(self.dims[dim].pad_value)
+                if dim is not None and (pad := out.shape[axis] - chunk[dim].size):
+                    out.narrow(axis, chunk[dim].size, pad).fill_(self.dims[dim].pad_value)
 
     def transform(
         self, tensors: Mapping[str, torch.Tensor], chunk: Chunk
@@ -181,20 +181,31 @@ class Transform:
         self.fill(out, tensors, chunk)
         return out
 
-    def cut(self, outputs: Any, chunk: Chunk) -> Any:
-        """One chunk's outputs sliced back to its rows (views)."""
-        leaves, spec = self._leaves(outputs)
+    def leaves(self, outputs: Any) -> tuple[list[torch.Tensor], Any]:
+        """`fn`'s outputs as pytree leaves and spec; ShapeError unless the leaves are one tensor
+        per output with its axes."""
+        leaves, spec = tree_flatten(outputs)
+        if len(leaves) != len(self._axes()):
+            raise ShapeError(f"fn returned {len(leaves)} tensors, expected {len(self._axes())}")
         for i, (t, axes) in enumerate(zip(leaves, self._axes(), strict=True)):
+            if not isinstance(t, torch.Tensor) or t.dim() != len(axes):
+                raise ShapeError(f"output {i}: expected a tensor with axes {axes}, got {t!r:.60}")
+        return leaves, spec
+
+    def cut(self, leaves: Sequence[torch.Tensor], chunk: Chunk) -> list[torch.Tensor]:
+        """One chunk's output leaves (as `leaves` checked them) sliced back to its rows (views)."""
+        out = []
+        for t, axes in zip(leaves, self._axes(), strict=True):
             for axis, dim in enumerate(axes):
                 if dim is not None:
                     t = t.narrow(axis, 0, chunk[dim].size)
-            leaves[i] = t
-        return tree_unflatten(leaves, spec)
+            out.append(t)
+        return out
 
-    def join(self, parts: Sequence[Any], plan: Plan) -> Any:
-        """The cut outputs of every chunk of `plan` (in `plan.chunks()` order), concatenated."""
-        flat = [self._leaves(p)[0] for p in parts]
-        spec = self._leaves(parts[0])[1]
+    def join(self, parts: Sequence[list[torch.Tensor]], plan: Plan) -> list[torch.Tensor]:
+        """The cut output leaves of every chunk of `plan` (in `plan.chunks()` order),
+        concatenated; one chunk's are returned as they are."""
+        flat = list(parts)
         for dim, spans in reversed(plan.spans.items()):
             n = len(spans)
             if n == 1:
@@ -208,13 +219,13 @@ class Transform:
                 [torch.cat([p[i] for p in flat[k : k + n]], ax) for i, ax in enumerate(cat_axes)]
                 for k in range(0, len(flat), n)
             ]
-        return tree_unflatten(flat[0], spec)
+        return flat[0]
 
     def recover(self, outputs: Sequence[Any], plan: Plan) -> Any:
         """Every chunk's raw outputs (in `plan.chunks()` order) cut back and joined."""
-        return self.join(
-            [self.cut(o, c) for o, c in zip(outputs, plan.chunks(), strict=True)], plan
-        )
+        flat = [self.leaves(o) for o in outputs]
+        parts = [self.cut(leaves, c) for (leaves, _), c in zip(flat, plan.chunks(), strict=True)]
+        return tree_unflatten(self.join(parts, plan), flat[0][1])
 
     def __call__(
         self, tensors: Mapping[str, torch.Tensor], gears: Mapping[str, Gears] | None = None
@@ -224,15 +235,6 @@ class Transform:
         if plan is None:
             return self.fn(**tensors)
         return self.recover([self.fn(**self.transform(tensors, c)) for c in plan.chunks()], plan)
-
-    def _leaves(self, outputs: Any) -> tuple[list[torch.Tensor], Any]:
-        leaves, spec = tree_flatten(outputs)
-        if len(leaves) != len(self._axes()):
-            raise ShapeError(f"fn returned {len(leaves)} tensors, expected {len(self._axes())}")
-        for i, (t, axes) in enumerate(zip(leaves, self._axes(), strict=True)):
-            if not isinstance(t, torch.Tensor) or t.dim() != len(axes):
-                raise ShapeError(f"output {i}: expected a tensor with axes {axes}, got {t!r:.60}")
-        return leaves, spec
 
     def _axes(self) -> list[Axes]:
         assert self.outputs is not None, "check() resolves the output axes first"
