@@ -14,7 +14,8 @@
    multiplied by the stride and divided by the compression: a window and a round hold as many
    replayed requests as at the trace's full rate, so decision rounds and captures weigh per
    request what they weigh in service (the policy sees the trace's drift stride times faster);
-   every worker connects, registers the profile, captures the initial gears and takes rows
+   its slot scans and status documents keep the sidecar's wall-clock cadence; every worker
+   connects, registers the profile, captures the initial gears and takes rows
    as in the static run; then the controller stops.
 
 Each run starts when every worker has captured its initial gears (`("go",)` to all), so
@@ -172,8 +173,12 @@ class Demo:
             factor = workload.duration / budget
             static = self._run("static", workload, cost, workload.dims, workload.sizes)
             times = workload.times / factor
-            config = ControllerConfig(
-                namespace=self.namespace, state_dir=state_dir, drain_interval_seconds=DRAIN_SECONDS
+            config = ControllerConfig(  # on trace time: the sidecar's wall-clock cadences
+                namespace=self.namespace,
+                state_dir=state_dir,
+                drain_interval_seconds=DRAIN_SECONDS,
+                scan_interval_seconds=ControllerConfig.scan_interval_seconds * factor,
+                status_interval_seconds=ControllerConfig.status_interval_seconds * factor,
             )
             clock = TraceClock(times, self.origin, self.queue)
             policy = self.policy.scaled(factor / workload.stride)
