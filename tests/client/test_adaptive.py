@@ -66,6 +66,32 @@ def test_results_do_not_alias_graph_outputs() -> None:
     torch.testing.assert_close(y1, model(**t1))
 
 
+def test_static_outputs_are_copies_too() -> None:
+    def f(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * scale, scale * 2  # the second output has no dim axis: nothing to cut
+
+    dims = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=8)}
+    transform = gs.Transform(f, dims, inputs={"x": ("B", None), "scale": (None,)})
+    example = {"x": torch.ones(1, H), "scale": torch.ones(H)}
+    r = gs.AdaptiveRunner(transform, example, pool=GraphResourcePool(CpuBackend()))
+    r.capture([{"BATCHSIZE": 4}])
+    t1 = {"x": torch.randn(3, H), "scale": torch.rand(H)}
+    y1 = r.run(t1)
+    r.run({"x": torch.randn(3, H), "scale": torch.rand(H)})
+    torch.testing.assert_close(y1, f(**t1))
+    assert r.stats["replays"] == 2
+
+
+def test_outputs_unlike_the_declared_ones_fail_at_capture() -> None:
+    dims = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=8)}
+    transform = gs.Transform(lambda x: (x, x), dims, inputs={"x": ("B", None)}, outputs=("B", None))
+    pool = GraphResourcePool(CpuBackend())
+    r = gs.AdaptiveRunner(transform, {"x": torch.ones(1, H)}, pool=pool)
+    with pytest.raises(gs.ShapeError, match="fn returned 2 tensors, expected 1"):
+        r.capture([{"BATCHSIZE": 4}])
+    assert r.ready() == [] and len(pool) == 0
+
+
 def test_not_ready_variant_routes_to_smallest_ready_cover_else_eager() -> None:
     r = make()
     r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16}])

@@ -117,6 +117,23 @@ def test_output_axis_that_is_not_one_symbol_must_be_declared() -> None:
         t({"x": torch.ones(3, 2)})
 
 
+def test_cut_views_or_copies_the_chunk_rows() -> None:
+    t = Transform(
+        lambda x: (x, x[0, 0]),
+        dims2(False),
+        inputs={"x": ("B", "S", None)},
+        outputs=[("B", "S", None), (None,)],
+    )
+    leaves = [torch.randn(4, 8, H), torch.randn(H)]
+    chunk = {"BATCHSIZE": Span(0, 3, 4), "SEQLEN": Span(0, 5, 8)}
+    views, copies = t.cut(leaves, chunk), t.cut(leaves, chunk, copy=True)
+    torch.testing.assert_close(views, [leaves[0][:3, :5], leaves[1]])
+    torch.testing.assert_close(copies, views)
+    for leaf, view, copy in zip(leaves, views, copies, strict=True):
+        assert view.untyped_storage().data_ptr() == leaf.untyped_storage().data_ptr()
+        assert copy.untyped_storage().data_ptr() != leaf.untyped_storage().data_ptr()
+
+
 def test_join_needs_the_split_axis_in_every_output() -> None:
     t = Transform(masked, dims2(True), inputs={"x": ("B", "S", None), "mask": ("B", "S")})
     with pytest.raises(gs.ShapeError, match="output 1 has no SEQLEN axis"):

@@ -116,32 +116,35 @@ class AdaptiveRunner:
     def run(self, tensors: Mapping[str, torch.Tensor]) -> Any:
         """`fn(**tensors)`, computed by replaying graphs on padded chunks where possible. A call
         whose every dim fits one gear (the common case) is one chunk: no Plan, nothing to join."""
-        t = self.transform
+        t, current = self.transform, self.gears  # read once: it may be replaced meanwhile
         sizes = t.check(tensors)
         self._check_static(tensors)
-        gears = [gear_for(self.gears[d], sizes[d]) for d in self.names]
+        gears = [gear_for(current[d], sizes[d]) for d in self.names]
         if None in gears:
-            plan = t.plan(sizes, self.gears)
+            plan = t.plan(sizes, current)
             if plan is None:
                 with self._lock:
                     self.stats["eager"] += 1
                 return t.fn(**tensors)
-            chunks = plan.chunks()
+            chunks = [(c, tuple(c[d].gear for d in self.names)) for c in plan.chunks()]
         else:
             plan = None
-            chunks = [{d: Span(0, sizes[d], g) for d, g in zip(self.names, gears, strict=True)}]
+            spans = {d: Span(0, sizes[d], g) for d, g in zip(self.names, gears, strict=True)}
+            chunks = [(spans, tuple(gears))]
         with self._lock:
             for name, buffer in self._unbound.items():
                 buffer.copy_(tensors[name])
-            parts = [self._chunk(tensors, chunk) for chunk in chunks]
+            parts = [self._chunk(tensors, chunk, variant) for chunk, variant in chunks]
         leaves = parts[0][0] if plan is None else t.join([p for p, _ in parts], plan)
         return tree_unflatten(leaves, parts[0][1])
 
-    def _chunk(self, tensors: Mapping[str, torch.Tensor], chunk: Chunk) -> tuple[list, Any]:
+    def _chunk(
+        self, tensors: Mapping[str, torch.Tensor], chunk: Chunk, variant: Variant
+    ) -> tuple[list[torch.Tensor], Any]:
         """One chunk's output leaves, cut back, and their spec; under `_lock`. Replayed leaves
-        are copies: the next replay rewrites the graph's."""
+        are copies: the next replay rewrites the graph's. `variant`: the chunk's gears."""
         t = self.transform
-        captured = self._ready(tuple(chunk[d].gear for d in self.names))
+        captured = self._ready(variant)
         if captured is None:
             self.stats["eager"] += 1
             leaves, spec = t.leaves(t.fn(**t.transform(tensors, chunk)))
@@ -149,7 +152,7 @@ class AdaptiveRunner:
         t.fill(captured.inputs, tensors, chunk)
         captured.graph.replay()
         self.stats["replays"] += 1
-        return [y.clone() for y in t.cut(captured.leaves, chunk)], captured.spec
+        return t.cut(captured.leaves, chunk, copy=True), captured.spec
 
     def release(self, dim: str, gear: int) -> int:
         """Drop every variant that used `gear` on `dim` and release its graphs through the pool

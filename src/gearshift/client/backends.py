@@ -62,7 +62,11 @@ class CpuGraph:
     @torch.no_grad()
     def replay(self) -> None:
         assert self.fn is not None, "replay after reset"
-        for dst, src in zip(self._leaves, tree_leaves(self.fn()), strict=True):
+        out = self.fn()
+        if isinstance(self.outputs, torch.Tensor):  # the common case: no pytree to walk
+            self.outputs.copy_(out)
+            return
+        for dst, src in zip(self._leaves, tree_leaves(out), strict=True):
             if isinstance(dst, torch.Tensor):
                 dst.copy_(src)
 

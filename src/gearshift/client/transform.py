@@ -155,18 +155,17 @@ class Transform:
         gears long) and fill the rest of each bound axis with its dim's pad value."""
         for name in self.bound:
             axes, src, out = self.inputs[name], tensors[name], dst[name]
-            region = out
+            region = out  # the pads lie outside it, so they may be filled before it is copied
             for axis, dim in enumerate(axes):
-                if dim is not None:
-                    span = chunk[dim]
-                    if span.size != src.shape[axis]:  # a chunk of a split call
-                        src = src.narrow(axis, span.start, span.size)
-                    if span.size != out.shape[axis]:
-                        region = region.narrow(axis, 0, span.size)
+                if dim is None:
+                    continue
+                span = chunk[dim]
+                if span.size != src.shape[axis]:  # a chunk of a split call
+                    src = src.narrow(axis, span.start, span.size)
+                if pad := out.shape[axis] - span.size:
+                    region = region.narrow(axis, 0, span.size)
+                    out.narrow(axis, span.size, pad).fill_(self.dims[dim].pad_value)
             region.copy_(src)
-            for axis, dim in enumerate(axes):
-                if dim is not None and (pad := out.shape[axis] - chunk[dim].size):
-                    out.narrow(axis, chunk[dim].size, pad).fill_(self.dims[dim].pad_value)
 
     def transform(
         self, tensors: Mapping[str, torch.Tensor], chunk: Chunk
@@ -192,14 +191,20 @@ class Transform:
                 raise ShapeError(f"output {i}: expected a tensor with axes {axes}, got {t!r:.60}")
         return leaves, spec
 
-    def cut(self, leaves: Sequence[torch.Tensor], chunk: Chunk) -> list[torch.Tensor]:
-        """One chunk's output leaves (as `leaves` checked them) sliced back to its rows (views)."""
+    def cut(
+        self, leaves: Sequence[torch.Tensor], chunk: Chunk, copy: bool = False
+    ) -> list[torch.Tensor]:
+        """One chunk's output leaves (as `leaves` checked them) sliced back to its rows: views,
+        or with `copy` new tensors (the first cut copies, later ones view the copy)."""
         out = []
         for t, axes in zip(leaves, self._axes(), strict=True):
+            own = not copy
             for axis, dim in enumerate(axes):
                 if dim is not None:
-                    t = t.narrow(axis, 0, chunk[dim].size)
-            out.append(t)
+                    size = chunk[dim].size
+                    t = t.narrow(axis, 0, size) if own else t.narrow_copy(axis, 0, size)
+                    own = True
+            out.append(t if own else t.clone())
         return out
 
     def join(self, parts: Sequence[list[torch.Tensor]], plan: Plan) -> list[torch.Tensor]:
