@@ -19,14 +19,14 @@ class TraceClock:
     compressed trace time `times[i]` of the last row taken (`queue.value` is the next one).
     `origin` and `queue` are shared `multiprocessing.Value`s: `origin` is set once, when the
     run starts, to CLOCK_MONOTONIC then (so time never goes back); `queue` only grows while
-    the clock is read. Reads take no lock (each value is one aligned 8-byte word, read
-    whole): every request stamps an event, and the values' locks are the workers' queue.
+    the clock is read. Reads take no lock: each value is one aligned 8-byte word, read whole,
+    and every request reads the clock while the workers take rows under the queue's lock.
     `sleep` waits wall time."""
 
     def __init__(self, times: np.ndarray, origin: Any, queue: Any) -> None:
         assert len(times) and np.all(np.diff(times) >= 0), "trace times, non-decreasing"
         self.times = times.tolist()
-        self.origin, self.queue = (getattr(v, "get_obj", lambda v=v: v)() for v in (origin, queue))
+        self.origin, self.queue = _unlocked(origin), _unlocked(queue)
 
     def now(self) -> float:
         origin = self.origin.value
@@ -41,3 +41,8 @@ class TraceClock:
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             time.sleep(seconds)
+
+
+def _unlocked(value: Any) -> Any:
+    """A synchronized `Value`'s own ctypes object (read without the lock); others as they are."""
+    return value.get_obj() if hasattr(value, "get_obj") else value

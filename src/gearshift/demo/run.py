@@ -15,8 +15,8 @@
    replayed requests as at the trace's full rate, so decision rounds and captures weigh per
    request what they weigh in service (the policy sees the trace's drift stride times faster);
    its slot scans and status documents keep the sidecar's wall-clock cadence; every worker
-   connects, registers the profile, captures the initial gears and takes rows
-   as in the static run; then the controller stops.
+   connects, registers the profile, captures the initial gears and takes rows as in the
+   static run; then the controller stops.
 
 Each run starts when every worker has captured its initial gears (`("go",)` to all), so
 start-up captures time neither run; captures of gears added meanwhile are in. A run's wall
