@@ -38,8 +38,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -141,7 +141,7 @@ def _inputs(
     return [{"x": source[tuple(slice(0, n) for n in row)]} for row in rows]
 
 
-# route(i, request) brackets request i's run and yields its padded work per dim
+# route(i, request) brackets request i's run, entered as its padded work per dim
 Route = Callable[[int, dict[str, int]], AbstractContextManager[Sequence[int]]]
 
 
@@ -202,6 +202,23 @@ def _replay(
     }
 
 
+class _Routed:
+    """The adaptive run's bracket of one request (`Profile.request`), entered as its padded
+    work per dim: its chunks' gears summed, the raw size when eager."""
+
+    __slots__ = ("request", "sizes")
+
+    def __init__(self, request: AbstractContextManager[gs.Plan], sizes: dict[str, int]) -> None:
+        self.request, self.sizes = request, sizes
+
+    def __enter__(self) -> list[int]:
+        plan = self.request.__enter__()
+        return [sum(plan.chunks[d]) or n for d, n in self.sizes.items()]
+
+    def __exit__(self, *exc: Any) -> None:
+        self.request.__exit__(*exc)
+
+
 def _static_route(runner: Runner, sizes: Mapping[str, np.ndarray]) -> Route:
     dims = runner.transform.dims
     work = [padded_work(runner.gears[d], sizes[d], dim.splittable) for d, dim in dims.items()]
@@ -241,13 +258,11 @@ def adaptive(
         profile = client.profile(PROFILE, dims)
         runner = profile.attach(runner_for(model, dims))
 
-        @contextmanager
-        def route(_: int, request: dict[str, int]) -> Iterator[list[int]]:
+        def route(_: int, request: dict[str, int]) -> _Routed:
             client.refresh()  # a new snapshot's gears are captured before the request
             while not profile.settled:  # (module docstring)
                 time.sleep(SETTLE_POLL)
-            with profile.request(**request) as plan:
-                yield [sum(plan.chunks[d]) or n for d, n in request.items()]
+            return _Routed(profile.request(**request), request)
 
         return _replay(model, runner, route, sizes, feed)
 
