@@ -8,7 +8,7 @@ most `slice_seconds` older than the window may still count, none inside it is lo
 
 Storage is a ring of `ceil(window / slice) + 1` slice rows × the distinct values seen in the
 ring's slices (columns, grown by doubling), never the events; columns no slice uses any more
-are dropped when a row is recycled.
+are dropped when a row is recycled, once they are a quarter of the columns.
 Pure: no clock; times are whatever clock the caller uses for `now`.
 """
 
@@ -115,14 +115,15 @@ class DimStats:
         return Histogram(self._values[cols], weights[cols], counts[cols], self._last[cols])
 
     def _claim(self, k: int) -> int:
-        """The row of slice k; recycling a row drops its old slice and the columns no row uses."""
+        """The row of slice k; recycling a row drops its old slice, and the columns no row uses
+        once they are a quarter of them (an unused column reads as count 0 until then)."""
         row = k % len(self._keys)
         if self._keys[row] != k:
             self._keys[row] = k
             self._acc[row] = 0.0
             self._cnt[row] = 0
             used = np.flatnonzero(self._cnt[:, :self._n].any(axis=0))
-            if len(used) < self._n:  # shrink when a quarter or less of the capacity is used
+            if 4 * len(used) <= 3 * self._n:  # shrink when a quarter or less of capacity is used
                 cap = len(self._values)
                 self._resize(used, 2 * len(used) if 4 * len(used) <= cap else cap)
         return row
