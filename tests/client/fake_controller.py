@@ -26,6 +26,7 @@ class FakeController:
     def __init__(self, namespace: str, device: int = 0, create: bool = True) -> None:
         self.namespace, self.device = namespace, device
         self.registry = (Registry.create if create else Registry.attach)(namespace)
+        self.registry.repair_lock()  # as a controller starts: its killed predecessor may hold it
         self.registry.claim_controller()
         try:
             self.region = SnapshotRegion.create(namespace, device)
