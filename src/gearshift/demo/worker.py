@@ -58,8 +58,8 @@ from gearshift.dims import Dim, Gears, padded_work
 
 SETTLE_POLL = 0.001  # seconds between looks at whether the swap thread has captured new gears
 MEMORY = (1 << 33, 1 << 34)  # the (free, total) reading the CPU "device" reports: 50 % used
-CALIBRATION_TOKENS = 8192  # a gear is timed over this many tokens' worth of replays ...
-CALIBRATION_REPEATS = 16  # ... at most this many: the median skips a preempted one
+CALIBRATION_TOKENS = 8192  # a gear is timed over this many tokens' worth of replays, ...
+CALIBRATION_REPEATS = (3, 16)  # ... within these bounds: the median skips a preempted one
 
 
 class Model:
@@ -237,7 +237,8 @@ def calibrate(model: Model, runner: Runner) -> list[tuple[int, int, float]]:
     for row, x in zip(rows, _inputs(model, dims, rows), strict=True):
         tokens = math.prod(row)
         seconds = []
-        for _ in range(min(CALIBRATION_REPEATS, max(1, CALIBRATION_TOKENS // tokens))):
+        low, high = CALIBRATION_REPEATS
+        for _ in range(min(high, max(low, CALIBRATION_TOKENS // tokens))):
             began = time.thread_time()
             runner.run(x)
             seconds.append(time.thread_time() - began)
