@@ -26,14 +26,20 @@ OLD = NOW - 250.0  # inside the window, long past the protection
 
 def run(gears: tuple[int, ...], events: list[tuple[float, int]], config: PolicyConfig = CFG,
         dim: Dim | None = None, memory: float | None = None, created: float = 0.0,
-        now: float = NOW, **state: object) -> Decision:
+        now: float = NOW, history: list[tuple[float, int]] | None = None,
+        **state: object) -> Decision:
     """One round on a single dim "B" whose gears were created at `created` (by default long
-    ago: unprotected)."""
+    ago: unprotected); `history` holds the events of the history's horizon (none: no history)."""
     stats = DimStats(config)
     stats.fold(np.array([t for t, _ in events], float), np.array([v for _, v in events]))
+    past = None
+    if history is not None:
+        longer = DimStats(config.history())
+        longer.fold(np.array([t for t, _ in history], float), np.array([v for _, v in history]))
+        past = {"B": longer.view(now)}
     dim = dim or Dim(gears=gears, max=100_000)
     s = DimState(gears, dict.fromkeys(gears, created), **state)  # type: ignore[arg-type]
-    return decide({"B": dim}, {"B": s}, {"B": stats.view(now)}, memory, now, config)
+    return decide({"B": dim}, {"B": s}, {"B": stats.view(now)}, memory, now, config, past)
 
 
 def at(t: float, value: int, times: int = 1) -> list[tuple[float, int]]:
@@ -202,6 +208,36 @@ def test_protected_gears_stay_in_the_plan_whatever_the_cost():
     assert d.states["B"].gears == (100, 9000, 14050)
 
 
+# An hour ago a burst of 900s ran on gear 1000; the window holds only 100s and 5000s.
+WINDOW = at(OLD, 100, 20) + at(OLD, 5000, 5)
+BURST = at(NOW - 3000, 900, 50)
+
+
+def test_the_history_keeps_a_gear_the_window_no_longer_uses():
+    gears = (100, 1000, 5000)
+    assert actions(run(gears, WINDOW)) == [("evict", 1000)]  # unused in the window
+    assert actions(run(gears, WINDOW, history=BURST + WINDOW)) == []
+    off = dataclasses.replace(CFG, plan_history_keep=0.0)
+    assert actions(run(gears, WINDOW, off, history=BURST + WINDOW)) == [("evict", 1000)]
+    assert ("evict", 1000) in actions(run(gears, WINDOW, history=BURST + WINDOW, memory=0.99))
+
+
+def test_the_plan_goes_on_around_a_gear_kept_for_the_history():
+    # The plan of 3 would move 1000 to 3000; the history keeps 1000, so 3000 comes as a 4th.
+    events = WINDOW + at(OLD, 3000, 20)
+    assert actions(run((100, 1000, 5000), events))[-1] == ("add", 3000)
+    d = run((100, 1000, 5000), events, history=BURST + events)
+    assert actions(d) == [("add", 3000)]
+    assert "keeping 1000 for the history" in d.changes[0].reason
+
+
+def test_the_history_does_not_hold_a_gear_the_plan_moves_nearby():
+    # 1000 -> 950 and 500 -> 400: the history's traffic is the window's, served by the moves.
+    events = at(OLD, 400, 20) + at(OLD, 950, 20) + at(OLD, 8000, 5)
+    d = run((500, 1000, 8000), events, history=at(NOW - 3000, 950, 50) + events)
+    assert d.states["B"].gears == (400, 950, 8000)
+
+
 def test_seed_mode_stays_selectable():
     events = at(OLD, 400, 5) + at(OLD, 900, 5)
     d = run((1024,), events, dataclasses.replace(CFG, policy_mode="seed"))
@@ -216,17 +252,22 @@ def test_seed_mode_stays_selectable():
     ages=st.lists(st.sampled_from([0.0, 30.0, 500.0]), min_size=10, max_size=10),
     cost=st.sampled_from([(0.0, 1.0), (1e-4, 2e-6, 1e-9), (0.0, 1e-12, 1e-9), (5, 0, 0, 1)]),
     memory=st.sampled_from([None, 0.99]),
+    past=st.lists(st.integers(1, 5000), max_size=30),
 )
 def test_every_round_keeps_the_safety_rules(values: list[int], gears: set[int], ages: list[float],
-                                            cost: tuple[float, ...], memory: float | None):
+                                            cost: tuple[float, ...], memory: float | None,
+                                            past: list[int]):
     gears_t = tuple(sorted(gears))
     created = {g: NOW - age for g, age in zip(gears_t, ages, strict=False)}
     dim = Dim(gears=gears_t, max=10_000, cost=cost)
     config = dataclasses.replace(CFG, max_gears_per_type=8, min_gear_count_per_type=1)
     stats = DimStats(config)
     stats.fold(np.full(len(values), OLD), np.array(values))
+    history = DimStats(config.history())
+    history.fold(np.r_[np.full(len(past), NOW - 2000), np.full(len(values), OLD)],
+                 np.array(past + values))
     d = decide({"B": dim}, {"B": DimState(gears_t, created)}, {"B": stats.view(NOW)}, memory,
-               NOW, config).states["B"].gears
+               NOW, config, {"B": history.view(NOW)}).states["B"].gears
     floor = min(values)
     kept = {g for g in gears_t if NOW - created[g] < config.recent_use_protect_seconds}
     assert max(d) >= gears_t[-1]  # the largest gear is kept (the cover rule may add above)

@@ -35,6 +35,8 @@ MODE_DEFAULTS = {
              "update_interval_seconds": 15.0, "check_interval_seconds": 15.0},
 }
 
+HISTORY_SLICES = 60  # the history's slices: coarser than the window's, so its memory is alike
+
 T = TypeVar("T")
 
 
@@ -43,7 +45,9 @@ class PolicyConfig:
     """Seed 000 §4–§8 defaults; where the seed is silent, its reference implementation's.
 
     `policy_mode` "plan" (default) places gears at the padded-work optimum (docs/policy.md);
-    "seed" is seed 000 rule by rule. The `plan_*` keys only apply to "plan".
+    "seed" is seed 000 rule by rule. The `plan_*` keys only apply to "plan";
+    `plan_history_seconds` is the horizon of a second, slower histogram of the same events,
+    whose gears the plan keeps while they save `plan_history_keep` of its work.
     """
 
     window_seconds: float | None = None
@@ -68,6 +72,8 @@ class PolicyConfig:
     plan_move_gain: float = 0.002
     plan_confidence: float = 1.0
     plan_max_moves: int = 4
+    plan_history_seconds: float = 3600.0
+    plan_history_keep: float = 0.035
 
     def __post_init__(self) -> None:
         if self.policy_mode not in POLICY_MODES:
@@ -77,13 +83,13 @@ class PolicyConfig:
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
         positive = ("window_seconds", "half_life_seconds", "slice_seconds",
-                    "update_interval_seconds", "check_interval_seconds")
+                    "update_interval_seconds", "check_interval_seconds", "plan_history_seconds")
         for key in positive:
             _check(key, getattr(self, key), 0.0, math.inf, low_open=True)
         for key in ("w_h", "w_p", "w_sp", "replace_loss_threshold",
                     "pad_add_threshold", "split_add_threshold"):
             _check(key, getattr(self, key), 0.0, 1.0)
-        for key in ("plan_gear_gain", "plan_gear_keep", "plan_move_gain"):
+        for key in ("plan_gear_gain", "plan_gear_keep", "plan_move_gain", "plan_history_keep"):
             _check(key, getattr(self, key), 0.0, 1.0)
         _check("plan_confidence", self.plan_confidence, 0.0, 100.0)
         _check("plan_max_moves", self.plan_max_moves, 1, 10**6, integer=True)
@@ -104,6 +110,13 @@ class PolicyConfig:
         if self.slice_seconds > self.window_seconds:
             raise ConfigError("slice_seconds", f"{self.slice_seconds} exceeds window_seconds "
                               f"{self.window_seconds}")
+
+    def history(self) -> PolicyConfig:
+        """The statistics settings of the plan's history: `plan_history_seconds` of window,
+        half of it as half-life, in HISTORY_SLICES slices."""
+        window = self.plan_history_seconds
+        return dataclasses.replace(self, window_seconds=window, half_life_seconds=window / 2,
+                                   slice_seconds=window / HISTORY_SLICES)
 
     def scaled(self, factor: float) -> PolicyConfig:
         """Every duration divided by `factor` (time compression for demos and tests)."""

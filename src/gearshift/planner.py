@@ -21,6 +21,12 @@ rule moves the top of the set, up (the former largest then becomes an ordinary g
    (above K), or swap a plan gear for a gear off the plan when it saves `plan_move_gain` plus
    `plan_confidence` standard errors; at most `plan_max_moves` additions and as many evictions.
 
+History: a gear the plan drops in step 3, or that step 2 would release, stays (forced into
+the plan) while it saves at least `plan_history_keep` of the work of the `history`, a longer
+decayed horizon of the same events (`plan_history_seconds`), beside the plan's other gears. A
+burst that recurs less often than the window keeps its gear; a gear the plan moves nearby
+saves little beside its new position, so moves go on. Never under memory pressure.
+
 Creation protection (`recent_use_protect_seconds`, and any `protected_until`) holds except in
 step 2's floor case, and for an initial gear (`DimState.initial`: there from the start, never
 chosen on evidence) only while all the window's traffic lies below it, a ramp-up it may yet
@@ -33,7 +39,7 @@ gear positions for the DP) and the gears, never with the events.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,14 +60,16 @@ Step = tuple[str, int, str]  # (action "add" | "evict", gear, reason)
 
 
 def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
-         config: PolicyConfig) -> list[Step]:
-    """One plan-mode round of one dim: its steps, in order."""
+         config: PolicyConfig, history: Histogram | None = None) -> list[Step]:
+    """One plan-mode round of one dim against the window's `hist` (and the `history`'s, a
+    longer horizon of the same events): its steps, in order."""
     if not hist.values.size:
         return []
     v, w = hist.values, hist.weights
     raw = float((w * dim.work(v)).sum())
     window = config.recent_use_protect_seconds
     top = int(v[-1])
+    remembered = _remembered(dim, None if pressure else history, config.plan_history_keep)
 
     def protected(g: int) -> bool:
         if g in state.initial and g < top:  # a start-up guess that traffic has gone past
@@ -75,16 +83,44 @@ def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
     steps = _cover(dim, gears, hist, pressure, cooling, config)
     inside = v <= gears[-1]
     work = _Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside], dim.work)
-    steps += _release(gears, work, int(v[0]), protected, config)
+    steps += _release(gears, work, int(v[0]),
+                      lambda g: protected(g) or remembered(g, [x for x in gears if x != g]),
+                      config)
     if not work.values.size:  # all traffic over the largest gear, too little to cover yet
         return steps
     stuck = {g for g in gears if protected(g)} | {gears[-1]}
     plans = _plans(dim, gears, work, stuck, cooling, config)
     size, why = _count(gears, plans.costs, raw, len(stuck), pressure, config)
     target = plans.gears(size)
+    kept = {g for g in gears if g not in target and remembered(g, target)}
+    if kept:  # the history keeps gears the window's plan drops: plan again around them
+        stuck |= kept
+        plans = _plans(dim, gears, work, stuck, cooling, config)
+        size, why = _count(gears, plans.costs, raw, len(stuck), pressure, config)
+        target = plans.gears(size)
+        why += f", keeping {', '.join(map(str, sorted(kept)))} for the history"
     assert stuck <= set(target), (stuck, target)
     steps += _moves(gears, size, target, work, raw, why, pressure, config)
     return steps
+
+
+def _remembered(dim: Dim, history: Histogram | None,
+                keep: float) -> Callable[[int, Sequence[int]], bool]:
+    """Whether a gear saves at least `keep` of the history's work beside `others` (sorted,
+    holding a gear above it): the history's values in (its lower neighbour, gear] would pad
+    up to its upper neighbour without it."""
+    if history is None or not history.values.size or keep <= 0:
+        return lambda g, others: False
+    hv, hw = history.values, history.weights
+    work = _Work(hv, hw, hw ** 2 / history.counts, dim.work)
+    least = keep * float((hw * dim.work(hv)).sum())
+
+    def remembered(g: int, others: Sequence[int]) -> bool:
+        j = int(np.searchsorted(others, g, "right"))
+        lo = others[j - 1] if j else 0
+        saves = work.weight(lo, g) * (work.cost(np.array(others[j])) - work.cost(np.array(g)))
+        return bool(saves >= least)
+    return remembered
 
 
 def _cover(dim: Dim, gears: list[int], hist: Histogram, pressure: bool, cooling: list[int],

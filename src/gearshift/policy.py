@@ -176,8 +176,10 @@ def _aligned(dim: Dim, median: float) -> int | None:
 
 def decide(dims: Mapping[str, Dim], states: Mapping[str, DimState],
            stats: Mapping[str, Histogram], memory_usage: float | None, now: float,
-           config: PolicyConfig) -> Decision:
-    """One decision round for one profile; dims are decided independently (seed 000 §10)."""
+           config: PolicyConfig, history: Mapping[str, Histogram] | None = None) -> Decision:
+    """One decision round for one profile; dims are decided independently (seed 000 §10).
+    `history` holds the plan's longer horizon of each dim (`PolicyConfig.history`); plan mode
+    keeps no gear for the history without it."""
     pressure = memory_pressure(memory_usage, config)
     new_states: dict[str, DimState] = {}
     changes: list[GearChange] = []
@@ -187,7 +189,8 @@ def decide(dims: Mapping[str, Dim], states: Mapping[str, DimState],
         state, hist = states[name], stats.get(name, Histogram.empty())
         if config.policy_mode == "plan":
             out = [GearChange(name, g, action, why + note)
-                   for action, g, why in plan(dim, state, hist, pressure, now, config)]
+                   for action, g, why in plan(dim, state, hist, pressure, now, config,
+                                              (history or {}).get(name))]
             new_states[name] = _apply(state, out, now, config, cooling=True)
         else:
             out = _seed_round(name, dim, state, hist, pressure, note, now, config)

@@ -172,6 +172,7 @@ def simulate(
     if adaptive:
         states = initial_states(dims, 0.0)
         stats = {name: DimStats(config) for name in dims}
+        history = {name: DimStats(config.history()) for name in dims}
     gears = {name: [] for name in dims}
     raw = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
     padded = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
@@ -187,6 +188,7 @@ def simulate(
             costs[name][seg] = padded_cost(dim, current[name], values).sum()
             if adaptive:
                 stats[name].fold(t[lo:hi], values)
+                history[name].fold(t[lo:hi], values)
         if seg == checks.size or not adaptive:
             continue
         now = float(checks[seg])
@@ -195,7 +197,8 @@ def simulate(
         if trigger is None:
             continue
         views = {name: s.view(now) for name, s in stats.items()}
-        decision = decide(dims, states, views, mem, now, config)
+        past = {name: s.view(now) for name, s in history.items()}
+        decision = decide(dims, states, views, mem, now, config, past)
         states, last_update, updates = decision.states, now, updates + 1
         current = {name: state.gears for name, state in states.items()}
         changes += [

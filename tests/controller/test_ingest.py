@@ -45,6 +45,11 @@ def test_samples_fold_into_their_profiles_dims_by_key() -> None:
     assert decode.stats["B"].view(10.0).counts.tolist() == [2]
     assert decode.stats["S"].view(10.0).values.tolist() == [100, 700]
     assert prefill.stats["S"].view(10.0).values.tolist() == [900]
+    for profile in (decode, prefill):  # the history folds the same samples
+        for dim, stats in profile.stats.items():
+            past, now = profile.history[dim].view(10.0), stats.view(10.0)
+            assert (past.values.tolist(), past.counts.tolist()) == (
+                now.values.tolist(), now.counts.tolist())
 
 
 def test_unknown_ids_out_of_bounds_values_and_odd_kinds_are_counted_not_folded() -> None:

@@ -581,7 +581,8 @@ class Controller:
         changed = False
         for name, profile in dev.profiles.items():
             views = {d: s.view(now) for d, s in profile.stats.items()}
-            decision = decide(profile.dims, profile.states, views, usage, now, self.policy)
+            past = {d: s.view(now) for d, s in profile.history.items()}
+            decision = decide(profile.dims, profile.states, views, usage, now, self.policy, past)
             profile.states = decision.states
             changes[name] = [[c.dim, c.gear, c.action, c.reason] for c in decision.changes]
             changed |= decision.changed

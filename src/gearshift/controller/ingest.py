@@ -27,11 +27,12 @@ class Folded(NamedTuple):
 def fold(
     events: np.ndarray, keys: np.ndarray, profiles: Sequence[ProfileState | None], now: float
 ) -> Folded:
-    """Fold the samples of `events` (EVENT_DTYPE) into the DimStats of `profiles[key]`.
+    """Fold the samples of `events` (EVENT_DTYPE) into the DimStats of `profiles[key]`
+    (its window's and its history's).
 
     A record's time is its t_ns in seconds (the controller's clock is the same
     CLOCK_MONOTONIC), capped at `now`; values outside a dim's [min, max] are counted, not
-    folded. Cost: a few numpy passes over the batch plus one `DimStats.fold` per profile dim.
+    folded. Cost: a few numpy passes over the batch plus two `DimStats.fold` per profile dim.
     """
     kind = events["kind"].copy()  # one pass over the records; then compact arrays only
     is_sample = (kind == Kind.SHAPE) | (kind == Kind.EAGER)
@@ -82,6 +83,7 @@ def _fold_profile(
         times, v = times[ok], v[ok]
     for column, name in enumerate(dims):
         profile.stats[name].fold(times, v[:, column])
+        profile.history[name].fold(times, v[:, column])
     return len(times)
 
 

@@ -6,7 +6,8 @@ in the same directory, fsync, rename), so a reader sees the old or the new file,
 never a mix. Times are CLOCK_MONOTONIC: they are restored only when the file was
 written during the current boot (same `boot_id`); after a reboot the gears come
 back with fresh creation times (so they are protected for a window) and empty
-statistics, and versions still continue.
+statistics, and versions still continue. A file written before the plan's history existed
+restores with an empty history.
 """
 
 from __future__ import annotations
@@ -35,15 +36,18 @@ STATE_FILE = "gearshift-state.msgpack"
 
 @dataclass
 class ProfileState:
-    """One profile on one device: its dims, the policy's per-dim state and statistics."""
+    """One profile on one device: its dims, the policy's per-dim state and statistics (over
+    the window, and over the plan's history: `PolicyConfig.history`)."""
 
     dims: dict[str, Dim]
     states: dict[str, DimState]
     stats: dict[str, DimStats]
+    history: dict[str, DimStats]
 
     @classmethod
     def new(cls, dims: dict[str, Dim], now: float, config: PolicyConfig) -> ProfileState:
-        return cls(dims, initial_states(dims, now), {d: DimStats(config) for d in dims})
+        return cls(dims, initial_states(dims, now), {d: DimStats(config) for d in dims},
+                   {d: DimStats(config.history()) for d in dims})
 
     def gears(self) -> dict[str, list[int]]:
         return {d: list(s.gears) for d, s in self.states.items()}
@@ -81,6 +85,7 @@ def encode(devices: dict[int, DeviceState]) -> bytes:
                 "dims": {k: dim_to_dict(v) for k, v in p.dims.items()},
                 "states": {k: _dim_state_to_dict(v) for k, v in p.states.items()},
                 "stats": {k: v.to_state() for k, v in p.stats.items()},
+                "history": {k: v.to_state() for k, v in p.history.items()},
             } for name, p in d.profiles.items()},
         } for dev, d in devices.items()},
     }, use_bin_type=True)
@@ -109,6 +114,9 @@ def decode(blob: bytes, now: float, config: PolicyConfig) -> dict[int, DeviceSta
                         if same_boot else DimState(gears, dict.fromkeys(gears, now)))
                     if same_boot:
                         profile.stats[k] = _restore_stats(p["stats"][k], config, name, k)
+                        if k in p.get("history", {}):  # files before the history have none
+                            profile.history[k] = _restore_stats(p["history"][k],
+                                                                config.history(), name, k)
                 profiles[name] = profile
             devices[int(dev)] = DeviceState(int(d["version"]),
                                             d["last_update"] if same_boot else None, profiles)
