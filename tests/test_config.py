@@ -33,10 +33,10 @@ def test_plan_is_the_default_mode_with_its_own_horizon_and_cadence():
     assert (seed.update_interval_seconds, seed.check_interval_seconds) == (300.0, 60.0)
     assert (c.plan_gear_gain, c.plan_gear_keep, c.plan_move_gain) == (0.035, 0.0125, 0.002)
     assert (c.plan_confidence, c.plan_max_moves) == (1.0, 4)
-    assert (c.plan_history_seconds, c.plan_history_keep) == (3600.0, 0.035)
+    assert (c.plan_history_seconds, c.plan_history_keep) == (1800.0, 0.035)
     h = c.history()
-    assert (h.window_seconds, h.half_life_seconds, h.slice_seconds) == (3600.0, 1800.0, 60.0)
-    assert c.scaled(60.0).history().window_seconds == 60.0  # compressed with the rest
+    assert (h.window_seconds, h.half_life_seconds, h.slice_seconds) == (1800.0, 900.0, 30.0)
+    assert c.scaled(60.0).history().window_seconds == 30.0  # compressed with the rest
     assert PolicyConfig(window_seconds=900.0).window_seconds == 900.0  # set beats the mode
     assert load_policy_config(None, ["window_seconds=none"]).window_seconds == 600.0
 

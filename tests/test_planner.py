@@ -208,9 +208,9 @@ def test_protected_gears_stay_in_the_plan_whatever_the_cost():
     assert d.states["B"].gears == (100, 9000, 14050)
 
 
-# An hour ago a burst of 900s ran on gear 1000; the window holds only 100s and 5000s.
+# 25 minutes ago a burst of 900s ran on gear 1000; the window holds only 100s and 5000s.
 WINDOW = at(OLD, 100, 20) + at(OLD, 5000, 5)
-BURST = at(NOW - 3000, 900, 50)
+BURST = at(NOW - 1500, 900, 50)
 
 
 def test_the_history_keeps_a_gear_the_window_no_longer_uses():
@@ -234,7 +234,7 @@ def test_the_plan_goes_on_around_a_gear_kept_for_the_history():
 def test_the_history_does_not_hold_a_gear_the_plan_moves_nearby():
     # 1000 -> 950 and 500 -> 400: the history's traffic is the window's, served by the moves.
     events = at(OLD, 400, 20) + at(OLD, 950, 20) + at(OLD, 8000, 5)
-    d = run((500, 1000, 8000), events, history=at(NOW - 3000, 950, 50) + events)
+    d = run((500, 1000, 8000), events, history=at(NOW - 1500, 950, 50) + events)
     assert d.states["B"].gears == (400, 950, 8000)
 
 
@@ -264,7 +264,7 @@ def test_every_round_keeps_the_safety_rules(values: list[int], gears: set[int], 
     stats = DimStats(config)
     stats.fold(np.full(len(values), OLD), np.array(values))
     history = DimStats(config.history())
-    history.fold(np.r_[np.full(len(past), NOW - 2000), np.full(len(values), OLD)],
+    history.fold(np.r_[np.full(len(past), NOW - 1500), np.full(len(values), OLD)],
                  np.array(past + values))
     d = decide({"B": dim}, {"B": DimState(gears_t, created)}, {"B": stats.view(NOW)}, memory,
                NOW, config, {"B": history.view(NOW)}).states["B"].gears

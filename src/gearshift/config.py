@@ -72,7 +72,7 @@ class PolicyConfig:
     plan_move_gain: float = 0.002
     plan_confidence: float = 1.0
     plan_max_moves: int = 4
-    plan_history_seconds: float = 3600.0
+    plan_history_seconds: float = 1800.0
     plan_history_keep: float = 0.035
 
     def __post_init__(self) -> None:
