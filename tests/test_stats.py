@@ -126,6 +126,42 @@ def test_bad_state_is_a_state_error(state, message):
 def test_fold_rejects_mismatched_arrays():
     with pytest.raises(ShapeError):
         DimStats(CFG).fold(np.array([1.0, 2.0]), np.array([3]))
+    with pytest.raises(ShapeError):
+        DimStats(CFG).fold(np.array([1.0, 2.0]), np.array([3, 4]), np.array([1]))
+
+
+def test_counted_entries_fold_as_that_many_events():
+    once, many = DimStats(CFG), DimStats(CFG)
+    once.fold(np.array([5.0, 5.0, 5.0, 12.0]), np.array([7, 7, 7, 9]))
+    many.fold(np.array([5.0, 12.0]), np.array([7, 9]), np.array([3, 1]))
+    for (v, (w, c, t)), (v2, (w2, c2, t2)) in zip(as_dict(once.view(20.0)).items(),
+                                                 as_dict(many.view(20.0)).items(), strict=True):
+        assert (v, c, t) == (v2, c2, t2) and w == pytest.approx(w2, rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 290), st.integers(1, 50)), min_size=1, max_size=300),
+       st.integers(1, 4))
+def test_the_history_holds_every_event_within_half_a_slice_of_decay(events, batches):
+    """Fed per slice and value, the history counts each event once, weighed at its slice's
+    mean time in the batch: within half a slice of decay of the direct sum."""
+    times = np.array([t for t, _ in events])
+    values = np.array([v for _, v in events], np.int64)
+    config = PolicyConfig(policy_mode="seed", plan_history_seconds=1200.0)  # window 300 s
+    history = DimStats(config.history())
+    stats = DimStats(config, history)
+    for part in np.array_split(np.arange(len(times)), batches):
+        stats.fold(times[part], values[part])
+    now = float(times.max())
+    got = history.view(now)
+    exact = DimStats(config.history())
+    exact.fold(times, values)
+    want = exact.view(now)
+    assert got.values.tolist() == want.values.tolist()
+    assert got.counts.tolist() == want.counts.tolist()
+    slack = 2 ** (config.slice_seconds / 2 / config.history().half_life_seconds)
+    assert ((got.weights <= want.weights * slack * (1 + 1e-9))
+            & (got.weights >= want.weights / slack / (1 + 1e-9))).all()
 
 
 def test_empty_histogram():

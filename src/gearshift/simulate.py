@@ -171,8 +171,8 @@ def simulate(
     current = {name: dim.initial_gears for name, dim in dims.items()}
     if adaptive:
         states = initial_states(dims, 0.0)
-        stats = {name: DimStats(config) for name in dims}
         history = {name: DimStats(config.history()) for name in dims}
+        stats = {name: DimStats(config, history[name]) for name in dims}
     gears = {name: [] for name in dims}
     raw = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
     padded = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
@@ -188,7 +188,6 @@ def simulate(
             costs[name][seg] = padded_cost(dim, current[name], values).sum()
             if adaptive:
                 stats[name].fold(t[lo:hi], values)
-                history[name].fold(t[lo:hi], values)
         if seg == checks.size or not adaptive:
             continue
         now = float(checks[seg])

@@ -57,10 +57,15 @@ class Histogram:
 class DimStats:
     """Decayed histogram of one (profile, dim)'s raw values in time slices.
 
-    Memory is bounded by slices × distinct values, never by the number of events.
+    Memory is bounded by slices × distinct values, never by the number of events. A `history`
+    (another DimStats, over a longer horizon: `PolicyConfig.history`) receives the events
+    this one keeps (not those a full ring behind), one entry per slice and value of a batch at
+    the mean time of that slice's events: each event weighs there within half a slice of decay
+    of its exact weight, at the cost of one entry per distinct value, not per event.
     """
 
-    def __init__(self, config: PolicyConfig) -> None:
+    def __init__(self, config: PolicyConfig, history: DimStats | None = None) -> None:
+        self.history = history
         self._params = {k: float(getattr(config, k)) for k in _STATE_KEYS}
         self._slice = config.slice_seconds
         self._window = config.window_seconds
@@ -74,15 +79,19 @@ class DimStats:
         self._last = np.empty(0)  # latest event time per column
         self._reindex()
 
-    def fold(self, times: np.ndarray, values: np.ndarray) -> None:
-        """Add one batch of events (float64 seconds, int64 raw sizes), in any order.
+    def fold(self, times: np.ndarray, values: np.ndarray,
+             counts: np.ndarray | None = None) -> None:
+        """Add one batch of events (float64 seconds, int64 raw sizes), in any order; entry i
+        stands for `counts[i]` events (default: one each).
 
         Events older than the ring (a full window behind the newest slice) are ignored.
         """
         t = np.asarray(times, np.float64)
         v = np.asarray(values, np.int64)
-        if t.ndim != 1 or t.shape != v.shape:
-            raise ShapeError(f"fold needs two 1-D arrays of one length, got {t.shape} {v.shape}")
+        many = None if counts is None else np.asarray(counts, np.int64)
+        if t.ndim != 1 or t.shape != v.shape or (many is not None and many.shape != t.shape):
+            raise ShapeError(f"fold needs 1-D arrays of one length, got {t.shape} {v.shape}"
+                             + ("" if many is None else f" {many.shape}"))
         if not len(t):
             return
         k = np.floor(t / self._slice).astype(np.int64)
@@ -90,17 +99,28 @@ class DimStats:
         if int(k.min()) < lowest:
             keep = k >= lowest
             t, v, k = t[keep], v[keep], k[keep]
+            many = None if many is None else many[keep]
             if not len(t):
                 return
         slices = [(kk, k == kk) for kk in range(int(k.min()), int(k.max()) + 1)]
         rows = [(self._claim(kk), m) for kk, m in slices if m.any()]
         col = self._columns(v)  # after the claims: recycling a row may drop columns
         e = np.exp(self._lam * (t - k * self._slice))
+        if many is not None:
+            e *= many
         n = self._n
         for row, m in rows:
-            c, w = (col, e) if len(rows) == 1 else (col[m], e[m])
+            one = len(rows) == 1
+            c, w, ts = (col, e, t) if one else (col[m], e[m], t[m])
+            nm = None if many is None else (many if one else many[m])
             self._acc[row, :n] += np.bincount(c, weights=w, minlength=n)
-            self._cnt[row, :n] += np.bincount(c, minlength=n)
+            got = (np.bincount(c, minlength=n) if nm is None
+                   else np.bincount(c, weights=nm, minlength=n).astype(np.int64))
+            self._cnt[row, :n] += got
+            if self.history is not None:
+                seen = np.flatnonzero(got)
+                when = float(np.average(ts, weights=nm))
+                self.history.fold(np.full(seen.size, when), self._values[seen], got[seen])
         np.maximum.at(self._last, col, t)
 
     def view(self, now: float) -> Histogram:
@@ -170,9 +190,11 @@ class DimStats:
                 "last": self._last[:n].astype("<f8").tobytes()}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], config: PolicyConfig) -> DimStats:
-        """Restore `to_state()`; StateError when malformed or saved under other time settings."""
-        stats = cls(config)
+    def from_state(cls, state: dict[str, Any], config: PolicyConfig,
+                   history: DimStats | None = None) -> DimStats:
+        """Restore `to_state()` (its `history` is restored on its own); StateError when
+        malformed or saved under other time settings."""
+        stats = cls(config, history)
         try:
             for key in _STATE_KEYS:
                 if float(state[key]) != stats._params[key]:

@@ -18,7 +18,7 @@ def _devices(now: float) -> dict[int, DeviceState]:
     dims = {"BATCHSIZE": Dim(gears=[1, 8, 64], splittable=True), "SEQLEN": Dim(max=4096, align=16)}
     profile = ProfileState.new(dims, now, CONFIG)
     profile.stats["SEQLEN"].fold(np.array([now - 1.0, now]), np.array([700, 900]))
-    profile.history["SEQLEN"].fold(np.array([now - 1000.0, now]), np.array([300, 900]))
+    profile.history["SEQLEN"].fold(np.array([now - 1000.0]), np.array([300]))
     seq = profile.states["SEQLEN"]
     profile.states["SEQLEN"] = DimState(seq.gears, seq.created, {4096: now + 9}, {96: now - 2})
     return {0: DeviceState(version=7, last_update=now - 5, profiles={"decode": profile})}
@@ -36,7 +36,9 @@ def test_round_trip_keeps_gears_times_stats_and_version(tmp_path: Path) -> None:
     assert (profile.states["BATCHSIZE"].initial, seq.initial) == ({1, 8, 64}, frozenset())
     assert profile.dims["SEQLEN"].align == 16 and profile.dims["BATCHSIZE"].splittable
     assert profile.stats["SEQLEN"].view(100.0).counts.tolist() == [1, 1]
-    assert profile.history["SEQLEN"].view(100.0).values.tolist() == [300, 900]
+    assert profile.history["SEQLEN"].view(100.0).values.tolist() == [300, 700, 900]
+    profile.stats["SEQLEN"].fold(np.array([101.0]), np.array([500]))  # still feeds its history
+    assert profile.history["SEQLEN"].view(101.0).values.tolist() == [300, 500, 700, 900]
     assert [p.name for p in tmp_path.iterdir()] == [state.STATE_FILE]  # no temp file left
 
 

@@ -68,7 +68,8 @@ def _fold(config: PolicyConfig, times: np.ndarray, values: dict[str, np.ndarray]
 
 def _round(stats: dict[str, DimStats], now: float, config: PolicyConfig) -> object:
     views = {name: s.view(now) for name, s in stats.items()}
-    return decide(DIMS, initial_states(DIMS, 0.0), views, None, now, config)
+    # The history (a longer horizon) of traffic that began a window ago holds the same events.
+    return decide(DIMS, initial_states(DIMS, 0.0), views, None, now, config, views)
 
 
 class Baseline:

@@ -28,11 +28,11 @@ def fold(
     events: np.ndarray, keys: np.ndarray, profiles: Sequence[ProfileState | None], now: float
 ) -> Folded:
     """Fold the samples of `events` (EVENT_DTYPE) into the DimStats of `profiles[key]`
-    (its window's and its history's).
+    (each feeds its history).
 
     A record's time is its t_ns in seconds (the controller's clock is the same
     CLOCK_MONOTONIC), capped at `now`; values outside a dim's [min, max] are counted, not
-    folded. Cost: a few numpy passes over the batch plus two `DimStats.fold` per profile dim.
+    folded. Cost: a few numpy passes over the batch plus one `DimStats.fold` per profile dim.
     """
     kind = events["kind"].copy()  # one pass over the records; then compact arrays only
     is_sample = (kind == Kind.SHAPE) | (kind == Kind.EAGER)
@@ -82,8 +82,7 @@ def _fold_profile(
     if not ok.all():
         times, v = times[ok], v[ok]
     for column, name in enumerate(dims):
-        profile.stats[name].fold(times, v[:, column])
-        profile.history[name].fold(times, v[:, column])
+        profile.stats[name].fold(times, v[:, column])  # and its history
     return len(times)
 
 

@@ -37,7 +37,7 @@ STATE_FILE = "gearshift-state.msgpack"
 @dataclass
 class ProfileState:
     """One profile on one device: its dims, the policy's per-dim state and statistics (over
-    the window, and over the plan's history: `PolicyConfig.history`)."""
+    the window, and over the plan's history, `PolicyConfig.history`, which the window's feed)."""
 
     dims: dict[str, Dim]
     states: dict[str, DimState]
@@ -46,8 +46,9 @@ class ProfileState:
 
     @classmethod
     def new(cls, dims: dict[str, Dim], now: float, config: PolicyConfig) -> ProfileState:
-        return cls(dims, initial_states(dims, now), {d: DimStats(config) for d in dims},
-                   {d: DimStats(config.history()) for d in dims})
+        history = {d: DimStats(config.history()) for d in dims}
+        return cls(dims, initial_states(dims, now),
+                   {d: DimStats(config, history[d]) for d in dims}, history)
 
     def gears(self) -> dict[str, list[int]]:
         return {d: list(s.gears) for d, s in self.states.items()}
@@ -113,10 +114,11 @@ def decode(blob: bytes, now: float, config: PolicyConfig) -> dict[int, DeviceSta
                                  frozenset(s.get("initial", ())))
                         if same_boot else DimState(gears, dict.fromkeys(gears, now)))
                     if same_boot:
-                        profile.stats[k] = _restore_stats(p["stats"][k], config, name, k)
                         if k in p.get("history", {}):  # files before the history have none
                             profile.history[k] = _restore_stats(p["history"][k],
                                                                 config.history(), name, k)
+                        profile.stats[k] = _restore_stats(p["stats"][k], config, name, k,
+                                                          profile.history[k])
                 profiles[name] = profile
             devices[int(dev)] = DeviceState(int(d["version"]),
                                             d["last_update"] if same_boot else None, profiles)
@@ -128,13 +130,13 @@ def decode(blob: bytes, now: float, config: PolicyConfig) -> dict[int, DeviceSta
 
 
 def _restore_stats(saved: dict[str, Any], config: PolicyConfig, profile: str,
-                   dim: str) -> DimStats:
+                   dim: str, history: DimStats | None = None) -> DimStats:
     """Saved statistics, or empty ones when the time settings changed since they were saved."""
     try:
-        return DimStats.from_state(saved, config)
+        return DimStats.from_state(saved, config, history)
     except StateError as e:
         log.warning("statistics of %s/%s start empty: %s", profile, dim, e)
-        return DimStats(config)
+        return DimStats(config, history)
 
 
 def save(directory: Path, devices: dict[int, DeviceState]) -> Path:
