@@ -159,6 +159,18 @@ def test_runner_builds_and_attaches_and_its_backend_reports_memory(
     assert Kind.MEMORY in kinds and Kind.SHAPE in kinds
 
 
+def test_a_request_checks_its_tensors_once(
+    prof: gs.Profile, runner: gs.AdaptiveRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+    check_once = runner.transform.check
+    monkeypatch.setattr(runner.transform, "check", lambda t: calls.append(1) or check_once(t))
+    check(prof, 3, 9)
+    assert len(calls) == 1
+    with pytest.raises(gs.ShapeError, match="mask"):  # and a bad call still fails up front
+        prof.run(x=torch.randn(3, 9, H), mask=torch.ones(3, 8))
+
+
 def test_attach_refuses_a_runner_of_other_dims(prof: gs.Profile) -> None:
     dims = dict(reversed(DIMS.items()))
     transform = gs.Transform(model, dims, INPUTS)

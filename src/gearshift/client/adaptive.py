@@ -113,11 +113,13 @@ class AdaptiveRunner:
                 done += 1
         return done
 
-    def run(self, tensors: Mapping[str, torch.Tensor]) -> Any:
+    def run(self, tensors: Mapping[str, torch.Tensor],
+            sizes: Mapping[str, int] | None = None) -> Any:
         """`fn(**tensors)`, computed by replaying graphs on padded chunks where possible. A call
-        whose every dim fits one gear (the common case) is one chunk: no Plan, nothing to join."""
+        whose every dim fits one gear (the common case) is one chunk: no Plan, nothing to join.
+        `sizes`: `transform.check(tensors)` when the caller has already checked them."""
         t, current = self.transform, self.gears  # read once: it may be replaced meanwhile
-        sizes = t.check(tensors)
+        sizes = t.check(tensors) if sizes is None else sizes
         self._check_static(tensors)
         gears = [gear_for(current[d], sizes[d]) for d in self.names]
         if None in gears:

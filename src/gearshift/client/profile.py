@@ -93,7 +93,7 @@ class Runner(Protocol):
 
     def release(self, dim: str, gear: int) -> int: ...
 
-    def run(self, tensors: Mapping[str, Any]) -> Any: ...
+    def run(self, tensors: Mapping[str, Any], sizes: Mapping[str, int] | None = None) -> Any: ...
 
 
 class _State:
@@ -395,8 +395,9 @@ class Profile:
         runner = self._runner
         if runner is None:
             raise StateError(f"{self.name}: no runner attached (Profile.runner or attach)")
-        with self.request(**runner.transform.check(tensors)):
-            return runner.run(tensors)
+        sizes = runner.transform.check(tensors)
+        with self.request(**sizes):
+            return runner.run(tensors, sizes)
 
     # adoption (swap, then maintain on the swap thread)
 
