@@ -142,9 +142,9 @@ def test_counted_entries_fold_as_that_many_events():
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 290), st.integers(1, 50)), min_size=1, max_size=300),
        st.integers(1, 4))
-def test_the_history_holds_every_event_within_half_a_slice_of_decay(events, batches):
+def test_the_history_holds_every_event_within_a_slice_of_decay(events, batches):
     """Fed per slice and value, the history counts each event once, weighed at its slice's
-    mean time in the batch: within half a slice of decay of the direct sum."""
+    mean time in the batch: within one slice of decay of the direct sum."""
     times = np.array([t for t, _ in events])
     values = np.array([v for _, v in events], np.int64)
     config = PolicyConfig(policy_mode="seed", plan_history_seconds=1200.0)  # window 300 s
@@ -159,7 +159,7 @@ def test_the_history_holds_every_event_within_half_a_slice_of_decay(events, batc
     want = exact.view(now)
     assert got.values.tolist() == want.values.tolist()
     assert got.counts.tolist() == want.counts.tolist()
-    slack = 2 ** (config.slice_seconds / 2 / config.history().half_life_seconds)
+    slack = 2 ** (config.slice_seconds / config.history().half_life_seconds)
     assert ((got.weights <= want.weights * slack * (1 + 1e-9))
             & (got.weights >= want.weights / slack / (1 + 1e-9))).all()
 

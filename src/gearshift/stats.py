@@ -60,7 +60,7 @@ class DimStats:
     Memory is bounded by slices × distinct values, never by the number of events. A `history`
     (another DimStats, over a longer horizon: `PolicyConfig.history`) receives the events
     this one keeps (not those a full ring behind), one entry per slice and value of a batch at
-    the mean time of that slice's events: each event weighs there within half a slice of decay
+    the mean time of that slice's events: each event weighs there within one slice of decay
     of its exact weight, at the cost of one entry per distinct value, not per event.
     """
 
