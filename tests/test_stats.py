@@ -140,7 +140,7 @@ def test_counted_entries_fold_as_that_many_events():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 290), st.integers(1, 50)), min_size=1, max_size=300),
+@given(st.lists(st.tuples(st.floats(0, 1000), st.integers(1, 50)), min_size=1, max_size=300),
        st.integers(1, 4))
 def test_the_history_holds_every_event_within_a_slice_of_decay(events, batches):
     """Fed per slice and value, the history counts each event once, weighed at its slice's

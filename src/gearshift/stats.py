@@ -58,10 +58,11 @@ class DimStats:
     """Decayed histogram of one (profile, dim)'s raw values in time slices.
 
     Memory is bounded by slices × distinct values, never by the number of events. A `history`
-    (another DimStats, over a longer horizon: `PolicyConfig.history`) receives the events
-    this one keeps (not those a full ring behind), one entry per slice and value of a batch at
-    the mean time of that slice's events: each event weighs there within one slice of decay
-    of its exact weight, at the cost of one entry per distinct value, not per event.
+    (another DimStats, over a longer horizon: `PolicyConfig.history`) receives every event
+    folded here: one entry per slice and value of a batch, at the mean time of that slice's
+    events (each event weighs there within one slice of decay of its exact weight), at the
+    cost of one entry per distinct value, not per event; events a full ring behind go as
+    they are.
     """
 
     def __init__(self, config: PolicyConfig, history: DimStats | None = None) -> None:
@@ -98,6 +99,8 @@ class DimStats:
         lowest = max(int(k.max()), int(self._keys.max())) - len(self._keys) + 1
         if int(k.min()) < lowest:
             keep = k >= lowest
+            if self.history is not None:  # it may still hold them
+                self.history.fold(t[~keep], v[~keep], None if many is None else many[~keep])
             t, v, k = t[keep], v[keep], k[keep]
             many = None if many is None else many[keep]
             if not len(t):
