@@ -35,7 +35,7 @@ MODE_DEFAULTS = {
              "update_interval_seconds": 15.0, "check_interval_seconds": 15.0},
 }
 
-HISTORY_SLICES = 60  # the history's slices: coarser than the window's, so its memory is alike
+HISTORY_SLICES = 60  # as many as the plan window's (600 s / 10 s): 3x the span, alike in memory
 
 T = TypeVar("T")
 

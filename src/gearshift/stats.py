@@ -85,7 +85,8 @@ class DimStats:
         """Add one batch of events (float64 seconds, int64 raw sizes), in any order; entry i
         stands for `counts[i]` events (default: one each).
 
-        Events older than the ring (a full window behind the newest slice) are ignored.
+        Events older than the ring (a full window behind the newest slice) are left out here;
+        the history still gets them.
         """
         t = np.asarray(times, np.float64)
         v = np.asarray(values, np.int64)

@@ -36,8 +36,8 @@ STATE_FILE = "gearshift-state.msgpack"
 
 @dataclass
 class ProfileState:
-    """One profile on one device: its dims, the policy's per-dim state and statistics (over
-    the window, and over the plan's history, `PolicyConfig.history`, which the window's feed)."""
+    """One profile on one device: its dims, the policy's per-dim state and statistics: the
+    window's, and the plan's history (`PolicyConfig.history`), which the window's feed."""
 
     dims: dict[str, Dim]
     states: dict[str, DimState]
