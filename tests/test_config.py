@@ -33,7 +33,7 @@ def test_plan_is_the_default_mode_with_its_own_horizon_and_cadence():
     assert (seed.update_interval_seconds, seed.check_interval_seconds) == (300.0, 60.0)
     assert (c.plan_gear_gain, c.plan_gear_keep, c.plan_move_gain) == (0.035, 0.0125, 0.002)
     assert (c.plan_confidence, c.plan_max_moves) == (1.0, 4)
-    assert (c.plan_history_seconds, c.plan_history_keep) == (1800.0, 0.035)
+    assert (c.plan_history_seconds, c.plan_history_weight) == (1800.0, 0.5)
     h = c.history()
     assert (h.window_seconds, h.half_life_seconds, h.slice_seconds) == (1800.0, 900.0, 30.0)
     assert c.scaled(60.0).history().window_seconds == 30.0  # compressed with the rest
@@ -61,7 +61,7 @@ def test_plan_is_the_default_mode_with_its_own_horizon_and_cadence():
     ("plan_confidence", float("nan"), "expected a number"),
     ("plan_max_moves", 0, "outside"),
     ("plan_history_seconds", 0.0, "outside"),
-    ("plan_history_keep", 1.5, "outside"),
+    ("plan_history_weight", -0.5, "outside"),
     ("w_p", "0.2", "expected a number"),
 ])
 def test_invalid_values_are_rejected_naming_the_key(key, value, message):

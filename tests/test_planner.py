@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from gearshift.bench.synthetic import synthetic
 from gearshift.config import PolicyConfig
 from gearshift.dims import Dim, ladder, padded_work
-from gearshift.planner import _additions, _evictions, _swaps, _Work
+from gearshift.planner import _additions, _evictions, _swaps, _Work, blend
 from gearshift.policy import Decision, DimState, decide
 from gearshift.simulate import policy_dims, simulate
-from gearshift.stats import DimStats
+from gearshift.stats import DimStats, Histogram
 from gearshift.trace import Trace
 
 # Plan mode (the default); a short protection so tests can place times around it.
@@ -213,22 +213,24 @@ WINDOW = at(OLD, 100, 20) + at(OLD, 5000, 5)
 BURST = at(NOW - 1500, 900, 50)
 
 
-def test_the_history_keeps_a_gear_the_window_no_longer_uses():
+def test_the_history_keeps_a_gear_for_traffic_the_window_has_let_go():
     gears = (100, 1000, 5000)
     assert actions(run(gears, WINDOW)) == [("evict", 1000)]  # unused in the window
-    assert actions(run(gears, WINDOW, history=BURST + WINDOW)) == []
-    off = dataclasses.replace(CFG, plan_history_keep=0.0)
+    d = run(gears, WINDOW, history=BURST + WINDOW)
+    assert d.states["B"].gears == (100, 900, 5000)  # placed on the history's burst
+    off = dataclasses.replace(CFG, plan_history_weight=0.0)
     assert actions(run(gears, WINDOW, off, history=BURST + WINDOW)) == [("evict", 1000)]
-    assert ("evict", 1000) in actions(run(gears, WINDOW, history=BURST + WINDOW, memory=0.99))
 
 
-def test_the_plan_goes_on_around_a_gear_kept_for_the_history():
-    # The plan of 3 would move 1000 to 3000; the history keeps 1000, so 3000 comes as a 4th.
-    events = WINDOW + at(OLD, 3000, 20)
-    assert actions(run((100, 1000, 5000), events))[-1] == ("add", 3000)
-    d = run((100, 1000, 5000), events, history=BURST + events)
-    assert actions(d) == [("add", 3000)]
-    assert "keeping 1000 for the history" in d.changes[0].reason
+def test_the_history_is_blended_in_at_its_weight_of_the_window():
+    h = Histogram(np.array([10, 30]), np.array([2.0, 2.0]), np.array([2, 2]), np.array([5.0, 9.0]))
+    past = Histogram(np.array([20, 30]), np.array([1.0, 3.0]), np.array([4, 6]),
+                     np.array([1.0, 8.0]))
+    b = blend(h, past, 0.5)  # the history's weight 4 is scaled to 0.5 x 4: by one half
+    assert b.values.tolist() == [10, 20, 30]
+    assert b.weights.tolist() == [2.0, 0.5, 3.5] and b.counts.tolist() == [2, 4, 8]
+    assert b.last_seen.tolist() == [5.0, 1.0, 9.0]
+    assert blend(h, past, 0.0) is h and blend(h, None, 0.5) is h
 
 
 def test_the_history_does_not_hold_a_gear_the_plan_moves_nearby():

@@ -47,7 +47,7 @@ class PolicyConfig:
     `policy_mode` "plan" (default) places gears at the padded-work optimum (docs/policy.md);
     "seed" is seed 000 rule by rule. The `plan_*` keys only apply to "plan";
     `plan_history_seconds` is the horizon of a second, slower histogram of the same events,
-    whose gears the plan keeps while they save `plan_history_keep` of its work.
+    which the plan reads beside the window's at `plan_history_weight` of its weight.
     """
 
     window_seconds: float | None = None
@@ -73,7 +73,7 @@ class PolicyConfig:
     plan_confidence: float = 1.0
     plan_max_moves: int = 4
     plan_history_seconds: float = 1800.0
-    plan_history_keep: float = 0.035
+    plan_history_weight: float = 0.5
 
     def __post_init__(self) -> None:
         if self.policy_mode not in POLICY_MODES:
@@ -89,9 +89,10 @@ class PolicyConfig:
         for key in ("w_h", "w_p", "w_sp", "replace_loss_threshold",
                     "pad_add_threshold", "split_add_threshold"):
             _check(key, getattr(self, key), 0.0, 1.0)
-        for key in ("plan_gear_gain", "plan_gear_keep", "plan_move_gain", "plan_history_keep"):
+        for key in ("plan_gear_gain", "plan_gear_keep", "plan_move_gain"):
             _check(key, getattr(self, key), 0.0, 1.0)
         _check("plan_confidence", self.plan_confidence, 0.0, 100.0)
+        _check("plan_history_weight", self.plan_history_weight, 0.0, 100.0)
         _check("plan_max_moves", self.plan_max_moves, 1, 10**6, integer=True)
         if self.plan_gear_keep > self.plan_gear_gain:
             raise ConfigError("plan_gear_keep", f"{self.plan_gear_keep} exceeds plan_gear_gain "

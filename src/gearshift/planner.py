@@ -9,7 +9,7 @@ rule moves the top of the set, up (the former largest then becomes an ordinary g
 
 1. cover: `add_min_samples` events or more over the largest gear add a largest gear at their
    maximum (aligned), since they ran split or eager;
-2. release: a gear below the largest without traffic in the window goes once its creation
+2. release: a gear below the largest without traffic (window or history) goes once its creation
    protection is over, or at once when it lies below all traffic (it can only serve values
    smaller than any seen);
 3. plan: the optimal set of K gears for the decayed weights (`optimal.gear_plans`) over
@@ -21,15 +21,15 @@ rule moves the top of the set, up (the former largest then becomes an ordinary g
    (above K), or swap a plan gear for a gear off the plan when it saves `plan_move_gain` plus
    `plan_confidence` standard errors; at most `plan_max_moves` additions and as many evictions.
 
-History: a gear the plan drops in step 3, or that step 2 would release, stays (forced into
-the plan) while it saves at least `plan_history_keep` of the work of the `history`, a longer
-decayed horizon of the same events (`plan_history_seconds`), beside the plan's other gears. A
-burst that recurs less often than the window keeps its gear; a gear the plan moves nearby
-saves little beside its new position, so moves go on. Never under memory pressure.
+History: steps 2-4 read the window's histogram with the `history` (a longer decayed horizon
+of the same events, `plan_history_seconds`) blended in at `plan_history_weight` of the
+window's total weight (`blend`); the cover rule reads the window alone. Traffic the window has
+let go of, a burst that recurs less often than the window, keeps weight, and the placements
+rest on more events.
 
 Creation protection (`recent_use_protect_seconds`, and any `protected_until`) holds except in
 step 2's floor case, and for an initial gear (`DimState.initial`: there from the start, never
-chosen on evidence) only while all the window's traffic lies below it, a ramp-up it may yet
+chosen on evidence) only while all traffic (window and history) lies below it, a ramp-up it may yet
 serve: the start-up ladder gives way to the plan as soon as traffic shows where gears pay. An
 evicted gear is not added back within the protection window (no flapping). Pure: no
 clock, I/O, threads or torch. Costs grow with the distinct values (capped at `MAX_CANDIDATES`
@@ -39,7 +39,7 @@ gear positions for the DP) and the gears, never with the events.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -61,15 +61,16 @@ Step = tuple[str, int, str]  # (action "add" | "evict", gear, reason)
 
 def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
          config: PolicyConfig, history: Histogram | None = None) -> list[Step]:
-    """One plan-mode round of one dim against the window's `hist` (and the `history`'s, a
-    longer horizon of the same events): its steps, in order."""
+    """One plan-mode round of one dim against the window's `hist` blended with the `history`
+    (a longer horizon of the same events, `blend`): its steps, in order."""
     if not hist.values.size:
         return []
+    seen = hist  # the window alone decides the cover
+    hist = blend(hist, history, config.plan_history_weight)
     v, w = hist.values, hist.weights
     raw = float((w * dim.work(v)).sum())
     window = config.recent_use_protect_seconds
     top = int(v[-1])
-    remembered = _remembered(dim, None if pressure else history, config.plan_history_keep)
 
     def protected(g: int) -> bool:
         if g in state.initial and g < top:  # a start-up guess that traffic has gone past
@@ -80,47 +81,34 @@ def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
     cooling = [g for g, t in state.evicted.items() if now - t < window]
 
     gears = list(state.gears)
-    steps = _cover(dim, gears, hist, pressure, cooling, config)
+    steps = _cover(dim, gears, seen, pressure, cooling, config)
     inside = v <= gears[-1]
     work = _Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside], dim.work)
-    steps += _release(gears, work, int(v[0]),
-                      lambda g: protected(g) or remembered(g, [x for x in gears if x != g]),
-                      config)
+    steps += _release(gears, work, int(v[0]), protected, config)
     if not work.values.size:  # all traffic over the largest gear, too little to cover yet
         return steps
     stuck = {g for g in gears if protected(g)} | {gears[-1]}
     plans = _plans(dim, gears, work, stuck, cooling, config)
     size, why = _count(gears, plans.costs, raw, len(stuck), pressure, config)
     target = plans.gears(size)
-    kept = {g for g in gears if g not in target and remembered(g, target)}
-    if kept:  # the history keeps gears the window's plan drops: plan again around them
-        stuck |= kept
-        plans = _plans(dim, gears, work, stuck, cooling, config)
-        size, why = _count(gears, plans.costs, raw, len(stuck), pressure, config)
-        target = plans.gears(size)
-        why += f", keeping {', '.join(map(str, sorted(kept)))} for the history"
     assert stuck <= set(target), (stuck, target)
     steps += _moves(gears, size, target, work, raw, why, pressure, config)
     return steps
 
 
-def _remembered(dim: Dim, history: Histogram | None,
-                keep: float) -> Callable[[int, Sequence[int]], bool]:
-    """Whether a gear saves at least `keep` of the history's work beside `others` (sorted,
-    holding a gear above it): the history's values in (its lower neighbour, gear] would pad
-    up to its upper neighbour without it."""
-    if history is None or not history.values.size or keep <= 0:
-        return lambda g, others: False
-    hv, hw = history.values, history.weights
-    work = _Work(hv, hw, hw ** 2 / history.counts, dim.work)
-    least = keep * float((hw * dim.work(hv)).sum())
-
-    def remembered(g: int, others: Sequence[int]) -> bool:
-        j = int(np.searchsorted(others, g, "right"))
-        lo = others[j - 1] if j else 0
-        saves = work.weight(lo, g) * (work.cost(np.array(others[j])) - work.cost(np.array(g)))
-        return bool(saves >= least)
-    return remembered
+def blend(hist: Histogram, history: Histogram | None, weight: float) -> Histogram:
+    """`hist` plus `history` scaled to `weight` times its total weight, value by value (counts
+    add up); `hist` itself when `history` is None or empty or `weight` is 0."""
+    if history is None or not history.values.size or weight <= 0 or not hist.values.size:
+        return hist
+    v = np.union1d(hist.values, history.values)
+    i, j = np.searchsorted(v, hist.values), np.searchsorted(v, history.values)
+    w, c, last = np.zeros(v.size), np.zeros(v.size, np.int64), np.full(v.size, -np.inf)
+    w[i], c[i], last[i] = hist.weights, hist.counts, hist.last_seen
+    w[j] += weight * hist.total_weight / history.total_weight * history.weights
+    c[j] += history.counts
+    last[j] = np.maximum(last[j], history.last_seen)
+    return Histogram(v, w, c, last)
 
 
 def _cover(dim: Dim, gears: list[int], hist: Histogram, pressure: bool, cooling: list[int],
