@@ -178,8 +178,8 @@ def decide(dims: Mapping[str, Dim], states: Mapping[str, DimState],
            stats: Mapping[str, Histogram], memory_usage: float | None, now: float,
            config: PolicyConfig, history: Mapping[str, Histogram] | None = None) -> Decision:
     """One decision round for one profile; dims are decided independently (seed 000 §10).
-    `history` holds the plan's longer horizon of each dim (`PolicyConfig.history`); plan mode
-    keeps no gear for the history without it."""
+    `history` holds the plan's longer horizon of each dim (`PolicyConfig.history`), which plan
+    mode blends into the window's; without it, plan mode reads the window alone."""
     pressure = memory_pressure(memory_usage, config)
     new_states: dict[str, DimState] = {}
     changes: list[GearChange] = []
