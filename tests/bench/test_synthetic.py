@@ -7,7 +7,8 @@ import json
 import numpy as np
 from click.testing import CliRunner
 
-from gearshift.bench.synthetic import FAMILIES, command, synthetic
+from gearshift.bench.synthetic import FAMILIES, command, run_trace, synthetic
+from gearshift.config import PolicyConfig
 
 
 def test_every_family_draws_one_hour_of_valid_sizes() -> None:
@@ -19,6 +20,12 @@ def test_every_family_draws_one_hour_of_valid_sizes() -> None:
         assert np.array_equal(sizes, synthetic(family, 0).dims[dim])  # seeded
 
 
+def test_the_held_out_optimum_of_the_trace_itself_is_the_hindsight_one() -> None:
+    trace = synthetic("bimodal", 3)
+    r = run_trace(trace, PolicyConfig(), other=trace)
+    assert abs(r["ratio_held_out"] - r["ratio"]) < 1e-9
+
+
 def test_report_per_family() -> None:
     result = CliRunner().invoke(command, ["--seeds", "1", "--family", "lognormal", "--json"])
     assert result.exit_code == 0, result.output
@@ -26,5 +33,7 @@ def test_report_per_family() -> None:
     assert r["ratio_worst"] == r["ratio_mean"] <= 1.25
     assert 0.9 < r["ratio_interpolated_worst"] / r["ratio_worst"] < 1.1
     assert r["mean_gears_mean"] > 1 and r["padding_overhead_mean"] > 0
+    # a set fitted on another draw pads at least the hindsight optimum of as many gears
+    assert 0.5 < r["ratio_held_out_worst"] <= r["ratio_worst"] * (1 + 1e-9)
     table = CliRunner().invoke(command, ["--seeds", "1", "--family", "bimodal"]).output
     assert table.count("\n") == 3 and table.splitlines()[2].startswith("| bimodal | ")
