@@ -29,9 +29,9 @@ rest on more events.
 
 Creation protection (`recent_use_protect_seconds`, and any `protected_until`) holds except in
 step 2's floor case, and for an initial gear (`DimState.initial`: there from the start, never
-chosen on evidence) only while all traffic (window and history) lies below it, a ramp-up it may yet
-serve: the start-up ladder gives way to the plan as soon as traffic shows where gears pay. An
-evicted gear is not added back within the protection window (no flapping). Pure: no
+chosen on evidence) only while all traffic (window and history) lies below it, a ramp-up it
+may yet serve: the start-up ladder gives way to the plan as soon as traffic shows where gears
+pay. An evicted gear is not added back within the protection window (no flapping). Pure: no
 clock, I/O, threads or torch. Costs grow with the distinct values (capped at `MAX_CANDIDATES`
 gear positions for the DP) and the gears, never with the events.
 """
@@ -98,8 +98,8 @@ def plan(dim: Dim, state: DimState, hist: Histogram, pressure: bool, now: float,
 
 def blend(hist: Histogram, history: Histogram | None, weight: float) -> Histogram:
     """`hist` plus `history` scaled to `weight` times its total weight, value by value (counts
-    add up); `hist` itself when `history` is None or empty or `weight` is 0."""
-    if history is None or not history.values.size or weight <= 0 or not hist.values.size:
+    add up); `hist` itself when `history` is None or weighs nothing, or `weight` is 0."""
+    if history is None or history.total_weight <= 0 or weight <= 0 or not hist.values.size:
         return hist
     v = np.union1d(hist.values, history.values)
     i, j = np.searchsorted(v, hist.values), np.searchsorted(v, history.values)
