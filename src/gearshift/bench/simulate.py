@@ -18,7 +18,7 @@ import numpy as np
 
 from gearshift.cli import json_option
 from gearshift.config import PolicyConfig
-from gearshift.dims import padded_work
+from gearshift.dims import Gears, padded_work
 from gearshift.optimal import optimal_gears
 from gearshift.simulate import SPLITTABLE, DimResult, SimulationResult, policy_dims, simulate
 from gearshift.trace import Trace, load_trace, shipped_traces
@@ -30,9 +30,17 @@ def _figures(d: DimResult, hours: float) -> dict[str, float]:
             "eager_events": d.eager_events, "split_events": d.split_events}
 
 
-def _optimal(trace, dim: str, k: int) -> float:
+def optimal_padding(trace: Trace, dim: str, k: int) -> float:
+    """Padding of the hindsight-optimal `k` gears of `dim` on `trace`."""
     dims = policy_dims(trace, "optimal", k={dim: k})
     return simulate(trace, dims, PolicyConfig(), adaptive=False).dims[dim].padding_overhead
+
+
+def held_out_gears(fit: np.ndarray, k: int, top: int) -> Gears:
+    """The optimal `k` gears of the values `fit`, the largest raised to `top` at least, so that
+    every value up to `top` has a gear: a static set chosen in advance."""
+    *lower, largest = optimal_gears(fit, k)
+    return (*lower, max(largest, top))
 
 
 def _held_out(trace: Trace, result: SimulationResult, dim: str, k: int) -> float:
@@ -44,8 +52,7 @@ def _held_out(trace: Trace, result: SimulationResult, dim: str, k: int) -> float
     runs = np.split(values[odd], np.searchsorted(seg[odd], np.arange(1, len(result.starts))))
     gears = result.dims[dim].gears
     plan = sum(int(padded_work(g, v, split).sum()) for g, v in zip(gears, runs, strict=True))
-    *lower, top = optimal_gears(values[::2], k)
-    best = padded_work((*lower, max(top, int(values.max()))), values[odd], split).sum()
+    best = padded_work(held_out_gears(values[::2], k, int(values.max())), values[odd], split).sum()
     raw = int(values[odd].sum())
     return (plan - raw) / (best - raw) if best > raw else float("inf")
 
@@ -64,11 +71,11 @@ def bench_trace(name: str) -> dict[str, dict[str, object]]:
         row: dict[str, object] = {mode: _figures(r.dims[dim], hours) for mode, r in runs.items()}
         plan, seed = runs["plan"].dims[dim], runs["seed"].dims[dim]
         k = round(plan.mean_gears)
-        best = _optimal(trace, dim, k)
+        best = optimal_padding(trace, dim, k)
         row["optimal"] = {"k": k, "padding_overhead": best}
         row["ratio"] = plan.padding_overhead / best if best else float("inf")
         row["held_out_ratio"] = _held_out(trace, runs["plan"], dim, k)
-        seed_best = _optimal(trace, dim, round(seed.mean_gears))
+        seed_best = optimal_padding(trace, dim, round(seed.mean_gears))
         row["seed_ratio"] = seed.padding_overhead / seed_best if seed_best else float("inf")
         out[dim] = row
     return out

@@ -20,10 +20,10 @@ from collections.abc import Callable
 import click
 import numpy as np
 
+from gearshift.bench.simulate import held_out_gears, optimal_padding
 from gearshift.cli import json_option
 from gearshift.config import PolicyConfig
 from gearshift.dims import padded_work
-from gearshift.optimal import optimal_gears
 from gearshift.simulate import policy_dims, simulate
 from gearshift.trace import Trace
 
@@ -84,17 +84,11 @@ def synthetic(family: str, seed: int) -> Trace:
     return Trace(family, t, {dim: sizes})
 
 
-def _optimal(trace: Trace, dim: str, k: int) -> float:
-    dims = policy_dims(trace, "optimal", k={dim: k})
-    return simulate(trace, dims, PolicyConfig(), adaptive=False).dims[dim].padding_overhead
-
-
 def _held_out(trace: Trace, other: Trace, dim: str, k: int) -> float:
     """Padding on `trace` of the optimal `k` gears of `other` (another draw of its family),
     the largest raised to `trace`'s largest value so that every value has a gear."""
-    *lower, top = optimal_gears(other.dims[dim], k)
     values = trace.dims[dim]
-    gears = (*lower, max(top, int(values.max())))
+    gears = held_out_gears(other.dims[dim], k, int(values.max()))
     return float(padded_work(gears, values, False).sum() / values.sum() - 1)
 
 
@@ -106,7 +100,7 @@ def run_trace(trace: Trace, config: PolicyConfig,
     result = simulate(trace, policy_dims(trace, "adaptive"), config)
     ((dim, d),) = result.dims.items()
     low = math.floor(d.mean_gears)
-    below, above = _optimal(trace, dim, low), _optimal(trace, dim, low + 1)
+    below, above = optimal_padding(trace, dim, low), optimal_padding(trace, dim, low + 1)
     share = d.mean_gears - low
     rounded = above if round(d.mean_gears) > low else below
     out = {
