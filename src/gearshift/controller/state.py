@@ -42,13 +42,16 @@ class ProfileState:
     dims: dict[str, Dim]
     states: dict[str, DimState]
     stats: dict[str, DimStats]
-    history: dict[str, DimStats]
 
     @classmethod
     def new(cls, dims: dict[str, Dim], now: float, config: PolicyConfig) -> ProfileState:
-        history = {d: DimStats(config.history()) for d in dims}
         return cls(dims, initial_states(dims, now),
-                   {d: DimStats(config, history[d]) for d in dims}, history)
+                   {d: DimStats(config, DimStats(config.history())) for d in dims})
+
+    @property
+    def history(self) -> dict[str, DimStats]:
+        """Each dim's history: the DimStats its window's statistics feed."""
+        return {d: s.history for d, s in self.stats.items() if s.history is not None}
 
     def gears(self) -> dict[str, list[int]]:
         return {d: list(s.gears) for d, s in self.states.items()}
@@ -114,11 +117,10 @@ def decode(blob: bytes, now: float, config: PolicyConfig) -> dict[int, DeviceSta
                                  frozenset(s.get("initial", ())))
                         if same_boot else DimState(gears, dict.fromkeys(gears, now)))
                     if same_boot:
-                        if k in p.get("history", {}):  # files before the history have none
-                            profile.history[k] = _restore_stats(p["history"][k],
-                                                                config.history(), name, k)
-                        profile.stats[k] = _restore_stats(p["stats"][k], config, name, k,
-                                                          profile.history[k])
+                        saved = p.get("history", {})  # files before the history have none
+                        history = (_restore_stats(saved[k], config.history(), name, k)
+                                   if k in saved else DimStats(config.history()))
+                        profile.stats[k] = _restore_stats(p["stats"][k], config, name, k, history)
                 profiles[name] = profile
             devices[int(dev)] = DeviceState(int(d["version"]),
                                             d["last_update"] if same_boot else None, profiles)
