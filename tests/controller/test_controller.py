@@ -115,7 +115,8 @@ def test_events_flow_into_decisions_and_snapshots_advance(
     assert saved[0].version == version and list(saved[0].profiles["decode"].gears()["B"]) == gears
     doc = status.document(controller, clock.now())
     dim = doc["devices"][0]["profiles"][0]["dims"][0]
-    assert dim["samples"] == 120 and dim["gears"] == gears and 0 <= dim["padding"] < 0.4
+    assert dim["samples"] == dim["history_samples"] == 120 and dim["gears"] == gears
+    assert 0 <= dim["padding"] < 0.4
     assert all(isinstance(r, str) and r for r in reasons)
 
 

@@ -14,12 +14,14 @@ NaN-free floats only:
                   "lag": {"last_seconds", "count", "seconds_sum"},
                   "profiles": [{"name", "changes": [[dim, gear, action, reason], ...],
                                 "dims": [{"name", "gears", "hit_rate", "avg_pad",
-                                          "padding", "samples"}]}]}]}
+                                          "padding", "samples", "history_samples",
+                                          "cost"}]}]}]}
 
 `hit_rate` and `avg_pad` are per gear (decayed, as the policy sees them); `padding` is the
-decayed mean pad ratio of the dim's requests. A restarted controller reads the last document
-to map the live workers' profile ids again before they re-register (events in their rings are
-then folded, not counted as unknown).
+decayed mean pad ratio of the dim's requests; `samples` the events in the window,
+`history_samples` those in the plan's history (`PolicyConfig.history`). A restarted
+controller reads the last document to map the live workers' profile ids again before they
+re-register (events in their rings are then folded, not counted as unknown).
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def profile_view(
     """One profile's entry: per dim its gears with their decayed statistics at `now`."""
     dims = []
     for dim_name, dim in profile.dims.items():
-        hist = profile.stats[dim_name].view(now)
+        stats = profile.stats[dim_name]
+        hist = stats.view(now)
         table = gear_stats(profile.states[dim_name].gears, hist, dim, policy)
         dims.append(
             {
@@ -78,6 +81,7 @@ def profile_view(
                 "avg_pad": [s.avg_pad for s in table],
                 "padding": sum(s.hit_rate * s.avg_pad for s in table),
                 "samples": hist.total_count,
+                "history_samples": stats.history.view(now).total_count if stats.history else 0,
                 "cost": list(dim.cost),
             }
         )
