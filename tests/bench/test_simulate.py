@@ -25,8 +25,9 @@ def test_plan_mode_on_every_shipped_trace() -> None:
             assert r["ratio"] == pytest.approx(plan["padding_overhead"] / best["padding_overhead"])
             assert plan["padding_overhead"] < r["seed"]["padding_overhead"], (trace, dim)
             assert plan["eager_events"] == 0, (trace, dim)  # the largest gear never moves down
+            # against the optimum at the unrounded gear count (a mix of the two nearest), and
             # against a set fitted on the other half of the events: within the goal everywhere
-            assert r["held_out_ratio"] <= 1.25, (trace, dim, r)
+            assert r["interpolated_ratio"] <= 1.25 and r["held_out_ratio"] <= 1.25, (trace, dim, r)
             if (trace, dim) in MISSED:  # issue 7's goal is missed here (docs/policy.md, Report)
                 assert r["ratio"] <= MISSED[trace, dim], (trace, dim, r)
             else:

@@ -13,14 +13,13 @@ mean over the seeds, with padding, mean gears and churn.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from collections.abc import Callable
 
 import click
 import numpy as np
 
-from gearshift.bench.simulate import held_out_gears, optimal_padding
+from gearshift.bench.simulate import held_out_gears, optimal_at
 from gearshift.cli import json_option
 from gearshift.config import PolicyConfig
 from gearshift.dims import padded_work
@@ -99,16 +98,13 @@ def run_trace(trace: Trace, config: PolicyConfig,
     chosen in advance from the same traffic could do)."""
     result = simulate(trace, policy_dims(trace, "adaptive"), config)
     ((dim, d),) = result.dims.items()
-    low = math.floor(d.mean_gears)
-    below, above = optimal_padding(trace, dim, low), optimal_padding(trace, dim, low + 1)
-    share = d.mean_gears - low
-    rounded = above if round(d.mean_gears) > low else below
+    rounded, between = optimal_at(trace, dim, d.mean_gears)
     out = {
         "padding_overhead": d.padding_overhead,
         "mean_gears": d.mean_gears,
         "churn_per_hour": (d.adds + d.evictions) / (result.duration / HOUR),
         "ratio": d.padding_overhead / rounded,
-        "ratio_interpolated": d.padding_overhead / (below * (1 - share) + above * share),
+        "ratio_interpolated": d.padding_overhead / between,
     }
     if other is not None:
         held = _held_out(trace, other, dim, round(d.mean_gears))
