@@ -130,6 +130,7 @@ def test_status_shows_controller_workers_and_gears(live: tuple[Controller, Worke
     text = gs("status", "-n", ns)
     assert text.exit_code == EXIT_OK
     assert "running" in text.output and "decode/B" in text.output and "hit" in text.output
+    assert "samples in the window, 0 in the history" in text.output  # no events yet
 
 
 def test_status_shows_a_priced_dims_cost(live: tuple[Controller, Worker]) -> None:

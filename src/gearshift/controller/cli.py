@@ -355,7 +355,8 @@ def _render_status(view: dict[str, Any]) -> str:
                 priced = tuple(d["cost"]) != Dim.cost  # plan mode weighs padding by it
                 lines.append(
                     f"  {p['name']}/{d['name']}: padding {d['padding']:.3f} over "
-                    f"{d['samples']} samples in the window, {d['history_samples']} in the history"
+                    f"{d['samples']} samples in the window"
+                    + (f", {d['history_samples']} in the history" if "history_samples" in d else "")
                     + (f"; cost of a chunk of size x: {_polynomial(d['cost'])}" if priced else "")
                 )
                 lines.append("    gear " + " ".join(f"{g:>6}" for g in d["gears"]))
