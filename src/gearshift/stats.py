@@ -147,8 +147,8 @@ class DimStats:
             self._acc[row] = 0.0
             self._cnt[row] = 0
             used = np.flatnonzero(self._cnt[:, :self._n].any(axis=0))
-            if 4 * len(used) <= 3 * self._n:  # shrink when a quarter or less of capacity is used
-                cap = len(self._values)
+            if 4 * len(used) <= 3 * self._n:  # a quarter or more of the columns unused: compact
+                cap = len(self._values)  # and halve or more when a quarter or less of it is used
                 self._resize(used, 2 * len(used) if 4 * len(used) <= cap else cap)
         return row
 

@@ -81,7 +81,8 @@ def profile_view(
                 "avg_pad": [s.avg_pad for s in table],
                 "padding": sum(s.hit_rate * s.avg_pad for s in table),
                 "samples": hist.total_count,
-                "history_samples": stats.history.view(now).total_count if stats.history else 0,
+                "history_samples": (stats.history.view(now).total_count
+                                    if stats.history is not None else 0),
                 "cost": list(dim.cost),
             }
         )
