@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.config import PolicyConfig, from_mapping, load_policy_config, parse_overrides
+from gearshift.configfile import from_mapping, load_policy_config, parse_overrides
+from gearshift.core.config import PolicyConfig
 from gearshift.errors import ConfigError
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gearshift.dims import (
+from gearshift.core.dims import (
     Dim,
     chunks_for,
     gear_for,

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gearshift.dims import Dim, padded_work
-from gearshift.optimal import gear_plans, optimal_gears
+from gearshift.core.dims import Dim, padded_work
+from gearshift.core.optimal import gear_plans, optimal_gears
 
 LINEAR = Dim()
 

@@ -9,14 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gearshift.bench.synthetic import synthetic
-from gearshift.config import PolicyConfig
-from gearshift.dims import Dim, ladder, padded_work
-from gearshift.planner import _additions, _evictions, _swaps, _Work, blend
-from gearshift.policy import Decision, DimState, decide
-from gearshift.simulate import policy_dims, simulate
-from gearshift.stats import DimStats, Histogram
-from gearshift.trace import Trace
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim, ladder, padded_work
+from gearshift.core.gears import Decision, DimGears
+from gearshift.core.planner import _additions, _evictions, _swaps, _Work, blend
+from gearshift.core.policy import decide
+from gearshift.core.stats import DimStats, Histogram
+from gearshift.tools.bench.synthetic import synthetic
+from gearshift.tools.simulate import policy_dims, simulate
+from gearshift.tools.trace import Trace
 
 # Plan mode (the default); a short protection so tests can place times around it.
 CFG = PolicyConfig(recent_use_protect_seconds=60.0, add_min_samples=2)
@@ -38,7 +39,7 @@ def run(gears: tuple[int, ...], events: list[tuple[float, int]], config: PolicyC
         longer.fold(np.array([t for t, _ in history], float), np.array([v for _, v in history]))
         past = {"B": longer.view(now)}
     dim = dim or Dim(gears=gears, max=100_000)
-    s = DimState(gears, dict.fromkeys(gears, created), **state)  # type: ignore[arg-type]
+    s = DimGears(gears, dict.fromkeys(gears, created), **state)  # type: ignore[arg-type]
     return decide({"B": dim}, {"B": s}, {"B": stats.view(now)}, memory, now, config, past)
 
 
@@ -54,7 +55,7 @@ def test_addition_lands_where_it_saves_most_not_at_the_median():
     # pad samples 500 x5 and 900 x5 on 1024: the seed's median is 700; 500 saves most.
     d = run((1024,), at(OLD, 500, 5) + at(OLD, 900, 5))
     assert actions(d)[0] == ("add", 500)
-    assert d.states["B"].gears == (500, 900, 1024)  # 900 saves 8.9% more; 1024 is kept
+    assert d.gears["B"].gears == (500, 900, 1024)  # 900 saves 8.9% more; 1024 is kept
     assert all(c.reason.startswith("plan of 3 gears") for c in d.changes)
 
 
@@ -79,7 +80,7 @@ def test_an_evicted_gear_is_not_added_back_within_the_protection_window():
     assert held.changes == ()
     later = run((1024,), events, now=NOW + 31.0, evicted={500: NOW - 30.0})
     assert ("add", 500) in actions(later)
-    assert later.states["B"].evicted == {}  # the expired entry is dropped
+    assert later.gears["B"].evicted == {}  # the expired entry is dropped
 
 
 @pytest.mark.parametrize(("age", "kept"), [(30.0, True), (90.0, False)])
@@ -87,7 +88,7 @@ def test_a_new_gear_is_protected_for_the_window(age: float, kept: bool):
     events = at(OLD, 80) + at(OLD, 900, 20)  # dropping 100 costs 5% of the work
     config = dataclasses.replace(CFG, plan_gear_keep=0.4, plan_gear_gain=0.5)
     d = run((100, 1000), events, config, created=NOW - age)
-    assert (100 in d.states["B"].gears) == kept
+    assert (100 in d.gears["B"].gears) == kept
 
 
 @pytest.mark.parametrize(("initial", "traffic_above", "kept"),
@@ -99,8 +100,8 @@ def test_an_initial_gear_is_protected_only_while_traffic_stays_below_it(
     events = at(OLD, 40, 20) + (at(OLD, 900, 20) if traffic_above else [])
     d = run((50, 100, 1000), events, created=NOW,
             initial=frozenset({50, 100, 1000}) if initial else frozenset())
-    assert (100 in d.states["B"].gears) == kept
-    assert d.states["B"].initial <= set(d.states["B"].gears)
+    assert (100 in d.gears["B"].gears) == kept
+    assert d.gears["B"].initial <= set(d.gears["B"].gears)
 
 
 def test_unused_gears_go_and_below_all_traffic_even_while_protected():
@@ -118,8 +119,8 @@ def test_the_largest_gear_is_never_evicted_nor_replaced(memory: float | None):
     # 1024 serves nothing and 256 covers all traffic: it stays, even when a gear must go.
     shrink = dataclasses.replace(CFG, plan_gear_keep=0.5, plan_gear_gain=0.9, plan_move_gain=0.0)
     d = run((100, 256, 1024), at(OLD, 90, 10) + at(OLD, 250, 10), shrink, memory=memory)
-    assert d.states["B"].gears[-1] == 1024 and 1024 not in [c.gear for c in d.changes]
-    assert len(d.states["B"].gears) < 3
+    assert d.gears["B"].gears[-1] == 1024 and 1024 not in [c.gear for c in d.changes]
+    assert len(d.gears["B"].gears) < 3
 
 
 def test_the_largest_gear_only_grows_under_drift_and_memory_pressure():
@@ -148,16 +149,16 @@ def test_samples_over_the_largest_gear_add_a_covering_gear_at_their_max():
     assert d.changes[0].action == "add" and d.changes[0].gear == 112
     assert d.changes[0].reason == "cover: 2 samples over the largest gear 64 ran eager (max 100)"
     under_pressure = run((64,), at(OLD, 60, 5) + at(OLD, 90) + at(OLD, 100), dim=dim, memory=0.95)
-    assert under_pressure.states["B"].gears == (64,)
+    assert under_pressure.gears["B"].gears == (64,)
 
 
 def test_memory_pressure_evicts_the_cheapest_gear_and_adds_only_in_its_place():
     events = at(OLD, 90, 10) + at(OLD, 190, 2) + at(OLD, 290, 10) + at(OLD, 700, 10)
     gears = (100, 200, 300, 1000)
     calm = run(gears, events)
-    assert len(calm.states["B"].gears) >= len(gears)
+    assert len(calm.gears["B"].gears) >= len(gears)
     d = run(gears, events, memory=0.95)
-    assert ("evict", 200) in actions(d) and len(d.states["B"].gears) == len(gears) - 1
+    assert ("evict", 200) in actions(d) and len(d.gears["B"].gears) == len(gears) - 1
     assert all(c.reason.endswith("memory pressure 0.95 >= 0.9") for c in d.changes)
     off = run(gears, events, dataclasses.replace(CFG, device_memory_usage_threshold_ratio=None),
               memory=0.95)
@@ -177,11 +178,11 @@ def test_moves_per_round_are_bounded():
 def test_min_count_and_cap_hold():
     events = at(OLD, 1000, 20)
     floor = run((100, 200, 300, 1000), events, dataclasses.replace(CFG, min_gear_count_per_type=3))
-    assert len(floor.states["B"].gears) == 3
+    assert len(floor.gears["B"].gears) == 3
     rng = np.random.default_rng(2)
     spread = [(OLD, int(v)) for v in rng.integers(1, 4096, 500)]
     capped = run((4096,), spread, dataclasses.replace(CFG, max_gears_per_type=2))
-    assert len(capped.states["B"].gears) == 2
+    assert len(capped.gears["B"].gears) == 2
 
 
 def test_a_quadratic_cost_spends_gears_where_padding_costs_most():
@@ -190,9 +191,9 @@ def test_a_quadratic_cost_spends_gears_where_padding_costs_most():
     rng = np.random.default_rng(3)
     events = [(OLD, int(v)) for v in rng.integers(1, 4097, 2000)]
     config = dataclasses.replace(CFG, max_gears_per_type=3)  # one round: up to K_STEP more
-    flat = run((4096,), events, config).states["B"].gears
+    flat = run((4096,), events, config).gears["B"].gears
     steep = run((4096,), events, config, dim=Dim(gears=(4096,), max=100_000,
-                                                 cost=(0.0, 1.0, 0.01))).states["B"].gears
+                                                 cost=(0.0, 1.0, 0.01))).gears["B"].gears
     assert len(flat) == len(steep) == 3 and flat[-1] == steep[-1] == 4096
     assert steep[0] > flat[0] and steep[1] > flat[1]
     assert "padding" in run((4096,), events, config).changes[0].reason
@@ -205,7 +206,7 @@ def test_protected_gears_stay_in_the_plan_whatever_the_cost():
     dim = Dim(gears=(100, 14050), max=14050, cost=(0.0, 1e-12, 1e-9))
     d = run((100, 14050), events, dataclasses.replace(CFG, max_gears_per_type=3), dim=dim,
             created=NOW)
-    assert d.states["B"].gears == (100, 9000, 14050)
+    assert d.gears["B"].gears == (100, 9000, 14050)
 
 
 # 25 minutes ago a burst of 900s ran on gear 1000; the window holds only 100s and 5000s.
@@ -217,7 +218,7 @@ def test_the_history_keeps_a_gear_for_traffic_the_window_has_let_go():
     gears = (100, 1000, 5000)
     assert actions(run(gears, WINDOW)) == [("evict", 1000)]  # unused in the window
     d = run(gears, WINDOW, history=BURST + WINDOW)
-    assert d.states["B"].gears == (100, 900, 5000)  # placed on the history's burst
+    assert d.gears["B"].gears == (100, 900, 5000)  # placed on the history's burst
     off = dataclasses.replace(CFG, plan_history_weight=0.0)
     assert actions(run(gears, WINDOW, off, history=BURST + WINDOW)) == [("evict", 1000)]
 
@@ -237,14 +238,14 @@ def test_the_history_does_not_hold_a_gear_the_plan_moves_nearby():
     # 1000 -> 950 and 500 -> 400: the history's traffic is the window's, served by the moves.
     events = at(OLD, 400, 20) + at(OLD, 950, 20) + at(OLD, 8000, 5)
     d = run((500, 1000, 8000), events, history=at(NOW - 1500, 950, 50) + events)
-    assert d.states["B"].gears == (400, 950, 8000)
+    assert d.gears["B"].gears == (400, 950, 8000)
 
 
 def test_seed_mode_stays_selectable():
     events = at(OLD, 400, 5) + at(OLD, 900, 5)
     d = run((1024,), events, dataclasses.replace(CFG, policy_mode="seed"))
     assert actions(d) == [("add", 650)]  # the median of the pad samples
-    assert d.states["B"].evicted == {}
+    assert d.gears["B"].evicted == {}
 
 
 @settings(max_examples=150, deadline=None)
@@ -268,8 +269,8 @@ def test_every_round_keeps_the_safety_rules(values: list[int], gears: set[int], 
     history = DimStats(config.history())
     history.fold(np.r_[np.full(len(past), NOW - 1500), np.full(len(values), OLD)],
                  np.array(past + values))
-    d = decide({"B": dim}, {"B": DimState(gears_t, created)}, {"B": stats.view(NOW)}, memory,
-               NOW, config, {"B": history.view(NOW)}).states["B"].gears
+    d = decide({"B": dim}, {"B": DimGears(gears_t, created)}, {"B": stats.view(NOW)}, memory,
+               NOW, config, {"B": history.view(NOW)}).gears["B"].gears
     floor = min(values)
     kept = {g for g in gears_t if NOW - created[g] < config.recent_use_protect_seconds}
     assert max(d) >= gears_t[-1]  # the largest gear is kept (the cover rule may add above)

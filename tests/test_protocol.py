@@ -1,7 +1,7 @@
 import pytest
 
 from gearshift import protocol
-from gearshift.dims import Dim
+from gearshift.core.dims import Dim
 from gearshift.errors import PayloadError, ShapeError
 
 DIMS = {

@@ -9,10 +9,10 @@ from pathlib import Path
 import click
 import pytest
 
-from gearshift.bench.cli import BENCHMARKS
 from gearshift.cli import main
-from gearshift.config import PolicyConfig
 from gearshift.controller.config import ControllerConfig
+from gearshift.core.config import PolicyConfig
+from gearshift.tools.bench.cli import BENCHMARKS
 
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gearshift.config import PolicyConfig
-from gearshift.dims import Dim, chunks_for
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim, chunks_for
+from gearshift.core.optimal import optimal_gears
 from gearshift.errors import ShapeError
-from gearshift.optimal import optimal_gears
-from gearshift.simulate import policy_dims, simulate
-from gearshift.trace import Trace, load_trace
+from gearshift.tools.simulate import policy_dims, simulate
+from gearshift.tools.trace import Trace, load_trace
 
 SEED = PolicyConfig(policy_mode="seed")  # the replay mechanics, checked against seed 000 rules
 

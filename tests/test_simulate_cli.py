@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gearshift.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
+from gearshift.cli import main
+from gearshift.clikit import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 KEYS = {
     "padding_overhead",

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gearshift.config import PolicyConfig
+from gearshift.core.config import PolicyConfig
+from gearshift.core.stats import DimStats, Histogram
 from gearshift.errors import ShapeError, StateError
-from gearshift.stats import DimStats, Histogram
 
 CFG = PolicyConfig(policy_mode="seed")  # window 300 s, half-life 150 s, slices of 10 s
 LAM = math.log(2) / CFG.half_life_seconds

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gearshift.errors import TraceError
-from gearshift.trace import load_trace, shipped_traces
+from gearshift.tools.trace import load_trace, shipped_traces
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -2,8 +2,9 @@
 
 import importlib
 
-from gearshift.config import PolicyConfig, load_policy_config
-from gearshift.dims import Dim
+from gearshift.configfile import load_policy_config
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim
 from gearshift.errors import (
     BackendUnavailable,
     ConfigError,
@@ -44,14 +45,14 @@ __all__ = [
 # Imported on first use: `import gearshift` stays light, and torch-free (the routing client
 # never imports torch; the runner side does).
 _LAZY = {
-    "AdaptiveRunner": "gearshift.client.adaptive",
-    "Client": "gearshift.client.session",
-    "GraphResourcePool": "gearshift.client.pool",
-    "GraphRunner": "gearshift.client.runner",
-    "Plan": "gearshift.client.profile",
-    "Profile": "gearshift.client.profile",
-    "Transform": "gearshift.client.transform",
-    "connect": "gearshift.client.session",
+    "AdaptiveRunner": "gearshift.graphs.adaptive",
+    "Client": "gearshift.worker.session",
+    "GraphResourcePool": "gearshift.graphs.pool",
+    "GraphRunner": "gearshift.graphs.runner",
+    "Plan": "gearshift.worker.profile",
+    "Profile": "gearshift.worker.profile",
+    "Transform": "gearshift.graphs.transform",
+    "connect": "gearshift.worker.session",
 }
 
 

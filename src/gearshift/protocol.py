@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from gearshift.dims import Dim, Gears
+from gearshift.core.dims import Dim, Gears
 from gearshift.errors import PayloadError, ShapeError
 
 MAX_PROFILE_ID = 0xFFFF

@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from gearshift.bench.controller import command
+from gearshift.tools.bench.controller import command
 
 
 def test_reports_ingest_at_both_cadences_rounds_and_the_fold_baseline() -> None:

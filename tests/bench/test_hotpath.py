@@ -7,7 +7,7 @@ import os
 
 from click.testing import CliRunner
 
-from gearshift.bench.hotpath import DIMS, SeedRouter, command
+from gearshift.tools.bench.hotpath import DIMS, SeedRouter, command
 
 
 def test_the_seed_baseline_records_one_sample_per_dim_in_its_gears_state() -> None:

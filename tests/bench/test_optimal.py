@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from gearshift.bench.optimal import command, quadratic_cost
+from gearshift.tools.bench.optimal import command, quadratic_cost
 
 
 def test_quadratic_baseline_is_the_optimum_of_a_tiny_case() -> None:

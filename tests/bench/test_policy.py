@@ -7,8 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gearshift.bench.policy import Baseline, command
-from gearshift.config import PolicyConfig
+from gearshift.core.config import PolicyConfig
+from gearshift.tools.bench.policy import Baseline, command
 
 
 def test_baseline_recomputes_from_its_sample_lists() -> None:

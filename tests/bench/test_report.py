@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from gearshift.bench import report
-from gearshift.bench.cli import BENCHMARKS
-from gearshift.bench.hotpath import command as hotpath
-from gearshift.bench.optimal import command as optimal
-from gearshift.bench.snapshot import command as snapshot
-from gearshift.bench.synthetic import command as synthetic
+from gearshift.tools.bench import report
+from gearshift.tools.bench.cli import BENCHMARKS
+from gearshift.tools.bench.hotpath import command as hotpath
+from gearshift.tools.bench.optimal import command as optimal
+from gearshift.tools.bench.snapshot import command as snapshot
+from gearshift.tools.bench.synthetic import command as synthetic
 
 RING = {  # `bench ring --json` keys, as it prints them
     "workers": 2,

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gearshift.bench.simulate import command, markdown
+from gearshift.tools.bench.simulate import command, markdown
 
 # Dims where plan mode misses issue 7's goal (ratio <= 1.25), with the ratio they stay within.
 MISSED = {("azure_conv_batched", "SEQLEN"): 1.3, ("azure_conv_prefill", "SEQLEN"): 1.3}

@@ -7,8 +7,8 @@ import json
 import numpy as np
 from click.testing import CliRunner
 
-from gearshift.bench.synthetic import FAMILIES, command, run_trace, synthetic
-from gearshift.config import PolicyConfig
+from gearshift.core.config import PolicyConfig
+from gearshift.tools.bench.synthetic import FAMILIES, command, run_trace, synthetic
 
 
 def test_every_family_draws_one_hour_of_valid_sizes() -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from gearshift import protocol
 from gearshift.clock import FakeClock
-from gearshift.dims import Dim
+from gearshift.core.dims import Dim
 from gearshift.errors import GearshiftError, NamespaceBusy, ProfileMismatch
 from gearshift.shm import EventRing, Registry, SlotState, SnapshotRegion, error_reply
 

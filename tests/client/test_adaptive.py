@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import gearshift as gs
-from gearshift.client.backends import CpuBackend
-from gearshift.client.pool import GraphResourcePool
+from gearshift.graphs.backends import CpuBackend
+from gearshift.graphs.pool import GraphResourcePool
 
 H = 4
 torch.manual_seed(0)

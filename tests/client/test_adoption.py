@@ -11,8 +11,8 @@ import torch
 from fake_controller import WAIT, FakeController, wait_until
 
 import gearshift as gs
-from gearshift.client.backends import CpuBackend
-from gearshift.client.pool import GraphResourcePool
+from gearshift.graphs.backends import CpuBackend
+from gearshift.graphs.pool import GraphResourcePool
 from gearshift.shm import Kind, Registry
 
 H = 4

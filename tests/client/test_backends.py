@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gearshift as gs
-from gearshift.client.backends import CpuBackend, backend_for, get_backend
+from gearshift.graphs.backends import CpuBackend, backend_for, get_backend
 
 
 def test_cpu_graph_replays_on_the_static_buffers() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from gearshift.client.backends import CpuBackend
-from gearshift.client.pool import GraphResourcePool, KeyGearIndex
+from gearshift.graphs.backends import CpuBackend
+from gearshift.graphs.pool import GraphResourcePool, KeyGearIndex
 
 
 class Resource:

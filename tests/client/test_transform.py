@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gearshift as gs
-from gearshift.client.transform import Span, Transform
+from gearshift.graphs.transform import Span, Transform
 
 H = 8
 torch.manual_seed(0)

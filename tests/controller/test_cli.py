@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from gearshift.cli import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE, main
+from gearshift.cli import main
+from gearshift.clikit import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE
 from gearshift.clock import FakeClock
-from gearshift.config import PolicyConfig
-from gearshift.controller import state
+from gearshift.controller import statefile
 from gearshift.controller.config import ControllerConfig, load_initial_gears
 from gearshift.controller.controller import Controller
-from gearshift.dims import Dim
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim
 
 from .workers import Worker
 
@@ -96,7 +97,7 @@ def test_serve_refuses_bad_configuration(
 
 
 def test_serve_refuses_a_corrupt_state_file(tmp_path: Path, namespace: str) -> None:
-    (tmp_path / state.STATE_FILE).write_bytes(b"\xc1garbage")
+    (tmp_path / statefile.STATE_FILE).write_bytes(b"\xc1garbage")
     result = gs("serve", "--state-dir", str(tmp_path), env={"GEARSHIFT_NAMESPACE": namespace})
     assert result.exit_code == EXIT_ERROR
     assert "corrupt state" in result.stderr and "--fresh-on-corrupt-state" not in result.stderr

@@ -15,12 +15,12 @@ import msgpack
 import pytest
 
 from gearshift.clock import FakeClock, MonotonicClock
-from gearshift.config import PolicyConfig
 from gearshift.controller import controller as controller_module
-from gearshift.controller import state, status
+from gearshift.controller import statefile, status
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
-from gearshift.dims import Dim
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim
 from gearshift.errors import ProfileMismatch, StateError
 from gearshift.shm import Registry, SlotState, names, ring, segment
 
@@ -111,8 +111,9 @@ def test_events_flow_into_decisions_and_snapshots_advance(
     assert version > 1 and 40 in gears and 32 not in gears  # added at the median, unused evicted
     reasons = [c[3] for c in payload["profiles"]["decode"]["changes"]]
     assert controller.counts["folded"] == 120 and controller.rounds["count"] >= 2
-    saved = state.load(controller.config.state_path, clock.now(), POLICY)
-    assert saved[0].version == version and list(saved[0].profiles["decode"].gears()["B"]) == gears
+    saved = statefile.load(controller.config.state_path, clock.now(), POLICY)
+    assert saved[0].version == version
+    assert list(saved[0].profiles["decode"].gear_lists()["B"]) == gears
     doc = status.document(controller, clock.now())
     dim = doc["devices"][0]["profiles"][0]["dims"][0]
     assert dim["samples"] == dim["history_samples"] == 120 and dim["gears"] == gears
@@ -299,14 +300,14 @@ def test_corrupt_state_is_an_error_unless_asked_to_start_fresh(
     config: ControllerConfig, clock: FakeClock
 ) -> None:
     config.state_path.mkdir(parents=True)
-    (config.state_path / state.STATE_FILE).write_bytes(b"\xc1garbage")
+    (config.state_path / statefile.STATE_FILE).write_bytes(b"\xc1garbage")
     with pytest.raises(StateError, match="corrupt"):
         Controller.open(config, POLICY, clock=clock)
     assert _shm(config.namespace) == []  # nothing left behind
     with Controller.open(config, POLICY, clock=clock, fresh_on_corrupt_state=True):
         pass
-    assert (config.state_path / (state.STATE_FILE + ".corrupt")).read_bytes() == b"\xc1garbage"
-    assert msgpack.unpackb((config.state_path / state.STATE_FILE).read_bytes())["devices"] == {}
+    assert (config.state_path / (statefile.STATE_FILE + ".corrupt")).read_bytes() == b"\xc1garbage"
+    assert msgpack.unpackb((config.state_path / statefile.STATE_FILE).read_bytes())["devices"] == {}
 
 
 def test_a_failing_round_is_logged_and_the_loop_goes_on(
@@ -319,7 +320,7 @@ def test_a_failing_round_is_logged_and_the_loop_goes_on(
     def broken(*args: object) -> None:
         raise RuntimeError("policy bug")
 
-    monkeypatch.setattr(controller_module, "decide", broken)
+    monkeypatch.setattr(controller_module, "decide_round", broken)
     w = worker()
     w.register(0, "decode", serve=controller.step)
     with caplog.at_level(logging.ERROR):
@@ -334,7 +335,7 @@ def test_a_failing_state_save_is_logged_and_the_loop_goes_on(
     def full(*args: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(state, "save", full)
+    monkeypatch.setattr(statefile, "save", full)
     w = worker()
     assert w.register(0, "decode", serve=controller.step)["version"] == 1
     _run(controller, clock, 12.0, w)

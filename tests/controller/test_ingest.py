@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from gearshift.config import PolicyConfig
 from gearshift.controller import ingest
-from gearshift.controller.state import ProfileState
-from gearshift.dims import Dim
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim
+from gearshift.core.round import ProfileLedger
 from gearshift.shm import EVENT_DTYPE, Kind
 
 CONFIG = PolicyConfig()
@@ -23,8 +23,8 @@ def _events(rows: list[tuple[float, int, tuple[int, ...], int]]) -> np.ndarray:
     return events
 
 
-def _profile(**dims: Dim) -> ProfileState:
-    return ProfileState.new(dims, 0.0, CONFIG)
+def _profile(**dims: Dim) -> ProfileLedger:
+    return ProfileLedger.new(dims, 0.0, CONFIG)
 
 
 def test_samples_fold_into_their_profiles_dims_by_key() -> None:

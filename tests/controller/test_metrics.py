@@ -6,9 +6,9 @@ import urllib.request
 from pathlib import Path
 
 from gearshift.clock import FakeClock
-from gearshift.config import PolicyConfig
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
+from gearshift.core.config import PolicyConfig
 
 from .workers import Worker
 

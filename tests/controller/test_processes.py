@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gearshift.cli import EXIT_CONFLICT, EXIT_NOT_RUNNING, EXIT_OK, main
-from gearshift.config import PolicyConfig
-from gearshift.controller import state, status
+from gearshift.cli import main
+from gearshift.clikit import EXIT_CONFLICT, EXIT_NOT_RUNNING, EXIT_OK
+from gearshift.controller import statefile, status
+from gearshift.core.config import PolicyConfig
 from gearshift.errors import ControllerNotFound
 from gearshift.shm import Registry, cleanup
 
@@ -140,8 +141,8 @@ def test_serve_survives_and_resumes(
         assert result.exit_code == EXIT_OK, result.output
         assert third.wait(WAIT) == EXIT_OK
         assert worker.snapshot()[0] >= version + 1  # the segments stay for the live worker
-        saved = state.load(tmp_path, time.monotonic(), PolicyConfig())
-        assert 40 in saved[0].profiles["decode"].gears()["B"]
+        saved = statefile.load(tmp_path, time.monotonic(), PolicyConfig())
+        assert 40 in saved[0].profiles["decode"].gear_lists()["B"]
         refused = CliRunner().invoke(main, ["cleanup", "-n", namespace])
         assert refused.exit_code == EXIT_CONFLICT and "live worker" in refused.stderr
     finally:

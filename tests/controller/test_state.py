@@ -4,72 +4,73 @@ import msgpack
 import numpy as np
 import pytest
 
-from gearshift.config import PolicyConfig
-from gearshift.controller import state
-from gearshift.controller.state import DeviceState, ProfileState
-from gearshift.dims import Dim
+from gearshift.controller import statefile
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim
+from gearshift.core.gears import DimGears
+from gearshift.core.round import DeviceLedger, ProfileLedger
 from gearshift.errors import StateError
-from gearshift.policy import DimState
 
 CONFIG = PolicyConfig()
 
 
-def _devices(now: float) -> dict[int, DeviceState]:
+def _devices(now: float) -> dict[int, DeviceLedger]:
     dims = {"BATCHSIZE": Dim(gears=[1, 8, 64], splittable=True), "SEQLEN": Dim(max=4096, align=16)}
-    profile = ProfileState.new(dims, now, CONFIG)
+    profile = ProfileLedger.new(dims, now, CONFIG)
     profile.stats["SEQLEN"].fold(np.array([now - 1.0, now]), np.array([700, 900]))
     profile.history["SEQLEN"].fold(np.array([now - 1000.0]), np.array([300]))
-    seq = profile.states["SEQLEN"]
-    profile.states["SEQLEN"] = DimState(seq.gears, seq.created, {4096: now + 9}, {96: now - 2})
-    return {0: DeviceState(version=7, last_update=now - 5, profiles={"decode": profile})}
+    seq = profile.gears["SEQLEN"]
+    profile.gears["SEQLEN"] = DimGears(seq.gears, seq.created, {4096: now + 9}, {96: now - 2})
+    return {0: DeviceLedger(version=7, last_update=now - 5, profiles={"decode": profile})}
 
 
 def test_round_trip_keeps_gears_times_stats_and_version(tmp_path: Path) -> None:
-    state.save(tmp_path, _devices(100.0))
-    back = state.load(tmp_path, 200.0, CONFIG)
+    statefile.save(tmp_path, _devices(100.0))
+    back = statefile.load(tmp_path, 200.0, CONFIG)
     profile = back[0].profiles["decode"]
     assert back[0].version == 7 and back[0].last_update == 95.0
-    assert profile.gears() == {"BATCHSIZE": [1, 8, 64], "SEQLEN": list(Dim(max=4096).initial_gears)}
-    assert profile.states["BATCHSIZE"].created == {1: 100.0, 8: 100.0, 64: 100.0}
-    seq = profile.states["SEQLEN"]
+    assert profile.gear_lists() == {"BATCHSIZE": [1, 8, 64],
+                                    "SEQLEN": list(Dim(max=4096).initial_gears)}
+    assert profile.gears["BATCHSIZE"].created == {1: 100.0, 8: 100.0, 64: 100.0}
+    seq = profile.gears["SEQLEN"]
     assert (seq.protected_until, seq.evicted) == ({4096: 109.0}, {96: 98.0})
-    assert (profile.states["BATCHSIZE"].initial, seq.initial) == ({1, 8, 64}, frozenset())
+    assert (profile.gears["BATCHSIZE"].initial, seq.initial) == ({1, 8, 64}, frozenset())
     assert profile.dims["SEQLEN"].align == 16 and profile.dims["BATCHSIZE"].splittable
     assert profile.stats["SEQLEN"].view(100.0).counts.tolist() == [1, 1]
     assert profile.history["SEQLEN"].view(100.0).values.tolist() == [300, 700, 900]
     profile.stats["SEQLEN"].fold(np.array([101.0]), np.array([500]))  # still feeds its history
     assert profile.history["SEQLEN"].view(101.0).values.tolist() == [300, 500, 700, 900]
-    assert [p.name for p in tmp_path.iterdir()] == [state.STATE_FILE]  # no temp file left
+    assert [p.name for p in tmp_path.iterdir()] == [statefile.STATE_FILE]  # no temp file left
 
 
 def test_a_file_from_before_the_history_restores_an_empty_one(tmp_path: Path) -> None:
-    data = msgpack.unpackb(state.encode(_devices(100.0)), strict_map_key=False)
+    data = msgpack.unpackb(statefile.encode(_devices(100.0)), strict_map_key=False)
     del data["devices"][0]["profiles"]["decode"]["history"]
-    profile = state.decode(msgpack.packb(data), 100.0, CONFIG)[0].profiles["decode"]
+    profile = statefile.decode(msgpack.packb(data), 100.0, CONFIG)[0].profiles["decode"]
     assert profile.stats["SEQLEN"].view(100.0).total_count == 2
     assert profile.history["SEQLEN"].view(100.0).total_count == 0
 
 
 def test_missing_file_is_a_fresh_start(tmp_path: Path) -> None:
-    assert state.load(tmp_path, 0.0, CONFIG) == {}
+    assert statefile.load(tmp_path, 0.0, CONFIG) == {}
 
 
 def test_other_boot_keeps_gears_with_fresh_protection(tmp_path: Path) -> None:
-    data = msgpack.unpackb(state.encode(_devices(100.0)), strict_map_key=False)
+    data = msgpack.unpackb(statefile.encode(_devices(100.0)), strict_map_key=False)
     data["boot_id"] = "another-boot"
-    back = state.decode(msgpack.packb(data), 5.0, CONFIG)
+    back = statefile.decode(msgpack.packb(data), 5.0, CONFIG)
     profile = back[0].profiles["decode"]
     assert back[0].version == 7 and back[0].last_update is None
-    assert profile.states["BATCHSIZE"].created == {1: 5.0, 8: 5.0, 64: 5.0}
-    assert profile.states["SEQLEN"].evicted == {}
+    assert profile.gears["BATCHSIZE"].created == {1: 5.0, 8: 5.0, 64: 5.0}
+    assert profile.gears["SEQLEN"].evicted == {}
     assert profile.stats["SEQLEN"].view(5.0).total_count == 0
 
 
 def test_changed_time_settings_restart_stats_only(tmp_path: Path) -> None:
-    state.save(tmp_path, _devices(100.0))
-    back = state.load(tmp_path, 100.0, PolicyConfig(window_seconds=1200.0))  # not the default
+    statefile.save(tmp_path, _devices(100.0))
+    back = statefile.load(tmp_path, 100.0, PolicyConfig(window_seconds=1200.0))  # not the default
     assert back[0].profiles["decode"].stats["SEQLEN"].view(100.0).total_count == 0
-    assert back[0].profiles["decode"].gears()["BATCHSIZE"] == [1, 8, 64]
+    assert back[0].profiles["decode"].gear_lists()["BATCHSIZE"] == [1, 8, 64]
 
 
 @pytest.mark.parametrize("blob, message", [
@@ -79,7 +80,7 @@ def test_changed_time_settings_restart_stats_only(tmp_path: Path) -> None:
 ])
 def test_bad_files_raise_state_error_naming_the_file(tmp_path: Path, blob: bytes,
                                                      message: str) -> None:
-    (tmp_path / state.STATE_FILE).write_bytes(blob)
+    (tmp_path / statefile.STATE_FILE).write_bytes(blob)
     with pytest.raises(StateError, match=message) as info:
-        state.load(tmp_path, 0.0, CONFIG)
-    assert state.STATE_FILE in str(info.value)
+        statefile.load(tmp_path, 0.0, CONFIG)
+    assert statefile.STATE_FILE in str(info.value)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from gearshift import protocol
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.dims import Dim
+from gearshift.core.dims import Dim
 from gearshift.shm import EventRing, Registry, SnapshotRegion, mailbox
 
 WAIT = 20.0  # seconds: the bound of every wait

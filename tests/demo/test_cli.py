@@ -12,8 +12,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from gearshift.cli import EXIT_ERROR, EXIT_USAGE, main
-from gearshift.demo.cli import EXIT_INTERRUPTED, table
+from gearshift.cli import main
+from gearshift.clikit import EXIT_ERROR, EXIT_USAGE
+from gearshift.tools.demo.cli import EXIT_INTERRUPTED, table
 
 WAIT = 240.0  # seconds: two workers import torch on a loaded 2-core machine
 FIGURES = {

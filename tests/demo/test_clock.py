@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from gearshift.demo.clock import TraceClock
+from gearshift.tools.demo.clock import TraceClock
 
 
 def test_follows_the_monotonic_clock_until_the_run_starts() -> None:

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 from gearshift import protocol
-from gearshift.demo.run import GearWatch
-from gearshift.demo.workload import PROFILE
 from gearshift.shm import SnapshotRegion
+from gearshift.tools.demo.run import GearWatch
+from gearshift.tools.demo.workload import PROFILE
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from gearshift.config import PolicyConfig
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
-from gearshift.demo import worker
-from gearshift.demo.workload import padded_pairs, padded_tokens, useful_tokens
-from gearshift.dims import Dim
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim
+from gearshift.tools.demo import worker
+from gearshift.tools.demo.workload import padded_pairs, padded_tokens, useful_tokens
 
 DIMS = {"BATCHSIZE": Dim(gears=[1, 2, 4, 8], max=16, splittable=True), "SEQLEN": Dim(max=64)}
 SIZES = {"BATCHSIZE": np.array([1, 3, 8, 5, 2, 11]), "SEQLEN": np.array([64, 5, 9, 1, 33, 7])}

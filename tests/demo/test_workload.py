@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gearshift.demo.workload import (
+from gearshift.core.dims import Dim, ladder
+from gearshift.tools.demo.workload import (
     DEFAULT_TRACE,
     Cost,
     Workload,
@@ -18,8 +19,7 @@ from gearshift.demo.workload import (
     stride_for,
     useful_tokens,
 )
-from gearshift.dims import Dim, ladder
-from gearshift.trace import shipped_traces
+from gearshift.tools.trace import shipped_traces
 
 DIMS = {"BATCHSIZE": Dim(max=8, splittable=True), "SEQLEN": Dim(max=16)}
 SIZES = {"BATCHSIZE": np.array([1, 3, 8, 5, 2]), "SEQLEN": np.array([16, 5, 9, 1, 3])}

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from gearshift.cli import main
 from gearshift.controller import status
-from gearshift.stress import KEYS
+from gearshift.tools.stress import KEYS
 
 from .procs import processes_naming, shm_entries
 

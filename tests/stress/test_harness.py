@@ -3,7 +3,7 @@
 It is real processes on a loaded 2-core machine, with other tests running: the stall bound is
 asserted on the 99.9th percentile (<= 1 ms, what the command demands of the maximum) and on a
 maximum of STALL_MAX_MS. The stalls counted are of calls that blocked or kept their CPU
-(gearshift.stress); a call that keeps its CPU can still be slowed by another process on the
+(gearshift.tools.stress); a call that keeps its CPU can still be slowed by another process on the
 same physical core or by cold caches (measured maxima 0.3-0.7 ms, for calls that adopt a
 snapshot), while a wait inside route() on the controller, a lock or a mailbox would last
 milliseconds to seconds.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import random
 
-from gearshift.stress import StressConfig, run
-from gearshift.stress.harness import chaos_plan
+from gearshift.tools.stress import StressConfig, run
+from gearshift.tools.stress.harness import chaos_plan
 
 from .procs import processes_naming, shm_entries
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gearshift.shm import SnapshotRegion, codec
-from gearshift.stress.journal import RECORD, Journal, JournaledRegion, torn
+from gearshift.tools.stress.journal import RECORD, Journal, JournaledRegion, torn
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gearshift.stress import KEYS, StressReport
-from gearshift.stress.report import sent, tail_percentile
+from gearshift.tools.stress import KEYS, StressReport
+from gearshift.tools.stress.report import sent, tail_percentile
 
 CLEAN = StressReport(
     workers=4,

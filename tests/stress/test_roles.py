@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gearshift.stress.roles import WorkerLog, reader_counts
+from gearshift.tools.stress.roles import WorkerLog, reader_counts
 
 
 def test_a_worker_log_keeps_the_stalls_logged_after_its_last_count(tmp_path: Path) -> None:

@@ -14,13 +14,13 @@ from typing import Any
 
 import click
 
-from gearshift import cli
-from gearshift.cli import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_USAGE
+from gearshift import clikit
+from gearshift.clikit import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_USAGE
 from gearshift.clock import MonotonicClock
 from gearshift.controller import status as status_doc
 from gearshift.controller.config import load_configs, load_initial_gears
 from gearshift.controller.controller import Controller
-from gearshift.dims import Dim
+from gearshift.core.dims import Dim
 from gearshift.errors import (
     ConfigError,
     ControllerNotFound,
@@ -48,13 +48,13 @@ EPILOG = (
     "another controller or still has live processes."
 )
 
-namespace_option = cli.namespace_option(
+namespace_option = clikit.namespace_option(
     "Namespace of the shared-memory objects: one controller and its workers "
     f"[default: {DEFAULT_NAMESPACE!r}; for serve, [controller] namespace of --config first].",
     envvar="GEARSHIFT_NAMESPACE",
     show_envvar=True,
 )
-json_option = cli.json_option("Print JSON.")
+json_option = clikit.json_option("Print JSON.")
 
 
 @contextmanager
@@ -69,7 +69,7 @@ def _exits() -> Iterator[None]:
 
 @click.command(epilog=EPILOG)
 @namespace_option
-@cli.config_options(
+@clikit.config_options(
     "policy or controller",
     "policy keys at top level or under [policy], controller keys (drain_interval_seconds, "
     "scan_interval_seconds, slots, ...) under [controller]",
@@ -90,7 +90,7 @@ def _exits() -> Iterator[None]:
     help="Serve Prometheus metrics on this port (needs the "
     "metrics extra: pip install 'gearshift[metrics]').",
 )
-@cli.log_level_option("INFO", "INFO logs every decision with its reasons.")
+@clikit.log_level_option("INFO", "INFO logs every decision with its reasons.")
 @click.option(
     "--initial-gears",
     metavar="gears.json",

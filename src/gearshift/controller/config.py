@@ -13,8 +13,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from gearshift.config import PolicyConfig, _check, from_mapping, parse_overrides, read_toml
-from gearshift.dims import Gears, normalize_gears
+from gearshift.configfile import from_mapping, parse_overrides, read_toml
+from gearshift.core.config import PolicyConfig, check_value
+from gearshift.core.dims import Gears, normalize_gears
 from gearshift.errors import ConfigError, NamespaceError
 from gearshift.shm import names
 
@@ -43,16 +44,16 @@ class ControllerConfig:
         if not isinstance(self.state_dir, str):
             raise ConfigError("state_dir", f"expected a path, got {self.state_dir!r}")
         if self.metrics_port is not None:
-            _check("metrics_port", self.metrics_port, 0, 65535, integer=True)
-        _check("slots", self.slots, 1, 4096, integer=True)
-        _check("drain_max_events", self.drain_max_events, 1, 1 << 24, integer=True)
+            check_value("metrics_port", self.metrics_port, 0, 65535, integer=True)
+        check_value("slots", self.slots, 1, 4096, integer=True)
+        check_value("drain_max_events", self.drain_max_events, 1, 1 << 24, integer=True)
         for key in (
             "drain_interval_seconds",
             "scan_interval_seconds",
             "memory_fresh_seconds",
             "status_interval_seconds",
         ):
-            _check(key, getattr(self, key), 0.0, 3600.0, low_open=True)
+            check_value(key, getattr(self, key), 0.0, 3600.0, low_open=True)
 
     @property
     def state_path(self) -> Path:

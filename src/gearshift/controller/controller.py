@@ -40,11 +40,12 @@ from typing import Any
 import numpy as np
 
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.config import PolicyConfig
-from gearshift.controller import ingest, state, status
+from gearshift.controller import ingest, statefile, status
 from gearshift.controller.config import ControllerConfig, InitialGears
-from gearshift.controller.state import DeviceState, ProfileState
-from gearshift.dims import Dim
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim
+from gearshift.core.gears import starting_gears
+from gearshift.core.round import DeviceLedger, ProfileLedger, decide_round
 from gearshift.errors import (
     ControllerRunning,
     LayoutError,
@@ -54,7 +55,6 @@ from gearshift.errors import (
     ShapeError,
     StateError,
 )
-from gearshift.policy import decide, initial_states, should_update
 from gearshift.protocol import parse_register, snapshot_payload
 from gearshift.shm import (
     EventRing,
@@ -127,7 +127,7 @@ class Controller:
         self.clock = clock
         self.initial_gears = initial_gears
         self.embedded = embedded
-        self.devices: dict[int, DeviceState] = {}
+        self.devices: dict[int, DeviceLedger] = {}
         self.workers: dict[int, Worker] = {}
         self.counts = dict.fromkeys(
             ("consumed", "folded", "unknown", "invalid", "reclaimed_workers", "errors"), 0
@@ -274,12 +274,12 @@ class Controller:
         now = self.clock.now()
         path = self.config.state_path
         try:
-            self.devices = state.load(path, now, self.policy)
+            self.devices = statefile.load(path, now, self.policy)
         except StateError as e:
             if not fresh_on_corrupt_state:
                 raise
-            aside = path / (state.STATE_FILE + ".corrupt")
-            os.replace(path / state.STATE_FILE, aside)
+            aside = path / (statefile.STATE_FILE + ".corrupt")
+            os.replace(path / statefile.STATE_FILE, aside)
             log.warning("%s; starting fresh (the file is kept as %s)", e, aside)
         for device, dev in self.devices.items():
             for name in dev.profiles:
@@ -295,7 +295,7 @@ class Controller:
     def _adopt(self, w: Worker) -> None:
         """Map the profile ids that the previous controller's last status document lists for
         this claim of the slot, so that events already in the ring are folded (on open)."""
-        profiles = self.devices.get(w.info.device, DeviceState()).profiles
+        profiles = self.devices.get(w.info.device, DeviceLedger()).profiles
         for entry in (self._previous or {}).get("workers", []):
             if (entry["slot"], entry["generation"], entry["pid"]) == (
                 w.info.slot,
@@ -448,7 +448,7 @@ class Controller:
         if w is None or not w.info.alive:
             raise NamespaceBusy(f"slot {slot} is not held by a live worker")
         device = w.info.device
-        dev = self.devices.setdefault(device, DeviceState())
+        dev = self.devices.setdefault(device, DeviceLedger())
         profile = dev.profiles.get(name)
         if profile is not None and list(profile.dims.items()) != list(dims.items()):
             holder = next(
@@ -493,14 +493,14 @@ class Controller:
 
     def _new_profile(
         self, device: int, name: str, dims: dict[str, Dim], now: float
-    ) -> ProfileState:
-        profile = ProfileState.new(dims, now, self.policy)
+    ) -> ProfileLedger:
+        profile = ProfileLedger.new(dims, now, self.policy)
         seeded = self.initial_gears.get(device, {}).get(name) or next(
             (p[name] for _, p in sorted(self.initial_gears.items()) if name in p), None
         )
         if seeded:
             try:
-                profile.states = initial_states(
+                profile.gears = starting_gears(
                     {
                         d: dataclasses.replace(dim, gears=seeded.get(d, dim.initial_gears))
                         for d, dim in dims.items()
@@ -573,32 +573,27 @@ class Controller:
     def _decide(self, device: int, now: float) -> None:
         dev = self.devices[device]
         usage = self.memory_usage(device, now)
-        why = should_update(dev.last_update, now, usage, self.policy)
-        if why is None or not dev.profiles:
-            return
         began = self.clock.now()
-        changes: dict[str, list[list[Any]]] = {}
-        changed = False
-        for name, profile in dev.profiles.items():
-            views = {d: s.view(now) for d, s in profile.stats.items()}
-            past = {d: s.view(now) for d, s in profile.history.items()}
-            decision = decide(profile.dims, profile.states, views, usage, now, self.policy, past)
-            profile.states = decision.states
-            changes[name] = [[c.dim, c.gear, c.action, c.reason] for c in decision.changes]
-            changed |= decision.changed
-            for c in decision.changes:
-                log.info(
-                    "device %d %s/%s: %s %d: %s", device, name, c.dim, c.action, c.gear, c.reason
-                )
+        round = decide_round(dev, now, usage, self.policy)
+        if round is None:
+            return
+        dev.apply(round)
         seconds = self.clock.now() - began  # the policy's part; publish and save follow
         self.round_seconds.append(seconds)
         self.rounds["count"] += 1
         self.rounds["seconds_sum"] += seconds
         self.rounds["last_seconds"] = seconds
-        log.debug("device %d: round (%s, memory %s) in %.1f ms", device, why, usage, seconds * 1e3)
-        dev.last_update = now
+        for name, changes in round.changes.items():
+            for c in changes:
+                log.info(
+                    "device %d %s/%s: %s %d: %s", device, name, c.dim, c.action, c.gear, c.reason
+                )
+        log.debug("device %d: round (%s, memory %s) in %.1f ms", device, round.trigger, usage,
+                  seconds * 1e3)
+        changes = {name: [[c.dim, c.gear, c.action, c.reason] for c in cs]
+                   for name, cs in round.changes.items()}
         self.changes[device] = changes
-        if changed:
+        if round.changed:
             self._publish(device, now)
         if any(changes.values()):
             self._guard("state save", self._save)
@@ -608,14 +603,14 @@ class Controller:
         region = self._regions.get(device)
         if region is None:
             region = self._regions[device] = self.region_type.open(self.config.namespace, device)
-        gears = {name: p.gears() for name, p in dev.profiles.items()}
+        gears = {name: p.gear_lists() for name, p in dev.profiles.items()}
         payload = snapshot_payload(device, gears, self.changes.get(device))
         dev.version = region.publish(payload, at_least=dev.version + 1)
         self._awaiting[device] = (dev.version, now)
         log.info("device %d: snapshot version %d published", device, dev.version)
 
     def _save(self) -> None:
-        state.save(self.config.state_path, self.devices)
+        statefile.save(self.config.state_path, self.devices)
 
     def _publish_status(self, now: float) -> None:
         self._next_status = now + self.config.status_interval_seconds

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gearshift.controller.state import ProfileState
+from gearshift.core.round import ProfileLedger
 from gearshift.shm import Kind
 
 
@@ -25,7 +25,7 @@ class Folded(NamedTuple):
 
 
 def fold(
-    events: np.ndarray, keys: np.ndarray, profiles: Sequence[ProfileState | None], now: float
+    events: np.ndarray, keys: np.ndarray, profiles: Sequence[ProfileLedger | None], now: float
 ) -> Folded:
     """Fold the samples of `events` (EVENT_DTYPE) into the DimStats of `profiles[key]`
     (each feeds its history).
@@ -71,7 +71,7 @@ def _groups(keys: np.ndarray) -> Iterator[tuple[int, slice | np.ndarray]]:
 
 
 def _fold_profile(
-    profile: ProfileState, times: np.ndarray, values: np.ndarray, ndim: np.ndarray
+    profile: ProfileLedger, times: np.ndarray, values: np.ndarray, ndim: np.ndarray
 ) -> int:
     """Fold the in-bounds samples into each dim's statistics; returns how many were folded."""
     dims = profile.dims

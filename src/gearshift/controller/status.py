@@ -30,10 +30,10 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
-from gearshift.config import PolicyConfig
-from gearshift.controller.state import ProfileState
+from gearshift.core.config import PolicyConfig
+from gearshift.core.round import ProfileLedger
+from gearshift.core.seed import gear_stats
 from gearshift.errors import LayoutError, PayloadError
-from gearshift.policy import gear_stats
 from gearshift.shm import SnapshotRegion, names
 
 if TYPE_CHECKING:
@@ -65,14 +65,14 @@ def read(namespace: str) -> dict[str, Any] | None:
 
 
 def profile_view(
-    name: str, profile: ProfileState, changes: list[list[Any]], now: float, policy: PolicyConfig
+    name: str, profile: ProfileLedger, changes: list[list[Any]], now: float, policy: PolicyConfig
 ) -> dict[str, Any]:
     """One profile's entry: per dim its gears with their decayed statistics at `now`."""
     dims = []
     for dim_name, dim in profile.dims.items():
         stats = profile.stats[dim_name]
         hist = stats.view(now)
-        table = gear_stats(profile.states[dim_name].gears, hist, dim, policy)
+        table = gear_stats(profile.gears[dim_name].gears, hist, dim, policy)
         dims.append(
             {
                 "name": dim_name,

@@ -1,0 +1,303 @@
+"""Plan mode: each dim's gears moved toward the padded-work optimum of its decayed histogram.
+
+One round per dim, against the window's decayed histogram. Work is the Dim's `work` (its
+`cost` polynomial: by default the size itself); R, the decayed raw work (sum of weight x
+work(value)), is the unit of every threshold, so a threshold reads as padding points, and
+every placement minimises padded work: elements by default, compute with a quadratic cost.
+The largest gear is kept, as in seed mode: no step evicts or replaces it; only the cover
+rule moves the top of the set, up (the former largest then becomes an ordinary gear).
+
+1. cover: `add_min_samples` events or more over the largest gear add a largest gear at their
+   maximum (aligned), since they ran split or eager;
+2. release: a gear below the largest without traffic (window or history) goes once its creation
+   protection is over, or at once when it lies below all traffic (it can only serve values
+   smaller than any seen);
+3. plan: the optimal set of K gears for the decayed weights (`optimal.gear_plans`) over
+   candidates up to the largest gear, so every plan holds it, with the other gears that may
+   not move forced in. K starts at the current count and moves by at most `K_STEP`: up while
+   one gear more saves >= `plan_gear_gain`, down while one fewer costs < `plan_gear_keep`;
+   under memory pressure down by one, never up;
+4. move: toward the plan one exact step at a time, best first: add (below K), evict the cheapest
+   (above K), or swap a plan gear for a gear off the plan when it saves `plan_move_gain` plus
+   `plan_confidence` standard errors; at most `plan_max_moves` additions and as many evictions.
+
+History: steps 2-4 read the window's histogram with the `history` (a longer decayed horizon
+of the same events, `plan_history_seconds`) blended in at `plan_history_weight` of the
+window's total weight (`blend`); the cover rule reads the window alone. Traffic the window has
+let go of, a burst that recurs less often than the window, keeps weight, and the placements
+rest on more events.
+
+Creation protection (`recent_use_protect_seconds`, and any `protected_until`) holds except in
+step 2's floor case, and for an initial gear (`DimGears.initial`: there from the start, never
+chosen on evidence) only while all traffic (window and history) lies below it, a ramp-up it
+may yet serve: the start-up ladder gives way to the plan as soon as traffic shows where gears
+pay. An evicted gear is not added back within the protection window (no flapping). Pure: no
+clock, I/O, threads or torch. Costs grow with the distinct values (capped at `MAX_CANDIDATES`
+gear positions for the DP) and the gears, never with the events.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim
+from gearshift.core.gears import DimGears
+from gearshift.core.optimal import GearPlans, gear_plans
+from gearshift.core.stats import Histogram
+
+K_STEP = 2
+MAX_CANDIDATES = 512
+LINEAR = Dim().work  # the default cost: a chunk's size
+
+Step = tuple[str, int, str]  # (action "add" | "evict", gear, reason)
+
+
+def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: float,
+         config: PolicyConfig, history: Histogram | None = None) -> list[Step]:
+    """One plan-mode round of one dim against the window's `hist` blended with the `history`
+    (a longer horizon of the same events, `blend`): its steps, in order."""
+    if not hist.values.size:
+        return []
+    seen = hist  # the window alone decides the cover
+    hist = blend(hist, history, config.plan_history_weight)
+    v, w = hist.values, hist.weights
+    raw = float((w * dim.work(v)).sum())
+    window = config.recent_use_protect_seconds
+    top = int(v[-1])
+
+    def protected(g: int) -> bool:
+        if g in state.initial and g < top:  # a start-up guess that traffic has gone past
+            return False
+        return (now - state.created.get(g, -math.inf) < window
+                or now < state.protected_until.get(g, -math.inf))
+
+    cooling = [g for g, t in state.evicted.items() if now - t < window]
+
+    gears = list(state.gears)
+    steps = _cover(dim, gears, seen, pressure, cooling, config)
+    inside = v <= gears[-1]
+    work = _Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside], dim.work)
+    steps += _release(gears, work, int(v[0]), protected, config)
+    if not work.values.size:  # all traffic over the largest gear, too little to cover yet
+        return steps
+    stuck = {g for g in gears if protected(g)} | {gears[-1]}
+    plans = _plans(dim, gears, work, stuck, cooling, config)
+    size, why = _count(gears, plans.costs, raw, len(stuck), pressure, config)
+    target = plans.gears(size)
+    assert stuck <= set(target), (stuck, target)
+    steps += _moves(gears, size, target, work, raw, why, pressure, config)
+    return steps
+
+
+def blend(hist: Histogram, history: Histogram | None, weight: float) -> Histogram:
+    """`hist` plus `history` scaled to `weight` times its total weight, value by value (counts
+    add up); `hist` itself when `history` is None or weighs nothing, or `weight` is 0."""
+    if history is None or history.total_weight <= 0 or weight <= 0 or not hist.values.size:
+        return hist
+    v = np.union1d(hist.values, history.values)
+    i, j = np.searchsorted(v, hist.values), np.searchsorted(v, history.values)
+    w, c, last = np.zeros(v.size), np.zeros(v.size, np.int64), np.full(v.size, -np.inf)
+    w[i], c[i], last[i] = hist.weights, hist.counts, hist.last_seen
+    w[j] += weight * hist.total_weight / history.total_weight * history.weights
+    c[j] += history.counts
+    last[j] = np.maximum(last[j], history.last_seen)
+    return Histogram(v, w, c, last)
+
+
+def _cover(dim: Dim, gears: list[int], hist: Histogram, pressure: bool, cooling: list[int],
+           config: PolicyConfig) -> list[Step]:
+    """A new largest gear for enough samples over the largest (an addition: not under
+    memory pressure, within the cap, not a gear evicted within the protection window)."""
+    over = hist.values > gears[-1]
+    count = int(hist.counts[over].sum())
+    top = dim.aligned(int(hist.values[-1]))
+    if (count < config.add_min_samples or top <= gears[-1] or pressure or top in cooling
+            or len(gears) >= config.max_gears_per_type):
+        return []
+    how = "split" if dim.splittable else "eager"
+    step = ("add", top, f"cover: {count} samples over the largest gear {gears[-1]} ran {how} "
+                        f"(max {int(hist.values[-1])})")
+    gears.append(top)
+    return [step]
+
+
+def _release(gears: list[int], work: _Work, floor: int, protected: Callable[[int], bool],
+             config: PolicyConfig) -> list[Step]:
+    """Gears below the largest without traffic in the window (step 2), `floor` being its
+    smallest value; `gears` is updated in place."""
+    steps: list[Step] = []
+    for g in list(gears[:-1]):
+        if len(gears) <= config.min_gear_count_per_type:
+            return steps
+        i = gears.index(g)
+        if work.weight(gears[i - 1] if i else 0, g) > 0:
+            continue
+        if g < floor:
+            steps.append(("evict", g, f"unused: below all traffic in the window "
+                                      f"(smallest {floor})"))
+        elif not protected(g):
+            steps.append(("evict", g, "unused: no traffic in the window"))
+        else:
+            continue
+        gears.remove(g)
+    return steps
+
+
+def _plans(dim: Dim, gears: list[int], work: _Work, stuck: set[int], cooling: list[int],
+           config: PolicyConfig) -> GearPlans:
+    """The DP's optimal sets up to `len(gears) + K_STEP` gears over candidate positions: the
+    aligned values in the window below the largest gear (at most MAX_CANDIDATES, none cooling
+    down) and the gears held. The largest gear is the last candidate, so every plan holds it;
+    the other stuck gears are forced in by a weight no saving can outweigh."""
+    top = gears[-1]
+    cand = np.unique(np.clip(-(-work.values // dim.align) * dim.align, dim.min, dim.max))
+    cand = cand[(cand < top) & ~np.isin(cand, cooling)]
+    if cand.size > MAX_CANDIDATES:  # keep the top of each of MAX_CANDIDATES runs
+        cand = cand[np.arange(1, MAX_CANDIDATES + 1) * cand.size // MAX_CANDIDATES - 1]
+    cand = np.union1d(cand, gears).astype(np.int64)  # a plan may keep any gear (at no weight)
+    forced = np.array(sorted(stuck - {top}), np.int64)
+    weight = np.bincount(np.searchsorted(cand, work.values), work.w, cand.size)
+    # Leaving a forced gear out moves its weight up at least one position, which costs at
+    # least work(1) - work(0) per unit (an increasing polynomial with non-negative terms);
+    # no plan saves more than all the weight padded up to the top.
+    step = float(dim.work(np.array([1]))[0] - dim.work(np.array([0]))[0])
+    weight[np.searchsorted(cand, forced)] += 4.0 * (weight.sum() + 1.0) * float(
+        dim.work(np.array([top]))[0]) / step
+    k = min(max(config.max_gears_per_type, len(stuck)), len(gears) + K_STEP)
+    return gear_plans(cand, k, weight, cost=dim.work)
+
+
+def _count(gears: list[int], costs: np.ndarray, raw: float, stuck: int, pressure: bool,
+           config: PolicyConfig) -> tuple[int, str]:
+    """How many gears the plan holds (step 3), and why."""
+    n = len(gears)
+    low = max(stuck, config.min_gear_count_per_type, n - K_STEP)
+    size = min(n, costs.size)
+    why = f"plan of {size} gears"
+
+    def gain(k: int) -> float:  # what the k-th gear saves, in points of the raw work
+        return (costs[k - 2] - costs[k - 1]) / raw
+
+    while (not pressure and size < costs.size and size < n + K_STEP
+           and gain(size + 1) >= config.plan_gear_gain):
+        size += 1
+        why = (f"plan of {size} gears (one more saves {gain(size):.2%} >= "
+               f"{config.plan_gear_gain:.2%} of the work)")
+    while size > max(low, 1) and (gain(size) < config.plan_gear_keep or (pressure and size >= n)):
+        why = (f"plan of {size - 1} gears (one fewer costs {gain(size):.2%}"
+               + (f" < {config.plan_gear_keep:.2%} of the work)" if not pressure
+                  else " of the work; memory pressure)"))
+        size -= 1
+    return size, why
+
+
+def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, raw: float,
+           why: str, pressure: bool, config: PolicyConfig) -> list[Step]:
+    """Exact steps toward `size` gears, taken from `target` (which may hold fewer when more
+    gears save nothing, and always holds the largest gear) (step 4); `gears` is updated in
+    place."""
+    steps: list[Step] = []
+    adds = evicts = 0
+    limit = config.plan_max_moves
+    least = config.plan_move_gain * raw
+    while True:
+        g = np.array(gears, np.int64)
+        a = np.array([t for t in target if t not in gears], np.int64)
+        e = np.array([i for i, x in enumerate(gears) if x not in target], np.int64)
+        if len(gears) > size and evicts < limit and e.size:
+            loss, _ = _evictions(g, e, work)
+            i = int(np.argmin(loss))
+            steps.append(("evict", gears.pop(int(e[i])), f"{why}: padding +{_pts(loss[i], raw)}"))
+            evicts += 1
+        elif len(gears) < size and adds < limit and a.size and not pressure:
+            gain, _ = _additions(g, a, work)
+            j = int(np.argmax(gain))
+            if gain[j] < least:
+                return steps
+            steps.append(("add", int(a[j]), f"{why}: padding -{_pts(gain[j], raw)}"))
+            gears.append(int(a[j]))
+            gears.sort()
+            adds += 1
+        elif len(gears) == size and adds < limit and evicts < limit and a.size and e.size:
+            gain, sd = _swaps(g, e, a, work)
+            score = gain - config.plan_confidence * sd
+            i, j = np.unravel_index(int(np.argmax(score)), score.shape)
+            if score[i, j] < least:
+                return steps
+            old, new = int(g[e[i]]), int(a[j])
+            saved = f"padding -{_pts(gain[i, j], raw)} ± {_pts(sd[i, j], raw)}"
+            steps += [("evict", old, f"{why}: moves to {new}, {saved}"),
+                      ("add", new, f"{why}: replaces {old}, {saved}")]
+            gears.remove(old)
+            gears.append(new)
+            gears.sort()
+            adds, evicts = adds + 1, evicts + 1
+        else:
+            return steps
+
+
+def _pts(x: float, raw: float) -> str:
+    return f"{100 * x / raw:.2f} pts"
+
+
+def _additions(g: np.ndarray, a: np.ndarray, work: _Work) -> tuple[np.ndarray, np.ndarray]:
+    """Padded work saved by adding each of `a` to `g` (none held, all below the largest),
+    and its variance."""
+    j = np.searchsorted(g, a)
+    lo = np.where(j > 0, g[np.maximum(j - 1, 0)], 0)
+    d = work.cost(g[j]) - work.cost(a)  # the values in (lo, a] drop from g[j] to a
+    return d * work.weight(lo, a), d * d * work.var(lo, a)
+
+
+def _evictions(g: np.ndarray, e: np.ndarray, work: _Work) -> tuple[np.ndarray, np.ndarray]:
+    """Padded work added by evicting each gear `g[e]` (never the largest), and its variance."""
+    assert (e < g.size - 1).all(), "the largest gear is never evicted"
+    lo = np.where(e > 0, g[np.maximum(e - 1, 0)], 0)
+    d = work.cost(g[e + 1]) - work.cost(g[e])  # the values in (lo, g] rise to the next gear
+    return d * work.weight(lo, g[e]), d * d * work.var(lo, g[e])
+
+
+def _swaps(g: np.ndarray, e: np.ndarray, a: np.ndarray,
+           work: _Work) -> tuple[np.ndarray, np.ndarray]:
+    """Padded work saved (E x A) by replacing gear g[e] (never the largest) with a, and its
+    standard error."""
+    add, add_var = _additions(g, a, work)
+    loss, loss_var = _evictions(g, e, work)
+    gain = add[None, :] - loss[:, None]
+    var = add_var[None, :] + loss_var[:, None]
+    x = g[e][:, None]
+    lo = np.where(e > 0, g[np.maximum(e - 1, 0)], 0)[:, None]
+    nxt = g[e + 1][:, None]
+    below = (a > lo) & (a < x)  # a takes the lower part of x's run, the rest rises to nxt
+    above = (a > x) & (a < nxt)  # x's run rises to a, a takes the lower part of nxt's run
+    cx, ca, cn = work.cost(x), work.cost(a), work.cost(nxt)
+    gain = np.where(below, (cx - ca) * work.weight(lo, a) - (cn - cx) * work.weight(a, x), gain)
+    var = np.where(below, (cx - ca) ** 2 * work.var(lo, a) + (cn - cx) ** 2 * work.var(a, x), var)
+    gain = np.where(above, (cn - ca) * work.weight(x, a) - (ca - cx) * work.weight(lo, x), gain)
+    var = np.where(above, (cn - ca) ** 2 * work.var(x, a) + (ca - cx) ** 2 * work.var(lo, x), var)
+    return gain, np.sqrt(var)
+
+
+class _Work:
+    """Prefix sums of a histogram's decayed weights and of their variance proxy (w² / count:
+    each event weighs w / count), for the weight of any value interval (lo, hi]; `cost` is the
+    work of a chunk of each size (`Dim.work`)."""
+
+    def __init__(self, values: np.ndarray, w: np.ndarray, q: np.ndarray,
+                 cost: Callable[[np.ndarray], np.ndarray] = LINEAR) -> None:
+        self.values, self.w, self.cost = values, w, cost
+        self._w = np.r_[0.0, np.cumsum(w)]
+        self._q = np.r_[0.0, np.cumsum(q)]
+
+    def _at(self, prefix: np.ndarray, x: np.ndarray | int) -> np.ndarray:
+        return prefix[np.searchsorted(self.values, x, "right")]
+
+    def weight(self, lo: np.ndarray | int, hi: np.ndarray | int) -> np.ndarray:
+        return self._at(self._w, hi) - self._at(self._w, lo)
+
+    def var(self, lo: np.ndarray | int, hi: np.ndarray | int) -> np.ndarray:
+        return self._at(self._q, hi) - self._at(self._q, lo)

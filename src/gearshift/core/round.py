@@ -1,0 +1,89 @@
+"""The decision round: what is known of each profile on a device, and one round over them.
+
+A `DeviceLedger` holds, per profile, its dims, each dim's gears (`DimGears`) and statistics:
+the window's `DimStats`, feeding the plan's history (`PolicyConfig.history`). `decide_round`
+reads a ledger at `now` with a memory reading and returns a `Round`, the new gears and why;
+`DeviceLedger.apply` makes it the ledger's. The controller, the embedded controller and the
+simulator all decide through these two calls. Pure: no clock, I/O, threads or torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim
+from gearshift.core.gears import DimGears, GearChange, starting_gears
+from gearshift.core.policy import decide, should_update
+from gearshift.core.stats import DimStats
+
+
+@dataclass
+class ProfileLedger:
+    """One profile on one device: its dims, each dim's gears, and its statistics (the
+    window's, each feeding its `history`)."""
+
+    dims: dict[str, Dim]
+    gears: dict[str, DimGears]
+    stats: dict[str, DimStats]
+
+    @classmethod
+    def new(cls, dims: Mapping[str, Dim], now: float, config: PolicyConfig) -> ProfileLedger:
+        return cls(dict(dims), starting_gears(dims, now),
+                   {d: DimStats(config, DimStats(config.history())) for d in dims})
+
+    @property
+    def history(self) -> dict[str, DimStats]:
+        """Each dim's history: the DimStats its window's statistics feed."""
+        return {d: s.history for d, s in self.stats.items() if s.history is not None}
+
+    def gear_lists(self) -> dict[str, list[int]]:
+        return {d: list(s.gears) for d, s in self.gears.items()}
+
+
+@dataclass(frozen=True)
+class Round:
+    """One device's decision round at `now`: why it ran, and per profile its new gears and
+    the changes that led there (in order)."""
+
+    now: float
+    trigger: str
+    gears: dict[str, dict[str, DimGears]]
+    changes: dict[str, tuple[GearChange, ...]]
+
+    @property
+    def changed(self) -> bool:
+        """Whether any gear was added or evicted (a protection alone changes no gear)."""
+        return any(c.action != "protect" for cs in self.changes.values() for c in cs)
+
+
+@dataclass
+class DeviceLedger:
+    """Everything decided for one device; `version` (of its snapshot) only ever increases."""
+
+    version: int = 0
+    last_update: float | None = None
+    profiles: dict[str, ProfileLedger] = field(default_factory=dict)
+
+    def apply(self, round: Round) -> None:
+        """Make `round`'s gears the ledger's, as of its `now`."""
+        for name, gears in round.gears.items():
+            self.profiles[name].gears = gears
+        self.last_update = round.now
+
+
+def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
+                 config: PolicyConfig) -> Round | None:
+    """The round due on `device` at `now` (`should_update`), or None when none is due or it
+    has no profile. Reads the ledger, never changes it."""
+    trigger = should_update(device.last_update, now, memory_usage, config)
+    if trigger is None or not device.profiles:
+        return None
+    gears, changes = {}, {}
+    for name, p in device.profiles.items():
+        window = {d: s.view(now) for d, s in p.stats.items()}
+        history = {d: s.view(now) for d, s in p.history.items()}
+        decision = decide(p.dims, p.gears, window, memory_usage, now, config, history)
+        gears[name], changes[name] = decision.gears, decision.changes
+    return Round(now, trigger, gears, changes)

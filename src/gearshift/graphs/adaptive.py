@@ -1,0 +1,215 @@
+"""The adaptive runner: seed 004 generalised to a profile's dims and to gear sets that change.
+
+A variant is one gear per dim (in the transform's dim order), captured as one
+graph whose inputs are views of the leading rows of static buffers shared by
+all variants. The buffers are sized by the largest gears; a capture beyond them
+allocates larger ones for the variants captured from then on (older variants
+keep theirs until released). Every graph is registered in the device's
+GraphResourcePool, and its keys are attached to every gear of its variant.
+
+The request path never captures: a chunk whose variant is not ready runs on the
+smallest ready variant that covers it, else eagerly. Replays are serialised
+(the variants share the buffers and their outputs); captures run on the
+caller's thread, meant to be a warm-up thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_unflatten
+
+from gearshift.core.dims import Gears, gear_for
+from gearshift.errors import ShapeError
+from gearshift.graphs.backends import Graph, backend_for
+from gearshift.graphs.pool import GraphResourcePool, KeyGearIndex
+from gearshift.graphs.transform import Chunk, Span, Transform
+
+Variant = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Captured:
+    inputs: dict[str, torch.Tensor]  # views of the static buffers at the variant's gears
+    graph: Graph
+    leaves: list[torch.Tensor]  # the graph's outputs, checked at capture, rewritten by replays
+    spec: Any  # their pytree structure
+
+
+class AdaptiveRunner:
+    """Graphs of one transform's function, one per captured variant.
+
+    `gears` (dim -> sorted gears) is what calls are planned on; replace it whole
+    to adopt a new gear set. `stats`: replays, eager (calls or chunks), captures.
+    """
+
+    def __init__(
+        self,
+        transform: Transform,
+        example: Mapping[str, torch.Tensor],
+        pool: GraphResourcePool | None = None,
+    ) -> None:
+        transform.check(example)
+        self.transform = transform
+        self.names = tuple(transform.dims)
+        self.device = next(iter(example.values())).device
+        self.backend = backend_for(self.device)
+        if pool is None:
+            pool = GraphResourcePool.get_pool(self.backend.index, self.backend.kind)
+        self.pool = pool
+        self.index = KeyGearIndex()
+        self.gears: dict[str, Gears] = {d: s.initial_gears for d, s in transform.dims.items()}
+        self.stats = {"replays": 0, "eager": 0, "captures": 0}
+        self._shapes = {  # per input: its static sizes, None on bound axes
+            n: tuple(None if d else s for d, s in zip(axes, example[n].shape, strict=True))
+            for n, axes in transform.inputs.items()
+        }
+        self._static = [  # (input, axis, size) of every static axis
+            (n, axis, size)
+            for n, shape in self._shapes.items()
+            for axis, size in enumerate(shape)
+            if size is not None
+        ]
+        self._dtypes = {n: example[n].dtype for n in transform.bound}
+        self._unbound = {
+            n: example[n].clone() for n in transform.inputs if n not in transform.bound
+        }
+        self._caps = tuple(g[-1] for g in self.gears.values())
+        self._buffers = self._allocate(self._caps)
+        self._variants: dict[Variant, _Captured] = {}  # copy-on-write, under _lock
+        self._lock = threading.Lock()
+        self._capture_lock = threading.Lock()
+
+    def ready(self) -> list[Variant]:
+        return sorted(self._variants)
+
+    def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
+        """Capture the given variants (dim -> gear) that are not ready, largest first; returns
+        how many were captured. For the warm-up thread, never the request path."""
+        todo = {self._variant(v) for v in variants} - self._variants.keys()
+        done = 0
+        for gears in sorted(todo, key=lambda g: (math.prod(g), g), reverse=True):
+            with self._capture_lock:
+                if gears in self._variants:
+                    continue
+                inputs = self._views(gears)
+                graph = self.backend.graph(functools.partial(self._body, inputs))
+                leaves, spec = self.transform.leaves(graph.capture())
+                self.pool.register(graph)
+                self.index.attach(
+                    self.pool.consume_recent_keys(), zip(self.names, gears, strict=True)
+                )
+                with self._lock:
+                    captured = _Captured(inputs, graph, leaves, spec)
+                    self._variants = {**self._variants, gears: captured}
+                    self.stats["captures"] += 1
+                done += 1
+        return done
+
+    def run(self, tensors: Mapping[str, torch.Tensor],
+            sizes: Mapping[str, int] | None = None) -> Any:
+        """`fn(**tensors)`, computed by replaying graphs on padded chunks where possible. A call
+        whose every dim fits one gear (the common case) is one chunk: no Plan, nothing to join.
+        `sizes`: `transform.check(tensors)` when the caller has already checked them."""
+        t, current = self.transform, self.gears  # read once: it may be replaced meanwhile
+        sizes = t.check(tensors) if sizes is None else sizes
+        self._check_static(tensors)
+        gears = [gear_for(current[d], sizes[d]) for d in self.names]
+        if None in gears:
+            plan = t.plan(sizes, current)
+            if plan is None:
+                with self._lock:
+                    self.stats["eager"] += 1
+                return t.fn(**tensors)
+            chunks = [(c, tuple(c[d].gear for d in self.names)) for c in plan.chunks()]
+        else:
+            plan = None
+            spans = {d: Span(0, sizes[d], g) for d, g in zip(self.names, gears, strict=True)}
+            chunks = [(spans, tuple(gears))]
+        with self._lock:
+            for name, buffer in self._unbound.items():
+                buffer.copy_(tensors[name])
+            parts = [self._chunk(tensors, chunk, variant) for chunk, variant in chunks]
+        leaves = parts[0][0] if plan is None else t.join([p for p, _ in parts], plan)
+        return tree_unflatten(leaves, parts[0][1])
+
+    def _chunk(
+        self, tensors: Mapping[str, torch.Tensor], chunk: Chunk, variant: Variant
+    ) -> tuple[list[torch.Tensor], Any]:
+        """One chunk's output leaves, cut back, and their spec; under `_lock`. Replayed leaves
+        are copies: the next replay rewrites the graph's. `variant`: the chunk's gears."""
+        t = self.transform
+        captured = self._ready(variant)
+        if captured is None:
+            self.stats["eager"] += 1
+            leaves, spec = t.leaves(t.fn(**t.transform(tensors, chunk)))
+            return t.cut(leaves, chunk), spec
+        t.fill(captured.inputs, tensors, chunk)
+        captured.graph.replay()
+        self.stats["replays"] += 1
+        return t.cut(captured.leaves, chunk, copy=True), captured.spec
+
+    def release(self, dim: str, gear: int) -> int:
+        """Drop every variant that used `gear` on `dim` and release its graphs through the pool
+        (the caller has let requests on it finish); returns how many graphs were released."""
+        if dim not in self.names:
+            raise ShapeError(f"unknown dim {dim!r}; known: {list(self.names)}")
+        i = self.names.index(dim)
+        with self._lock:
+            self._variants = {g: c for g, c in self._variants.items() if g[i] != gear}
+        return self.pool.remove_by_keys(self.index.detach((dim, gear)))
+
+    def _ready(self, gears: Variant) -> _Captured | None:
+        variants = self._variants
+        if gears in variants:
+            return variants[gears]
+        covering = [g for g in variants if all(map(operator.ge, g, gears))]
+        best = min(covering, key=lambda g: (math.prod(g), g), default=None)
+        return None if best is None else variants[best]
+
+    def _variant(self, gears: Mapping[str, int]) -> Variant:
+        if gears.keys() != set(self.names):
+            raise ShapeError(f"a variant needs one gear per dim {list(self.names)}, got {gears}")
+        for dim, gear in gears.items():
+            self.transform.dims[dim].check(dim, gear)
+        return tuple(int(gears[d]) for d in self.names)
+
+    def _body(self, inputs: dict[str, torch.Tensor]) -> Any:
+        return self.transform.fn(**inputs, **self._unbound)
+
+    def _allocate(self, caps: Variant) -> dict[str, torch.Tensor]:
+        at = dict(zip(self.names, caps, strict=True))
+        buffers = {}
+        for name, dtype in self._dtypes.items():
+            axes = zip(self.transform.inputs[name], self._shapes[name], strict=True)
+            shape = [at[d] if s is None else s for d, s in axes]
+            buffers[name] = torch.zeros(shape, dtype=dtype, device=self.device)
+        return buffers
+
+    def _views(self, gears: Variant) -> dict[str, torch.Tensor]:
+        if any(map(operator.gt, gears, self._caps)):
+            self._caps = tuple(map(max, gears, self._caps))
+            self._buffers = self._allocate(self._caps)
+        at = dict(zip(self.names, gears, strict=True))
+        views = {}
+        for name, buffer in self._buffers.items():
+            for axis, dim in enumerate(self.transform.inputs[name]):
+                if dim is not None:
+                    buffer = buffer.narrow(axis, 0, at[dim])
+            views[name] = buffer
+        return views
+
+    def _check_static(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        for name, axis, size in self._static:
+            if tensors[name].shape[axis] != size:
+                raise ShapeError(
+                    f"{name} axis {axis} is {tensors[name].shape[axis]}; the graphs were built"
+                    f" for {size}"
+                )

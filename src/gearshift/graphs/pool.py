@@ -1,0 +1,97 @@
+"""Graph lifetime (seed 000 §3.4): opaque keys for graph resources, and which gears own them.
+
+Only the lower layer (the one that captures) makes keys: `register` appends
+each key to the calling thread's pending list, and the upper layer reads them
+back with `consume_recent_keys` on the same thread once the function returned,
+so keys never mix between threads. `remove_by_keys` is idempotent: a key
+shared by several removed gears is released once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Hashable, Iterable
+from typing import Any, ClassVar
+
+from gearshift.graphs.backends import Backend, get_backend
+
+
+class GraphResourcePool:
+    """Graph resources of one device, by int key. One pool per device: `get_pool`."""
+
+    _pools: ClassVar[dict[tuple[str, int], GraphResourcePool]] = {}
+    _pools_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._lock = threading.Lock()
+        self._next_key = 0
+        self._entries: dict[int, Any] = {}
+        self._pending_by_thread: dict[int, list[int]] = defaultdict(list)
+
+    @classmethod
+    def get_pool(cls, device_index: int, backend: str = "cpu") -> GraphResourcePool:
+        """The process-wide pool of device `device_index` of the `backend` kind."""
+        with cls._pools_lock:
+            key = (backend, device_index)
+            if key not in cls._pools:
+                cls._pools[key] = cls(get_backend(backend, device_index))
+            return cls._pools[key]
+
+    def register(self, resource: Any) -> int:
+        """Keep `resource` (has `release()` or `reset()`) under a new key pending on this thread."""
+        with self._lock:
+            key = self._next_key
+            self._next_key += 1
+            self._entries[key] = resource
+            self._pending_by_thread[threading.get_ident()].append(key)
+        return key
+
+    def consume_recent_keys(self) -> list[int]:
+        """The keys this thread registered since its last call, in order; drains them."""
+        with self._lock:
+            return self._pending_by_thread.pop(threading.get_ident(), [])
+
+    def remove_by_keys(self, keys: Iterable[int]) -> int:
+        """Release the resources still held under `keys` (unknown keys are skipped) after a
+        device synchronize; returns how many were released."""
+        with self._lock:
+            found = [r for r in (self._entries.pop(k, None) for k in keys) if r is not None]
+        if found:
+            self.backend.synchronize()
+        for resource in found:
+            (getattr(resource, "release", None) or resource.reset)()
+        return len(found)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class KeyGearIndex:
+    """Keys attached to gears: every key a variant produced goes to every gear it hit.
+
+    `detach(gear)` returns the keys of every variant that used `gear` and forgets
+    them everywhere (those variants are gone, whichever gear removed them).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: dict[Hashable, set[int]] = defaultdict(set)
+
+    def attach(self, keys: Iterable[int], gears: Iterable[Hashable]) -> None:
+        keys = set(keys)
+        with self._lock:
+            for gear in gears:
+                self._keys[gear] |= keys
+
+    def detach(self, gear: Hashable) -> list[int]:
+        with self._lock:
+            keys = self._keys.pop(gear, set())
+            for other in self._keys.values():
+                other -= keys
+        return sorted(keys)
+
+    def keys(self, gear: Hashable) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._keys.get(gear, ()))

@@ -1,0 +1,38 @@
+"""`gearshift bench NAME`: each benchmark module exposes a click command named `command`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import click
+
+from gearshift.clikit import LazyGroup
+
+BENCHMARKS = {
+    "all": "gearshift.tools.bench.report:command",
+    "controller": "gearshift.tools.bench.controller:command",
+    "hotpath": "gearshift.tools.bench.hotpath:command",
+    "optimal": "gearshift.tools.bench.optimal:command",
+    "policy": "gearshift.tools.bench.policy:command",
+    "ring": "gearshift.tools.bench.ring:command",
+    "simulate": "gearshift.tools.bench.simulate:command",
+    "snapshot": "gearshift.tools.bench.snapshot:command",
+    "synthetic": "gearshift.tools.bench.synthetic:command",
+}
+
+
+@click.group(cls=LazyGroup, lazy=BENCHMARKS)
+def bench() -> None:
+    """Run a benchmark; every figure comes with a baseline measured in the same run."""
+
+
+def echo_result(result: Mapping[str, float], as_json: bool) -> None:
+    """A benchmark's figures: one JSON object, or one aligned `name: value` line each."""
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    width = max(map(len, result))
+    for key, value in result.items():
+        shown = f"{value:,.3f}" if isinstance(value, float) else f"{value:,}"
+        click.echo(f"{key:>{width}}: {shown}")

@@ -1,0 +1,221 @@
+"""`gearshift demo`: adaptive gears against static gears (the default ladder) on a shipped trace."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import click
+
+from gearshift.clikit import EXIT_ERROR, EXIT_USAGE, json_option, namespace_option
+from gearshift.configfile import load_policy_config
+from gearshift.errors import ConfigError, GearshiftError
+from gearshift.tools.demo.workload import DEFAULT_TRACE, load_workload
+
+EXIT_INTERRUPTED = 130  # the shell's code for a run ended by SIGINT
+
+
+@click.command(
+    epilog="Exit status: 0 done; 1 a worker or the controller failed, or the trace cannot be "
+    "read; 2 bad options; 130 interrupted (everything started is ended and removed first)."
+)
+@click.option(
+    "--workers",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Worker processes, each running the model.",
+)
+@click.option(
+    "--trace",
+    default=DEFAULT_TRACE,
+    show_default=True,
+    metavar="NAME|PATH",
+    help="A shipped trace name or a trace CSV.",
+)
+@click.option(
+    "--seconds",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=5),
+    help="About how long the whole demo takes (start-up and both runs).",
+)
+@namespace_option("Shared-memory namespace of its controller [default: demo-<pid>].")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A policy key, in trace seconds (scaled with the time compression).",
+)
+@json_option('Print one JSON object: {"adaptive", "static", "speedup", ...}.')
+def demo(
+    workers: int,
+    trace: str,
+    seconds: float,
+    namespace: str | None,
+    overrides: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Replay a trace through N workers with static gears, then with adaptive ones.
+
+    N worker processes run a small prefill model on the CPU backend through the adaptive graph
+    runner: one pre-norm transformer block over x = [*dims, 16], causal self-attention (one
+    head, torch's scaled_dot_product_attention) and a GELU MLP. Its cost grows like
+    S H^2 + S^2 H, as prefill's does, so padding costs more than its share of tokens; causal
+    attention keeps padded tokens out of the real ones' outputs. The trace (default: the
+    shipped Azure conversation trace's prefills, SEQLEN) is replayed with time compressed so
+    the demo takes about --seconds: one row in k (k >= 1, maybe fractional) if needed, and
+    the policy's windows and intervals stretched by k and divided by the same factor, so that
+    a window and a decision round hold as many requests as at the trace's full rate; the
+    controller and the workers' clients run on trace time, and new gears are captured before
+    the next request, as if captures took no trace time. The static run keeps the initial
+    gears (powers of two below the largest request, and it); the adaptive run starts on them.
+    A table compares them: useful tokens per second (wall time, captures of new gears
+    included) and per CPU second (workers and controller), padding in tokens and in model
+    compute, mean gears, adds and evictions, graph captures, decision rounds, propagation lag
+    (in trace time).
+    """
+    try:
+        policy = load_policy_config(None, overrides)
+        workload = load_workload(trace)
+    except ConfigError as e:
+        _fail(EXIT_USAGE, str(e))
+    except GearshiftError as e:
+        _fail(EXIT_ERROR, str(e))
+    from gearshift.tools.demo.run import Demo  # the controller: not needed for --help
+
+    progress = _Progress(sys.stderr)
+    run = Demo(workload, workers, seconds, namespace or f"demo-{os.getpid()}", policy, progress)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        result = run.run()
+    except KeyboardInterrupt:
+        _fail(EXIT_INTERRUPTED, "interrupted; every process and segment it started is gone")
+    except GearshiftError as e:
+        _fail(EXIT_ERROR, str(e))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        progress.end()
+    click.echo(json.dumps(result) if as_json else table(result))
+
+
+def _interrupt(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def _fail(code: int, message: str) -> NoReturn:
+    click.echo(f"error: {message}" if code != EXIT_INTERRUPTED else message, err=True)
+    sys.exit(code)
+
+
+class _Progress:
+    """The live line on a terminal (rewritten in place), else one line every few seconds."""
+
+    def __init__(self, stream: Any, every: float = 5.0) -> None:
+        self.stream, self.every = stream, every
+        self.tty = stream.isatty()
+        self.due: tuple[str, float] | None = None  # the run shown, when its next line is due
+        self.open = False  # a terminal line not ended yet
+
+    def __call__(self, p: Any) -> None:
+        new = self.due is None or self.due[0] != p.run
+        if not (self.tty or new or p.seconds >= self.due[1]):  # type: ignore[index]
+            return
+        if new and self.open:
+            self.stream.write("\n")  # keep the previous run's last line
+        self.due = (p.run, p.seconds + self.every)
+        gears = "  ".join(f"{d} {n} gears" for d, n in p.gears.items())
+        version = f"  snapshot v{p.version}" if p.version is not None else ""
+        line = (
+            f"[{p.seconds:6.1f} s] {p.run:8} {p.done:>7,}/{p.total:,} requests  "
+            f"{gears}  padding {p.padding:6.1%}{version}"
+        )
+        self.stream.write(f"\r\x1b[2K{line}" if self.tty else f"{line}\n")
+        self.stream.flush()
+        self.open = self.tty
+
+    def end(self) -> None:
+        if self.open:
+            self.stream.write("\n")
+            self.open = False
+        self.due = None
+
+
+def _si(x: float) -> str:
+    return f"{x / 1e6:.2f} M" if x >= 1e6 else f"{x / 1e3:.1f} k"
+
+
+def table(r: dict[str, Any]) -> str:
+    """The side-by-side table of `Demo.run()`'s result."""
+    a, s = r["adaptive"], r["static"]
+
+    def row(name: str, fmt: Callable[[dict[str, Any]], str]) -> tuple[str, str, str]:
+        return name, fmt(a), fmt(s)
+
+    rows = [
+        row("wall time, captures included", lambda x: f"{x['seconds']:.1f} s"),
+        row("useful tokens per second", lambda x: _si(x["useful_tokens_per_second"])),
+        row("useful tokens per CPU second", lambda x: _si(x["useful_tokens_per_cpu_second"])),
+        row("padding overhead (tokens)", lambda x: f"{x['padding_overhead']:.1%}"),
+    ]
+    for d in a["dims"]:
+        rows += [
+            row(f"  {d} padding", lambda x, d=d: f"{x['dims'][d]['padding_overhead']:.1%}"),
+            row(f"  {d} mean gears", lambda x, d=d: f"{x['dims'][d]['mean_gears']:.1f}"),
+        ]
+    rows += [
+        row("padding overhead (model compute)", lambda x: f"{x['compute_overhead']:.1%}"),
+        row("computed tokens / useful: replays", lambda x: _share(x, "replayed_tokens")),
+        row("  captures", lambda x: _share(x, "captured_tokens")),
+        row(
+            "CPU s: workers / controller",
+            lambda x: f"{x['worker_cpu_seconds']:.1f} / {x['controller_cpu_seconds']:.1f}",
+        ),
+        row("  workers' captures", lambda x: f"{x['capture_cpu_seconds']:.1f}"),
+        row("adds / evictions", lambda x: f"{x['adds']} / {x['evictions']}"),
+        row("graph captures (new gears)", lambda x: f"{x['captures']:,}"),
+        row("eager runs (no graph ready)", lambda x: f"{x['eager']:,}"),
+        row(
+            "snapshot version",
+            lambda x: f"v{x['snapshot_version']}" if x["snapshot_version"] else "-",
+        ),
+        row("decision rounds", lambda x: _rounds(x["decision_rounds"])),
+        row("propagation lag (trace time), mean (n)", lambda x: _lag(x["propagation_lag"])),
+        row("peak memory per worker", lambda x: f"{x['worker_peak_rss_mb']:.0f} MB"),
+        row("demo process CPU s (not counted)", lambda x: f"{x['demo_cpu_seconds']:.1f}"),
+    ]
+    head = [
+        f"gearshift demo: {r['trace']}, {r['requests']:,} requests (1 row in {r['stride']:.3g} of "
+        f"{r['rows']:,}), {r['workers']} workers; time compressed {r['time_compression']:.0f}x "
+        f"(policy windows and intervals x{r['stride']:.3g}, divided by it: decision rounds "
+        f"{r['round_interval']:.0f} s of trace apart or more); {r['seconds']:.0f} s in all",
+        f"model: {r['model']['about']}",
+    ]
+    width = max(len(name) for name, *_ in rows) + 2
+    lines = [*head, "", f"{'':{width}}{'adaptive':>14}{'static':>16}"]
+    lines += [f"{name:{width}}{x:>14}{y:>16}" for name, x, y in rows]
+    lines += [
+        "",
+        f"speedup (useful tokens per second, adaptive / static): {r['speedup']:.2f}x",
+        f"per CPU second (workers and controller; robust to other load): {r['cpu_speedup']:.2f}x",
+        f"compute-bound ceiling (model cost of the padded work, static / adaptive): "
+        f"{r['compute_ratio']:.2f}x",
+    ]
+    return "\n".join(lines)
+
+
+def _share(x: dict[str, Any], key: str) -> str:
+    return f"{x[key] / x['useful_tokens']:.3f}"
+
+
+def _rounds(rounds: dict[str, int] | None) -> str:
+    return f"{rounds['count']}" if rounds else "-"
+
+
+def _lag(lag: dict[str, float] | None) -> str:
+    return f"{lag['mean_ms']:.0f} ms ({lag['count']})" if lag else "-"

@@ -1,0 +1,246 @@
+"""Replay a trace through a gear policy in virtual time, as the controller would run it.
+
+Virtual time is seconds since the trace's first event, when the controller
+starts (so checks at exact multiples of `check_interval_seconds` and the first
+interval-driven update one `update_interval_seconds` in). Events of each segment
+between two checks run on the gears in force when it starts and are then folded
+into the per-dim statistics; at the check that ends it, `should_update` (memory
+reading: the last one before the check) may trigger a `decide` round whose
+gears apply from the check on. Static policies replay the same segments and
+never decide.
+
+Gear sets per trace column (`policy_dims`): bounds `[1, M]` with M the column's
+largest value (the tightest server limit the trace admits; or the largest given
+gear, if larger); default gears (adaptive, static) = the Dim's default ladder,
+`ladder(1, M)`: the powers of two below M, plus M. `pow2` = the power-of-two
+ladder up to P, the smallest power of two >= M (bounds `[1, P]`); `optimal` =
+the hindsight-optimal K gears of the column (default K: as many as either
+ladder, which hold as many gears). `BATCHSIZE` is splittable, other dims not.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim, Gears, ladder, padded_cost, padded_work
+from gearshift.core.optimal import gear_plans
+from gearshift.core.round import DeviceLedger, ProfileLedger, decide_round
+from gearshift.errors import ShapeError
+from gearshift.tools.trace import Trace
+
+POLICIES = ("adaptive", "static", "pow2", "optimal")
+SPLITTABLE = frozenset({"BATCHSIZE"})
+PROFILE = "trace"  # the one profile of a replay: every trace column is one of its dims
+
+
+@dataclass(frozen=True)
+class Change:
+    """One gear change of a decision round at check time `t`, triggered by `trigger`."""
+
+    t: float
+    trigger: str
+    dim: str
+    gear: int
+    action: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DimResult:
+    """Work and gears of one dim; per-segment arrays align with `SimulationResult.starts`."""
+
+    raw_work: int
+    padded_work: int
+    raw_cost: float
+    padded_cost: float
+    mean_gears: float
+    split_events: int
+    eager_events: int
+    adds: int
+    evictions: int
+    gears: tuple[Gears, ...]
+    segment_raw: np.ndarray
+    segment_padded: np.ndarray
+
+    @property
+    def padding_overhead(self) -> float:
+        return self.padded_work / self.raw_work - 1.0
+
+    @property
+    def cost_overhead(self) -> float:
+        """Padded over raw cost (`Dim.work`) - 1: padding_overhead with the default cost."""
+        return self.padded_cost / self.raw_cost - 1.0
+
+    @property
+    def final_gears(self) -> Gears:
+        return self.gears[-1]
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """One replay: `starts` are the segments' start times (seconds since the first event),
+    `updates` the decision rounds run, `changes` every change they made, with its reason."""
+
+    trace: str
+    events: int
+    duration: float
+    updates: int
+    starts: np.ndarray
+    dims: dict[str, DimResult]
+    changes: tuple[Change, ...]
+
+    def summary(self) -> dict[str, object]:
+        """JSON-ready figures: per dim padding, gears, churn; every change with its reason."""
+        hours = self.duration / 3600.0
+        return {
+            "events": self.events,
+            "updates": self.updates,
+            "dims": {
+                name: {
+                    "padding_overhead": d.padding_overhead,
+                    "cost_overhead": d.cost_overhead,
+                    "mean_gears": d.mean_gears,
+                    "final_gears": list(d.final_gears),
+                    "adds": d.adds,
+                    "evictions": d.evictions,
+                    "split_events": d.split_events,
+                    "eager_events": d.eager_events,
+                    "churn_per_hour": (d.adds + d.evictions) / hours if hours else 0.0,
+                }
+                for name, d in self.dims.items()
+            },
+            "decisions": [vars(c) for c in self.changes],
+        }
+
+
+def policy_dims(
+    trace: Trace,
+    policy: str,
+    gears: Mapping[str, Gears] | None = None,
+    k: Mapping[str, int] | None = None,
+    splittable: Mapping[str, bool] | None = None,
+    cost: Mapping[str, Sequence[float]] | None = None,
+) -> dict[str, Dim]:
+    """The Dim of every trace column under `policy` (module docstring); ShapeError on misuse.
+    `cost` sets a dim's `Dim.cost`: the policy, and the optimum, minimise padded cost."""
+    gears, k, splittable = dict(gears or {}), dict(k or {}), dict(splittable or {})
+    cost = dict(cost or {})
+    if policy not in POLICIES:
+        raise ShapeError(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
+    for option, given in (("gears", gears), ("k", k), ("splittable", splittable), ("cost", cost)):
+        unknown = set(given) - set(trace.dims)
+        if unknown:
+            raise ShapeError(
+                f"{option}: unknown dim {', '.join(sorted(unknown))} "
+                f"(the trace has {', '.join(trace.dims)})"
+            )
+    if gears and policy not in ("adaptive", "static"):
+        raise ShapeError(f"gears: not used by policy {policy} (only adaptive, static)")
+    if k and policy != "optimal":
+        raise ShapeError(f"k: only used by policy optimal, not {policy}")
+    out = {}
+    for name, values in trace.dims.items():
+        peak = int(values.max())
+        initial = gears.get(name) or ladder(1, peak)
+        priced = Dim(cost=cost.get(name, Dim.cost))
+        if policy == "pow2":
+            initial = ladder(1, 1 << (peak - 1).bit_length())
+        elif policy == "optimal":
+            count = k.get(name, len(ladder(1, peak)))
+            initial = gear_plans(values, count, cost=priced.work).gears(count)
+        split = splittable.get(name, name in SPLITTABLE)
+        out[name] = Dim(gears=initial, max=max(peak, *initial), splittable=split, cost=priced.cost)
+    return out
+
+
+def simulate(
+    trace: Trace, dims: Mapping[str, Dim], config: PolicyConfig, *, adaptive: bool = True
+) -> SimulationResult:
+    """Replay `trace` (every column a dim of `dims`) through the policy, or static gears."""
+    t = trace.t - trace.t[0]
+    end = float(t[-1])
+    interval = config.check_interval_seconds
+    checks = interval * np.arange(1, int(end // interval) + 1)
+    cuts = np.r_[0, np.searchsorted(t, checks, side="left"), t.size]
+    starts = np.r_[0.0, checks]
+    current = {name: dim.initial_gears for name, dim in dims.items()}
+    ledger = DeviceLedger(last_update=0.0, profiles={PROFILE: ProfileLedger.new(dims, 0.0, config)})
+    stats = ledger.profiles[PROFILE].stats
+    gears = {name: [] for name in dims}
+    raw = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
+    padded = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
+    costs = {name: np.zeros(starts.size) for name in dims}
+    changes: list[Change] = []
+    updates = 0
+    for seg, (lo, hi) in enumerate(itertools.pairwise(cuts)):
+        for name, dim in dims.items():
+            values = trace.dims[name][lo:hi]
+            gears[name].append(current[name])
+            raw[name][seg] = values.sum()
+            padded[name][seg] = padded_work(current[name], values, dim.splittable).sum()
+            costs[name][seg] = padded_cost(dim, current[name], values).sum()
+            if adaptive:
+                stats[name].fold(t[lo:hi], values)
+        if seg == checks.size or not adaptive:
+            continue
+        now = float(checks[seg])
+        mem = None if trace.mem_usage is None or hi == 0 else float(trace.mem_usage[hi - 1])
+        round = decide_round(ledger, now, mem, config)
+        if round is None:
+            continue
+        ledger.apply(round)
+        updates += 1
+        current = {name: g.gears for name, g in round.gears[PROFILE].items()}
+        changes += [Change(now, round.trigger, c.dim, c.gear, c.action, c.reason)
+                    for c in round.changes[PROFILE]]
+    weights = np.diff(np.r_[starts, end]) if end > 0 else np.ones(starts.size)
+    sizes = np.diff(cuts)
+    dim_results = {
+        name: _dim_result(
+            trace.dims[name],
+            dim,
+            tuple(gears[name]),
+            sizes,
+            weights,
+            raw[name],
+            padded[name],
+            float(costs[name].sum()),
+            [c.action for c in changes if c.dim == name],
+        )
+        for name, dim in dims.items()
+    }
+    return SimulationResult(trace.name, t.size, end, updates, starts, dim_results, tuple(changes))
+
+
+def _dim_result(
+    values: np.ndarray,
+    dim: Dim,
+    gears: tuple[Gears, ...],
+    sizes: np.ndarray,
+    weights: np.ndarray,
+    raw: np.ndarray,
+    padded: np.ndarray,
+    padded_cost: float,
+    actions: list[str],
+) -> DimResult:
+    """Totals of one dim from its per-segment gears (`sizes` events each) and work."""
+    over = int((values > np.repeat([g[-1] for g in gears], sizes)).sum())
+    return DimResult(
+        raw_work=int(raw.sum()),
+        padded_work=int(padded.sum()),
+        raw_cost=float(dim.work(values).sum()),
+        padded_cost=padded_cost,
+        mean_gears=float(np.average([len(g) for g in gears], weights=weights)),
+        split_events=over if dim.splittable else 0,
+        eager_events=0 if dim.splittable else over,
+        adds=actions.count("add"),
+        evictions=actions.count("evict"),
+        gears=gears,
+        segment_raw=raw,
+        segment_padded=padded,
+    )

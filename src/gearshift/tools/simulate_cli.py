@@ -1,0 +1,244 @@
+"""`gearshift simulate`: replay a trace through a gear policy and report padding and churn."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterable
+from typing import NoReturn
+
+import click
+
+from gearshift.clikit import EXIT_ERROR, EXIT_USAGE, config_options, json_option
+from gearshift.configfile import load_policy_config
+from gearshift.core.dims import Gears, normalize_gears
+from gearshift.errors import ConfigError, GearshiftError, TraceError
+from gearshift.tools import simulate as replay
+from gearshift.tools.trace import Trace, load_trace
+
+
+@click.command(
+    epilog="Exit status: 0 done; 1 the trace cannot be read or the plot not written; "
+    "2 bad options, gears or config."
+)
+@click.argument("trace")
+@click.option(
+    "--policy",
+    type=click.Choice(replay.POLICIES),
+    default="adaptive",
+    show_default=True,
+    help="adaptive: the policy, from the initial gears; static: the initial gears "
+    "kept; pow2: the power-of-two ladder covering the trace; optimal: the "
+    "hindsight-optimal K gears per dim.",
+)
+@click.option(
+    "--gears",
+    multiple=True,
+    metavar="DIM=G1,G2,...",
+    help="Initial gears of DIM (adaptive, static). Default: the powers of two below "
+    "the dim's largest value in the trace, plus that value.",
+)
+@click.option(
+    "--k",
+    multiple=True,
+    metavar="K|DIM=K",
+    help="Gear count of every dim, or of DIM, for --policy optimal. Default: as "
+    "many as the default gears.",
+)
+@click.option(
+    "--splittable",
+    multiple=True,
+    metavar="DIM=yes|no",
+    help="Whether DIM runs in chunks over its largest gear (yes) or eager (no). "
+    "Default: yes for BATCHSIZE, no for any other dim.",
+)
+@click.option(
+    "--cost",
+    multiple=True,
+    metavar="DIM=C0,C1,...",
+    help="What a chunk of DIM costs, polynomial coefficients in its size, lowest first "
+    "(Dim.cost): the policy and the optimum minimise padded cost, reported as "
+    "cost_overhead. Default 0,1: the size itself.",
+)
+@config_options("policy", "at top level or under [policy]")
+@json_option()
+@click.option(
+    "--plot",
+    metavar="OUT.png",
+    help="Write gears and padding over time, one column per dim (needs matplotlib).",
+)
+def simulate(
+    trace: str,
+    policy: str,
+    gears: tuple[str, ...],
+    k: tuple[str, ...],
+    splittable: tuple[str, ...],
+    cost: tuple[str, ...],
+    config_path: str | None,
+    overrides: tuple[str, ...],
+    as_json: bool,
+    plot: str | None,
+) -> None:
+    """Replay TRACE (a CSV path or a shipped trace name) through a gear policy.
+
+    The trace runs in virtual time with the controller's cadence: the policy is
+    checked every check_interval_seconds of trace time. Each column is one dim
+    with bounds [1, its largest value] ([1, the first power of two >= it] for
+    pow2). Reports, per
+    dim, padding_overhead = padded work / raw work - 1 (a split request's padded
+    work is the sum of its chunks' gears, an eager one's its raw size),
+    cost_overhead (the same in the dim's --cost), mean_gears (time-weighted), final
+    gears, adds, evictions, churn per hour, split and eager events; --json also lists
+    every decision with its reason.
+    """
+    began = time.perf_counter()
+    try:
+        config = load_policy_config(config_path, overrides)
+        data = load_trace(trace)
+        dims = replay.policy_dims(
+            data, policy, _gears(gears), _counts(k, data), _split(splittable), _costs(cost)
+        )
+    except TraceError as e:
+        _fail(e, EXIT_ERROR)
+    except GearshiftError as e:
+        _fail(e, EXIT_USAGE)
+    result = replay.simulate(data, dims, config, adaptive=policy == "adaptive")
+    wall = time.perf_counter() - began
+    summary = result.summary()
+    if as_json:
+        head = {
+            "trace": data.name,
+            "policy": policy,
+            "events": data.events,
+            "updates": result.updates,
+            "wall_seconds": wall,
+        }
+        click.echo(json.dumps({**head, **summary}))
+    else:
+        click.echo(_table(result, summary["dims"], policy, wall, priced=bool(cost)))
+    if plot:
+        _plot(result, plot)
+
+
+def _fail(error: Exception, code: int) -> NoReturn:
+    click.echo(f"error: {error}", err=True)
+    sys.exit(code)
+
+
+def _pairs(option: str, items: Iterable[str]) -> Iterable[tuple[str, str]]:
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise ConfigError(option, f"expected DIM=VALUE, got {item!r}")
+        yield name.strip(), value.strip()
+
+
+def _gears(items: Iterable[str]) -> dict[str, Gears]:
+    out = {}
+    for name, value in _pairs("--gears", items):
+        try:
+            out[name] = normalize_gears([int(v) for v in value.split(",")])
+        except ValueError:
+            raise ConfigError(
+                "--gears", f"expected DIM=G1,G2,... of positive ints, got {name}={value}"
+            ) from None
+    return out
+
+
+def _counts(items: Iterable[str], trace: Trace) -> dict[str, int]:
+    out = {}
+    for item in items:
+        pairs = _pairs("--k", [item]) if "=" in item else ((d, item) for d in trace.dims)
+        for name, value in pairs:
+            if not value.isdigit() or int(value) < 1:
+                raise ConfigError("--k", f"expected a positive int, got {item!r}")
+            out[name] = int(value)
+    return out
+
+
+def _costs(items: Iterable[str]) -> dict[str, tuple[float, ...]]:
+    out = {}
+    for name, value in _pairs("--cost", items):
+        try:
+            out[name] = tuple(float(c) for c in value.split(","))
+        except ValueError:
+            raise ConfigError(
+                "--cost", f"expected DIM=C0,C1,... numbers, got {name}={value}"
+            ) from None
+    return out
+
+
+def _split(items: Iterable[str]) -> dict[str, bool]:
+    choices = {"yes": True, "no": False}
+    out = {}
+    for name, value in _pairs("--splittable", items):
+        if value.lower() not in choices:
+            raise ConfigError("--splittable", f"expected DIM=yes|no, got {name}={value}")
+        out[name] = choices[value.lower()]
+    return out
+
+
+def _table(
+    result: replay.SimulationResult, dims: dict, policy: str, wall: float, priced: bool
+) -> str:
+    lines = [
+        f"{result.trace}: {policy}, {result.events} events over {result.duration / 60:.1f} min, "
+        f"{result.updates} updates, {len(result.changes)} changes, {wall:.2f} s",
+        f"{'dim':<12}{'padding':>9}{'cost pad' if priced else '':>9}{'mean gears':>12}{'adds':>6}"
+        f"{'evicts':>8}{'churn/h':>9}{'split':>7}{'eager':>7}  final gears",
+    ]
+    for name, d in dims.items():
+        cost = f"{d['cost_overhead']:>9.4f}" if priced else f"{'':>9}"
+        lines.append(
+            f"{name:<12}{d['padding_overhead']:>9.4f}{cost}{d['mean_gears']:>12.2f}{d['adds']:>6}"
+            f"{d['evictions']:>8}{d['churn_per_hour']:>9.1f}{d['split_events']:>7}"
+            f"{d['eager_events']:>7}  {','.join(map(str, d['final_gears']))}"
+        )
+    return "\n".join(lines)
+
+
+def _plot(result: replay.SimulationResult, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _fail(RuntimeError("--plot needs matplotlib: pip install 'gearshift[plot]'"), EXIT_ERROR)
+    import numpy as np
+
+    minutes = (np.r_[result.starts, result.starts[0] + result.duration] - result.starts[0]) / 60
+    fig, axes = plt.subplots(
+        2, len(result.dims), figsize=(6 * len(result.dims), 7), squeeze=False, sharex=True
+    )
+    for col, (name, d) in enumerate(result.dims.items()):
+        top, bottom = axes[0, col], axes[1, col]
+        sizes = [len(g) for g in d.gears]
+        top.hlines(
+            np.concatenate(d.gears),
+            np.repeat(minutes[:-1], sizes),
+            np.repeat(minutes[1:], sizes),
+            linewidth=1.5,
+        )
+        top.set_yscale("log", base=2)
+        top.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        top.set(ylabel="gear", title=f"{result.trace} {name}")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pad = d.segment_padded / d.segment_raw - 1
+        bottom.stairs(pad, minutes, baseline=None)
+        bottom.axhline(
+            d.padding_overhead,
+            linestyle="--",
+            color="gray",
+            label=f"overall {d.padding_overhead:.3f}",
+        )
+        bottom.set(xlabel="minutes", ylabel="padding overhead")
+        bottom.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(path)
+    except OSError as e:
+        _fail(e, EXIT_ERROR)
+    finally:
+        plt.close(fig)

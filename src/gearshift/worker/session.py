@@ -1,0 +1,422 @@
+"""A worker's session with its node's controller (DESIGN.md §1, §5): `connect()` and `Client`.
+
+`connect` attaches the namespace's registry: ControllerNotFound when no live controller serves
+it, unless `embedded=True`, which starts one in a daemon thread of this process. A `Client`
+claims a worker slot for its device, creates the slot's event ring, attaches the device's
+snapshot region (once the controller has created it) and registers each `profile` through the
+slot's mailbox: one registration in flight at a time, the caller waiting `register_timeout`
+for the reply (a refusal, ProfileMismatch, is raised to it; no reply: the profile serves on its
+initial gears and registers when the controller answers).
+
+The swap thread (`tick()` every `poll_interval`, or when woken) watches the controller (a new
+identity: register every profile again and re-attach the region; none alive: a warning at most
+every `warn_interval`), polls the snapshot version, lets every profile warm up and release
+(`Profile.maintain`), acks the applied version with a heartbeat in the slot (every
+`heartbeat_interval`, and at once when it changes) and records a memory reading every
+`memory_interval` (`memory`, else the first attached runner's backend). Nothing on the request
+path waits for it or for the controller.
+
+Threads: the ring serialises the process's producer threads itself;
+`_profiles` is copy-on-write; adoption runs under `_adopting`, which request threads only try.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from gearshift import protocol
+from gearshift.clock import Clock, MonotonicClock
+from gearshift.core.dims import Dim
+from gearshift.errors import (
+    ConfigError,
+    ControllerNotFound,
+    ControllerRunning,
+    GearshiftError,
+    ProfileMismatch,
+)
+from gearshift.shm import EventRing, Registry, SnapshotRegion, mailbox
+from gearshift.shm.ring import DEFAULT_CAPACITY
+from gearshift.worker.profile import Profile, Runner, checked_dims
+
+log = logging.getLogger(__name__)
+MemoryReading = Callable[[], tuple[int, int]]
+REGISTER_POLL = 0.001  # seconds between looks at the reply mailbox while registering
+JOIN_TIMEOUT = 5.0
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+class _NoSnapshot:
+    """Stands for the device's snapshot region until the controller has created it."""
+
+    @staticmethod
+    def version() -> int:
+        return 0
+
+    @staticmethod
+    def read() -> None:
+        return None
+
+
+NO_SNAPSHOT = _NoSnapshot()
+
+
+def connect(
+    namespace: str = "default",
+    device: int = 0,
+    *,
+    embedded: bool = False,
+    clock: Clock | None = None,
+    memory: MemoryReading | None = None,
+    register_timeout: float = 2.0,
+    background: bool = True,
+) -> Client:
+    """A client of the controller serving `namespace`, for accelerator `device`; see Client."""
+    controller = None
+    try:
+        registry = _attach_live(namespace)
+    except ControllerNotFound:
+        if not embedded:
+            raise
+        controller = start_embedded(namespace)
+        registry = Registry.attach(namespace)
+    try:
+        return Client(
+            registry,
+            device,
+            clock=clock,
+            memory=memory,
+            controller=controller,
+            register_timeout=register_timeout,
+            background=background,
+        )
+    except BaseException:
+        registry.close()
+        if controller is not None:
+            controller.stop()
+        raise
+
+
+def _attach_live(namespace: str) -> Registry:
+    registry = Registry.attach(namespace)
+    if not registry.controller().alive:
+        registry.close()
+        raise ControllerNotFound(f"namespace {namespace!r}: its controller is not running")
+    return registry
+
+
+def start_embedded(namespace: str) -> Stoppable | None:
+    """Start the controller of `namespace` (default config and state file) in a daemon thread
+    of this process; None if another live controller won the race to it."""
+    from gearshift.controller.config import ControllerConfig
+    from gearshift.controller.controller import Controller
+
+    try:
+        return Controller.start_embedded(ControllerConfig(namespace=namespace))
+    except ControllerRunning:
+        return None
+
+
+class Client:
+    """One worker's session on one device: profiles, the event ring, snapshots, the swap thread.
+
+    It owns `registry` (attached by `connect`) and `controller` (an embedded one to stop on
+    close). `clock` times heartbeats, readings and warnings and stamps events; `memory` returns
+    (free, total) device bytes; with `background=False` nothing runs until you call `tick()`.
+    Close it (or use it as a context manager); it also closes at interpreter exit."""
+
+    heartbeat_interval = 1.0
+    memory_interval = 1.0
+    poll_interval = 0.05
+    warn_interval = 60.0
+
+    def __init__(
+        self,
+        registry: Registry,
+        device: int,
+        *,
+        clock: Clock | None = None,
+        memory: MemoryReading | None = None,
+        register_timeout: float = 2.0,
+        background: bool = True,
+        controller: Stoppable | None = None,
+        ring_capacity: int = DEFAULT_CAPACITY,
+    ) -> None:
+        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+            raise ConfigError("device", f"expected a non-negative int, got {device!r}")
+        self.registry, self.namespace, self.device = registry, registry.namespace, device
+        self.clock = clock or MonotonicClock()
+        self.memory = memory
+        self.register_timeout = register_timeout
+        self.region: SnapshotRegion | _NoSnapshot = NO_SNAPSHOT
+        self.seen = 0  # the region version last adopted (or found unreadable)
+        self.applied = 0  # the version last acked in the slot
+        self._now_ns = self.clock.now_ns
+        self._embedded = controller  # the embedded controller this client started, if any
+        self._leader = registry.controller().pid  # the controller profiles registered with
+        self._profiles: dict[str, Profile] = {}
+        self._by_id: dict[int, Profile] = {}
+        self._ids = itertools.count()
+        self._queue: list[Profile] = []  # to register, in order
+        self._outstanding: Profile | None = None  # posted, no reply yet
+        self._registration = threading.Lock()
+        self._adopting = threading.Lock()
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._quiet_until = self._next_beat = self._next_memory = float("-inf")
+        self._region_stale = False
+        self._closed = False
+        self.slot = registry.claim_slot(device)
+        try:
+            self.ring = EventRing.create(self.namespace, self.slot, ring_capacity)
+        except BaseException:
+            registry.release_slot(self.slot)
+            raise
+        self._attach_region()
+        self.refresh()
+        self._thread = None
+        if background:
+            self._thread = threading.Thread(target=self._run, name="gearshift-swap", daemon=True)
+            self._thread.start()
+        atexit.register(self.close)
+
+    # profiles
+
+    def profile(self, name: str, dims: Mapping[str, Dim]) -> Profile:
+        """The profile `name` with these dims (in record order), registered with the controller;
+        ProfileMismatch if it or the controller knows `name` with other dims."""
+        dims = checked_dims(name, dims)
+        with self._adopting:  # one profile per name, even when threads race to make it
+            known = self._profiles.get(name)
+            if known is None:
+                prof = Profile(self, next(self._ids), name, dims)
+                if prof.id > protocol.MAX_PROFILE_ID:
+                    raise ConfigError(
+                        "profile", f"at most {protocol.MAX_PROFILE_ID + 1} per client"
+                    )
+                self._profiles = {**self._profiles, name: prof}
+        if known is not None:
+            if known.dims != dims:
+                raise ProfileMismatch(f"profile {name!r} is already registered with other dims")
+            return known
+        with self._registration:
+            self._by_id[prof.id] = prof
+            self._queue.append(prof)
+        deadline = self.clock.now() + self.register_timeout
+        while True:
+            self._pump()
+            if prof.rejected is not None:
+                self._forget(prof)
+                raise prof.rejected
+            if prof.registered or self.clock.now() >= deadline:
+                break
+            self.clock.sleep(REGISTER_POLL)
+        if not prof.registered and self.register_timeout > 0:
+            log.warning(
+                "profile %r: no registration reply in %.1f s; serving on its initial "
+                "gears until the controller answers",
+                name,
+                self.register_timeout,
+            )
+        self._attach_region()
+        self.refresh(force=True)
+        return prof
+
+    def _forget(self, prof: Profile) -> None:
+        with self._registration:
+            self._by_id.pop(prof.id, None)
+        with self._adopting:
+            self._profiles = {n: p for n, p in self._profiles.items() if p is not prof}
+
+    def _pump(self) -> None:
+        """Take the replies waiting, then post the next registration if none is in flight."""
+        slot = self.slot
+        with self._registration:
+            try:
+                while (reply := self.registry.replies(slot).take()) is not None:
+                    self._on_reply(reply)
+                if self._outstanding is None and self._queue:
+                    p = self._queue[0]
+                    if self.registry.requests(slot).post(
+                        protocol.register_message(p.id, p.name, p.dims)
+                    ):
+                        self._outstanding = self._queue.pop(0)
+            except GearshiftError as e:
+                self._warn("namespace %r: registration mailbox: %s", self.namespace, e)
+
+    def _on_reply(self, reply: dict) -> None:
+        if "error" in reply:
+            prof, self._outstanding = self._outstanding, None
+            try:
+                mailbox.raise_for_error(reply)
+            except GearshiftError as e:
+                log.error("registration of profile %r refused: %s", prof.name if prof else None, e)
+                if prof is not None:
+                    prof.rejected = e
+            return
+        pid = reply.get("profile")
+        prof = self._by_id.get(pid) if isinstance(pid, int) else None
+        if prof is None or reply.get("op") != "registered":
+            log.warning("namespace %r: unexpected registration reply %r", self.namespace, reply)
+            return
+        prof.registered = True
+        if prof in self._queue:
+            self._queue.remove(prof)
+        if self._outstanding is prof:
+            self._outstanding = None
+
+    def _register_again(self) -> None:
+        with self._registration:
+            self._outstanding = None
+            self._queue = [p for p in self._by_id.values() if p.rejected is None]
+            for p in self._queue:
+                p.registered = False
+
+    # request path
+
+    def refresh(self, force: bool = False) -> None:
+        """Adopt the region's snapshot into every profile if its version changed (or `force`).
+        Request threads only try: while another thread adopts they go on with what is in use."""
+        if not self._adopting.acquire(blocking=force):
+            return
+        try:
+            region = self.region
+            version = region.version()
+            if version == self.seen and not force:
+                return
+            try:
+                snapshot = region.read()
+            except GearshiftError as e:
+                self._warn(
+                    "namespace %r: unreadable snapshot v%d kept out: %s", self.namespace, version, e
+                )
+                self.seen = version
+                return
+            if snapshot is not None:
+                for prof in self._profiles.values():
+                    prof.adopt(snapshot.version, snapshot.payload)
+                version = snapshot.version
+            self.seen = version
+        finally:
+            self._adopting.release()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Run the swap thread's next tick now (a drained state may free graphs)."""
+        self._wake.set()
+
+    def attached(self, runner: Runner) -> None:
+        """A profile attached `runner`: its backend gives memory readings if nothing else does."""
+        backend = getattr(runner, "backend", None)
+        if self.memory is None and backend is not None:
+            self.memory = backend.mem_get_info
+        self._wake.set()
+
+    # the swap thread
+
+    def tick(self) -> None:
+        """One round of the swap thread (call it directly when made with background=False)."""
+        now = self.clock.now()
+        self._watch_controller()
+        self._pump()
+        if self.region is NO_SNAPSHOT or self._region_stale:
+            self._attach_region()
+        self.refresh()
+        profiles = list(self._profiles.values())
+        for prof in profiles:
+            prof.maintain()
+        seen = self.seen
+        applied = seen if all(p.settled for p in profiles) else self.applied
+        if self._closed:
+            return
+        ring = self.ring
+        if applied != self.applied or now >= self._next_beat:
+            self.registry.beat(self.slot, self._now_ns(), applied, ring.dropped)
+            self.applied, self._next_beat = applied, now + self.heartbeat_interval
+        if self.memory is not None and now >= self._next_memory:
+            self._next_memory = now + self.memory_interval
+            free, total = self.memory()
+            ring.put_memory(self._now_ns(), free, total)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception as e:
+                self._warn("namespace %r: swap thread tick failed: %r", self.namespace, e)
+            self._wake.wait(self.poll_interval)
+            self._wake.clear()
+
+    def _watch_controller(self) -> None:
+        info = self.registry.controller()
+        if not info.alive:
+            self._warn(
+                "namespace %r has no live controller: serving on snapshot v%d",
+                self.namespace,
+                self.seen,
+            )
+        elif info.pid != self._leader:
+            log.info(
+                "namespace %r: controller pid %d took over from pid %d; registering again",
+                self.namespace,
+                info.pid,
+                self._leader,
+            )
+            self._leader, self._region_stale = info.pid, True
+            self._register_again()
+
+    def _attach_region(self) -> None:
+        try:
+            region = SnapshotRegion.attach(self.namespace, self.device)
+        except FileNotFoundError:
+            return
+        except GearshiftError as e:
+            self._warn(
+                "namespace %r: snapshot region of device %d: %s", self.namespace, self.device, e
+            )
+            return
+        self.region, self._region_stale = region, False  # the old mapping goes with its last use
+
+    def _warn(self, message: str, *args: Any) -> None:
+        """log.warning, at most once per `warn_interval` of the client's clock."""
+        now = self.clock.now()
+        if now >= self._quiet_until:
+            self._quiet_until = now + self.warn_interval
+            log.warning(message, *args)
+
+    # lifetime
+
+    def close(self) -> None:
+        """Stop the swap thread, release the slot and close the ring (the controller drains and
+        unlinks it); stop the embedded controller this client started. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(JOIN_TIMEOUT)
+        ring = self.ring
+        try:
+            self.registry.beat(self.slot, self._now_ns(), self.applied, ring.dropped)
+            self.registry.release_slot(self.slot)
+        except GearshiftError as e:
+            log.warning("namespace %r: releasing slot %d: %s", self.namespace, self.slot, e)
+        ring.close()  # a request thread's later record is a no-op
+        self.region = NO_SNAPSHOT
+        self.registry.close()
+        if self._embedded is not None:
+            self._embedded.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
