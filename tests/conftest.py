@@ -29,8 +29,10 @@ def namespace() -> str:
 
 @pytest.fixture(scope="session")
 def mp() -> BaseContext:
-    """The context of child processes; a test package overrides it to preload its helpers."""
-    return multiprocessing.get_context("forkserver")
+    """The context of child processes: a forkserver with the child bodies preloaded."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["shm.procs", "worker.fake_controller"])
+    return ctx
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ import subprocess
 import sys
 
 import pytest
-from fake_controller import WAIT, FakeController, ServingClock, serve, wait_until
 
 import gearshift as gs
 from gearshift.clock import FakeClock
 from gearshift.shm import Kind, Registry, SlotState, cleanup, names
 from gearshift.shm.segment import exists
+from worker.fake_controller import WAIT, FakeController, ServingClock, serve, wait_until
 
 DECODE = {
     "BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8, 16, 32, 64], splittable=True),

@@ -8,12 +8,12 @@ import threading
 
 import numpy as np
 import pytest
-from fake_controller import FakeController
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gearshift as gs
 from gearshift.shm import Kind
+from worker.fake_controller import FakeController
 
 DIMS = {
     "BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8, 16, 32, 64], splittable=True),

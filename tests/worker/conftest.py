@@ -1,16 +1,15 @@
 """Fixtures of the routing client's tests: an in-process fake controller, a client driven by
-hand in virtual time, and a forkserver context preloading the fake controller."""
+hand in virtual time."""
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Iterator
 
 import pytest
-from fake_controller import FakeController, ServingClock
 
 import gearshift as gs
 from gearshift.shm import Registry
+from worker.fake_controller import FakeController, ServingClock
 
 
 @pytest.fixture
@@ -29,10 +28,3 @@ def client(fake: FakeController) -> Iterator[gs.Client]:
     )
     yield made
     made.close()
-
-
-@pytest.fixture(scope="session")
-def mp() -> multiprocessing.context.BaseContext:
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["fake_controller"])
-    return ctx

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from fake_controller import WAIT, FakeController, wait_until
 
 import gearshift as gs
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.shm import Kind, Registry
+from worker.fake_controller import WAIT, FakeController, wait_until
 
 H = 4
 torch.manual_seed(0)

@@ -9,7 +9,7 @@ import pytest
 
 from gearshift.shm import control, mailbox, ring, segment, snapshot
 
-DOC = Path(__file__).parents[2] / "docs" / "architecture.md"
+DOC = Path(__file__).parents[1] / "docs" / "architecture.md"
 
 
 def _tables(doc: str) -> list[str]:
