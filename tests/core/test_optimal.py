@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gearshift.core.dims import Dim, padded_work
-from gearshift.core.optimal import gear_plans, optimal_gears
+from gearshift.core.optimal import optimal_gears, optimal_sets
 
 LINEAR = Dim()
 
@@ -63,7 +63,7 @@ def test_matches_brute_force(values: list[int], k: int, align: int, data: st.Dat
 def test_a_cost_polynomial_is_minimised_exactly(values: list[int], k: int, quadratic: float):
     v, w = np.array(values), np.ones(len(values))
     work = Dim(cost=(3.0, 1.0, quadratic))
-    plans = gear_plans(v, k, cost=work.work)
+    plans = optimal_sets(v, k, cost=work.work)
     gears = plans.gears(k)
     assert gears[-1] == v.max()
     best = brute_force(v, w, k, 1, work)
@@ -74,7 +74,7 @@ def test_a_cost_polynomial_is_minimised_exactly(values: list[int], k: int, quadr
 def test_a_steeper_cost_puts_gears_higher() -> None:
     v = np.arange(1, 1001)
     linear = optimal_gears(v, 3)
-    steep = gear_plans(v, 3, cost=Dim(cost=(0.0, 1.0, 0.1)).work).gears(3)
+    steep = optimal_sets(v, 3, cost=Dim(cost=(0.0, 1.0, 0.1)).work).gears(3)
     assert steep[-1] == linear[-1] == 1000 and steep[:2] > linear[:2]
 
 

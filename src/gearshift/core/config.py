@@ -30,10 +30,11 @@ HISTORY_SLICES = 60  # as many as the plan window's (600 s / 10 s): 3x the span,
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """Seed 000 §4–§8 defaults; where the seed is silent, its reference implementation's.
+    """The original policy's defaults (docs/policy.md, "Configuration"); where its rules are
+    silent, its reference implementation's.
 
     `policy_mode` "plan" (default) places gears at the padded-work optimum (docs/policy.md);
-    "seed" is seed 000 rule by rule. The `plan_*` keys only apply to "plan";
+    "seed" is the original rules one by one. The `plan_*` keys only apply to "plan";
     `plan_history_seconds` is the horizon of a second, slower histogram of the same events,
     which the plan reads beside the window's at `plan_history_weight` of its weight.
     """

@@ -25,10 +25,10 @@ from gearshift.core.dims import Gears
 
 
 @dataclass(frozen=True)
-class GearPlans:
+class OptimalSets:
     """The optimal gear set of every count up to `costs.size`, from one run of the DP.
 
-    `costs[c - 1]` is the minimal sum(weight x gear) (or x cost(gear), with `gear_plans`'s
+    `costs[c - 1]` is the minimal sum(weight x gear) (or x cost(gear), with `optimal_sets`'s
     `cost`) over covering sets of at most c gears
     (non-increasing in c); `gears(c)` is such a set.
     """
@@ -55,16 +55,16 @@ def optimal_gears(
     `values` are raw sizes (any order, repeats allowed); `weights` default to one
     per value (counts), else any non-negative floats such as decayed weights.
     """
-    return gear_plans(values, k, weights, align).gears(k)
+    return optimal_sets(values, k, weights, align).gears(k)
 
 
-def gear_plans(
+def optimal_sets(
     values: np.ndarray,
     k: int,
     weights: np.ndarray | None = None,
     align: int = 1,
     cost: Callable[[np.ndarray], np.ndarray] | None = None,
-) -> GearPlans:
+) -> OptimalSets:
     """The optimal sets of 1..k gears at once (`optimal_gears` for every count up to k).
     With `cost` (increasing, as `Dim.work`), sum(weight x cost(gear)) is minimised instead;
     the runs' cost keeps the Monge form with cost(g_j) in place of g_j."""
@@ -91,7 +91,7 @@ def gear_plans(
     for layer in range(1, k):
         cost, back[layer] = _layer(cost, g, W, S)
         costs[layer] = cost[n] + S[n]
-    return GearPlans(gears, costs, back)
+    return OptimalSets(gears, costs, back)
 
 
 def _layer(

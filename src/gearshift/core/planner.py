@@ -12,7 +12,7 @@ rule moves the top of the set, up (the former largest then becomes an ordinary g
 2. release: a gear below the largest without traffic (window or history) goes once its creation
    protection is over, or at once when it lies below all traffic (it can only serve values
    smaller than any seen);
-3. plan: the optimal set of K gears for the decayed weights (`optimal.gear_plans`) over
+3. plan: the optimal set of K gears for the decayed weights (`optimal.optimal_sets`) over
    candidates up to the largest gear, so every plan holds it, with the other gears that may
    not move forced in. K starts at the current count and moves by at most `K_STEP`: up while
    one gear more saves >= `plan_gear_gain`, down while one fewer costs < `plan_gear_keep`;
@@ -46,7 +46,7 @@ import numpy as np
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.core.gears import DimGears
-from gearshift.core.optimal import GearPlans, gear_plans
+from gearshift.core.optimal import OptimalSets, optimal_sets
 from gearshift.core.stats import Histogram
 
 K_STEP = 2
@@ -85,9 +85,9 @@ def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: 
     if not work.values.size:  # all traffic over the largest gear, too little to cover yet
         return steps
     stuck = {g for g in gears if protected(g)} | {gears[-1]}
-    plans = _plans(dim, gears, work, stuck, cooling, config)
-    size, why = _count(gears, plans.costs, raw, len(stuck), pressure, config)
-    target = plans.gears(size)
+    sets = _optimal(dim, gears, work, stuck, cooling, config)
+    size, why = _count(gears, sets.costs, raw, len(stuck), pressure, config)
+    target = sets.gears(size)
     assert stuck <= set(target), (stuck, target)
     steps += _moves(gears, size, target, work, raw, why, pressure, config)
     return steps
@@ -147,8 +147,8 @@ def _release(gears: list[int], work: _Work, floor: int, protected: Callable[[int
     return steps
 
 
-def _plans(dim: Dim, gears: list[int], work: _Work, stuck: set[int], cooling: list[int],
-           config: PolicyConfig) -> GearPlans:
+def _optimal(dim: Dim, gears: list[int], work: _Work, stuck: set[int], cooling: list[int],
+           config: PolicyConfig) -> OptimalSets:
     """The DP's optimal sets up to `len(gears) + K_STEP` gears over candidate positions: the
     aligned values in the window below the largest gear (at most MAX_CANDIDATES, none cooling
     down) and the gears held. The largest gear is the last candidate, so every plan holds it;
@@ -168,7 +168,7 @@ def _plans(dim: Dim, gears: list[int], work: _Work, stuck: set[int], cooling: li
     weight[np.searchsorted(cand, forced)] += 4.0 * (weight.sum() + 1.0) * float(
         dim.work(np.array([top]))[0]) / step
     k = min(max(config.max_gears_per_type, len(stuck)), len(gears) + K_STEP)
-    return gear_plans(cand, k, weight, cost=dim.work)
+    return optimal_sets(cand, k, weight, cost=dim.work)
 
 
 def _count(gears: list[int], costs: np.ndarray, raw: float, stuck: int, pressure: bool,

@@ -20,7 +20,7 @@ from gearshift.core.stats import Histogram
 
 
 def memory_pressure(memory_usage: float | None, config: PolicyConfig) -> bool:
-    """Usage at or over the threshold; never when either is None (§8)."""
+    """Usage at or over the threshold; never when either is None."""
     limit = config.device_memory_usage_threshold_ratio
     return memory_usage is not None and limit is not None and memory_usage >= limit
 
@@ -37,7 +37,7 @@ def should_update(last_update: float | None, now: float, memory_usage: float | N
 def decide(dims: Mapping[str, Dim], gears: Mapping[str, DimGears],
            stats: Mapping[str, Histogram], memory_usage: float | None, now: float,
            config: PolicyConfig, history: Mapping[str, Histogram] | None = None) -> Decision:
-    """One decision round for one profile; dims are decided independently (seed 000 §10).
+    """One decision round for one profile; dims are decided independently.
     `history` holds the plan's longer horizon of each dim (`PolicyConfig.history`), which plan
     mode blends into the window's; without it, plan mode reads the window alone."""
     pressure = memory_pressure(memory_usage, config)

@@ -22,10 +22,10 @@ from gearshift.core.stats import Histogram
 
 @dataclass(frozen=True)
 class GearStat:
-    """One gear's window statistics against a gear set (seed 000 §4–§5).
+    """One gear's window statistics against a gear set.
 
     A pad sample maps to the gear without split; a split sample exceeds the largest gear and
-    counts on it. Averages share one denominator (all of the gear's samples), as in §4.
+    counts on it. Averages share one denominator (all of the gear's samples).
     Medians are unweighted (each event in the window once); a candidate is its median rounded
     up and aligned by the dim. `replace_loss` is None for the largest gear (never evicted).
     """
@@ -54,7 +54,7 @@ def gear_stats(gears: Gears, hist: Histogram, dim: Dim,
     """Per-gear statistics of `hist` against `gears` (sorted), scored with `config`'s weights.
 
     Cost grows with the distinct values and the gears, never with the number of events.
-    Splittable and non-splittable dims count the same way (DESIGN.md §2); `dim` aligns the
+    Splittable and non-splittable dims count the same way; `dim` aligns the
     addition candidates.
     """
     config = config or PolicyConfig()
@@ -116,7 +116,7 @@ def _aligned(dim: Dim, median: float) -> int | None:
 
 def seed_round(name: str, dim: Dim, state: DimGears, hist: Histogram, pressure: bool,
                 note: str, now: float, config: PolicyConfig) -> list[GearChange]:
-    """Seed 000 on one dim: one eviction (§6), then additions (§7) within the budget (§8)."""
+    """Seed mode on one dim: one eviction, then additions within the memory budget."""
     table = gear_stats(state.gears, hist, dim, config)
     out = _eviction(name, state, table, now, config)
     evicted = [c.gear for c in out if c.action == "evict"]
@@ -128,7 +128,7 @@ def seed_round(name: str, dim: Dim, state: DimGears, hist: Histogram, pressure: 
 
 def _eviction(name: str, state: DimGears, table: tuple[GearStat, ...], now: float,
               config: PolicyConfig) -> list[GearChange]:
-    """At most one eviction (§6): filters, then zero-use first, then the lowest score; a
+    """At most one eviction: filters, then zero-use first, then the lowest score; a
     replacement loss over the threshold blocks it and extends the gear's protection."""
     if len(state.gears) <= config.min_gear_count_per_type:
         return []
@@ -161,7 +161,7 @@ def _protected(s: GearStat, state: DimGears, now: float, config: PolicyConfig) -
 
 def _additions(name: str, gears: Gears, count: int, table: tuple[GearStat, ...],
                budget: float, note: str, config: PolicyConfig) -> list[GearChange]:
-    """Pad- and split-driven candidates (§7), in pressure order, without exact duplicates,
+    """Pad- and split-driven candidates, in pressure order, without exact duplicates,
     within the per-dim cap (`count` gears are left after evictions) and the budget."""
     found = []  # (pressure, samples, candidate, reason)
     for s in table:

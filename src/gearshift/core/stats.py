@@ -1,4 +1,4 @@
-"""Decayed per-raw-value histograms of one (profile, dim), in time slices (DESIGN.md §3).
+"""Decayed per-raw-value histograms of one (profile, dim), in time slices.
 
 An event at `t` folds into slice `k = floor(t / slice_seconds)` as `exp(λ·(t − k·slice))`;
 a read at `now` scales slice k by `exp(−λ·(now − k·slice))`, so every event weighs exactly

@@ -1,4 +1,4 @@
-"""Shared memory between workers and the controller of one node (DESIGN.md §4); no torch here.
+"""Shared memory between workers and the controller of one node; no torch here.
 
 - `EventRing`: one SPSC ring of fixed 64-byte records per worker slot (worker -> controller).
 - `SnapshotRegion`: one seqlocked, double-buffered msgpack snapshot per device (controller ->

@@ -14,7 +14,7 @@ LayoutError, never a misread. Nothing is unlinked implicitly (no resource tracke
 provably dead, the controller (`Registry.reclaim`) or `cleanup`.
 
 All cross-process publishing goes through `words[i] = v`: memoryview(mm).cast('Q') stores are
-one aligned 8-byte memcpy, not torn on x86-64 (DESIGN.md §7); struct.pack_into is not. The
+one aligned 8-byte memcpy, not torn on x86-64; struct.pack_into is not. The
 stores are in program order on x86-64 (TSO); `fence()` orders them on weakly ordered CPUs.
 """
 

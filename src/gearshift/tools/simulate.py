@@ -28,7 +28,7 @@ import numpy as np
 
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim, Gears, ladder, padded_cost, padded_work
-from gearshift.core.optimal import gear_plans
+from gearshift.core.optimal import optimal_sets
 from gearshift.core.round import DeviceLedger, ProfileLedger, decide_round
 from gearshift.errors import ShapeError
 from gearshift.tools.trace import Trace
@@ -152,7 +152,7 @@ def policy_dims(
             initial = ladder(1, 1 << (peak - 1).bit_length())
         elif policy == "optimal":
             count = k.get(name, len(ladder(1, peak)))
-            initial = gear_plans(values, count, cost=priced.work).gears(count)
+            initial = optimal_sets(values, count, cost=priced.work).gears(count)
         split = splittable.get(name, name in SPLITTABLE)
         out[name] = Dim(gears=initial, max=max(peak, *initial), splittable=split, cost=priced.cost)
     return out
