@@ -1,5 +1,5 @@
-"""Shared fixtures: unique shared-memory namespaces, bounded child processes, and a
-session-wide leak check."""
+"""Shared fixtures: unique shared-memory namespaces, bounded child processes, a private state
+directory, and session-wide checks that nothing is left in /dev/shm or the user's state."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import os
 from collections.abc import Callable, Iterator
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 import pytest
 
 PREFIX = f"gstest{os.getpid()}x"
 JOIN_TIMEOUT = 30.0
 _counter = itertools.count()
+USER_STATE = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
 
 
 def _leaked() -> list[str]:
@@ -62,3 +64,24 @@ def no_leaked_segments() -> Iterator[None]:
     for name in leaked:
         os.unlink(os.path.join("/dev/shm", name))
     assert not leaked, f"the test run left shared-memory segments behind: {leaked}"
+
+
+def _files(root: Path) -> set[Path]:
+    return set(root.rglob("*")) if root.is_dir() else set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """XDG_STATE_HOME, for this process and every child it starts, is a temporary directory:
+    a controller with the default state directory writes there, never in the user's."""
+    before = _files(USER_STATE / "gearshift")
+    home = tmp_path_factory.mktemp("state-home")
+    saved = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(home)
+    yield home
+    if saved is None:
+        del os.environ["XDG_STATE_HOME"]
+    else:
+        os.environ["XDG_STATE_HOME"] = saved
+    added = sorted(map(str, _files(USER_STATE / "gearshift") - before))
+    assert not added, f"the test run wrote under the user's state directory: {added}"
