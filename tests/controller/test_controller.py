@@ -16,7 +16,7 @@ import pytest
 
 from gearshift.clock import FakeClock, MonotonicClock
 from gearshift.controller import controller as controller_module
-from gearshift.controller import statefile, status
+from gearshift.controller import statefile
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig
@@ -114,7 +114,7 @@ def test_events_flow_into_decisions_and_snapshots_advance(
     saved = statefile.load(controller.config.state_path, clock.now(), POLICY)
     assert saved[0].version == version
     assert list(saved[0].profiles["decode"].gear_lists()["B"]) == gears
-    doc = status.document(controller, clock.now())
+    doc = controller.status_document(clock.now())
     dim = doc["devices"][0]["profiles"][0]["dims"][0]
     assert dim["samples"] == dim["history_samples"] == 120 and dim["gears"] == gears
     assert 0 <= dim["padding"] < 0.4
@@ -147,11 +147,11 @@ def test_propagation_lag_waits_for_every_live_worker(
     clock.advance(0.05)
     a.snapshot()
     controller.step()
-    assert status.document(controller, clock.now())["devices"][0]["lag"]["count"] == 0
+    assert controller.status_document(clock.now())["devices"][0]["lag"]["count"] == 0
     clock.advance(0.05)
     b.snapshot()
     controller.step()
-    lag = status.document(controller, clock.now())["devices"][0]["lag"]
+    lag = controller.status_document(clock.now())["devices"][0]["lag"]
     assert lag["count"] == 1 and lag["last_seconds"] == pytest.approx(0.1)
 
 

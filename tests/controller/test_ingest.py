@@ -40,7 +40,7 @@ def test_samples_fold_into_their_profiles_dims_by_key() -> None:
     )
     keys = np.array([0, 1, 0, 1])  # record 3 carries another id that maps to prefill's key
     out = ingest.fold(events, keys, [decode, prefill], now=10.0)
-    assert out == ingest.Folded(folded=3, unknown=0, invalid=1)  # (5, 5) is 2 values for 1 dim
+    assert out == ingest.FoldCounts(folded=3, unknown=0, invalid=1)  # (5, 5) is 2 values for 1 dim
     assert decode.stats["B"].view(10.0).values.tolist() == [3]
     assert decode.stats["B"].view(10.0).counts.tolist() == [2]
     assert decode.stats["S"].view(10.0).values.tolist() == [100, 700]
@@ -65,13 +65,13 @@ def test_unknown_ids_out_of_bounds_values_and_odd_kinds_are_counted_not_folded()
         ]
     )
     out = ingest.fold(events, np.array([0, 0, 0, -1, 0, 0]), [decode], now=2.0)
-    assert out == ingest.Folded(folded=1, unknown=1, invalid=3)
+    assert out == ingest.FoldCounts(folded=1, unknown=1, invalid=3)
     assert decode.stats["B"].view(2.0).values.tolist() == [8]
 
 
 def test_a_gone_profile_counts_as_unknown() -> None:
     out = ingest.fold(_events([(1.0, 0, (8,), Kind.SHAPE)]), np.array([0]), [None], now=2.0)
-    assert out == ingest.Folded(folded=0, unknown=1, invalid=0)
+    assert out == ingest.FoldCounts(folded=0, unknown=1, invalid=0)
 
 
 def test_times_are_capped_at_now() -> None:

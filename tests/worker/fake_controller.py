@@ -1,8 +1,9 @@
 """A tiny controller made of the shm primitives, for the client's tests, and the bodies of the
 child processes that run one (importable by multiprocessing's forkserver).
 
-It claims the namespace, answers registrations (ProfileMismatch for a known name with other
-dims), publishes snapshots on demand and drains rings; it decides nothing.
+It claims the namespace, answers registrations with the controller's own logic
+(`controller.registrations.serve`, this class being its Registrar: ProfileMismatch for a known
+name with other dims), publishes snapshots on demand and drains rings; it decides nothing.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import numpy as np
 
 from gearshift import protocol
 from gearshift.clock import FakeClock
+from gearshift.controller import registrations
 from gearshift.core.dims import Dim
-from gearshift.errors import GearshiftError, NamespaceBusy, ProfileMismatch
-from gearshift.shm import EventRing, Registry, SlotState, SnapshotRegion, error_reply
+from gearshift.errors import GearshiftError, NamespaceBusy
+from gearshift.shm import EventRing, Registry, SlotState, SnapshotRegion
 
 WAIT = 20.0  # seconds: the bound of every wait in a child
 
@@ -32,32 +34,40 @@ class FakeController:
             self.region = SnapshotRegion.create(namespace, device)
         except NamespaceBusy:
             self.region = SnapshotRegion.attach(namespace, device)
-        self.known: dict[str, dict[str, Dim]] = {}
+        self.known: dict[str, dict[str, Dim]] = {}  # every device's profiles, never forgotten
+        self.holders: dict[str, int] = {}  # name -> pid of its first registrant
         self.registered: list[tuple[int, int, str]] = []  # (slot, profile id, name)
         self.gears: dict[str, dict[str, Sequence[int]]] = {}  # what publish() sends
         self.publish_on_register = False
 
     def serve(self) -> int:
         """Answer every waiting registration; returns how many."""
-        answered = 0
-        for info in self.registry.slots():
-            if info.state != SlotState.ACTIVE:
-                continue
-            message = self.registry.requests(info.slot).take()
-            if message is None:
-                continue
-            pid, name, dims = protocol.parse_register(message)
-            if self.known.setdefault(name, dims) != dims:
-                reply = error_reply(ProfileMismatch(f"{name!r} is registered with other dims"))
-            else:
-                self.registered.append((info.slot, pid, name))
-                if self.publish_on_register and name not in self.gears:
-                    initial = {d: s.initial_gears for d, s in dims.items()}
-                    self.publish({**self.gears, name: initial})
-                reply = {"op": "registered", "profile": pid, "version": self.region.version()}
-            assert self.registry.replies(info.slot).post(reply)
-            answered += 1
-        return answered
+        return registrations.serve(self.registry, self, time.monotonic())
+
+    # -- the Registrar of `registrations.answer` --
+
+    def claimant(self, slot: int, now: float) -> tuple[int, int]:
+        info = self.registry.slots()[slot]
+        if info.state != SlotState.ACTIVE:
+            raise NamespaceBusy(f"slot {slot} is not held by a worker")
+        return info.device, info.pid
+
+    def dims_of(self, device: int, name: str) -> Mapping[str, Dim] | None:
+        return self.known.get(name)
+
+    def holder(self, device: int, name: str, slot: int) -> int | None:
+        """A known name is always held: by its first registrant, or pid 0 if a test set it."""
+        return self.holders.get(name, 0)
+
+    def register(self, slot: int, request: registrations.Request, new: bool, now: float) -> int:
+        name, dims = request.name, request.dims
+        if new:
+            self.known[name] = dims
+            self.holders[name] = self.registry.slots()[slot].pid
+        self.registered.append((slot, request.local, name))
+        if self.publish_on_register and name not in self.gears:
+            self.publish({**self.gears, name: {d: s.initial_gears for d, s in dims.items()}})
+        return self.region.version()
 
     def publish(self, gears: Mapping[str, Mapping[str, Sequence[int]]]) -> int:
         self.gears = {p: dict(g) for p, g in gears.items()}

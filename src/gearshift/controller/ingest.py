@@ -1,24 +1,25 @@
 """Folding drained ring records into the policy's statistics, vectorised (no per-event Python).
 
 A batch is the records drained from several rings, concatenated, with a parallel array of
-global profile keys (each record's worker-local profile id mapped through its worker's
-registrations; -1 when that id is not registered). SHAPE and EAGER records are samples of
-their profile's dims (an eager run is still a request of that size); MEMORY records are device
-memory readings.
+global profile keys (`ProfileKeys`: each record's worker-local profile id mapped through its
+worker's registrations; -1 when that id is not registered). SHAPE and EAGER records are samples
+of their profile's dims (an eager run is still a request of that size); MEMORY records are
+device memory readings. `Batch` holds drained records until `limit` of them are waiting and
+counts what it consumed and folded (the status document's event counters).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
-from gearshift.core.round import ProfileLedger
+from gearshift.core.round import DeviceLedger, ProfileLedger
 from gearshift.shm import Kind
 
 
-class Folded(NamedTuple):
+class FoldCounts(NamedTuple):
     folded: int  # samples folded into statistics
     unknown: int  # samples of a profile id no registration maps
     invalid: int  # samples outside their dims' bounds or of another arity; records of no kind
@@ -26,7 +27,7 @@ class Folded(NamedTuple):
 
 def fold(
     events: np.ndarray, keys: np.ndarray, profiles: Sequence[ProfileLedger | None], now: float
-) -> Folded:
+) -> FoldCounts:
     """Fold the samples of `events` (EVENT_DTYPE) into the DimStats of `profiles[key]`
     (each feeds its history).
 
@@ -43,7 +44,7 @@ def fold(
     if not take.all():
         events, keys = events[take], keys[take]
     if not len(keys):
-        return Folded(0, unknown, odd)
+        return FoldCounts(0, unknown, odd)
     times = np.minimum(events["t_ns"] * 1e-9, now)
     values, ndim = events["values"], events["ndim"]
     folded = invalid = 0
@@ -56,7 +57,62 @@ def fold(
         done = _fold_profile(profile, times[rows], values[rows], ndim[rows])
         folded += done
         invalid += count - done
-    return Folded(folded, unknown, odd + invalid)
+    return FoldCounts(folded, unknown, odd + invalid)
+
+
+class ProfileKeys:
+    """Global profile keys: each (device, profile name) gets the next integer the first time it
+    is seen and keeps it while the controller runs (keys are never reused)."""
+
+    def __init__(self) -> None:
+        self.key_by_profile: dict[tuple[int, str], int] = {}
+        self.profile_by_key: list[tuple[int, str]] = []
+
+    def key(self, device: int, name: str) -> int:
+        """The key of `name` on `device`, given now if it has none yet."""
+        key = self.key_by_profile.get((device, name))
+        if key is None:
+            key = self.key_by_profile[device, name] = len(self.profile_by_key)
+            self.profile_by_key.append((device, name))
+        return key
+
+    def ledgers(self, devices: Mapping[int, DeviceLedger]) -> list[ProfileLedger | None]:
+        """The ledger of each key, in key order (None: the device dropped that profile)."""
+        return [devices[d].profiles.get(n) for d, n in self.profile_by_key]
+
+
+class Batch:
+    """Records drained from several rings, folded together once `limit` of them wait (or on
+    `flush`) into `ledgers()`, the profile ledgers indexed by global key."""
+
+    def __init__(self, limit: int, ledgers: Callable[[], Sequence[ProfileLedger | None]]) -> None:
+        self.limit = limit
+        self.ledgers = ledgers
+        self.counts = dict.fromkeys(("consumed", *FoldCounts._fields), 0)
+        self._parts: list[tuple[np.ndarray, np.ndarray]] = []
+        self._held = 0
+
+    def add(self, events: np.ndarray, keys: np.ndarray, now: float) -> None:
+        """Hold `events` with their global profile `keys`; fold the batch once it is full."""
+        if not len(events):
+            return
+        self.counts["consumed"] += len(events)
+        self._parts.append((events, keys))
+        self._held += len(events)
+        if self._held >= self.limit:
+            self.flush(now)
+
+    def flush(self, now: float) -> None:
+        """Fold every record held and count the outcome."""
+        if not self._parts:
+            return
+        parts, self._parts, self._held = self._parts, [], 0
+        events, keys = (
+            parts[0] if len(parts) == 1 else map(np.concatenate, zip(*parts, strict=True))
+        )
+        counts = fold(events, keys, self.ledgers(), now)
+        for name in counts._fields:
+            self.counts[name] += getattr(counts, name)
 
 
 def _groups(keys: np.ndarray) -> Iterator[tuple[int, slice | np.ndarray]]:

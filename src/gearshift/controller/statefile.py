@@ -1,4 +1,4 @@
-"""What the controller knows per device, and its state file.
+"""The controller's state file: its device ledgers (`core.round.DeviceLedger`) on disk.
 
 The state file lets a restarted controller resume: gears, protections, decayed
 statistics and snapshot versions. It is msgpack, written atomically (temp file
@@ -7,7 +7,8 @@ never a mix. Times are CLOCK_MONOTONIC: they are restored only when the file was
 written during the current boot (same `boot_id`); after a reboot the gears come
 back with fresh creation times (so they are protected for a window) and empty
 statistics, and versions still continue. A file written before the plan's history existed
-restores with an empty history.
+restores with an empty history. `restore` is the controller's start: a corrupt or
+newer-format file is an error, or is set aside as `<file>.corrupt` when asked to start fresh.
 """
 
 from __future__ import annotations
@@ -136,3 +137,19 @@ def load(directory: Path, now: float, config: PolicyConfig) -> dict[int, DeviceL
         return decode(blob, now, config)
     except StateError as e:
         raise StateError(f"{path}: {e}") from None
+
+
+def restore(
+    directory: Path, now: float, config: PolicyConfig, fresh_on_corrupt: bool
+) -> dict[int, DeviceLedger]:
+    """`load`; with `fresh_on_corrupt` a file that does not load (StateError) is renamed
+    `<file>.corrupt`, with a warning, and the devices start empty."""
+    try:
+        return load(directory, now, config)
+    except StateError as e:
+        if not fresh_on_corrupt:
+            raise
+        aside = directory / (STATE_FILE + ".corrupt")
+        os.replace(directory / STATE_FILE, aside)
+        log.warning("%s; starting fresh (the file is kept as %s)", e, aside)
+        return {}

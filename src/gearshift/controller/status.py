@@ -22,22 +22,24 @@ decayed mean pad ratio of the dim's requests; `samples` the events in the window
 `history_samples` those in the plan's history (`PolicyConfig.history`). A restarted
 controller reads the last document to map the live workers' profile ids again before they
 re-register (events in their rings are then folded, not counted as unknown).
+
+`document` builds it from plain data (ledgers, workers, counters), so this module knows
+nothing of the controller itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+from gearshift.controller.slots import Lag, Worker
 from gearshift.core.config import PolicyConfig
-from gearshift.core.round import ProfileLedger
+from gearshift.core.round import DeviceLedger, ProfileLedger
 from gearshift.core.seed import gear_stats
 from gearshift.errors import LayoutError, PayloadError
-from gearshift.shm import SnapshotRegion, names
-
-if TYPE_CHECKING:
-    from gearshift.controller.controller import Controller
+from gearshift.shm import SlotInfo, SnapshotRegion, names
 
 FORMAT = 1
 CAPACITY = 1 << 20
@@ -89,9 +91,23 @@ def profile_view(
     return {"name": name, "changes": changes, "dims": dims}
 
 
-def document(c: Controller, now: float) -> dict[str, Any]:
-    """The status document of controller `c` at `now`."""
-    workers = [
+def document(
+    now: float,
+    *,
+    namespace: str,
+    embedded: bool,
+    policy: PolicyConfig,
+    counts: Mapping[str, int],
+    rounds: Mapping[str, Any],
+    workers: Iterable[Worker],
+    devices: Mapping[int, DeviceLedger],
+    memory_usage: Mapping[int, float | None],
+    lags: Mapping[int, Lag],
+    changes: Mapping[int, Mapping[str, list[list[Any]]]],
+) -> dict[str, Any]:
+    """The status document at `now`: the event `counts`, decision `rounds`, the `workers`,
+    and per device of `devices` its `memory_usage`, `lags` and last round's `changes`."""
+    worker_entries = [
         {
             "slot": w.info.slot,
             "generation": w.info.generation,
@@ -103,35 +119,47 @@ def document(c: Controller, now: float) -> dict[str, Any]:
             "applied": w.info.applied_version,
             "profiles": [[local, name] for local, name in w.profiles.items()],
         }
-        for w in c.workers.values()
+        for w in workers
     ]
-    devices = []
-    for device, dev in sorted(c.devices.items()):
-        changes = c.changes.get(device, {})
-        lag = c.lags.get(device)
-        devices.append(
+    device_entries = []
+    for device, dev in sorted(devices.items()):
+        last = changes.get(device, {})
+        lag = lags.get(device)
+        device_entries.append(
             {
                 "device": device,
                 "version": dev.version,
-                "memory_usage": c.memory_usage(device, now),
+                "memory_usage": memory_usage.get(device),
                 "last_update": dev.last_update,
                 "lag": dataclasses.asdict(lag)
                 if lag
                 else {"last_seconds": None, "count": 0, "seconds_sum": 0.0},
                 "profiles": [
-                    profile_view(name, p, changes.get(name, []), now, c.policy)
+                    profile_view(name, p, last.get(name, []), now, policy)
                     for name, p in dev.profiles.items()
                 ],
             }
         )
     return {
         "format": FORMAT,
-        "namespace": c.config.namespace,
+        "namespace": namespace,
         "pid": os.getpid(),
-        "embedded": c.embedded,
+        "embedded": embedded,
         "time": now,
-        "events": dict(c.counts),
-        "rounds": dict(c.rounds),
-        "workers": workers,
-        "devices": devices,
+        "events": dict(counts),
+        "rounds": dict(rounds),
+        "workers": worker_entries,
+        "devices": device_entries,
     }
+
+
+def profile_ids(doc: Mapping[str, Any] | None, info: SlotInfo) -> list[tuple[int, str]]:
+    """(local id, profile name) of each profile that document `doc` lists for this claim of
+    the slot (same slot, generation and pid); none without a document."""
+    return [
+        (local, name)
+        for entry in (doc or {}).get("workers", [])
+        if (entry["slot"], entry["generation"], entry["pid"])
+        == (info.slot, info.generation, info.pid)
+        for local, name in entry["profiles"]
+    ]

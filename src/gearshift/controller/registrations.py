@@ -1,0 +1,256 @@
+"""Profile registrations: each slot's request mailbox answered in its reply mailbox.
+
+A profile is (the slot's device, name). A name new to the device is created (seeded from the
+initial gears when they have it); a known name must be declared with the same dims in the same
+order, else the worker is refused with ProfileMismatch naming the live worker that holds it;
+with no live holder the re-declaration replaces the profile (its learned gears are reset). The
+worker's local id then maps to the profile's global key, and the reply carries the device's
+snapshot version. `serve` and `answer` hold that logic and need only a `Registrar` (the state
+side): the controller's is `Registrations`; the worker tests' fake controller is another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from gearshift.controller.config import InitialGears
+from gearshift.controller.ingest import ProfileKeys
+from gearshift.controller.slots import Slots, Worker
+from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim
+from gearshift.core.gears import starting_gears
+from gearshift.core.round import DeviceLedger, ProfileLedger
+from gearshift.errors import (
+    GearshiftError,
+    NamespaceBusy,
+    PayloadError,
+    ProfileMismatch,
+    ShapeError,
+)
+from gearshift.protocol import parse_register
+from gearshift.shm import Registry, error_reply
+
+log = logging.getLogger(__name__)
+
+REFUSED = (PayloadError, ShapeError, ProfileMismatch, NamespaceBusy)  # answered, not raised
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A parsed registration: the worker's local profile id, the profile's name and dims."""
+
+    local: int
+    name: str
+    dims: dict[str, Dim]
+
+
+class Registrar(Protocol):
+    """What `answer` needs to know and to record; `now` is the controller's time."""
+
+    def claimant(self, slot: int, now: float) -> tuple[int, int]:
+        """(device, pid) of the live worker holding `slot`; NamespaceBusy if there is none."""
+        ...
+
+    def dims_of(self, device: int, name: str) -> Mapping[str, Dim] | None:
+        """The dims of profile `name` on `device`; None if the device does not know it."""
+        ...
+
+    def holder(self, device: int, name: str, slot: int) -> int | None:
+        """The pid of a live worker other than `slot`'s that registered `name` on `device`."""
+        ...
+
+    def register(self, slot: int, request: Request, new: bool, now: float) -> int:
+        """Record the registration (`new`: create the profile, or replace it); returns the
+        device's snapshot version for the reply."""
+        ...
+
+
+def serve(registry: Registry, registrar: Registrar, now: float) -> int:
+    """Answer every waiting request of `registry`'s slots; returns how many were answered."""
+    answered = 0
+    for slot in range(registry.nslots):
+        try:
+            message = registry.requests(slot).take()
+        except PayloadError as e:
+            reply = refusal(slot, e)
+        else:
+            if message is None:
+                continue
+            reply = answer(registrar, slot, message, now)
+        if not registry.replies(slot).post(reply):
+            log.warning("slot %d has not taken its previous reply; this one is lost", slot)
+        answered += 1
+    return answered
+
+
+def answer(registrar: Registrar, slot: int, message: Mapping[str, Any], now: float) -> dict:
+    """The reply to `slot`'s registration `message`: parsed, checked against the profiles of
+    the worker's device and recorded; or the refusal of a malformed or mismatched one."""
+    try:
+        request = Request(*parse_register(message))
+        device, pid = registrar.claimant(slot, now)
+        known = registrar.dims_of(device, request.name)
+        new = check(
+            request, device, pid, known, lambda: registrar.holder(device, request.name, slot)
+        )
+        version = registrar.register(slot, request, new, now)
+    except REFUSED as e:
+        return refusal(slot, e)
+    log.info(
+        "pid %d (slot %d) registered profile %r on device %d as id %d",
+        pid,
+        slot,
+        request.name,
+        device,
+        request.local,
+    )
+    return {"op": "registered", "profile": request.local, "version": version}
+
+
+def check(
+    request: Request,
+    device: int,
+    pid: int,
+    known: Mapping[str, Dim] | None,
+    holder: Callable[[], int | None],
+) -> bool:
+    """Whether `request` of worker `pid` needs a new profile: True when its name is new to the
+    device (`known` None) or re-declared with other dims while no other live worker (`holder()`)
+    holds it; False when `known` has the same dims in the same order. ProfileMismatch else."""
+    if known is None:
+        return True
+    if list(known.items()) == list(request.dims.items()):
+        return False
+    held_by = holder()
+    if held_by is not None:
+        raise ProfileMismatch(
+            f"profile {request.name!r} on device {device} is registered by pid {held_by} "
+            f"with other dims ({_describe(known)}); pid {pid} declares {_describe(request.dims)}"
+        )
+    log.warning(
+        "profile %r on device %d re-declared as %s: its learned gears are reset",
+        request.name,
+        device,
+        _describe(request.dims),
+    )
+    return True
+
+
+def refusal(slot: int, error: GearshiftError) -> dict:
+    """The reply refusing `slot`'s request with `error` (raised as its type in the worker)."""
+    log.warning("slot %d: registration refused: %s", slot, error)
+    return error_reply(error)
+
+
+def new_profile(
+    device: int,
+    name: str,
+    dims: dict[str, Dim],
+    now: float,
+    policy: PolicyConfig,
+    initial_gears: InitialGears,
+) -> ProfileLedger:
+    """A fresh ledger; its gears from `initial_gears` (the device's, else the first device's
+    that has the profile) when they fit the dims, else the dims' initial gears."""
+    profile = ProfileLedger.new(dims, now, policy)
+    seeded = initial_gears.get(device, {}).get(name) or next(
+        (p[name] for _, p in sorted(initial_gears.items()) if name in p), None
+    )
+    if seeded:
+        try:
+            profile.gears = starting_gears(
+                {
+                    d: dataclasses.replace(dim, gears=seeded.get(d, dim.initial_gears))
+                    for d, dim in dims.items()
+                },
+                now,
+            )
+        except ShapeError as e:
+            log.warning("initial gears of %r ignored: %s", name, e)
+    return profile
+
+
+class Registrations:
+    """The controller's Registrar over its `slots`, `devices` and profile `keys`.
+
+    `rescan(now)` reads the slot table again (a request may come before the scan that sees its
+    slot); a new profile is published (`publish(device, now)`) and saved (`save()`); then
+    `registered(now)` publishes the status document, before the reply, so that a successor
+    maps the worker's id even if this controller dies right after answering.
+    """
+
+    def __init__(
+        self,
+        slots: Slots,
+        devices: dict[int, DeviceLedger],
+        keys: ProfileKeys,
+        policy: PolicyConfig,
+        initial_gears: InitialGears,
+        *,
+        rescan: Callable[[float], None],
+        publish: Callable[[int, float], None],
+        save: Callable[[], None],
+        registered: Callable[[float], None],
+    ) -> None:
+        self.slots = slots
+        self.devices = devices
+        self.keys = keys
+        self.policy = policy
+        self.initial_gears = initial_gears
+        self.rescan = rescan
+        self.publish = publish
+        self.save = save
+        self.registered = registered
+
+    def claimant(self, slot: int, now: float) -> tuple[int, int]:
+        w = self._live(slot)
+        if w is None:
+            self.rescan(now)
+            w = self._live(slot)
+        if w is None:
+            raise NamespaceBusy(f"slot {slot} is not held by a live worker")
+        return w.info.device, w.info.pid
+
+    def dims_of(self, device: int, name: str) -> Mapping[str, Dim] | None:
+        profile = self.devices.get(device, DeviceLedger()).profiles.get(name)
+        return profile.dims if profile is not None else None
+
+    def holder(self, device: int, name: str, slot: int) -> int | None:
+        w = self.slots.workers[slot]
+        other = next(
+            (
+                o
+                for o in self.slots.workers.values()
+                if o is not w
+                and o.info.alive
+                and o.info.device == device
+                and name in o.profiles.values()
+            ),
+            None,
+        )
+        return other.info.pid if other is not None else None
+
+    def register(self, slot: int, request: Request, new: bool, now: float) -> int:
+        w = self.slots.workers[slot]
+        device, name = w.info.device, request.name
+        dev = self.devices.setdefault(device, DeviceLedger())
+        if new:
+            dev.profiles[name] = new_profile(
+                device, name, request.dims, now, self.policy, self.initial_gears
+            )
+            self.publish(device, now)
+            self.save()
+        w.map(request.local, self.keys.key(device, name), name)
+        self.registered(now)
+        return dev.version
+
+    def _live(self, slot: int) -> Worker | None:
+        w = self.slots.workers.get(slot)
+        return w if w is not None and w.info.alive else None
+
+
+def _describe(dims: Mapping[str, Dim]) -> str:
+    return ", ".join(f"{name}={dim}" for name, dim in dims.items())

@@ -1,0 +1,223 @@
+"""The worker slots as the controller follows them: rings attached, gone workers reclaimed.
+
+A scan reads the slot table: a new claim (or a slot claimed anew, a new generation) becomes a
+`Worker` and gets its ring attached; a slot whose worker is gone (RELEASED, or ACTIVE with a
+dead identity) has its ring drained to the end into the batch, then `Registry.reclaim` frees
+the slot and unlinks the ring, so no recorded event is lost to a reclaim. A scan also reads the
+applied versions back: a device's propagation lag runs from a publish until every live worker
+with a profile on it acknowledged that version.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gearshift.controller import ingest
+from gearshift.controller.config import ControllerConfig
+from gearshift.errors import LayoutError
+from gearshift.shm import EventRing, Registry, SlotInfo, SlotState, names, segment
+
+log = logging.getLogger(__name__)
+
+ACK_POLL_SECONDS = 5.0  # after a publish, poll applied versions every iteration this long
+
+
+@dataclass
+class Worker:
+    """A claimed slot as this controller sees it; `lut` maps the worker's profile ids to
+    global profile keys (its last entry stays -1: ids beyond the table are unknown)."""
+
+    info: SlotInfo
+    ring: EventRing | None = None
+    lut: np.ndarray = field(default_factory=lambda: np.full(1, -1, np.int64))
+    profiles: dict[int, str] = field(default_factory=dict)  # local id -> profile name
+    consumed: int = 0
+    memory: tuple[float, float] | None = None  # (time, used share) of its latest reading
+
+    def map(self, local: int, key: int, name: str) -> None:
+        if local >= len(self.lut) - 1:
+            grown = np.full(local + 2, -1, np.int64)
+            grown[: len(self.lut) - 1] = self.lut[:-1]
+            self.lut = grown
+        self.lut[local] = key
+        self.profiles[local] = name
+
+    def keys(self, events: np.ndarray) -> np.ndarray:
+        return self.lut[np.minimum(events["profile"], len(self.lut) - 1)]
+
+
+@dataclass
+class Lag:
+    """Propagation lag of one device: publish until every live worker acknowledged it."""
+
+    last_seconds: float | None = None
+    count: int = 0
+    seconds_sum: float = 0.0
+
+
+class Slots:
+    """The claimed slots of `registry`: `workers` by slot, `lags` by device.
+
+    `guard(what, fn, *args)` runs one slot's handling so that its failure stays its own;
+    `on_new(worker)` is called for each new claim before its ring is read (the controller maps
+    the profile ids a predecessor knew); drained records go to `batch`.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        config: ControllerConfig,
+        batch: ingest.Batch,
+        guard: Callable[..., None],
+        on_new: Callable[[Worker], None],
+    ) -> None:
+        self.registry = registry
+        self.config = config
+        self.batch = batch
+        self.guard = guard
+        self.on_new = on_new
+        self.workers: dict[int, Worker] = {}
+        self.lags: dict[int, Lag] = {}
+        self.reclaimed = 0  # workers whose slot was reclaimed
+        self._awaiting: dict[int, tuple[int, float]] = {}  # device -> (version, published at)
+
+    def scan(self, now: float) -> None:
+        """Follow every claimed slot, forget the freed ones, read the acknowledgements."""
+        claimed = set()
+        for info in self.registry.slots():
+            if info.state != SlotState.FREE:
+                claimed.add(info.slot)
+                self.guard(f"slot {info.slot}", self._track, info, now)
+        for slot in set(self.workers) - claimed:  # freed behind our back (cleanup)
+            self._forget(slot)
+        self._acks(now)
+
+    def drain(self, now: float) -> None:
+        """Drain every attached ring (at most drain_max_events records each) and fold them."""
+        for w in self.workers.values():
+            if w.ring is not None:  # a ring that fails (corrupt counters) fails alone
+                self.guard(f"drain of slot {w.info.slot}", self._drain_one, w, now)
+        self.batch.flush(now)
+
+    def take(self, w: Worker, events: np.ndarray, now: float) -> None:
+        """Count `w`'s drained `events`, keep its latest memory reading, batch them."""
+        if not len(events):
+            return
+        w.consumed += len(events)
+        reading = ingest.memory_reading(events)
+        if reading is not None:
+            w.memory = reading
+        self.batch.add(events, w.keys(events), now)
+
+    def published(self, device: int, version: int, now: float) -> None:
+        """`version` of `device` was published at `now`: time its propagation."""
+        self._awaiting[device] = (version, now)
+
+    def polling(self, now: float) -> bool:
+        """Whether a publish is recent enough to read the applied versions every iteration."""
+        return any(now - t < ACK_POLL_SECONDS for _, t in self._awaiting.values())
+
+    def memory_usage(self, device: int, now: float) -> float | None:
+        """The highest fresh reading of the device's live workers (None: no fresh reading)."""
+        fresh = now - self.config.memory_fresh_seconds
+        readings = [
+            w.memory[1]
+            for w in self.workers.values()
+            if w.info.device == device
+            and w.info.alive
+            and w.memory is not None
+            and w.memory[0] >= fresh
+        ]
+        return max(readings, default=None)
+
+    def close(self) -> None:
+        """Unmap every attached ring (the rings themselves stay)."""
+        for w in self.workers.values():
+            if w.ring is not None:
+                w.ring.close()
+
+    def _drain_one(self, w: Worker, now: float) -> None:
+        assert w.ring is not None
+        self.take(w, w.ring.drain(self.config.drain_max_events), now)
+
+    def _track(self, info: SlotInfo, now: float) -> None:
+        """Follow a claimed slot: attach its ring; drain and reclaim it once its worker is gone."""
+        w = self.workers.get(info.slot)
+        if w is not None and w.info.generation != info.generation:  # claimed anew meanwhile
+            self._forget(info.slot)
+            w = None
+        if w is None:
+            w = self.workers[info.slot] = Worker(info)
+            self.on_new(w)
+        w.info = info
+        if w.ring is None:
+            w.ring = self._attach_ring(info)
+        if info.reclaimable:
+            self._reclaim(w, now)
+
+    def _attach_ring(self, info: SlotInfo) -> EventRing | None:
+        try:
+            return EventRing.attach(self.config.namespace, info.slot)
+        except FileNotFoundError:
+            return None  # not created yet, or its worker died before creating it
+        except LayoutError as e:
+            if not info.reclaimable:
+                raise
+            self._discard_ring(info, e)
+            return None
+
+    def _reclaim(self, w: Worker, now: float) -> None:
+        """Drain a gone worker's ring to the end, fold it, free the slot, unlink the ring."""
+        if w.ring is not None:
+            limit = self.config.drain_max_events
+            try:
+                for _ in range(w.ring.capacity // limit + 2):
+                    if not w.ring.pending():
+                        break
+                    self.take(w, w.ring.drain(limit), now)
+            except LayoutError as e:
+                w.ring.close()
+                w.ring = None
+                self._discard_ring(w.info, e)
+            self.batch.flush(now)
+        self.registry.reclaim(w.info.slot, w.ring)
+        self._forget(w.info.slot)
+        self.reclaimed += 1
+        log.info(
+            "worker pid %d (slot %d, device %d) gone: slot reclaimed after %d events, %d dropped",
+            w.info.pid,
+            w.info.slot,
+            w.info.device,
+            w.consumed,
+            w.info.dropped,
+        )
+
+    def _discard_ring(self, info: SlotInfo, error: Exception) -> None:
+        log.warning(
+            "slot %d: unreadable ring of gone pid %d removed: %s", info.slot, info.pid, error
+        )
+        segment.unlink(names.ring(self.config.namespace, info.slot))
+
+    def _forget(self, slot: int) -> None:
+        w = self.workers.pop(slot)
+        if w.ring is not None:
+            w.ring.close()
+
+    def _acks(self, now: float) -> None:
+        for device, (version, published) in list(self._awaiting.items()):
+            live = [
+                w
+                for w in self.workers.values()
+                if w.info.device == device and w.info.alive and w.profiles
+            ]
+            if all(w.info.applied_version >= version for w in live):
+                del self._awaiting[device]
+                if live:
+                    lag = self.lags.setdefault(device, Lag())
+                    lag.last_seconds = now - published
+                    lag.count += 1
+                    lag.seconds_sum += now - published

@@ -1,0 +1,74 @@
+"""The registration answer on its own: a stub Registrar, no shared memory, no controller."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from gearshift import protocol
+from gearshift.controller import registrations
+from gearshift.controller.registrations import Request
+from gearshift.core.dims import Dim
+from gearshift.errors import NamespaceBusy, ProfileMismatch
+from gearshift.shm import raise_for_error
+
+B = {"B": Dim(max=64)}
+BS = {"B": Dim(max=64), "S": Dim(max=512)}
+
+
+class Stub:
+    """Device 3, pid 7 in slot 1; `known` its profiles, `held` their live holders' pids."""
+
+    def __init__(self, known: dict[str, dict[str, Dim]], held: dict[str, int]) -> None:
+        self.known, self.held = known, held
+        self.recorded: list[tuple[int, Request, bool]] = []
+
+    def claimant(self, slot: int, now: float) -> tuple[int, int]:
+        if slot != 1:
+            raise NamespaceBusy(f"slot {slot} is not held by a live worker")
+        return 3, 7
+
+    def dims_of(self, device: int, name: str) -> Mapping[str, Dim] | None:
+        return self.known.get(name)
+
+    def holder(self, device: int, name: str, slot: int) -> int | None:
+        return self.held.get(name)
+
+    def register(self, slot: int, request: Request, new: bool, now: float) -> int:
+        self.recorded.append((slot, request, new))
+        return 11
+
+
+def _answer(stub: Stub, dims: dict[str, Dim], slot: int = 1) -> dict:
+    return registrations.answer(stub, slot, protocol.register_message(5, "decode", dims), 0.0)
+
+
+def test_a_new_or_identical_profile_is_registered_and_the_reply_has_the_version() -> None:
+    stub = Stub({"other": B}, {})
+    assert _answer(stub, B) == {"op": "registered", "profile": 5, "version": 11}
+    stub.known["decode"] = dict(B)
+    assert _answer(stub, B)["version"] == 11
+    assert [new for _, _, new in stub.recorded] == [True, False]
+    assert stub.recorded[0][1] == Request(5, "decode", B)
+
+
+def test_other_dims_are_refused_while_a_live_worker_holds_the_name() -> None:
+    stub = Stub({"decode": B}, {"decode": 42})
+    with pytest.raises(ProfileMismatch, match="registered by pid 42 with other"):
+        raise_for_error(_answer(stub, BS))
+    assert stub.recorded == []
+
+
+def test_other_dims_or_order_replace_the_profile_when_nobody_holds_it() -> None:
+    stub = Stub({"decode": {"S": BS["S"], "B": BS["B"]}}, {})
+    assert _answer(stub, BS)["op"] == "registered"  # same dims, another order: a new profile
+    assert stub.recorded[0][2] is True
+
+
+def test_a_malformed_request_or_a_slot_without_a_worker_is_refused() -> None:
+    stub = Stub({}, {})
+    refusal = registrations.answer(stub, 1, {"op": "register", "profile": -1}, 0.0)
+    assert refusal["error"] == "PayloadError"
+    assert _answer(stub, B, slot=2)["error"] == "NamespaceBusy"
+    assert stub.recorded == []
