@@ -87,7 +87,6 @@ def test_the_core_imports_nothing_impure(module: str) -> None:
     assert outside <= CORE_MAY_IMPORT, f"{module} imports {sorted(outside - CORE_MAY_IMPORT)}"
 
 
-@pytest.mark.xfail(strict=True, reason="two circles left: controller-status, profile-session")
 def test_there_is_no_import_circle() -> None:
     """Tarjan's strongly connected components of the module graph: all of size one."""
     index: dict[str, int] = {}

@@ -35,6 +35,7 @@ __all__ = [
     "PolicyConfig",
     "Profile",
     "ProfileMismatch",
+    "Route",
     "ShapeError",
     "StateError",
     "TraceError",
@@ -49,14 +50,16 @@ _LAZY = {
     "Client": "gearshift.worker.session",
     "GraphResourcePool": "gearshift.graphs.pool",
     "GraphRunner": "gearshift.graphs.runner",
-    "Plan": "gearshift.worker.profile",
     "Profile": "gearshift.worker.profile",
+    "Route": "gearshift.worker.routing",
     "Transform": "gearshift.graphs.transform",
     "connect": "gearshift.worker.session",
 }
+_ALIASES = {"Plan": "Route"}  # Route's old name, kept for existing callers
 
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+    target = _ALIASES.get(name, name)
+    if target in _LAZY:
+        return getattr(importlib.import_module(_LAZY[target]), target)
     raise AttributeError(f"module 'gearshift' has no attribute {name!r}")

@@ -58,11 +58,11 @@ def test_one_dim_equals_eager(b: int) -> None:
     assert ONE.outputs == [("BATCHSIZE", None)]  # found by symbolic tracing
 
 
-def test_one_dim_plan_splits_over_the_largest_gear() -> None:
-    plan = ONE.plan({"BATCHSIZE": 19})
-    assert plan is not None
-    assert plan.spans["BATCHSIZE"] == (Span(0, 8, 8), Span(8, 8, 8), Span(16, 3, 4))
-    assert ONE.plan({"BATCHSIZE": 3}).spans["BATCHSIZE"] == (Span(0, 3, 4),)  # type: ignore[union-attr]
+def test_one_dim_tiling_splits_over_the_largest_gear() -> None:
+    tiling = ONE.tile({"BATCHSIZE": 19})
+    assert tiling is not None
+    assert tiling.spans["BATCHSIZE"] == (Span(0, 8, 8), Span(8, 8, 8), Span(16, 3, 4))
+    assert ONE.tile({"BATCHSIZE": 3}).spans["BATCHSIZE"] == (Span(0, 3, 4),)  # type: ignore[union-attr]
 
 
 @settings(max_examples=40, deadline=None)
@@ -71,7 +71,7 @@ def test_two_dims_equals_eager_with_eager_overflow(b: int, s: int) -> None:
     t = inputs(b, s)
     got, want = TWO(t), masked(**t)
     torch.testing.assert_close(got, want)
-    assert (TWO.plan({"BATCHSIZE": b, "SEQLEN": s}) is None) == (s > 16)  # SEQLEN not splittable
+    assert (TWO.tile({"BATCHSIZE": b, "SEQLEN": s}) is None) == (s > 16)  # SEQLEN not splittable
     assert TWO.outputs == [("BATCHSIZE", "SEQLEN", None), ("BATCHSIZE", None)]  # y, pooled
 
 
@@ -84,8 +84,8 @@ def test_two_dims_both_split_equals_eager(b: int, s: int) -> None:
 
 def test_gears_can_be_given_per_call() -> None:
     t = inputs(5, 9)
-    plan = TWO.plan({"BATCHSIZE": 5, "SEQLEN": 9}, {"BATCHSIZE": (3, 6), "SEQLEN": (10,)})
-    assert plan is not None and [c["BATCHSIZE"].gear for c in plan.chunks()] == [6]
+    tiling = TWO.tile({"BATCHSIZE": 5, "SEQLEN": 9}, {"BATCHSIZE": (3, 6), "SEQLEN": (10,)})
+    assert tiling is not None and [c["BATCHSIZE"].gear for c in tiling.chunks()] == [6]
     torch.testing.assert_close(TWO(t, {"BATCHSIZE": (3, 6), "SEQLEN": (10,)}), masked(**t))
 
 
@@ -93,7 +93,7 @@ def test_transform_pads_each_axis_with_its_pad_value() -> None:
     dims = {"BATCHSIZE": gs.Dim(gears=[4], max=4), "SEQLEN": gs.Dim(gears=[3], max=3, pad_value=-1)}
     t = Transform(lambda x: x, dims, inputs={"x": ("S", "B")})
     x = torch.ones(2, 3)  # S=2, B=3
-    chunk = t.plan(t.check({"x": x})).chunks()[0]  # type: ignore[union-attr]
+    chunk = t.tile(t.check({"x": x})).chunks()[0]  # type: ignore[union-attr]
     padded = t.transform({"x": x}, chunk)["x"]
     # S (axis 0) pads a whole row with -1, then B (axis 1) a whole column with 0: the last wins
     assert padded.tolist() == [[1, 1, 1, 0], [1, 1, 1, 0], [-1, -1, -1, 0]]
@@ -174,7 +174,7 @@ def test_bad_tensors_are_clear_errors(tensors: dict[str, torch.Tensor], match: s
 )
 def test_bad_sizes_are_clear_errors(sizes: dict[str, int], match: str) -> None:
     with pytest.raises(gs.ShapeError, match=match):
-        TWO.plan(sizes)
+        TWO.tile(sizes)
 
 
 def test_bad_bindings_are_clear_errors() -> None:

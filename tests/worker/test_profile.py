@@ -1,4 +1,4 @@
-"""Routing on a profile: plans, recorded events, adoption of new gears, bad shapes."""
+"""Routing on a profile: routes, recorded events, adoption of new gears, bad shapes."""
 
 from __future__ import annotations
 
@@ -31,12 +31,12 @@ def test_route_plans_the_smallest_gear_and_splits_over_the_largest(prof: gs.Prof
         "BATCHSIZE": (1, 2, 4, 8, 16, 32, 64),
         "SEQLEN": tuple(1 << k for k in range(14)),
     }
-    plan = prof.route(BATCHSIZE=13, SEQLEN=700)
-    assert plan.gears == {"BATCHSIZE": 16, "SEQLEN": 1024} and not plan.eager
-    assert plan.chunks == {"BATCHSIZE": (16,), "SEQLEN": (1024,)}
-    plan = prof.route(BATCHSIZE=130, SEQLEN=8192)
-    assert plan.chunks == {"BATCHSIZE": (64, 64, 2), "SEQLEN": (8192,)}
-    assert plan.gears == {"BATCHSIZE": 64, "SEQLEN": 8192}
+    route = prof.route(BATCHSIZE=13, SEQLEN=700)
+    assert route.gears == {"BATCHSIZE": 16, "SEQLEN": 1024} and not route.eager
+    assert route.chunks == {"BATCHSIZE": (16,), "SEQLEN": (1024,)}
+    route = prof.route(BATCHSIZE=130, SEQLEN=8192)
+    assert route.chunks == {"BATCHSIZE": (64, 64, 2), "SEQLEN": (8192,)}
+    assert route.gears == {"BATCHSIZE": 64, "SEQLEN": 8192}
     assert prof.route(BATCHSIZE=np.int64(64), SEQLEN=1).chunks["BATCHSIZE"] == (64,)
 
 
@@ -50,7 +50,7 @@ def test_dims_with_large_gears_route_by_bisection(client: gs.Client) -> None:
 def test_routing_tables_give_a_collection_nothing_to_walk(prof: gs.Profile) -> None:
     # a collection walks every tracked container, inside whichever request sets it off: no
     # routing structure may hold one reference per raw value (8193 for SEQLEN here)
-    tracked = [obj for row in prof._state.table for obj in row if gc.is_tracked(obj)]
+    tracked = [obj for row in prof._in_use.table for obj in row if gc.is_tracked(obj)]
     assert max(len(gc.get_referents(obj)) for obj in tracked) <= len(prof.gears["SEQLEN"])
 
 
@@ -76,8 +76,8 @@ def test_non_splittable_overflow_runs_eager_and_is_recorded_so(
     fake: FakeController, client: gs.Client
 ) -> None:
     prof = client.profile("prefill", {"SEQLEN": gs.Dim(gears=[16, 64], max=100)})
-    plan = prof.route(SEQLEN=80)
-    assert plan.eager and plan.chunks == {"SEQLEN": ()} and plan.gears == {"SEQLEN": None}
+    route = prof.route(SEQLEN=80)
+    assert route.eager and route.chunks == {"SEQLEN": ()} and route.gears == {"SEQLEN": None}
     (event,) = fake.drain(client.slot)
     assert event["kind"] == Kind.EAGER and event["chunks"][0] == 0
 
@@ -104,7 +104,7 @@ def test_bad_shapes_are_clear_errors_and_record_nothing(
     with pytest.raises(gs.ShapeError), prof.request(**sizes):
         pass
     assert len(fake.drain(client.slot)) == 0
-    assert prof._state.active == 0  # nor is it left in flight (its state's graphs would stay)
+    assert prof._in_use.active == 0  # nor is it left in flight (its gears' graphs would stay)
 
 
 def test_a_new_snapshot_is_adopted_on_the_next_route(
@@ -113,9 +113,9 @@ def test_a_new_snapshot_is_adopted_on_the_next_route(
     before = prof.version
     version = fake.publish({"decode": {"BATCHSIZE": [8, 24, 64], "SEQLEN": [512, 8192]}})
     assert version > before and prof.version == before  # nothing reads it before a request
-    plan = prof.route(BATCHSIZE=13, SEQLEN=700)
-    assert plan.version == prof.version == version
-    assert plan.gears == {"BATCHSIZE": 24, "SEQLEN": 8192}
+    route = prof.route(BATCHSIZE=13, SEQLEN=700)
+    assert route.version == prof.version == version
+    assert route.gears == {"BATCHSIZE": 24, "SEQLEN": 8192}
     assert prof.gears == {"BATCHSIZE": (8, 24, 64), "SEQLEN": (512, 8192)}
     fake.drain(client.slot)
     prof.route(BATCHSIZE=1, SEQLEN=1)
@@ -183,7 +183,7 @@ _sizes = st.dictionaries(st.sampled_from(["B", "S", "X", "_unknown"]), _size, ma
 
 
 def _outcome(route, fake: FakeController, slot: int, sizes: dict) -> tuple:
-    """What one route call gives back (its Plan or its error) and records."""
+    """What one route call gives back (its Route or its error) and records."""
     try:
         result = route(**sizes)
     except gs.ShapeError as e:
@@ -207,19 +207,19 @@ def test_the_specialised_route_plans_records_and_fails_as_the_generic_one(
     assert len(events) == (not isinstance(result, str))
 
 
-def test_plans_of_one_gear_combination_are_shared_and_read_only(
+def test_routes_of_one_gear_combination_are_shared_and_read_only(
     fake: FakeController, prof: gs.Profile
 ) -> None:
-    plan = prof.route(BATCHSIZE=13, SEQLEN=700)
-    assert prof.route(BATCHSIZE=9, SEQLEN=513) is plan
+    route = prof.route(BATCHSIZE=13, SEQLEN=700)
+    assert prof.route(BATCHSIZE=9, SEQLEN=513) is route
     with prof.request(BATCHSIZE=16, SEQLEN=1024) as same:
-        assert same is plan
+        assert same is route
     with pytest.raises(TypeError):
-        plan.chunks["BATCHSIZE"] = (8,)  # type: ignore[index]
-    assert pickle.loads(pickle.dumps(plan)) == plan  # it can go to another process
+        route.chunks["BATCHSIZE"] = (8,)  # type: ignore[index]
+    assert pickle.loads(pickle.dumps(route)) == route  # it can go to another process
     version = fake.publish({"decode": {"BATCHSIZE": [16, 64], "SEQLEN": [1024, 8192]}})
     again = prof.route(BATCHSIZE=13, SEQLEN=700)
-    assert again is not plan and again.version == version and again.chunks == plan.chunks
+    assert again is not route and again.version == version and again.chunks == route.chunks
 
 
 @pytest.mark.parametrize("names", [("seq-len", "class"), ("_B", "S"), ("\ufb01", "S")])

@@ -37,8 +37,8 @@ def test_the_api_example_works_as_written(namespace: str, mp, spawn) -> None:
                 "SEQLEN": gs.Dim(min=1, max=8192, align=16),
             },
         )
-        plan = prof.route(BATCHSIZE=13, SEQLEN=700)
-        assert plan.gears == {"BATCHSIZE": 16, "SEQLEN": 1024}
+        route = prof.route(BATCHSIZE=13, SEQLEN=700)
+        assert route.gears == {"BATCHSIZE": 16, "SEQLEN": 1024}
         assert prof.route(BATCHSIZE=130, SEQLEN=700).chunks == {
             "BATCHSIZE": (64, 64, 2),
             "SEQLEN": (1024,),
@@ -56,7 +56,7 @@ def test_the_api_example_works_as_written(namespace: str, mp, spawn) -> None:
 def test_the_routing_client_never_imports_torch() -> None:
     code = (
         "import sys, gearshift as gs, gearshift.tools.bench.hotpath\n"
-        "assert gs.connect and gs.Client and gs.Profile and gs.Plan\n"
+        "assert gs.connect and gs.Client and gs.Profile and gs.Route and gs.Plan is gs.Route\n"
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=WAIT)
@@ -130,8 +130,8 @@ def test_a_full_ring_drops_and_counts_events_and_routing_goes_on(fake: FakeContr
     registry = Registry.attach(fake.namespace)
     with gs.Client(registry, 0, background=False, register_timeout=0, ring_capacity=4) as client:
         prof = client.profile("decode", DECODE)
-        plans = [prof.route(BATCHSIZE=b, SEQLEN=9) for b in range(1, 7)]
-        assert [p.gears["BATCHSIZE"] for p in plans] == [1, 2, 4, 4, 8, 8]
+        routes = [prof.route(BATCHSIZE=b, SEQLEN=9) for b in range(1, 7)]
+        assert [p.gears["BATCHSIZE"] for p in routes] == [1, 2, 4, 4, 8, 8]
         client.tick()
         assert fake.registry.slots()[client.slot].dropped == 2
         assert [e["values"][0] for e in fake.drain(client.slot)] == [1, 2, 3, 4]

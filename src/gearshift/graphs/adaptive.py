@@ -1,4 +1,4 @@
-"""The adaptive runner: seed 004 generalised to a profile's dims and to gear sets that change.
+"""The adaptive runner: graphs of one function per gear combination, on gears that change.
 
 A variant is one gear per dim (in the transform's dim order), captured as one
 graph whose inputs are views of the leading rows of static buffers shared by
@@ -46,7 +46,7 @@ class _Captured:
 class AdaptiveRunner:
     """Graphs of one transform's function, one per captured variant.
 
-    `gears` (dim -> sorted gears) is what calls are planned on; replace it whole
+    `gears` (dim -> sorted gears) is what calls are tiled on; replace it whole
     to adopt a new gear set. `stats`: replays, eager (calls or chunks), captures.
     """
 
@@ -116,28 +116,28 @@ class AdaptiveRunner:
     def run(self, tensors: Mapping[str, torch.Tensor],
             sizes: Mapping[str, int] | None = None) -> Any:
         """`fn(**tensors)`, computed by replaying graphs on padded chunks where possible. A call
-        whose every dim fits one gear (the common case) is one chunk: no Plan, nothing to join.
+        whose every dim fits one gear (the common case) is one chunk: no Tiling, nothing to join.
         `sizes`: `transform.check(tensors)` when the caller has already checked them."""
         t, current = self.transform, self.gears  # read once: it may be replaced meanwhile
         sizes = t.check(tensors) if sizes is None else sizes
         self._check_static(tensors)
         gears = [gear_for(current[d], sizes[d]) for d in self.names]
         if None in gears:
-            plan = t.plan(sizes, current)
-            if plan is None:
+            tiling = t.tile(sizes, current)
+            if tiling is None:
                 with self._lock:
                     self.stats["eager"] += 1
                 return t.fn(**tensors)
-            chunks = [(c, tuple(c[d].gear for d in self.names)) for c in plan.chunks()]
+            chunks = [(c, tuple(c[d].gear for d in self.names)) for c in tiling.chunks()]
         else:
-            plan = None
+            tiling = None
             spans = {d: Span(0, sizes[d], g) for d, g in zip(self.names, gears, strict=True)}
             chunks = [(spans, tuple(gears))]
         with self._lock:
             for name, buffer in self._unbound.items():
                 buffer.copy_(tensors[name])
             parts = [self._chunk(tensors, chunk, variant) for chunk, variant in chunks]
-        leaves = parts[0][0] if plan is None else t.join([p for p, _ in parts], plan)
+        leaves = parts[0][0] if tiling is None else t.join([p for p, _ in parts], tiling)
         return tree_unflatten(leaves, parts[0][1])
 
     def _chunk(

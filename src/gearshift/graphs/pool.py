@@ -1,4 +1,4 @@
-"""Graph lifetime (seed 000 §3.4): opaque keys for graph resources, and which gears own them.
+"""Graph lifetime: opaque keys for graph resources, and which gears own them.
 
 Only the lower layer (the one that captures) makes keys: `register` appends
 each key to the calling thread's pending list, and the upper layer reads them

@@ -1,4 +1,4 @@
-"""Seed 004's graph bucket runner: one graph per batch bucket over one static buffer pair.
+"""A graph bucket runner of one batch dim: one graph per bucket over one static buffer pair.
 
 Every bucket's graph is captured on the first b rows of the same `static_in`
 / `static_out`. A run copies its rows in, zeroes only the padding rows

@@ -1,13 +1,14 @@
-"""Transform and recover (seed 002): run a call of any size as padded, gear-sized chunks.
+"""Transform and recover: run a call of any size as padded, gear-sized chunks.
 
 A profile binds input axes to symbols, e.g. `inputs={"x": ("B", "S", None),
 "mask": ("B", "S")}`, and `symbols` maps each symbol to one of its dims
 (default: every dim name to itself, and `B` → `BATCHSIZE`, `S` → `SEQLEN`).
 Every call is checked: ranks, bounds, and that all axes of one symbol agree.
 
-- plan: per dim, `chunks_for` its gears; a chunk is one span per dim, and the
-  chunks are the row-major product of the spans. A non-splittable dim over its
-  largest gear makes the whole call eager (no plan).
+- tile: per dim, `chunks_for` its gears cuts the raw size into spans; a chunk is
+  one span per dim, and the chunks (a `Tiling`) are the row-major product of the
+  spans. A non-splittable dim over its largest gear makes the whole call eager
+  (no tiling).
 - transform: a chunk's rows of every bound input, padded on each bound axis up
   to its gear with the dim's `pad_value` (the last bound axis wins at corners).
 - recover: each chunk's outputs sliced back to its rows, then concatenated.
@@ -47,8 +48,9 @@ class Span:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """Per dim (in the transform's dim order), the spans its raw size is cut into."""
+class Tiling:
+    """Per dim (in the transform's dim order), the spans its raw size is cut into; its chunks
+    tile the call."""
 
     spans: dict[str, tuple[Span, ...]]
 
@@ -125,11 +127,11 @@ class Transform:
             self.outputs = self._trace_outputs(tensors)
         return {dim: sizes[dim] for dim in self.dims}
 
-    def plan(
+    def tile(
         self, sizes: Mapping[str, int], gears: Mapping[str, Gears] | None = None
-    ) -> Plan | None:
-        """How a call of these raw sizes runs on these gears (sorted tuples; default: the dims'
-        initial gears); None means eager."""
+    ) -> Tiling | None:
+        """The chunks a call of these raw sizes runs as on these gears (sorted tuples; default:
+        the dims' initial gears); None means eager."""
         unknown = sizes.keys() - self.dims.keys()
         if unknown:
             raise ShapeError(f"unknown dim(s) {sorted(unknown)}; known: {sorted(self.dims)}")
@@ -146,7 +148,7 @@ class Transform:
             spans[dim] = tuple(
                 Span(s, min(g, raw - s), g) for s, g in zip(starts, chunks, strict=False)
             )
-        return Plan(spans)
+        return Tiling(spans)
 
     def fill(
         self, dst: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor], chunk: Chunk
@@ -207,11 +209,11 @@ class Transform:
             out.append(t if own else t.clone())
         return out
 
-    def join(self, parts: Sequence[list[torch.Tensor]], plan: Plan) -> list[torch.Tensor]:
-        """The cut output leaves of every chunk of `plan` (in `plan.chunks()` order),
+    def join(self, parts: Sequence[list[torch.Tensor]], tiling: Tiling) -> list[torch.Tensor]:
+        """The cut output leaves of every chunk of `tiling` (in `tiling.chunks()` order),
         concatenated; one chunk's are returned as they are."""
         flat = list(parts)
-        for dim, spans in reversed(plan.spans.items()):
+        for dim, spans in reversed(tiling.spans.items()):
             n = len(spans)
             if n == 1:
                 continue
@@ -226,20 +228,22 @@ class Transform:
             ]
         return flat[0]
 
-    def recover(self, outputs: Sequence[Any], plan: Plan) -> Any:
-        """Every chunk's raw outputs (in `plan.chunks()` order) cut back and joined."""
+    def recover(self, outputs: Sequence[Any], tiling: Tiling) -> Any:
+        """Every chunk's raw outputs (in `tiling.chunks()` order) cut back and joined."""
         flat = [self.leaves(o) for o in outputs]
-        parts = [self.cut(leaves, c) for (leaves, _), c in zip(flat, plan.chunks(), strict=True)]
-        return tree_unflatten(self.join(parts, plan), flat[0][1])
+        chunks = tiling.chunks()
+        parts = [self.cut(leaves, c) for (leaves, _), c in zip(flat, chunks, strict=True)]
+        return tree_unflatten(self.join(parts, tiling), flat[0][1])
 
     def __call__(
         self, tensors: Mapping[str, torch.Tensor], gears: Mapping[str, Gears] | None = None
     ) -> Any:
-        """`fn` run on padded chunks and recovered (eager when the plan says so)."""
-        plan = self.plan(self.check(tensors), gears)
-        if plan is None:
+        """`fn` run on padded chunks and recovered (eager when the tiling says so)."""
+        tiling = self.tile(self.check(tensors), gears)
+        if tiling is None:
             return self.fn(**tensors)
-        return self.recover([self.fn(**self.transform(tensors, c)) for c in plan.chunks()], plan)
+        outputs = [self.fn(**self.transform(tensors, c)) for c in tiling.chunks()]
+        return self.recover(outputs, tiling)
 
     def _axes(self) -> list[Axes]:
         assert self.outputs is not None, "check() resolves the output axes first"

@@ -7,15 +7,7 @@ between two checks run on the gears in force when it starts and are then folded
 into the per-dim statistics; at the check that ends it, `should_update` (memory
 reading: the last one before the check) may trigger a `decide` round whose
 gears apply from the check on. Static policies replay the same segments and
-never decide.
-
-Gear sets per trace column (`policy_dims`): bounds `[1, M]` with M the column's
-largest value (the tightest server limit the trace admits; or the largest given
-gear, if larger); default gears (adaptive, static) = the Dim's default ladder,
-`ladder(1, M)`: the powers of two below M, plus M. `pow2` = the power-of-two
-ladder up to P, the smallest power of two >= M (bounds `[1, P]`); `optimal` =
-the hindsight-optimal K gears of the column (default K: as many as either
-ladder, which hold as many gears). `BATCHSIZE` is splittable, other dims not.
+never decide. The gear sets of the policies: `policy_dims`.
 """
 
 from __future__ import annotations
@@ -126,8 +118,15 @@ def policy_dims(
     splittable: Mapping[str, bool] | None = None,
     cost: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, Dim]:
-    """The Dim of every trace column under `policy` (module docstring); ShapeError on misuse.
-    `cost` sets a dim's `Dim.cost`: the policy, and the optimum, minimise padded cost."""
+    """The Dim of every trace column under `policy`; ShapeError on misuse.
+
+    Bounds `[1, M]`, M the column's largest value (the tightest server limit the trace admits;
+    or the largest given gear, if larger); default gears (adaptive, static): the Dim's default
+    ladder `ladder(1, M)`, the powers of two below M, plus M. `pow2`: the power-of-two ladder
+    up to P, the smallest power of two >= M (bounds `[1, P]`); `optimal`: the hindsight-optimal
+    K gears of the column (default K: as many as either ladder, which hold as many gears).
+    `BATCHSIZE` is splittable, other dims not. `cost` sets a dim's `Dim.cost`: the policy, and
+    the optimum, minimise padded cost."""
     gears, k, splittable = dict(gears or {}), dict(k or {}), dict(splittable or {})
     cost = dict(cost or {})
     if policy not in POLICIES:

@@ -1,4 +1,7 @@
 """The worker side, torch-free: a session with the node's controller and its profiles.
 
+Modules, each importing only those before it: interfaces (`Host`, what a profile uses of its
+client; `Runner`, what it drives), routing (the request path), profile (requests in flight,
+adoption, warm-up, release), registration (the mailbox pump), session (`connect`, `Client`).
 Graph runners (`gearshift.graphs`, torch) are imported only when a profile builds one.
 """

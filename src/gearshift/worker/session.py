@@ -1,12 +1,13 @@
-"""A worker's session with its node's controller (DESIGN.md §1, §5): `connect()` and `Client`.
+"""A worker's session with its node's controller: `connect()` and `Client`.
 
 `connect` attaches the namespace's registry: ControllerNotFound when no live controller serves
 it, unless `embedded=True`, which starts one in a daemon thread of this process. A `Client`
 claims a worker slot for its device, creates the slot's event ring, attaches the device's
 snapshot region (once the controller has created it) and registers each `profile` through the
-slot's mailbox: one registration in flight at a time, the caller waiting `register_timeout`
-for the reply (a refusal, ProfileMismatch, is raised to it; no reply: the profile serves on its
-initial gears and registers when the controller answers).
+slot's mailbox (`Registrations`): one registration in flight at a time, the caller waiting
+`register_timeout` for the reply (a refusal, ProfileMismatch, is raised to it; no reply: the
+profile serves on its initial gears and registers when the controller answers). The client is
+its profiles' `Host`; they never import this module.
 
 The swap thread (`tick()` every `poll_interval`, or when woken) watches the controller (a new
 identity: register every profile again and re-attach the region; none alive: a warning at most
@@ -39,9 +40,12 @@ from gearshift.errors import (
     GearshiftError,
     ProfileMismatch,
 )
-from gearshift.shm import EventRing, Registry, SnapshotRegion, mailbox
+from gearshift.shm import EventRing, Registry, SnapshotRegion
 from gearshift.shm.ring import DEFAULT_CAPACITY
-from gearshift.worker.profile import Profile, Runner, checked_dims
+from gearshift.worker.interfaces import Runner
+from gearshift.worker.profile import Profile
+from gearshift.worker.registration import Registrations
+from gearshift.worker.routing import checked_dims
 
 log = logging.getLogger(__name__)
 MemoryReading = Callable[[], tuple[int, int]]
@@ -162,11 +166,7 @@ class Client:
         self._embedded = controller  # the embedded controller this client started, if any
         self._leader = registry.controller().pid  # the controller profiles registered with
         self._profiles: dict[str, Profile] = {}
-        self._by_id: dict[int, Profile] = {}
         self._ids = itertools.count()
-        self._queue: list[Profile] = []  # to register, in order
-        self._outstanding: Profile | None = None  # posted, no reply yet
-        self._registration = threading.Lock()
         self._adopting = threading.Lock()
         self._wake, self._stop = threading.Event(), threading.Event()
         self._quiet_until = self._next_beat = self._next_memory = float("-inf")
@@ -178,6 +178,7 @@ class Client:
         except BaseException:
             registry.release_slot(self.slot)
             raise
+        self._registrations = Registrations(registry, self.slot, self._warn)
         self._attach_region()
         self.refresh()
         self._thread = None
@@ -205,12 +206,10 @@ class Client:
             if known.dims != dims:
                 raise ProfileMismatch(f"profile {name!r} is already registered with other dims")
             return known
-        with self._registration:
-            self._by_id[prof.id] = prof
-            self._queue.append(prof)
+        self._registrations.add(prof)
         deadline = self.clock.now() + self.register_timeout
         while True:
-            self._pump()
+            self._registrations.pump()
             if prof.rejected is not None:
                 self._forget(prof)
                 raise prof.rejected
@@ -229,54 +228,9 @@ class Client:
         return prof
 
     def _forget(self, prof: Profile) -> None:
-        with self._registration:
-            self._by_id.pop(prof.id, None)
+        self._registrations.forget(prof)
         with self._adopting:
             self._profiles = {n: p for n, p in self._profiles.items() if p is not prof}
-
-    def _pump(self) -> None:
-        """Take the replies waiting, then post the next registration if none is in flight."""
-        slot = self.slot
-        with self._registration:
-            try:
-                while (reply := self.registry.replies(slot).take()) is not None:
-                    self._on_reply(reply)
-                if self._outstanding is None and self._queue:
-                    p = self._queue[0]
-                    if self.registry.requests(slot).post(
-                        protocol.register_message(p.id, p.name, p.dims)
-                    ):
-                        self._outstanding = self._queue.pop(0)
-            except GearshiftError as e:
-                self._warn("namespace %r: registration mailbox: %s", self.namespace, e)
-
-    def _on_reply(self, reply: dict) -> None:
-        if "error" in reply:
-            prof, self._outstanding = self._outstanding, None
-            try:
-                mailbox.raise_for_error(reply)
-            except GearshiftError as e:
-                log.error("registration of profile %r refused: %s", prof.name if prof else None, e)
-                if prof is not None:
-                    prof.rejected = e
-            return
-        pid = reply.get("profile")
-        prof = self._by_id.get(pid) if isinstance(pid, int) else None
-        if prof is None or reply.get("op") != "registered":
-            log.warning("namespace %r: unexpected registration reply %r", self.namespace, reply)
-            return
-        prof.registered = True
-        if prof in self._queue:
-            self._queue.remove(prof)
-        if self._outstanding is prof:
-            self._outstanding = None
-
-    def _register_again(self) -> None:
-        with self._registration:
-            self._outstanding = None
-            self._queue = [p for p in self._by_id.values() if p.rejected is None]
-            for p in self._queue:
-                p.registered = False
 
     # request path
 
@@ -308,7 +262,7 @@ class Client:
         self._wake.set()
 
     def wake(self) -> None:
-        """Run the swap thread's next tick now (a drained state may free graphs)."""
+        """Run the swap thread's next tick now (replaced gears drained: graphs may be freed)."""
         self._wake.set()
 
     def attached(self, runner: Runner) -> None:
@@ -324,7 +278,7 @@ class Client:
         """One round of the swap thread (call it directly when made with background=False)."""
         now = self.clock.now()
         self._watch_controller()
-        self._pump()
+        self._registrations.pump()
         if self.region is NO_SNAPSHOT or self._region_stale:
             self._attach_region()
         self.refresh()
@@ -369,7 +323,7 @@ class Client:
                 self._leader,
             )
             self._leader, self._region_stale = info.pid, True
-            self._register_again()
+            self._registrations.again()
 
     def _attach_region(self) -> None:
         try:

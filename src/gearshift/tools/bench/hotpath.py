@@ -5,9 +5,10 @@ sizes, routed against a snapshot published by a stand-in controller (the shm pri
 in a private namespace. Timed in batches, each batch's ring drained untimed afterwards, so
 every event is really written; figures are medians of per-call batch means.
 
-Baseline, measured in the same run, interleaved batch by batch: the seed's single-process
-design (seed 000 §3): a clone-on-read copy of the gear snapshot per request, the same gear
-lookup, and, under the sample lock, one sample object per dim appended to its gear's state.
+Baseline, measured in the same run, interleaved batch by batch: the single-process design
+gearshift replaced (the "seed"): a clone-on-read copy of the gear snapshot per request, the
+same gear lookup, and, under the sample lock, one sample object per dim appended to its gear's
+state.
 """
 
 from __future__ import annotations

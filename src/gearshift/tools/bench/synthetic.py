@@ -4,7 +4,7 @@ Sixteen families of request sizes (stationary, heavy-tailed, multimodal, driftin
 stepping, bursty, sparse; the last five were added after the policy was tuned), each drawn
 with several seeds and replayed from the default start (`ladder(1, M)`, as `gearshift
 simulate` does). Per family: plan mode's padding over the hindsight-optimal
-static set with as many gears as plan mode holds on average, rounded (issue 7's measure, goal
+static set with as many gears as plan mode holds on average, rounded (the headline measure, goal
 <= 1.25) and interpolated between the two nearest gear counts (no rounding luck), and over
 the same count's optimum fitted on another draw of the family (held out: a static set chosen
 in advance from the same traffic, not from the events it is scored on); the worst and the

@@ -11,16 +11,11 @@ every request, an AdaptiveRunner replays graphs of the gears in use, the client'
 adopts new snapshots and captures their gears;
 `("exit",)`.
 A run captures its initial gears, replies `("prepared", None)` and starts on the parent's
-`("go",)`, so that the workers start together and start-up captures time neither run. Then,
-as a server's workers take requests off one queue, each takes the next row of `sizes` from
-the shared counter `queue` until none is left: the workers move through the trace together.
-Its reply is a dict (`_replay`), an error `("error", traceback)`. Progress goes to the shared
-array `progress`: [requests done, useful tokens, padded tokens] at `3 * index`.
-
-In the adaptive run a worker adopts a new snapshot before its next request and waits until
-its swap thread has captured the new gears: compressed a hundredfold, the fraction of a second
-a capture takes would otherwise be minutes of trace served on the old gears, where a server
-serves seconds of an hour. The captures' CPU and wall time count in the run.
+`("go",)`; then each worker takes the next row of `sizes` from the shared counter `queue` until
+none is left. Its reply is a dict (`_replay`), an error `("error", traceback)`. Progress goes to
+the shared array `progress`: [requests done, useful tokens, padded tokens] at `3 * index`. In
+the adaptive run a worker adopts a new snapshot, and waits until its swap thread has captured
+the new gears, before its next request; the captures count in the run (why: docs/tools.md).
 
 SIGINT is ignored (inherited from the demo process, which handles Ctrl-C); SIGTERM exits
 through the `finally` blocks, so the client releases its slot; a worker whose parent is gone
@@ -208,7 +203,7 @@ class _Routed:
 
     __slots__ = ("request", "sizes")
 
-    def __init__(self, request: AbstractContextManager[gs.Plan], sizes: dict[str, int]) -> None:
+    def __init__(self, request: AbstractContextManager[gs.Route], sizes: dict[str, int]) -> None:
         self.request, self.sizes = request, sizes
 
     def __enter__(self) -> list[int]:

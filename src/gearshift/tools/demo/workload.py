@@ -4,16 +4,9 @@ Each row is one prefill request whose raw sizes are the row's dims; the model (`
 `x = [*sizes, WIDTH]` and attends over SEQLEN, the last dim (a trace without SEQLEN runs every
 row as sequences of one token). A request carries `prod(sizes)` useful tokens and runs its
 padded chunks: `padded_tokens` tokens, and `padded_pairs` (tokens x sequence length), which
-attention's cost follows. Every dim is the simulator's (`simulate.policy_dims`): bounds
-[1, M], M the trace's largest value (a server's limit), and gears starting on its default
-ladder, the powers of two below M and M; BATCHSIZE is splittable, other dims not. The static
-baseline keeps those gears; the adaptive run starts on them, with SEQLEN priced by the
-calibrated model (`Cost.priced`), so that the policy weighs padding by what it costs.
-
-To fit the time asked for, the demo replays one row in `stride` (rows floor(i x stride); a
-stride may be fractional, so a run fills its time; the trace's shape and order are kept) and
-divides the policy's durations by `factor / stride`, `factor` being the trace's duration over
-the expected duration of one run.
+attention's cost follows. The dims are the simulator's static ones (`simulate.policy_dims`);
+the adaptive run prices SEQLEN with the calibrated model (`Cost.priced`). A run replays one
+row in `stride` (`Workload.every`); how the demo sizes and scales its runs: docs/tools.md.
 """
 
 from __future__ import annotations

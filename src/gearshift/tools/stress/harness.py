@@ -1,5 +1,6 @@
 """The harness of a stress run: starts the processes (`roles.py`), each in its own session (a
-Ctrl-C reaches only the harness), kills and restarts them on the chaos plan, and counts.
+Ctrl-C reaches only the harness), kills and restarts them on the chaos plan, and keeps the
+books (`tally.py`).
 
 Chaos: about once a second a random routing worker is SIGKILLed and a new one started; about
 every 5 s the controller is SIGKILLed and restarted 0.2-0.8 s later on the same state file;
@@ -13,11 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import random
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -27,16 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from gearshift.controller import status
 from gearshift.errors import ControllerNotFound, GearshiftError
 from gearshift.shm import EventRing, Registry, cleanup, names
 from gearshift.shm.ring import HEAD, TAIL
 from gearshift.shm.segment import SHM_DIR
-from gearshift.tools.stress import report, roles
-from gearshift.tools.stress.journal import Journal
+from gearshift.tools.stress import roles
 from gearshift.tools.stress.report import StressReport
+from gearshift.tools.stress.tally import Incarnation, Tally
 
 SETTINGS = (  # the policy's and the controller's intervals, scaled down: many publications
     "window_seconds=4",
@@ -75,37 +72,20 @@ def run(config: StressConfig) -> StressReport:
         harness.teardown()
 
 
-@dataclass
-class _Incarnation:
-    """One worker process; its ring is mapped once it reported ready."""
-
-    index: int
-    device: int
-    proc: subprocess.Popen
-    log: Path
-    counters: Path
-    ring: EventRing | None = None
-    final: tuple[int, int, int] | None = None  # head, tail, dropped, once they cannot change
-
-
 class _Harness:
     def __init__(self, config: StressConfig) -> None:
         self.config = config
         self.namespace = names.validate(config.namespace or f"stress-{os.urandom(6).hex()}")
         self.dir = Path(tempfile.mkdtemp(prefix="gearshift-stress-"))
         self.rng = random.Random(config.seed)
+        self.tally = Tally(self.namespace, self.dir, config.workers, config.seconds)
         self.procs: list[subprocess.Popen] = []  # every process started
         self.controller: subprocess.Popen | None = None
-        self.controllers = 0
         self.controller_up = False
         self.restart_at: float | None = None
         self.readers: list[subprocess.Popen] = []
-        self.current: list[_Incarnation] = []  # the worker of each index
-        self.incarnations: list[_Incarnation] = []
+        self.current: list[Incarnation] = []  # the worker of each index
         self.registry: Registry | None = None
-        self.kills = {"worker": 0, "controller": 0}
-        self.downtime: list[list[int]] = []  # [killed, back up] monotonic ns (0: not yet)
-        self.unattributed: dict[int, int] = {}  # controller pid -> its unknown + invalid
         self.next_status = 0.0
 
     def start(self) -> None:
@@ -150,9 +130,9 @@ class _Harness:
         self.controller.terminate()
         if _reap(self.controller) != 0:
             raise GearshiftError(f"the controller failed at exit:\n{self._stderr('controller')}")
-        for w in self.incarnations:
+        for w in self.tally.incarnations:
             self._finalize(w, force=True)
-        return self._report(leaked=len(_entries(self.namespace)))
+        return self.tally.count(len(self.readers), leaked=len(_entries(self.namespace)))
 
     def teardown(self) -> None:
         """Kill whatever still runs, unmap, remove the namespace and the temporary directory."""
@@ -160,7 +140,7 @@ class _Harness:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        for w in self.incarnations:
+        for w in self.tally.incarnations:
             if w.ring is not None:
                 w.ring.close()
         if self.registry is not None:
@@ -190,14 +170,14 @@ class _Harness:
             namespace=self.namespace,
             settings=SETTINGS,
             state_dir=str(self.dir / "state"),
-            journal=str(self.dir / f"journal.{self.controllers}"),
+            journal=str(self.dir / f"journal.{self.tally.controllers}"),
         )
-        self.controllers += 1
+        self.tally.controllers += 1
         self.controller_up = False
         self.restart_at = None
 
-    def _start_worker(self, index: int) -> _Incarnation:
-        number = len(self.incarnations)
+    def _start_worker(self, index: int) -> Incarnation:
+        number = len(self.tally.incarnations)
         counters = self.dir / f"worker{index}.{number}.counters"
         counters.write_bytes(bytes(roles.COUNTERS))
         log = self.dir / f"worker{index}.{number}.log"
@@ -212,8 +192,8 @@ class _Harness:
             log=str(log),
             counters=str(counters),
         )
-        self.incarnations.append(_Incarnation(index, device, proc, log, counters))
-        return self.incarnations[-1]
+        self.tally.incarnations.append(Incarnation(index, device, proc, log, counters))
+        return self.tally.incarnations[-1]
 
     def _kill(self, what: str) -> bool:
         """SIGKILL the controller (restarted after a random pause) or a random routing worker
@@ -225,7 +205,7 @@ class _Harness:
             self.controller.kill()
             self.controller.wait()
             self.controller_up = False
-            self.downtime.append([time.monotonic_ns(), 0])
+            self.tally.downtime.append([time.monotonic_ns(), 0])
             self.restart_at = time.monotonic() + self.rng.uniform(0.2, 0.8)
         else:
             routing = [w for w in self.current if w.ring is not None]
@@ -235,7 +215,7 @@ class _Harness:
             victim.proc.kill()
             victim.proc.wait()
             self.current[victim.index] = self._start_worker(victim.index)
-        self.kills[what] += 1
+        self.tally.kills[what] += 1
         return True
 
     def _poll(self) -> None:
@@ -248,8 +228,8 @@ class _Harness:
             raise GearshiftError(f"the controller exited:\n{self._stderr('controller')}")
         if not self.controller_up and self._owner() == self.controller.pid:
             self.controller_up = True
-            if self.downtime and not self.downtime[-1][1]:
-                self.downtime[-1][1] = time.monotonic_ns()
+            if self.tally.downtime and not self.tally.downtime[-1][1]:
+                self.tally.downtime[-1][1] = time.monotonic_ns()
         for i, proc in enumerate(self.readers):
             if proc.poll() is not None:
                 raise GearshiftError(f"reader {i} exited:\n{self._stderr(f'reader{i}')}")
@@ -260,13 +240,14 @@ class _Harness:
                 )
             if w.ring is None and (slot := roles.WorkerLog.read(w.log).slot) is not None:
                 w.ring = EventRing.attach(self.namespace, slot)
-        for w in self.incarnations:
+        for w in self.tally.incarnations:
             self._finalize(w)
         if time.monotonic() >= self.next_status:
             self.next_status = time.monotonic() + STATUS_SECONDS
             doc = status.read(self.namespace)
             if doc is not None:
-                self.unattributed[doc["pid"]] = doc["events"]["unknown"] + doc["events"]["invalid"]
+                unattributed = doc["events"]["unknown"] + doc["events"]["invalid"]
+                self.tally.unattributed[doc["pid"]] = unattributed
 
     def _owner(self) -> int | None:
         if self.registry is None:
@@ -277,7 +258,7 @@ class _Harness:
         info = self.registry.controller()
         return info.pid if info.alive else None
 
-    def _finalize(self, w: _Incarnation, force: bool = False) -> None:
+    def _finalize(self, w: Incarnation, force: bool = False) -> None:
         """Read a ring's counters once they are final (its worker dead, the ring drained; or
         `force`, at the end) and unmap it."""
         ring = w.ring
@@ -301,81 +282,6 @@ class _Harness:
         with contextlib.suppress(OSError):
             return (self.dir / f"{name}.err").read_text()[-4000:]
         return ""
-
-    # figures
-
-    def _report(self, leaked: int) -> StressReport:
-        sent = consumed = dropped = calls = 0
-        mismatched = []
-        for w in self.incarnations:
-            started, finished = struct.unpack_from("<QQ", w.counters.read_bytes())
-            calls += finished
-            if w.final is None:
-                continue  # never ready: it routed nothing
-            head, tail, drops = w.final
-            sent += report.sent(started, finished, head + drops)
-            consumed += tail
-            dropped += drops
-            if not finished <= head + drops <= started:
-                mismatched.append(w.index)
-        journal = Journal(self.dir).refresh()
-        logs = [(w, roles.WorkerLog.read(w.log)) for w in self.incarnations]
-        lags = [
-            t_ns - max(t for t, _ in journal.entries[w.device, version])
-            for w, log in logs
-            for version, t_ns in log.versions[1:]
-            if (w.device, version) in journal.entries
-        ]
-        stalls = [stall for _, log in logs for stall, _ in log.stalls]
-        dead = [
-            stall
-            for _, log in logs
-            for stall, t_ns in log.stalls
-            if any(start <= t_ns <= (end or math.inf) for start, end in self.downtime)
-        ]
-        readers = [
-            roles.reader_counts(self.dir / f"reader{i}.log") for i in range(len(self.readers))
-        ]
-        return StressReport(
-            workers=self.config.workers,
-            seconds=self.config.seconds,
-            events_sent=sent,
-            events_consumed=consumed,
-            events_dropped=dropped,
-            events_lost=sent - consumed - dropped,
-            snapshots_published=len(journal.entries),
-            torn_snapshots_accepted=sum(r[3] for r in readers),
-            worker_kills=self.kills["worker"],
-            controller_kills=self.kills["controller"],
-            route_stall_ms_max=report.ms(max(log.stall_max for _, log in logs)),
-            propagation_ms_p99=report.ms(np.percentile(lags, 99)) if lags else None,
-            leaked_segments=leaked,
-            details={
-                "namespace": self.namespace,
-                "route_calls": calls,
-                "route_stall_ms_p999": report.ms(
-                    report.tail_percentile(stalls, calls, 0.999, roles.SLOW_NS)
-                ),
-                "route_stall_ms_max_controller_dead": report.ms(max(dead, default=0)),
-                "route_wall_ms_max": report.ms(max(log.wall_max for _, log in logs)),
-                "route_calls_interrupted": sum(log.interrupted for _, log in logs),
-                "controller_dead_seconds": round(
-                    sum(end - start for start, end in self.downtime if end) / 1e9, 2
-                ),
-                "worker_incarnations": len(self.incarnations),
-                "controller_incarnations": self.controllers,
-                "events_unattributed": sum(self.unattributed.values()),
-                "snapshots_read": sum(r[0] for r in readers),
-                "versions_verified": sum(r[1] for r in readers),
-                "reads_refused": sum(r[2] for r in readers),
-                "versions_routed_unpublished": sum(
-                    (w.device, version) not in journal.entries
-                    for w, log in logs
-                    for version, _ in log.versions
-                ),
-                "counter_mismatches": mismatched,
-            },
-        )
 
 
 def chaos_plan(seconds: float, rng: random.Random) -> list[tuple[float, str]]:

@@ -1,4 +1,4 @@
-"""The figures of a stress run, their accounting (see the package docstring) and invariants."""
+"""The figures of a stress run, their accounting (docs/tools.md) and its invariants."""
 
 from __future__ import annotations
 

@@ -5,12 +5,8 @@ object of the role function's keyword arguments.
   centres move every PHASE_SECONDS (the same for every worker: they share the traffic, and the
   policy keeps adding and evicting gears). It runs the client's swap work itself (`tick`:
   re-registration, adoption, heartbeats) between batches, every `Client.poll_interval`, and
-  freezes its start-up heap (`gc.freeze()`). Measured with 4 workers on 2 cores before these
-  two choices: a client swap thread next to a pure-Python request loop takes the GIL from it
-  mid-call at every tick, and the call waits until that thread has been scheduled, has run and
-  has handed the GIL back: 20-50 ms on a busy machine, the price of the GIL, not of route() (a
-  real worker releases the GIL while its graphs run, and its swap thread runs then); and a full
-  collection of the start-up heap (numpy, click, gearshift) took 8 ms in whichever call it hit.
+  freezes its start-up heap (`gc.freeze()`), so that neither a swap thread holding the GIL nor
+  a collection of that heap stalls a call (why: docs/tools.md).
 - reader: reads every device's snapshot region in a loop and checks each snapshot it accepts
   (`journal.torn`).
 - controller: the real `Controller` publishing through `JournaledRegion`.

@@ -8,7 +8,7 @@ import pytest
 
 from gearshift import protocol
 from gearshift.shm import SnapshotRegion
-from gearshift.tools.demo.run import GearWatch
+from gearshift.tools.demo.watch import GearWatch
 from gearshift.tools.demo.workload import PROFILE
 
 

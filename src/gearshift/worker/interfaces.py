@@ -1,0 +1,75 @@
+"""The two interfaces of a profile: `Host`, what it uses of the session that made it (a
+`Client`), and `Runner`, what it drives (an `AdaptiveRunner`).
+
+A profile knows its client only through `Host`, so the profile modules never import the
+session module; the session builds profiles and satisfies `Host` structurally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from gearshift.core.dims import Gears
+
+
+class Runner(Protocol):
+    """What a profile drives (an `AdaptiveRunner`): gears to run on, warm-up, release, run."""
+
+    gears: dict[str, Gears]
+    transform: Any  # .check(tensors) -> raw size per dim
+
+    def ready(self) -> list[tuple[int, ...]]: ...
+
+    def capture(self, variants: Iterable[Mapping[str, int]]) -> int: ...
+
+    def release(self, dim: str, gear: int) -> int: ...
+
+    def run(self, tensors: Mapping[str, Any], sizes: Mapping[str, int] | None = None) -> Any: ...
+
+
+class Versioned(Protocol):
+    """The snapshot region as the request path sees it: its version, one 8-byte read."""
+
+    def version(self) -> int: ...
+
+
+class RecordWriter(Protocol):
+    """The event ring as the request path sees it: one packed record per request."""
+
+    def write(self, t_ns: int, v0: int, v1: int, v2: int, v3: int, meta: int, counts: int) -> bool:
+        ...
+
+
+class NsClock(Protocol):
+    """The clock that stamps a request's record."""
+
+    def now_ns(self) -> int: ...
+
+
+class Host(Protocol):
+    """What a profile uses of its client: the snapshot version to compare with the one last
+    adopted (`seen`), adoption (`refresh`), the ring and clock of its records, and the swap
+    thread (`wake`, `attached`)."""
+
+    @property
+    def region(self) -> Versioned: ...
+
+    @property
+    def seen(self) -> int: ...
+
+    @property
+    def ring(self) -> RecordWriter: ...
+
+    @property
+    def clock(self) -> NsClock: ...
+
+    def refresh(self, force: bool = False) -> None:
+        """Adopt the region's snapshot into every profile if its version changed; request
+        threads only try."""
+
+    def wake(self) -> None:
+        """Run the swap thread's next tick now (replaced gears drained: graphs may be freed)."""
+
+    def attached(self, runner: Runner) -> None:
+        """A profile attached `runner`."""

@@ -1,0 +1,90 @@
+"""Registering a client's profiles with the controller, through its slot's mailbox.
+
+One registration is in flight at a time: `pump` takes the replies waiting, then posts the next
+queued profile if none is outstanding. A reply marks its profile `registered` or, a refusal,
+sets its `rejected` (`Client.profile` raises it to the caller); `again` (a new controller)
+queues every profile not refused once more. All of it runs under the queue's lock, on whichever
+thread pumps: a caller waiting in `Client.profile`, or the swap thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from gearshift import protocol
+from gearshift.errors import GearshiftError
+from gearshift.shm import Registry, mailbox
+from gearshift.worker.profile import Profile
+
+log = logging.getLogger(__name__)
+
+
+class Registrations:
+    """The profiles of one slot, by id, and the queue of those to register, in order. `warn`
+    logs a rate-limited warning (the client's)."""
+
+    def __init__(self, registry: Registry, slot: int, warn: Callable[..., None]) -> None:
+        self.registry, self.slot, self.namespace = registry, slot, registry.namespace
+        self._warn = warn
+        self._by_id: dict[int, Profile] = {}
+        self._queue: list[Profile] = []  # to register, in order
+        self._outstanding: Profile | None = None  # posted, no reply yet
+        self._lock = threading.Lock()
+
+    def add(self, prof: Profile) -> None:
+        """Queue `prof` for registration (`pump` posts it)."""
+        with self._lock:
+            self._by_id[prof.id] = prof
+            self._queue.append(prof)
+
+    def forget(self, prof: Profile) -> None:
+        """Ignore replies about `prof` from now on (its registration was refused)."""
+        with self._lock:
+            self._by_id.pop(prof.id, None)
+
+    def pump(self) -> None:
+        """Take the replies waiting, then post the next registration if none is in flight."""
+        slot = self.slot
+        with self._lock:
+            try:
+                while (reply := self.registry.replies(slot).take()) is not None:
+                    self._on_reply(reply)
+                if self._outstanding is None and self._queue:
+                    p = self._queue[0]
+                    if self.registry.requests(slot).post(
+                        protocol.register_message(p.id, p.name, p.dims)
+                    ):
+                        self._outstanding = self._queue.pop(0)
+            except GearshiftError as e:
+                self._warn("namespace %r: registration mailbox: %s", self.namespace, e)
+
+    def again(self) -> None:
+        """Register every profile not refused once more (a new controller knows none)."""
+        with self._lock:
+            self._outstanding = None
+            self._queue = [p for p in self._by_id.values() if p.rejected is None]
+            for p in self._queue:
+                p.registered = False
+
+    def _on_reply(self, reply: dict) -> None:
+        if "error" in reply:
+            prof, self._outstanding = self._outstanding, None
+            try:
+                mailbox.raise_for_error(reply)
+            except GearshiftError as e:
+                log.error("registration of profile %r refused: %s", prof.name if prof else None, e)
+                if prof is not None:
+                    prof.rejected = e
+            return
+        pid = reply.get("profile")
+        prof = self._by_id.get(pid) if isinstance(pid, int) else None
+        if prof is None or reply.get("op") != "registered":
+            log.warning("namespace %r: unexpected registration reply %r", self.namespace, reply)
+            return
+        prof.registered = True
+        if prof in self._queue:
+            self._queue.remove(prof)
+        if self._outstanding is prof:
+            self._outstanding = None
