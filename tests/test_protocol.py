@@ -40,3 +40,37 @@ def test_snapshot_payload_gives_back_each_profiles_gears() -> None:
     assert payload["profiles"]["decode"]["changes"] == [["BATCHSIZE", 8, "evict", "why"]]
     assert protocol.profile_gears(payload, "prefill") is None
     assert protocol.profile_gears({"garbage": 1}, "decode") is None
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"max": 2**64 - 1}, "Dim.max"),
+    ({"splittable": "no"}, "Dim.splittable"),
+    ({"pad_value": "x"}, "Dim.pad_value"),
+    ({"gears": 5}, "Dim.gears"),
+    ({"cost": "12"}, "Dim.cost"),
+])
+def test_the_controller_refuses_what_the_client_refuses_naming_the_field(
+    fields: dict, named: str
+) -> None:
+    msg = protocol.register_message(0, "decode", {"B": Dim()})
+    msg["dims"][0][1].update(fields)
+    with pytest.raises(ShapeError, match=named):
+        protocol.parse_register(msg)
+    with pytest.raises(ShapeError, match=named):
+        Dim(**{**protocol.dim_to_dict(Dim()), **fields})  # the client's own check
+
+
+@pytest.mark.parametrize("change", [
+    {"op": "x" * 6000},
+    {"profile": "x" * 6000},
+    {"dims": [["B" * 6000, {"max": "y" * 6000}]]},
+    {"dims": [["B", {"z" * 6000: 1}]]},
+    {"dims": [["B", {}], ["B", {}]]},
+    {"dims": [[["B"], {}]]},
+    {"profile": True},
+])
+def test_refusals_are_short_whatever_was_sent(change: dict) -> None:
+    msg = protocol.register_message(0, "decode", DIMS) | change
+    with pytest.raises((PayloadError, ShapeError)) as info:
+        protocol.parse_register(msg)
+    assert len(str(info.value)) < 300

@@ -53,7 +53,7 @@ _LAZY = {
     "Profile": "gearshift.worker.profile",
     "Route": "gearshift.worker.routing",
     "Transform": "gearshift.graphs.transform",
-    "connect": "gearshift.worker.session",
+    "connect": "gearshift.worker.connecting",
 }
 _ALIASES = {"Plan": "Route"}  # Route's old name, kept for existing callers
 

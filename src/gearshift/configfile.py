@@ -50,8 +50,14 @@ def parse_overrides(cls: type, overrides: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false"}
+
+
 def _parse_value(key: str, type_name: str, raw: str) -> Any:
-    if "None" in type_name and raw.lower() in ("none", "null", "off", ""):
+    """`raw` as the field's type (`type_name`, its annotation); a ConfigError naming `key` says
+    what is expected (`none` too when the field is optional)."""
+    optional = "None" in type_name
+    if optional and raw.lower() in ("none", "null", "off", ""):
         return None
     try:
         if type_name.startswith("int"):
@@ -63,13 +69,20 @@ def _parse_value(key: str, type_name: str, raw: str) -> Any:
                 raise ValueError(raw)
             return raw.lower() in ("true", "1")
     except ValueError:
-        raise ConfigError(key, f"cannot parse {raw!r} as {type_name}") from None
+        expected = next(e for t, e in _EXPECTED.items() if type_name.startswith(t))
+        raise ConfigError(
+            key, f"expected {expected}{' or none' if optional else ''}, got {raw!r}"
+        ) from None
     return raw
+
+
+TABLES = ("policy", "controller")  # the tables a configuration file may hold
 
 
 def read_toml(path: str | Path, section: str, top_level: bool = True) -> dict[str, Any]:
     """The keys of `section` in a TOML file (or, if `top_level`, its top level when it has no
-    such table)."""
+    such table). A table other than TABLES (`[polcy]`), a table inside one, or top-level keys
+    beside the `[section]` table they would belong to are errors naming them."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -77,9 +90,20 @@ def read_toml(path: str | Path, section: str, top_level: bool = True) -> dict[st
         raise ConfigError("config", f"file not found: {path}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("config", f"{path} is not valid TOML: {e}") from None
+    for key, value in data.items():
+        if isinstance(value, dict) and key not in TABLES:
+            raise ConfigError(key, f"unknown table [{key}] in {path} (known: "
+                              f"{', '.join(f'[{t}]' for t in TABLES)})")
+    loose = [k for k, v in data.items() if not isinstance(v, dict)]
+    if top_level and section in data and loose:
+        raise ConfigError(loose[0], f"a top-level key beside the [{section}] table in {path}: "
+                          f"move it into the table")
     table = data.get(section, data if top_level else {})
     if not isinstance(table, dict):
         raise ConfigError(section, f"expected a table in {path}")
+    inner = [k for k, v in table.items() if isinstance(v, dict) and table is not data]
+    if inner:
+        raise ConfigError(inner[0], f"unknown table [{section}.{inner[0]}] in {path}")
     return {k: v for k, v in table.items() if not isinstance(v, dict)}
 
 

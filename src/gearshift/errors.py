@@ -35,9 +35,18 @@ class LayoutError(GearshiftError):
     """A shared-memory segment has the wrong magic or a layout version we cannot read."""
 
 
+class Unsealed(LayoutError):
+    """A shared-memory segment whose creator has not written its header (yet): retry later."""
+
+
 class NamespaceBusy(GearshiftError):
     """A shared-memory object is held by a live process (no free worker slot, live workers at
     cleanup, an undrained ring, an existing segment), or its lock is held past the timeout."""
+
+
+class NotOwned(NamespaceBusy):
+    """A shared-memory object of the namespace belongs to another user or lets other users
+    in (mode bits beyond 0600): it is never attached, written or removed."""
 
 
 class PayloadError(GearshiftError, ValueError):

@@ -5,7 +5,10 @@ Registration (worker -> controller, the slot's request mailbox), once per profil
     {"op": "register", "profile": P, "name": NAME, "dims": [[DIM, {Dim fields}], ...]}
 
 `P` is the worker-local profile id (0..65535) that the worker's ring records carry; dims
-are in the order of the records' `values`. The controller answers in the reply mailbox with
+are in the order of the records' `values`. The controller rebuilds every Dim from its fields
+and checks the profile with `dims.check_profile`: the client's own rule, so whatever one
+accepts the other does. Refusals name the field and never quote more than a few dozen
+characters of what was sent. The controller answers in the reply mailbox with
 `{"op": "registered", "profile": P, "version": V}` (V: the device's snapshot version now) or
 `mailbox.error_reply(ProfileMismatch(...))` when NAME is registered on the same device with
 other dims. A worker re-registers its profiles when the controller's identity changes.
@@ -29,7 +32,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from gearshift.core.dims import Dim, Gears
+from gearshift.core.dims import Dim, Gears, brief, check_profile
 from gearshift.errors import PayloadError, ShapeError
 
 MAX_PROFILE_ID = 0xFFFF
@@ -44,13 +47,15 @@ def dim_to_dict(dim: Dim) -> dict[str, Any]:
 
 def dim_from_dict(data: Mapping[str, Any]) -> Dim:
     """A Dim from `dim_to_dict`'s output; ShapeError on unknown fields or invalid values."""
-    unknown = set(data) - _DIM_FIELDS
+    if not isinstance(data, Mapping):
+        raise ShapeError(f"a Dim is a map of its fields, got {brief(data)}")
+    unknown = set(map(str, data)) - _DIM_FIELDS
     if unknown:
-        raise ShapeError(f"unknown Dim fields: {sorted(unknown)}")
+        raise ShapeError(f"unknown Dim fields: {brief(sorted(unknown))}")
     try:
         return Dim(**data)
     except TypeError as e:
-        raise ShapeError(f"invalid Dim: {e}") from None
+        raise ShapeError(f"invalid Dim: {str(e)[:100]}") from None
 
 
 def register_message(profile: int, name: str, dims: Mapping[str, Dim]) -> dict[str, Any]:
@@ -63,19 +68,24 @@ def parse_register(msg: Mapping[str, Any]) -> tuple[int, str, dict[str, Dim]]:
     try:
         profile, name, pairs = msg["profile"], msg["name"], msg["dims"]
         if msg["op"] != "register":
-            raise PayloadError(f"expected a registration, got op {msg['op']!r}")
-        if not (isinstance(profile, int) and 0 <= profile <= MAX_PROFILE_ID):
-            raise PayloadError(f"profile id {profile!r} is outside [0, {MAX_PROFILE_ID}]")
+            raise PayloadError(f"expected a registration, got op {brief(msg['op'])}")
+        if isinstance(profile, bool) or not (
+            isinstance(profile, int) and 0 <= profile <= MAX_PROFILE_ID
+        ):
+            raise PayloadError(f"profile id {brief(profile)} is outside [0, {MAX_PROFILE_ID}]")
         if not isinstance(name, str) or not name:
-            raise PayloadError(f"profile name {name!r} is not a non-empty string")
-        dims = {str(k): dim_from_dict(v) for k, v in pairs}
+            raise PayloadError(f"profile name {brief(name)} is not a non-empty string")
+        if not isinstance(pairs, list):
+            raise PayloadError(f"dims must be a list of [name, fields], got {brief(pairs)}")
+        items = [(k, dim_from_dict(v)) for k, v in pairs]
+        dims = dict(items)
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, (PayloadError, ShapeError)):
             raise
-        raise PayloadError(f"malformed registration: {type(e).__name__}: {e}") from None
-    if not 1 <= len(dims) <= 4:
-        raise ShapeError(f"profile {name!r} needs 1 to 4 dims, got {len(dims)}")
-    return profile, name, dims
+        raise PayloadError(f"malformed registration: {type(e).__name__}: {str(e)[:100]}") from None
+    if len(dims) != len(items):
+        raise ShapeError(f"profile {brief(name)} names a dim twice")
+    return profile, name, check_profile(name, dims)
 
 
 def snapshot_payload(device: int, gears: Mapping[str, Mapping[str, Gears]],

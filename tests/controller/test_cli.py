@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from gearshift.controller.config import ControllerConfig, load_initial_gears
 from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
+from gearshift.shm import SnapshotRegion
 
 from .workers import Worker
 
@@ -115,6 +118,21 @@ def test_metrics_without_prometheus_client_is_a_clear_error(
 def test_an_absent_namespace_means_not_running(namespace: str, command: str) -> None:
     result = gs(command, "-n", namespace)
     assert result.exit_code == EXIT_NOT_RUNNING and namespace in result.stderr
+    if command in ("status", "stop"):
+        assert f"gearshift serve -n {namespace}" in result.stderr  # how to start one
+
+
+def test_a_metrics_port_in_use_is_named_before_anything_is_created(
+    tmp_path: Path, namespace: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        state = tmp_path / "state"
+        result = gs("serve", "-n", namespace, "--state-dir", str(state), f"--metrics-port={port}")
+    assert result.exit_code == EXIT_USAGE and f"127.0.0.1:{port}" in result.stderr
+    assert not state.exists() and not [n for n in os.listdir("/dev/shm") if namespace in n]
 
 
 def test_cleanup_of_an_absent_namespace_removes_nothing(namespace: str) -> None:
@@ -132,6 +150,24 @@ def test_status_shows_controller_workers_and_gears(live: tuple[Controller, Worke
     assert text.exit_code == EXIT_OK
     assert "running" in text.output and "decode/B" in text.output and "hit" in text.output
     assert "samples in the window, 0 in the history" in text.output  # no events yet
+
+
+def test_status_json_shows_no_slot_ahead_of_its_devices_version(
+    live: tuple[Controller, Worker],
+) -> None:
+    controller, worker = live
+    ns = controller.config.namespace
+    region = SnapshotRegion.attach(ns, 0)
+    try:  # a snapshot newer than the last status document, which the worker has applied
+        newer = region.publish({"profiles": {}}, at_least=region.version() + 1)
+    finally:
+        region.close()
+    assert worker.snapshot()[0] == newer  # acked in the slot
+    view = json.loads(gs("status", "-n", ns, "--json").output)
+    [slot] = view["slots"]
+    assert slot["applied_version"] == newer <= view["versions"]["0"]
+    assert view["status"]["devices"][0]["version"] < newer  # the document is older: see --help
+    assert f"device 0: version {newer}," in gs("status", "-n", ns).output
 
 
 def test_status_shows_a_priced_dims_cost(live: tuple[Controller, Worker]) -> None:
@@ -161,6 +197,44 @@ def test_snapshot_and_export_print_the_gears_in_use(
     }
 
 
+@pytest.mark.parametrize("fmt", ["json", "vllm", "sglang", "trtllm", "torchair"])
+def test_export_writes_each_engines_form_and_serve_reads_it_back(
+    live: tuple[Controller, Worker], tmp_path: Path, fmt: str
+) -> None:
+    ns = live[0].config.namespace
+    extra = {"json": [], "torchair": ["--fit"]}.get(fmt, ["--dim", "B"])  # BATCHSIZE's name
+    result = gs("export", "-n", ns, "--format", fmt, *extra)
+    assert result.exit_code == EXIT_OK, result.output
+    (tmp_path / "gears.txt").write_text(result.stdout)
+    gears = (1, 2, 4, 8, 16, 32, 64) if fmt != "torchair" else (2, 4, 8, 16, 32, 64)
+    assert load_initial_gears(tmp_path / "gears.txt") == {0: {"decode": {"B": gears}}}
+    assert load_initial_gears(tmp_path / "gears.txt", fmt) == {0: {"decode": {"B": gears}}}
+
+
+def test_export_refuses_what_an_engine_cannot_take_and_notes_what_it_leaves_out(
+    live: tuple[Controller, Worker],
+) -> None:
+    ns = live[0].config.namespace
+    refused = gs("export", "-n", ns, "--format", "torchair")
+    assert refused.exit_code == EXIT_USAGE and "takes no gear below 2" in refused.stderr
+    absent = gs("export", "-n", ns, "--format", "vllm")
+    assert absent.exit_code == EXIT_USAGE and "has no BATCHSIZE (dims: B)" in absent.stderr
+    controller, worker = live
+    worker.register(1, "batched", {"B": Dim(max=64), "S": Dim(max=512)}, serve=controller.step)
+    controller.step()
+    out = gs("export", "-n", ns, "--format", "trtllm", "--profile", "batched", "--dim", "B")
+    assert out.exit_code == EXIT_OK and "batch_sizes: [1, 2, 4, 8, 16, 32, 64]" in out.stdout
+    assert "note: TensorRT-LLM takes one dim here: batched/S left out" in out.stderr
+
+
+def test_serve_refuses_initial_gears_of_another_format(tmp_path: Path, namespace: str) -> None:
+    (tmp_path / "gears.json").write_text('{"devices": {"0": {"decode": {"B": [1, 8]}}}}')
+    result = gs("serve", "-n", namespace, "--state-dir", str(tmp_path), "--initial-gears",
+                str(tmp_path / "gears.json"), "--initial-gears-format", "sglang")
+    assert result.exit_code == EXIT_USAGE
+    assert "initial_gears: " in result.stderr and "not sglang gears" in result.stderr
+
+
 def test_cleanup_is_refused_while_the_controller_lives(live: tuple[Controller, Worker]) -> None:
     result = gs("cleanup", "-n", live[0].config.namespace)
     assert result.exit_code == EXIT_CONFLICT and "live controller" in result.stderr
@@ -172,3 +246,30 @@ def test_stop_refuses_an_embedded_controller(namespace: str, tmp_path: Path) -> 
         controller.step()  # its status says embedded: signalling it would stop this worker
         result = gs("stop", "-n", namespace)
     assert result.exit_code == EXIT_CONFLICT and "embedded in worker pid" in result.stderr
+
+
+def test_serve_refuses_a_state_directory_another_controller_holds_in_one_line(
+    namespace: str, tmp_path: Path
+) -> None:
+    held = statefile.StateLock.acquire(tmp_path)  # as a controller of another namespace would
+    try:
+        serve = subprocess.run(
+            [sys.executable, "-m", "gearshift", "serve", "-n", namespace, "--state-dir",
+             str(tmp_path)], capture_output=True, text=True, timeout=60,
+        )
+    finally:
+        held.release()
+    assert serve.returncode == EXIT_CONFLICT  # it ran as another process: the lock holds
+    (line,) = serve.stderr.strip().splitlines()
+    assert line == (f"error: state directory {tmp_path} is in use by another controller, "
+                    f"pid {os.getpid()}")
+
+
+def test_serve_names_a_misspelled_table_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "gs.toml"
+    config.write_text("[controler]\nslots = 8\n")
+    result = gs("serve", "--config", str(config), "--state-dir", str(tmp_path))
+    assert result.exit_code == EXIT_USAGE
+    assert result.output.strip().splitlines() == [
+        f"error: controler: unknown table [controler] in {config} (known: [policy], [controller])"
+    ]

@@ -13,11 +13,13 @@ from gearshift.errors import ConfigError
     "key, value",
     [
         ("namespace", "a/b"),
+        ("namespace", ".."),
         ("slots", 0),
         ("slots", 2.5),
         ("drain_interval_seconds", 0.0),
         ("scan_interval_seconds", -1.0),
         ("metrics_port", 70000),
+        ("metrics_addr", ""),
         ("drain_max_events", True),
     ],
 )
@@ -82,5 +84,5 @@ def test_initial_gears_document(tmp_path: Path) -> None:
     path.write_text(json.dumps({"devices": {"1": {"decode": {"B": [0]}}}}))
     with pytest.raises(ConfigError, match="initial_gears"):
         load_initial_gears(path)
-    with pytest.raises(ConfigError, match="not a gears document"):
+    with pytest.raises(ConfigError, match=r"initial_gears: .*missing\.json: No such file"):
         load_initial_gears(tmp_path / "missing.json")

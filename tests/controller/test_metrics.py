@@ -5,6 +5,8 @@ import socket
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from gearshift.clock import FakeClock
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
@@ -42,3 +44,16 @@ def test_metrics_endpoint_serves_the_status_document(namespace: str, tmp_path: P
     assert any(line.startswith('gearshift_padding_ratio{device="0",dim="B"') for line in lines)
     assert "gearshift_decision_round_seconds_count 1.0" in lines
     assert 'gearshift_propagation_lag_seconds_count{device="0"} 0.0' in lines
+
+
+def test_metrics_listen_on_metrics_addr_only(namespace: str, tmp_path: Path) -> None:
+    port = _free_port()
+    config = ControllerConfig(
+        namespace=namespace, state_dir=str(tmp_path), metrics_port=port, metrics_addr="127.0.0.2"
+    )
+    assert ControllerConfig().metrics_addr == "127.0.0.1"  # this host only, by default
+    with Controller.open(config, PolicyConfig(), clock=FakeClock(100.0)):
+        with urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=10) as reply:
+            assert reply.status == 200
+        with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass

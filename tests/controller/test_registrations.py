@@ -10,7 +10,7 @@ from gearshift import protocol
 from gearshift.controller import registrations
 from gearshift.controller.registrations import Request
 from gearshift.core.dims import Dim
-from gearshift.errors import NamespaceBusy, ProfileMismatch
+from gearshift.errors import GearshiftError, NamespaceBusy, ProfileMismatch
 from gearshift.shm import raise_for_error
 
 B = {"B": Dim(max=64)}
@@ -72,3 +72,25 @@ def test_a_malformed_request_or_a_slot_without_a_worker_is_refused() -> None:
     assert refusal["error"] == "PayloadError"
     assert _answer(stub, B, slot=2)["error"] == "NamespaceBusy"
     assert stub.recorded == []
+
+
+def test_a_failure_of_the_controller_is_answered_not_left_unreplied() -> None:
+    class Failing(Stub):
+        def register(self, slot: int, request: Request, new: bool, now: float) -> int:
+            raise OverflowError("cannot convert float infinity to integer")
+
+    reply = _answer(Failing({}, {}), B)
+    with pytest.raises(GearshiftError, match="failed to register it: OverflowError: cannot"):
+        raise_for_error(reply)
+
+
+def test_a_slot_refused_flat_out_is_logged_at_most_every_quiet_period(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stub = Stub({}, {})
+    with caplog.at_level("WARNING", logger=registrations.__name__):
+        for i in range(50):  # junk at 100 Hz for half a second, then once more 10 s later
+            registrations.answer(stub, 1, {"op": "junk"}, 1000.0 + i / 100)
+        registrations.answer(stub, 1, {"op": "junk"}, 1010.5)
+    assert len(caplog.records) == 2
+    assert "(49 more about slot 1 in the last 10 s)" in caplog.records[1].getMessage()

@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
@@ -84,3 +88,72 @@ def test_bad_files_raise_state_error_naming_the_file(tmp_path: Path, blob: bytes
     with pytest.raises(StateError, match=message) as info:
         statefile.load(tmp_path, 0.0, CONFIG)
     assert statefile.STATE_FILE in str(info.value)
+
+
+def _tampered(tmp_path: Path, change: Callable[[dict], None]) -> None:
+    data = msgpack.unpackb(statefile.encode(_devices(100.0)), strict_map_key=False)
+    change(data)
+    (tmp_path / statefile.STATE_FILE).write_bytes(msgpack.packb(data))
+
+
+def _profile(data: dict) -> dict:
+    return data["devices"][0]["profiles"]["decode"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: _profile(d)["states"]["BATCHSIZE"].update(gears=[-5, 0, 10**6]), "positive ints"),
+    (lambda d: _profile(d)["states"]["BATCHSIZE"].update(gears=[1, 8, 10**6]), "outside"),
+    (lambda d: d["devices"][0].update(version=2**62), "version 4611686018427387904 is outside"),
+    (lambda d: d["devices"].update({-1: d["devices"].pop(0)}), "device -1 is outside"),
+    (lambda d: _profile(d)["dims"]["SEQLEN"].update(max=2**64 - 1), "Dim.max"),
+    (lambda d: _profile(d)["dims"]["SEQLEN"].update(splittable="no"), "Dim.splittable"),
+    (lambda d: _profile(d)["states"].pop("SEQLEN"), "gears of"),
+    (lambda d: _profile(d)["states"]["SEQLEN"].update(created={4096: float("nan")}), "finite"),
+    (lambda d: d["devices"][0].update(last_update="x"), "finite"),
+])
+def test_a_restored_file_is_checked_like_a_registration(
+    tmp_path: Path, change: Callable[[dict], None], message: str
+) -> None:
+    _tampered(tmp_path, change)
+    with pytest.raises(StateError, match=message):
+        statefile.load(tmp_path, 200.0, CONFIG)
+    assert statefile.restore(tmp_path, 200.0, CONFIG, fresh_on_corrupt=True) == {}
+    assert (tmp_path / (statefile.STATE_FILE + ".corrupt")).exists()
+
+
+def test_statistics_that_do_not_read_back_sane_start_empty(tmp_path: Path) -> None:
+    def poison(data: dict) -> None:
+        stats = _profile(data)["stats"]["SEQLEN"]
+        stats["values"] = np.array([700, 10**6], "<i8").tobytes()  # over the dim's max
+
+    _tampered(tmp_path, poison)
+    profile = statefile.load(tmp_path, 100.0, CONFIG)[0].profiles["decode"]
+    assert profile.stats["SEQLEN"].view(100.0).total_count == 0
+    assert profile.gear_lists()["BATCHSIZE"] == [1, 8, 64]
+
+
+def test_one_controller_process_at_a_time_holds_a_state_directory(tmp_path: Path) -> None:
+    (tmp_path / ".state-left-by-a-kill").write_bytes(b"partial")
+    other = [sys.executable, "-c", "import sys, pathlib; from gearshift.controller import "
+             "statefile; statefile.StateLock.acquire(pathlib.Path(sys.argv[1]))", str(tmp_path)]
+    held = statefile.StateLock.acquire(tmp_path)
+    try:
+        assert not list(tmp_path.glob(".state-*"))  # stale temp files are removed
+        refused = subprocess.run(other, capture_output=True, text=True, timeout=60)
+        assert f"NamespaceBusy: state directory {tmp_path} is in use by another controller, " \
+               f"pid {os.getpid()}" in refused.stderr
+    finally:
+        held.release()
+    assert subprocess.run(other, timeout=60).returncode == 0  # free again
+
+
+def test_a_save_syncs_the_directory_after_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")),
+                                                 real_fsync(fd)))
+    statefile.save(tmp_path, _devices(100.0))
+    assert synced[-1] == str(tmp_path)  # the directory, after the file itself
+    assert synced[0].startswith(str(tmp_path / ".state-"))

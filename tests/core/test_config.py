@@ -43,7 +43,13 @@ def test_plan_is_the_default_mode_with_its_own_horizon_and_cadence():
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("window_seconds", 0.0, r"outside \(0.0, inf\]"),
+    ("window_seconds", 0.0, r"outside \(0.0, 100000000.0\]"),
+    ("window_seconds", float("inf"), "outside"),
+    ("plan_history_seconds", float("inf"), "outside"),
+    ("recent_use_protect_seconds", float("inf"), "outside"),
+    ("update_interval_seconds", 1e300, "outside"),
+    ("slice_seconds", 0.001, "over 1024 slices"),
+    ("half_life_seconds", 0.01, "under 1/64 of slice_seconds"),
     ("half_life_seconds", -1.0, "outside"),
     ("slice_seconds", 700.0, "exceeds window_seconds"),
     ("w_h", 1.5, r"outside \[0.0, 1.0\]"),
@@ -123,7 +129,10 @@ def test_overrides_are_parsed_by_field_type_and_win_over_the_file(tmp_path: Path
 
 
 @pytest.mark.parametrize(("item", "key", "message"), [
-    ("add_min_samples=many", "add_min_samples", "cannot parse"),
+    ("add_min_samples=many", "add_min_samples", "expected an integer, got 'many'"),
+    ("w_h=abc", "w_h", "expected a number, got 'abc'"),
+    ("device_memory_usage_threshold_ratio=abc", "device_memory_usage_threshold_ratio",
+     "expected a number or none, got 'abc'"),
     ("nosuchkey=1", "nosuchkey", "unknown key"),
     ("w_h", "w_h", "expected KEY=VALUE"),
     ("w_h=9", "w_h", "outside"),
@@ -139,3 +148,19 @@ def test_scaled_divides_every_duration():
     assert (c.window_seconds, c.half_life_seconds, c.slice_seconds) == (30.0, 15.0, 1.0)
     assert c.recent_use_protect_seconds == 30.0
     assert dataclasses.replace(c, w_h=0.6) == c  # weights and counts untouched
+
+
+@pytest.mark.parametrize(("text", "key", "message"), [
+    ("[polcy]\nwindow_seconds = 3\n", "polcy", r"unknown table \[polcy\]"),
+    ("[controler]\nslots = 8\n", "controler", r"unknown table \[controler\]"),
+    ("[policy.extra]\nw_h = 0.5\n", "extra", r"unknown table \[policy.extra\]"),
+    ("w_h = 0.5\n[policy]\nw_p = 0.2\n", "w_h", r"beside the \[policy\] table"),
+])
+def test_unknown_or_misplaced_tables_are_errors_naming_them(
+    tmp_path: Path, text: str, key: str, message: str
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as e:
+        load_policy_config(path)
+    assert e.value.key == key

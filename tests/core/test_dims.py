@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from gearshift.core.dims import (
     Dim,
+    check_profile,
     chunks_for,
     gear_for,
     ladder,
@@ -122,3 +123,44 @@ def test_padded_cost_sums_each_chunks_cost(raws: list[int], gears: set[int], spl
     steep = Dim(gears=g, max=500, splittable=splittable, cost=(1.0, 0.0, 1.0))
     expected = [sum(1 + c * c for c in chunks_for(g, r, splittable)) or 1 + r * r for r in raws]
     assert padded_cost(steep, g, np.array(raws)).tolist() == expected
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"splittable": "false"}, "Dim.splittable"),
+    ({"splittable": 1}, "Dim.splittable"),
+    ({"pad_value": float("nan")}, "Dim.pad_value"),
+    ({"pad_value": "x"}, "Dim.pad_value"),
+    ({"gears": 5}, "Dim.gears"),
+    ({"gears": "12"}, "Dim.gears"),
+    ({"max": 2**63}, "Dim.max"),
+    ({"max": 2**64 - 1}, "Dim.max"),
+    ({"cost": "12"}, "Dim.cost"),
+    ({"cost": (0.0,) * 8 + (1e300,)}, "Dim.cost"),  # infinite at max
+    ({"min": "x" * 10_000}, "Dim.min"),
+])
+def test_a_bad_field_is_a_short_shape_error_naming_it(fields: dict, named: str) -> None:
+    with pytest.raises(ShapeError, match=named) as info:
+        Dim(**fields)
+    assert len(str(info.value)) < 300
+
+
+def test_numbers_of_other_types_are_kept_as_python_numbers() -> None:
+    dim = Dim(pad_value=np.float32(0.5), gears=np.array([4, 2]), cost=[0, np.float64(2)])
+    assert (type(dim.pad_value), dim.gears, dim.cost) == (float, (2, 4), (0.0, 2.0))
+    assert type(Dim(pad_value=np.int64(3)).pad_value) is int
+
+
+@pytest.mark.parametrize(("name", "dims", "error"), [
+    ("", {"B": Dim()}, "profile name"),
+    (7, {"B": Dim()}, "profile name"),
+    ("p", {}, "1 to 4 dims"),
+    ("p", {f"D{i}": Dim() for i in range(5)}, "1 to 4 dims"),
+    ("p", {"": Dim()}, "must name a gs.Dim"),
+    ("p", {3: Dim()}, "must name a gs.Dim"),
+    ("p", {"B": 5}, "must name a gs.Dim"),
+    ("p" * 300, {"B": Dim()}, "profile name"),
+])
+def test_check_profile_is_the_one_rule_of_a_profile(name: object, dims: dict, error: str) -> None:
+    with pytest.raises(ShapeError, match=error):
+        check_profile(name, dims)  # type: ignore[arg-type]
+    assert check_profile("p", {"B": Dim()}) == {"B": Dim()}

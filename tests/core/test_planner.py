@@ -152,6 +152,49 @@ def test_samples_over_the_largest_gear_add_a_covering_gear_at_their_max():
     assert under_pressure.gears["B"].gears == (64,)
 
 
+@pytest.mark.parametrize(("over", "covered"), [(2, True), (1, False)])
+def test_the_cover_needs_add_min_samples_over_the_largest_gear_exactly(over: int, covered: bool):
+    d = run((64,), at(OLD, 60, 5) + at(OLD, 100, over), dim=Dim(gears=(64,), max=4096))
+    assert (("add", 100) in actions(d)) == covered
+
+
+# 700 -> 600 saves padding on thin traffic: `n` requests of 600 against 20 of 1000, K held.
+SWAP = dataclasses.replace(CFG, plan_gear_gain=0.99, plan_gear_keep=0.0)
+
+
+def _swap_gain(n: int) -> tuple[float, float, float]:
+    """The swap 700 -> 600's saving, its standard error and the least saving a move needs
+    (`plan_move_gain` of the raw work), from the histogram the round reads."""
+    stats = DimStats(SWAP)
+    values = [100] * 10 + [600] * n + [1000] * 20
+    stats.fold(np.full(len(values), OLD), np.array(values))
+    h = stats.view(NOW)
+    work = _Work(h.values, h.weights, h.weights**2 / h.counts)
+    gain, sd = _swaps(np.array([100, 700, 1000]), np.array([1]), np.array([600]), work)
+    return float(gain[0, 0]), float(sd[0, 0]), SWAP.plan_move_gain * float(h.weights @ h.values)
+
+
+def _swapped(n: int, confidence: float) -> bool:
+    config = dataclasses.replace(SWAP, plan_confidence=confidence)
+    d = run((100, 700, 1000), at(OLD, 100, 10) + at(OLD, 600, n) + at(OLD, 1000, 20), config)
+    assert actions(d) in ([], [("evict", 700), ("add", 600)]), actions(d)
+    return bool(d.changes)
+
+
+@pytest.mark.parametrize(("confidence", "swapped"), [(0.0, True), (1.0, False)])
+def test_a_noisy_swap_waits_for_its_standard_error(confidence: float, swapped: bool):
+    gain, sd, least = _swap_gain(1)  # one request of 600: 0.46 +- 0.46 pts against 0.2
+    assert gain > least > gain - sd
+    assert _swapped(1, confidence) == swapped
+
+
+@pytest.mark.parametrize(("factor", "swapped"), [(0.99, True), (1.01, False)])
+def test_a_swap_must_save_plan_move_gain_plus_plan_confidence_standard_errors(
+        factor: float, swapped: bool):
+    gain, sd, least = _swap_gain(2)  # at the confidence c where gain - c * sd == least
+    assert _swapped(2, factor * (gain - least) / sd) == swapped
+
+
 def test_memory_pressure_evicts_the_cheapest_gear_and_adds_only_in_its_place():
     events = at(OLD, 90, 10) + at(OLD, 190, 2) + at(OLD, 290, 10) + at(OLD, 700, 10)
     gears = (100, 200, 300, 1000)

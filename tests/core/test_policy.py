@@ -1,4 +1,5 @@
-"""The seed-000 policy, rule by rule, in virtual time (one test or table per behaviour)."""
+"""Seed mode (the original rules), rule by rule, in virtual time (one test or table per
+behaviour), each threshold tested on both sides of its boundary."""
 
 from __future__ import annotations
 
@@ -186,6 +187,17 @@ def test_replacement_loss_blocks_eviction_and_extends_protection():
     assert again.gears["B"].protected_until == {8: NOW + 60.0}
 
 
+@pytest.mark.parametrize(("threshold", "action"), [(0.5, "evict"), (0.4999, "protect")])
+def test_a_replacement_loss_equal_to_the_threshold_does_not_block(threshold, action):
+    """Without 4, its samples (all 4s) pad to 8: loss exactly 0.5. Only a loss over the
+    threshold blocks the eviction (docs/policy.md: strictly greater)."""
+    config = dataclasses.replace(CFG, replace_loss_threshold=threshold)
+    d = run((4, 8), at(OLD, 4, 4, 4, 8), config, created=0.0)
+    assert stat((4, 8), at(OLD, 4, 4, 4, 8), 4).replace_loss == 0.5
+    assert actions(d) == [(action, 4)]
+    assert d.gears["B"].gears == ((8,) if action == "evict" else (4, 8))
+
+
 def test_expired_protection_is_dropped_and_the_gear_is_evictable_again():
     config = dataclasses.replace(CFG, replace_loss_threshold=1.0)
     d = run((8, 64), at(OLD, 64, 64), config, protected={8: NOW - 1.0}, created=0.0)
@@ -210,6 +222,23 @@ def test_pad_driven_addition_lands_on_the_median(raws, align, added):
 def test_pad_driven_addition_needs_both_samples_and_padding():
     assert actions(run((64,), at(OLD, 40))) == []  # one sample < add_min_samples 2
     assert actions(run((64,), at(OLD, 50, 50))) == []  # avg_pad 0.22 < 0.35
+
+
+@pytest.mark.parametrize(("samples", "added"), [(5, [("add", 40)]), (4, [])])
+def test_pad_driven_addition_needs_add_min_samples_pad_samples_exactly(samples, added):
+    """add_min_samples (5) pad samples are enough, one fewer is not (avg_pad 0.375)."""
+    config = dataclasses.replace(CFG, add_min_samples=5)
+    assert actions(run((64,), at(OLD, *[40] * samples), config)) == added
+
+
+@pytest.mark.parametrize(("samples", "added"), [(5, [("add", 100)]), (4, [])])
+def test_split_driven_addition_needs_add_min_samples_split_samples_exactly(samples, added):
+    """add_min_samples (5) split samples over the largest gear are enough, one fewer is not
+    (avg_split 0.36); the pad samples of the largest gear do not count toward them."""
+    config = dataclasses.replace(CFG, add_min_samples=5)
+    events = at(OLD, *[100] * samples) + at(OLD, 64, 64)
+    assert stat((32, 64), events, 64).pad_sample_count == 2
+    assert actions(run((32, 64), events, config)) == added
 
 
 @pytest.mark.parametrize("splittable", [True, False])

@@ -53,7 +53,7 @@ def test_capture_then_replay_equals_eager_and_never_captures() -> None:
     graphs = {g: id(r._variants[g].graph) for g in r.ready()}
     for b, s in [(1, 1), (3, 9), (4, 16), (2, 5), (11, 7)]:  # 11 = 4 + 4 + 3: three replays
         check(r, b, s)
-    assert r.stats == {"replays": 7, "eager": 0, "captures": 6}
+    assert r.stats == {"replays": 7, "eager": 0, "captures": 6, "capture_failures": 0}
     assert {g: id(r._variants[g].graph) for g in r.ready()} == graphs
 
 
@@ -96,7 +96,7 @@ def test_not_ready_variant_routes_to_smallest_ready_cover_else_eager() -> None:
     r = make()
     r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16}])
     check(r, 1, 3)  # (1, 8) not ready: runs on (2, 16), the smallest that covers it
-    assert r.stats == {"replays": 1, "eager": 0, "captures": 2}
+    assert r.stats == {"replays": 1, "eager": 0, "captures": 2, "capture_failures": 0}
     assert r._variants[2, 16].inputs["mask"][1].eq(0).all()  # padding row filled
     r.release("BATCHSIZE", 4)
     r.release("BATCHSIZE", 2)
@@ -104,11 +104,40 @@ def test_not_ready_variant_routes_to_smallest_ready_cover_else_eager() -> None:
     assert r.stats["eager"] == 1 and r.stats["replays"] == 1
 
 
+def test_one_dtype_rule_on_the_graph_and_the_eager_paths() -> None:
+    r = make()
+    r.capture(all_variants(r))
+    for b, s in [(2, 8), (2, 17)]:  # a replay, and a non-splittable overflow (eager)
+        t = call(b, s)
+        t["x"] = t["x"].double()
+        with pytest.raises(gs.ShapeError, match=r"x is torch\.float64; the graphs were built for"):
+            r.run(t)
+    t = call(2, 8) | {"scale": torch.ones(H, dtype=torch.float64)}  # unbound inputs too
+    with pytest.raises(gs.ShapeError, match=r"scale is torch\.float64"):
+        r.run(t)
+    assert r.stats["replays"] == r.stats["eager"] == 0
+
+
+def test_eager_chunks_run_outside_the_replay_lock() -> None:
+    r = make(s_splittable=True)
+    r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}])
+    r.release("BATCHSIZE", 4)
+    results: list[torch.Tensor] = []
+    t = call(3, 20)
+    with r._lock:  # a replay holds it: eager chunks must not wait for it
+        worker = threading.Thread(target=lambda: results.append(r.run(t)))
+        worker.start()
+        worker.join(timeout=30)
+        assert not worker.is_alive()
+    torch.testing.assert_close(results[0], model(**t))
+    assert r.stats["eager"] == 2 and r.stats["replays"] == 0  # SEQLEN 20 = 16 + 4
+
+
 def test_non_splittable_overflow_runs_eager() -> None:
     r = make()
     r.capture(all_variants(r))
     check(r, 2, 17)
-    assert r.stats == {"replays": 0, "eager": 1, "captures": 6}
+    assert r.stats == {"replays": 0, "eager": 1, "captures": 6, "capture_failures": 0}
 
 
 def test_two_split_dims() -> None:

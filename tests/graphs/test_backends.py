@@ -1,12 +1,24 @@
-"""Graph backends: the CPU graph's semantics, memory readings, and unavailable devices."""
+"""Graph backends: the CPU graph's semantics, memory readings, unavailable devices, and the
+npu backend's checks (against a stand-in torch_npu over the fake device)."""
 
 from __future__ import annotations
+
+import sys
+import types
 
 import pytest
 import torch
 
 import gearshift as gs
-from gearshift.graphs.backends import CpuBackend, backend_for, get_backend
+from gearshift.graphs.backends import (
+    NPU_LIMIT,
+    NPU_MAX_GRAPHS,
+    CpuBackend,
+    backend_for,
+    get_backend,
+    npu_backend,
+)
+from graphs.fake_device import FakeCuda
 
 
 def test_cpu_graph_replays_on_the_static_buffers() -> None:
@@ -62,6 +74,53 @@ def test_npu_without_torch_npu_is_a_clear_error() -> None:
             backend_for("npu:0")
     else:
         pytest.skip("torch_npu is installed")
+
+
+def _stand_in_npu(monkeypatch: pytest.MonkeyPatch, graphs: bool = True) -> FakeCuda:
+    """torch_npu (a module with `_C`'s allocator hooks) and torch.npu (the fake device)."""
+    fake = FakeCuda()
+    npu = types.SimpleNamespace(
+        is_available=lambda: True, device_count=lambda: 1, **{
+            n: getattr(fake, n) for n in (
+                "device", "Stream", "stream", "current_stream", "synchronize", "empty_cache",
+                "mem_get_info",
+            )
+        },
+    )
+    if graphs:
+        npu.NPUGraph, npu.graph_pool_handle = fake.CUDAGraph, fake.graph_pool_handle
+    c = types.SimpleNamespace(
+        _npu_endAllocateCurrentStreamToPool=fake.end_allocate, _npu_releasePool=fake.release_pool
+    )
+    module = types.SimpleNamespace(__version__="2.7.1" if graphs else "2.1.0", _C=c)
+    monkeypatch.setitem(sys.modules, "torch_npu", module)
+    monkeypatch.setattr(torch, "npu", npu, raising=False)
+    monkeypatch.delenv("TASK_QUEUE_ENABLE", raising=False)
+    return fake
+
+
+def test_the_npu_backend_is_the_device_backend_with_a_graph_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _stand_in_npu(monkeypatch)
+    backend = npu_backend(0)
+    assert (backend.kind, backend.max_graphs, backend.limit_reason) == ("npu", 1800, NPU_LIMIT)
+    assert NPU_MAX_GRAPHS == 1800 and "2,048 streams" in NPU_LIMIT
+    assert backend.api.end_allocate == fake.end_allocate  # the recovery hooks are found
+    graph = backend.graph(lambda: fake.op(lambda: torch.ones(3)))
+    assert graph.capture().eq(1).all() and fake.calls["empty_cache"] == 0
+
+
+def test_npu_refuses_task_queue_level_2_and_a_torch_npu_without_graphs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _stand_in_npu(monkeypatch)
+    monkeypatch.setenv("TASK_QUEUE_ENABLE", "2")
+    with pytest.raises(gs.BackendUnavailable, match="TASK_QUEUE_ENABLE=1"):
+        npu_backend(0)
+    _stand_in_npu(monkeypatch, graphs=False)
+    with pytest.raises(gs.BackendUnavailable, match=r"torch_npu 2.1.0 has no torch.npu.NPUGraph"):
+        npu_backend(0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

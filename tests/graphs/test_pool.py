@@ -1,11 +1,14 @@
-"""GraphResourcePool (seed 000 §3.4) and the key–gear index."""
+"""GraphResourcePool: keys per thread, release after a synchronize then one collect, the cap;
+and the key–gear index."""
 
 from __future__ import annotations
 
 import threading
 
+import pytest
+
 from gearshift.graphs.backends import CpuBackend
-from gearshift.graphs.pool import GraphResourcePool, KeyGearIndex
+from gearshift.graphs.pool import GraphLimit, GraphResourcePool, KeyGearIndex
 
 
 class Resource:
@@ -21,6 +24,10 @@ class SyncCounter(CpuBackend):
 
     def synchronize(self) -> None:
         self.log.append("sync")
+
+    def collect(self) -> bool:
+        self.log.append("collect")
+        return True
 
 
 def test_get_pool_is_a_per_device_singleton() -> None:
@@ -65,9 +72,23 @@ def test_remove_by_keys_is_idempotent_and_synchronizes_first() -> None:
     a = pool.register(Resource(log, "release"))
     b = pool.register(Resource(log, "reset"))
     assert pool.remove_by_keys([a, b, 999]) == 2
-    assert log == ["sync", "release", "reset"]
-    assert pool.remove_by_keys([a, b]) == 0  # already gone: no release, no sync
-    assert log == ["sync", "release", "reset"] and len(pool) == 0
+    assert log == ["sync", "release", "reset", "collect"]
+    assert pool.remove_by_keys([a, b]) == 0  # already gone: no release, no sync, no collect
+    assert log == ["sync", "release", "reset", "collect"] and len(pool) == 0
+
+
+def test_the_cap_comes_from_the_backend_and_admit_refuses_past_it() -> None:
+    backend = CpuBackend()
+    assert GraphResourcePool(backend).max_graphs is None
+    backend.max_graphs, backend.limit_reason = 2, "two streams"
+    pool = GraphResourcePool(backend)
+    assert pool.max_graphs == 2 and GraphResourcePool(backend, None).max_graphs is None
+    pool.admit(2)
+    pool.register(Resource([]))
+    pool.admit()
+    pool.register(Resource([]))
+    with pytest.raises(GraphLimit, match="cpu:0 holds 2 graphs, its cap being 2: two streams"):
+        pool.admit()
 
 
 def test_key_gear_release_frees_every_variant_of_a_gear() -> None:

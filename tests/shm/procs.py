@@ -156,7 +156,7 @@ def lock_and_die(namespace: str) -> None:
 
 def acquire_and_die_unrecorded(namespace: str) -> None:
     """Die holding the namespace lock before recording itself as its holder."""
-    Registry.attach(namespace)._sem.acquire()
+    Registry.attach(namespace).lock._sem.acquire()
     os._exit(0)
 
 
@@ -182,3 +182,70 @@ def register_profile(namespace: str, results: Queue) -> None:
         results.put((type(exc).__name__, str(exc)))
     registry.release_slot(slot)
     registry.close()
+
+
+# -- another user (run by root only: the child drops to uid/gid NOBODY first) --
+
+NOBODY = 65534
+
+
+def become(uid: int) -> None:
+    """Drop every privilege: this process is user `uid` (group `uid`, no other groups)."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+
+def squat(names_: list[str], lock: str | None, results: Queue) -> None:
+    """As NOBODY, create the shared-memory objects `names_` (and the semaphore `lock`) with
+    mode 0666, as a co-tenant guessing a namespace would, before its owner starts."""
+    import posix_ipc
+
+    become(NOBODY)
+    os.umask(0)
+    for name in names_:
+        posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o666, size=4096).close_fd()
+    if lock is not None:
+        posix_ipc.Semaphore(lock, posix_ipc.O_CREX, mode=0o666, initial_value=1).close()
+    results.put("squatted")
+
+
+def attack(namespace: str, results: Queue) -> None:
+    """As NOBODY, try to attach, write and remove the objects of another user's namespace;
+    report what each attempt raised (type, message)."""
+    import posix_ipc
+
+    from gearshift.shm import cleanup, names
+
+    become(NOBODY)
+    outcomes = {}
+    attempts = {
+        "registry": lambda: Registry.attach(namespace),
+        "snapshot": lambda: SnapshotRegion.attach(namespace, 0),
+        "ring": lambda: EventRing.attach(namespace, 0),
+        "write": lambda: posix_ipc.SharedMemory(names.control(namespace), 0, mode=0o666),
+        "unlink": lambda: posix_ipc.unlink_shared_memory(names.control(namespace)),
+        "cleanup": lambda: cleanup(namespace),
+    }
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+            outcomes[what] = ("no error", "")
+        except Exception as exc:  # report every outcome, typed or not
+            outcomes[what] = (type(exc).__name__, str(exc))
+    results.put(outcomes)
+
+
+def retire_then(namespace: str, retired: Event, go: Event | None) -> None:
+    """A cleanup that closes the namespace, then dies (`go` None) or, once `go` is set,
+    removes it."""
+    from gearshift.shm import cleanup
+
+    registry = Registry.attach(namespace)
+    registry.retire()
+    retired.set()
+    if go is None:
+        os._exit(0)
+    go.wait(WAIT)
+    cleanup(namespace)
+    os._exit(0)

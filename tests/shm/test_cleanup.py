@@ -1,14 +1,18 @@
 from __future__ import annotations
 
 import os
+import time
 from multiprocessing.context import BaseContext
 
 import pytest
 
+from gearshift.clock import FakeClock
 from gearshift.errors import ControllerNotFound, ControllerRunning, NamespaceBusy
-from gearshift.shm import EventRing, Registry, SnapshotRegion, cleanup, names
+from gearshift.shm import EventRing, Registry, SnapshotRegion, cleanup, names, segment
+from gearshift.shm.cleanup import _remove, own
+from gearshift.shm.lock import semaphore_name
 from gearshift.shm.segment import SHM_DIR, exists
-from shm.procs import WAIT, Spawn, claim_put_exit, control_until
+from shm.procs import WAIT, Spawn, claim_put_exit, control_until, retire_then
 
 
 def _objects(namespace: str) -> list[str]:
@@ -79,3 +83,81 @@ def test_cleanup_refuses_while_the_controller_lives(
 def test_leftovers_without_a_control_segment_are_removed(namespace: str) -> None:
     SnapshotRegion.create(namespace, 2).close()
     assert cleanup(namespace) == [names.snapshot(namespace, 2)]
+
+
+def test_a_closed_namespace_refuses_a_controller(namespace: str) -> None:
+    registry = Registry.create(namespace)
+    try:
+        registry.retire()
+        with pytest.raises(ControllerNotFound, match="being cleaned up"):
+            registry.claim_controller()
+    finally:
+        registry.unlink()
+        registry.close()
+
+
+def test_a_controller_starting_during_a_cleanup_waits_for_it_and_owns_a_fresh_namespace(
+    namespace: str, mp: BaseContext, spawn: Spawn
+) -> None:
+    Registry.create(namespace).close()
+    retired, go = mp.Event(), mp.Event()
+    spawn(retire_then, namespace, retired, go)
+    assert retired.wait(WAIT)
+    clock = FakeClock()
+
+    def sleep(seconds: float) -> None:  # the cleanup goes on while `own` waits
+        go.set()
+        time.sleep(seconds)
+        clock.advance(seconds / 100)  # bounded, well within the grace period
+
+    clock.sleep = sleep  # type: ignore[method-assign]
+    registry = own(namespace, 4, clock)
+    try:
+        assert not registry.closed and registry.controller().pid == os.getpid()
+        assert registry.segment.inode == _inode(names.control(namespace))  # reachable
+        assert registry.lock.inode == _inode(semaphore_name(namespace))
+        assert Registry.attach(namespace).claim_slot(0) == 0
+    finally:
+        registry.unlink()
+        registry.close()
+
+
+def test_a_cleanup_that_died_half_way_is_finished_by_the_next_controller(
+    namespace: str, mp: BaseContext, spawn: Spawn
+) -> None:
+    old = Registry.create(namespace)
+    old_inode = old.segment.inode
+    old.close()
+    retired = mp.Event()
+    spawn(retire_then, namespace, retired, None).join(WAIT)
+    assert retired.is_set()
+    registry = own(namespace, 4)
+    try:
+        assert registry.segment.inode != old_inode and not registry.closed
+    finally:
+        registry.unlink()
+        registry.close()
+    assert _objects(namespace) == []
+
+
+def test_a_late_cleanup_never_removes_a_namespace_created_after_its_check(
+    namespace: str,
+) -> None:
+    old = Registry.create(namespace)
+    old.retire()
+    checked = (old.segment.inode, old.lock.inode)
+    old.close()
+    assert cleanup(namespace) == [names.control(namespace)]
+    new = Registry.create(namespace)  # created after the first cleanup finished
+    try:
+        assert _remove(namespace, *checked) == ([], [])  # the late one's removal: nothing
+        assert new.segment.inode == _inode(names.control(namespace))
+        assert new.lock.inode == _inode(semaphore_name(namespace))
+    finally:
+        new.unlink()
+        new.close()
+
+
+def _inode(name: str) -> tuple[int, int] | None:
+    info = segment.stat_of(name)
+    return None if info is None else (info.st_dev, info.st_ino)

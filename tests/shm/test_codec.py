@@ -37,3 +37,17 @@ def test_input_over_the_limit_is_refused_before_decoding() -> None:
 def test_unencodable_objects_are_a_payload_error(obj: object) -> None:
     with pytest.raises(PayloadError):
         codec.pack(obj)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x81\x90\x00",  # a map whose key is a list (unhashable: TypeError inside msgpack)
+        b"\x81\x80\x00",  # a map as key
+        b"\x91" * 5000 + b"\x00",  # nested deeper than the decoder's stack
+    ],
+)
+def test_every_decoding_failure_is_a_short_payload_error(data: bytes) -> None:
+    with pytest.raises(PayloadError) as info:
+        codec.unpack(data, 10_000)
+    assert len(str(info.value)) < 200

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from collections.abc import Iterator
@@ -8,13 +9,23 @@ from multiprocessing.context import BaseContext
 import pytest
 
 from gearshift.errors import (
+    ConfigError,
     ControllerNotFound,
     ControllerRunning,
     LayoutError,
     NamespaceBusy,
     ProfileMismatch,
 )
-from gearshift.shm import EventRing, Registry, SlotState, control, error_reply, names, ring
+from gearshift.shm import (
+    EventRing,
+    Registry,
+    SlotState,
+    control,
+    error_reply,
+    names,
+    ring,
+    segment,
+)
 from gearshift.shm.segment import Segment, exists
 from shm.procs import (
     WAIT,
@@ -163,7 +174,7 @@ def test_a_lock_held_by_a_dead_process_is_reported_and_repaired(
 ) -> None:
     holder = spawn(lock_and_die, namespace)
     holder.join(WAIT)
-    registry.lock_timeout = 0.05
+    registry.lock.timeout = 0.05
     with pytest.raises(NamespaceBusy, match=f"pid {holder.pid} \\(dead"):
         registry.claim_slot(0)
     assert registry.repair_lock()
@@ -176,7 +187,7 @@ def test_a_lock_left_held_unrecorded_by_a_dead_process_is_repaired_after_a_timeo
 ) -> None:
     holder = spawn(acquire_and_die_unrecorded, namespace)
     holder.join(WAIT)
-    registry.lock_timeout = 0.05
+    registry.lock.timeout = 0.05
     with pytest.raises(NamespaceBusy, match="pid 0"):
         registry.claim_slot(0)
     assert registry.repair_lock()
@@ -239,3 +250,64 @@ def test_a_retired_namespace_refuses_new_claims(registry: Registry) -> None:
     registry.retire()
     with pytest.raises(ControllerNotFound, match="cleaned up"):
         registry.claim_slot(0)
+
+
+def test_a_corrupt_slot_is_isolated_and_the_table_still_reads(
+    namespace: str, registry: Registry
+) -> None:
+    first, second = registry.claim_slot(0), registry.claim_slot(1)
+    words = registry.segment.words
+    base = (control.TABLE + second * registry._slot_size) // 8
+    words[base + control.STATE // 8] = 7  # no SlotState
+    infos = registry.slots()
+    assert [i.state for i in infos[:3]] == [SlotState.ACTIVE, SlotState.CORRUPT, SlotState.FREE]
+    assert not infos[second].alive and not infos[second].reclaimable
+    words[base + control.STATE // 8] = SlotState.ACTIVE
+    words[base + control.DEVICE // 8] = control.MAX_DEVICE + 1  # no device of ours
+    assert registry.slots()[second].state == SlotState.CORRUPT
+    words[base + control.GENERATION // 8] = (1 << 64) - 1
+    words[base + control.STATE // 8] = SlotState.FREE
+    assert registry.claim_slot(0) == second  # a wild generation wraps, never overflows
+    assert registry.slots()[second].generation == 0 and registry.slots()[first].alive
+
+
+@pytest.mark.parametrize("device", [-1, control.MAX_DEVICE + 1, 2**64, True, 1.0])
+def test_a_device_outside_the_range_is_refused_naming_it(
+    registry: Registry, device: object
+) -> None:
+    with pytest.raises(ConfigError, match="device: expected an int in"):
+        registry.claim_slot(device)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "constants",
+    [(control.MAX_SLOTS + 1, control.REQUESTS + 2 * 128, 64), (1, 64 + 2 * (64 + 2**21), 2**21)],
+)
+def test_header_constants_beyond_the_layout_bounds_are_refused(
+    namespace: str, constants: tuple[int, int, int]
+) -> None:
+    size = control.TABLE + constants[0] * constants[1]  # a sparse file: any size is free
+    fake = Segment.create(names.control(namespace), -(-size // 64) * 64)
+    fake.seal(control.MAGIC, control.LAYOUT, constants)
+    try:
+        with pytest.raises(LayoutError, match="do not fit"):
+            Registry.attach(namespace)
+    finally:
+        fake.unlink()
+        fake.close()
+
+
+def test_two_repairers_at_once_release_a_dead_holders_lock_once(
+    namespace: str, registry: Registry, spawn: Spawn
+) -> None:
+    spawn(lock_and_die, namespace).join(WAIT)
+    fd = os.open(segment.path(names.control(namespace)), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another repairer is at it
+        assert not registry.repair_lock()
+        assert registry.lock.value == 0
+    finally:
+        os.close(fd)
+    assert registry.repair_lock()
+    assert not registry.repair_lock()
+    assert registry.lock.value == 1

@@ -85,3 +85,10 @@ def test_unknown_errors_arrive_as_gearshift_errors_and_results_pass() -> None:
     with pytest.raises(GearshiftError, match="boom"):
         raise_for_error({"error": "Whatever", "message": "boom"})
     assert raise_for_error({"profile_id": 3}) == {"profile_id": 3}
+
+
+def test_an_error_reply_always_fits_a_mailbox() -> None:
+    reply = error_reply(PayloadError("junk " * 10_000))
+    assert len(mailbox.codec.pack(reply)) <= mailbox.MAX_MESSAGE + 64
+    with pytest.raises(PayloadError, match="junk"):
+        raise_for_error(reply)

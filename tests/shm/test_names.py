@@ -51,3 +51,10 @@ def test_segment_pattern_matches_only_its_own_namespace() -> None:
     pattern = names.segment_pattern("a")
     assert all(pattern.fullmatch(n) for n in own)
     assert not any(pattern.fullmatch(n) for n in others)
+
+
+@pytest.mark.parametrize("namespace", [".", ".."])
+def test_dot_names_are_refused_they_would_name_a_parent_state_directory(namespace: str) -> None:
+    with pytest.raises(NamespaceError, match=r"other than '\.' and '\.\.'"):
+        names.validate(namespace)
+    assert names.validate("...") == "..."  # a name, not a path step

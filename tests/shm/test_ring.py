@@ -223,3 +223,28 @@ def test_a_producer_killed_at_random_points_never_leaves_a_partial_record(
         assert len(events) > 0
         assert intact(events).all()
         assert (np.diff(events["t_ns"]) > 0).all()
+
+
+def test_a_version_beyond_32_bits_never_spills_into_the_profile_id(namespace: str) -> None:
+    ring = EventRing.create(namespace, 0, 8)
+    try:
+        ring.put(1, 0, (1 << 32) + 5, (7,), (1,))
+        (event,) = ring.drain()
+        assert (event["profile"], event["version"], event["kind"]) == (0, 5, 1)
+    finally:
+        ring.unlink()
+        ring.close()
+
+
+def test_a_capacity_beyond_the_layout_bound_is_refused(namespace: str) -> None:
+    capacity = ring.MAX_CAPACITY * 2  # sparse: a ring of any size costs nothing
+    fake = Segment.create(names.ring(namespace, 0), ring.RECORDS + capacity * ring.RECORD)
+    fake.seal(ring.MAGIC, ring.LAYOUT, (capacity, ring.RECORD))
+    try:
+        with pytest.raises(LayoutError, match="do not fit"):
+            EventRing.attach(namespace, 0)
+    finally:
+        fake.unlink()
+        fake.close()
+    with pytest.raises(ValueError, match="capacity"):
+        EventRing.create(namespace, 0, capacity)

@@ -98,3 +98,10 @@ def test_header_constants_that_overstate_the_segment_are_refused(name: str) -> N
     finally:
         created.unlink()
         created.close()
+
+
+def test_a_weakly_ordered_cpu_gets_a_sequentially_consistent_fence() -> None:
+    atomicshm = pytest.importorskip("atomicshm")  # installed on weakly ordered hosts
+    fence = segment.full_fence(True)
+    assert (fence.func, fence.args) == (atomicshm.fence, (atomicshm.SEQ_CST,))
+    fence()

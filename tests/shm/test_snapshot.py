@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from multiprocessing.context import BaseContext
 
@@ -11,6 +12,7 @@ from gearshift.shm.segment import Segment
 from shm.procs import WAIT, Spawn, layout_table, publish_until, read_until, snapshot_payload
 
 CAPACITY = 64 * 1024
+RACED_VERSIONS = 20_000  # versions the writer publishes while readers read flat out
 
 
 @pytest.fixture
@@ -125,8 +127,37 @@ def test_a_copy_whose_checksum_fails_is_never_accepted(region: SnapshotRegion) -
     region.publish({"v": "good"})
     buffer = region._buffer((region.segment.words[snapshot.STATE // 8] >> 1) & 1)
     region.segment.mm[buffer + snapshot.PAYLOAD + 2] ^= 0xFF  # corrupt under a stable seq
-    with pytest.raises(PayloadError, match="no consistent snapshot"):
+    with pytest.raises(PayloadError, match="fails its crc32"):  # at once: no retry helps
         region.read()
+
+
+def test_a_length_over_the_capacity_is_refused_at_once(region: SnapshotRegion) -> None:
+    region.publish({"v": "good"})
+    buffer = region._buffer((region.segment.words[snapshot.STATE // 8] >> 1) & 1)
+    region.segment.words[(buffer + snapshot.LENGTH) // 8] = 1 << 40
+    with pytest.raises(PayloadError, match="length 1099511627776 exceeds"):
+        region.read()
+
+
+def test_a_capacity_beyond_the_layout_bound_is_refused(namespace: str) -> None:
+    capacity = snapshot.MAX_CAPACITY * 16  # sparse: a region of any size costs nothing
+    fake = Segment.create(names.snapshot(namespace, 0), snapshot.BUFFERS + 2 * (64 + capacity))
+    fake.seal(snapshot.MAGIC, snapshot.LAYOUT, (capacity,))
+    try:
+        with pytest.raises(LayoutError, match="do not fit"):
+            SnapshotRegion.attach(namespace, 0)
+    finally:
+        fake.unlink()
+        fake.close()
+    with pytest.raises(ValueError, match="capacity"):
+        SnapshotRegion.create(namespace, 0, capacity)
+
+
+def test_versions_stay_within_what_a_ring_record_carries(region: SnapshotRegion) -> None:
+    assert region.publish({}, at_least=snapshot.MAX_VERSION) == snapshot.MAX_VERSION
+    with pytest.raises(PayloadError, match="version 4294967296 exceeds"):
+        region.publish({})
+    assert region.version() == snapshot.MAX_VERSION
 
 
 @pytest.mark.parametrize(
@@ -153,11 +184,13 @@ def test_readers_never_accept_a_torn_payload_from_a_writer_publishing_flat_out(
     readers = [spawn(read_until, namespace, 0, start, stop, results) for _ in range(4)]
     writer = spawn(publish_until, namespace, 0, start, stop)
     start.wait(WAIT)  # all five children attached
-    stop.wait(3.0)  # let them race for a few seconds
+    deadline = time.monotonic() + WAIT  # a bound on a hang, not a speed: the race is counted
+    while region.version() < RACED_VERSIONS:  # the readers race the writer meanwhile
+        assert time.monotonic() < deadline, f"{region.version()} versions published"
+        time.sleep(0.01)
     stop.set()
     reports = [results.get(timeout=WAIT) for _ in readers]
     writer.join(WAIT)
-    assert region.version() > 100  # the writer really published flat out
     for accepted, torn, versions, monotonic in reports:
         assert torn == 0
         assert accepted > 0 and versions > 1 and monotonic

@@ -8,7 +8,7 @@ import pytest
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim, chunks_for
 from gearshift.core.optimal import optimal_gears
-from gearshift.errors import ShapeError
+from gearshift.errors import ShapeError, TraceError
 from gearshift.tools.simulate import policy_dims, simulate
 from gearshift.tools.trace import Trace, load_trace
 
@@ -29,11 +29,12 @@ def test_default_dims_end_at_the_trace_maximum() -> None:
     assert policy_dims(trace, "static") == dims
 
 
-def test_pow2_dims_cover_the_trace_with_powers_of_two() -> None:
+def test_pow2_dims_end_where_the_adaptive_start_ends() -> None:
     trace = make_trace([0, 1, 2], BATCHSIZE=[3, 56, 1], SEQLEN=[9000, 2, 14050])
     dims = policy_dims(trace, "pow2")
-    assert dims["BATCHSIZE"] == Dim(gears=(1, 2, 4, 8, 16, 32, 64), max=64, splittable=True)
-    assert dims["SEQLEN"].gears[-1] == dims["SEQLEN"].max == 16384
+    assert dims["BATCHSIZE"] == Dim(gears=(1, 2, 4, 8, 16, 32, 56), max=56, splittable=True)
+    assert dims["SEQLEN"].gears[-2:] == (8192, 14050) and dims["SEQLEN"].max == 14050
+    assert dims == policy_dims(trace, "adaptive")  # the same top, the same ladder
 
 
 def test_given_gears_and_splittable_override() -> None:
@@ -111,7 +112,8 @@ def test_pow2_on_a_shipped_trace() -> None:
     trace = load_trace("azure_conv_batched")
     result = simulate(trace, policy_dims(trace, "pow2"), PolicyConfig(), adaptive=False)
     seq = trace.dims["SEQLEN"]
-    padded = (1 << np.ceil(np.log2(seq)).astype(int)).sum()
+    top = int(seq.max())
+    padded = np.minimum(1 << np.ceil(np.log2(seq)).astype(int), top).sum()
     assert result.dims["SEQLEN"].padded_work == padded
     assert result.dims["SEQLEN"].eager_events == 0
     assert result.summary()["dims"]["SEQLEN"]["mean_gears"] == pytest.approx(15)
@@ -177,3 +179,9 @@ def test_adaptive_on_a_shipped_trace_is_deterministic() -> None:
     d = first.dims["BATCHSIZE"]
     assert d.adds == sum(c.action == "add" for c in first.changes)
     assert len(d.gears) == first.starts.size and d.raw_work == trace.dims["BATCHSIZE"].sum()
+
+
+def test_a_trace_too_long_for_its_checks_is_refused_by_name() -> None:
+    trace = Trace("endless", np.array([0.0, 1e300]), {"B": np.array([1, 2])})
+    with pytest.raises(TraceError, match="endless"):
+        simulate(trace, policy_dims(trace, "adaptive"), PolicyConfig())

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import gearshift as gs
 from gearshift.cli import main
 from gearshift.clikit import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
@@ -38,7 +39,7 @@ def test_json_pow2_on_a_shipped_trace() -> None:
     assert (data["trace"], data["policy"], data["events"]) == ("azure_code_batched", "pow2", 3738)
     assert set(data["dims"]) == {"BATCHSIZE", "SEQLEN"}
     assert all(set(d) == KEYS for d in data["dims"].values())
-    assert data["dims"]["SEQLEN"]["final_gears"][-1] == 8192
+    assert data["dims"]["SEQLEN"]["final_gears"][-2:] == [4096, 7437]  # the trace's largest
 
 
 def test_adaptive_json_lists_every_decision_with_its_reason(tmp_path: Path) -> None:
@@ -74,8 +75,8 @@ def test_static_table_counts_eager_and_split(tmp_path: Path) -> None:
     assert code == EXIT_OK
     header, batch, seq = out.splitlines()[1:]
     assert header.split()[:3] == ["dim", "padding", "mean"]
-    assert batch.split() == ["BATCHSIZE", "0.4286", "1.00", "0", "0", "0.0", "1", "0", "4"]
-    assert seq.split() == ["SEQLEN", "0.1846", "2.00", "0", "0", "0.0", "0", "1", "128,512"]
+    assert batch.split() == ["BATCHSIZE", "42.86%", "1.00", "0", "0", "0.0", "1", "0", "4"]
+    assert seq.split() == ["SEQLEN", "18.46%", "2.00", "0", "0", "0.0", "0", "1", "128,512"]
     code, out, _ = run(
         str(trace),
         "--policy",
@@ -92,17 +93,33 @@ def test_static_table_counts_eager_and_split(tmp_path: Path) -> None:
     assert out.splitlines()[3].split()[6:8] == ["1", "0"]
 
 
-def test_plot_writes_a_png(tmp_path: Path) -> None:
+def test_plot_writes_a_png_and_says_where(tmp_path: Path) -> None:
     out = tmp_path / "p.png"
-    code, _, _ = run("azure_code_batched", "--policy", "pow2", "--plot", str(out))
-    assert code == EXIT_OK
-    assert out.read_bytes()[:4] == b"\x89PNG"
+    code, stdout, err = run("azure_code_batched", "--policy", "pow2", "--json", "--plot", str(out))
+    assert code == EXIT_OK and json.loads(stdout)["policy"] == "pow2"  # stdout stays JSON
+    assert out.read_bytes()[:4] == b"\x89PNG" and str(out) in err
 
 
-def test_plot_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_ticks_of_gears_are_ints() -> None:
+    from gearshift.tools import simulate as replay
+    from gearshift.tools.simulate_cli import figure
+    from gearshift.tools.trace import load_trace
+
+    data = load_trace("azure_code_batched")
+    dims = replay.policy_dims(data, "pow2", {}, {}, {}, {})
+    fig = figure(replay.simulate(data, dims, gs.PolicyConfig(), adaptive=False))
+    fig.canvas.draw()
+    for axis in fig.axes[: len(dims)]:  # the gears' row
+        labels = [t.get_text() for t in axis.get_yticklabels() if t.get_text()]
+        assert labels and all(label.isdigit() for label in labels), labels
+
+
+def test_plot_without_matplotlib_fails_before_the_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    code, _, err = run("azure_code_batched", "--policy", "pow2", "--plot", str(tmp_path / "p"))
-    assert code == EXIT_ERROR
+    code, out, err = run("azure_code_batched", "--policy", "pow2", "--plot", str(tmp_path / "p"))
+    assert code == EXIT_ERROR and out == ""  # no table: it did not replay
     assert err == "error: --plot needs matplotlib: pip install 'gearshift[plot]'\n"
 
 
@@ -112,7 +129,7 @@ def test_plot_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         (None, EXIT_ERROR, "trace not found: "),
         ("t,SEQLEN\n0,1.5\n", EXIT_ERROR, "line 2: SEQLEN=1.5 is not an integer size"),
         ("t,SEQLEN\n0,-1\n", EXIT_ERROR, "line 2: SEQLEN=-1 is not a positive size"),
-        ("t,SEQLEN\n1,1\n0,1\n", EXIT_ERROR, "line 3: t=0 is earlier than the row before"),
+        ("t,SEQLEN\n1,1\n0,1\n", EXIT_ERROR, "line 3: t=0 is earlier than the event before"),
         ("t,SEQ-LEN\n0,1\n", EXIT_ERROR, "malformed column name 'SEQ-LEN'"),
     ],
 )

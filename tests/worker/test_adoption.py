@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from graphs.fake_device import FakeCuda
 
 import gearshift as gs
 from gearshift.graphs.backends import CpuBackend
@@ -59,12 +60,12 @@ def test_requests_never_capture_the_swap_thread_warms_up(
     fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
 ) -> None:
     check(prof, 3, 9)
-    assert runner.stats == {"replays": 0, "eager": 1, "captures": 0} and runner.ready() == []
+    assert runner.stats["captures"] == 0 and runner.stats["eager"] == 1 and runner.ready() == []
     client.tick()
     assert runner.ready() == [(b, s) for b in (2, 4, 8) for s in (8, 16)]
     for b, s in [(3, 9), (8, 16), (20, 5)]:  # 20 = 8 + 8 + 4
         check(prof, b, s)
-    assert runner.stats == {"replays": 5, "eager": 1, "captures": 6}
+    assert (runner.stats["replays"], runner.stats["eager"], runner.stats["captures"]) == (5, 1, 6)
     events = fake.drain(client.slot)
     events = events[events["kind"] != Kind.MEMORY]
     assert [e["values"][:2].tolist() for e in events] == [[3, 9], [3, 9], [8, 16], [20, 5]]
@@ -144,6 +145,38 @@ def test_grace_holds_across_threads(fake: FakeController, namespace: str) -> Non
         worker.join(WAIT)
         wait_until(lambda: len(pool) == 4)
         assert (4, 16) not in runner.ready()
+
+
+def test_the_memory_of_released_graphs_is_in_the_next_reading_the_controller_gets(
+    fake: FakeController, client: gs.Client, prof: gs.Profile
+) -> None:
+    dev = FakeCuda()
+
+    @torch.no_grad()
+    def on_device(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = dev.op(lambda a: torch.tanh(LAYER(a)), x)
+        return dev.op(lambda a, m: a * m.unsqueeze(-1), h, mask)
+
+    transform = gs.Transform(on_device, prof.dims, INPUTS, outputs=("B", "S", None))
+    pool = GraphResourcePool(dev.backend())
+    runner = prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=pool))
+    client.tick()
+    assert len(runner.ready()) == 6 and client.memory == runner.backend.mem_get_info
+    removed = [runner._variants[4, s].graph.graph.pool() for s in (8, 16)]
+    held = sum(map(dev.pool_bytes, removed))
+    runner.backend.collect()  # the warm-ups' cache: what is left is the graphs'
+
+    def reading() -> int:
+        fake.drain(client.slot)
+        client.clock.sleep(client.memory_interval)
+        client.tick()
+        (record,) = (e for e in fake.drain(client.slot) if e["kind"] == Kind.MEMORY)
+        return int(record["values"][0])
+
+    before = reading()
+    fake.publish({"decode": {"BATCHSIZE": [2, 8], "SEQLEN": [8, 16]}})
+    after = reading()  # that tick adopted, released (no request in flight) and read
+    assert len(runner.ready()) == 4 and held > 0 and after - before == held
 
 
 def test_runner_builds_and_attaches_and_its_backend_reports_memory(

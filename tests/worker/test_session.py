@@ -3,18 +3,24 @@ what happens when the controller is absent, killed or restarted."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
 import gearshift as gs
 from gearshift.clock import FakeClock
-from gearshift.shm import Kind, Registry, SlotState, cleanup, names
+from gearshift.controller.statefile import STATE_FILE
+from gearshift.shm import Kind, Registry, SlotState, Snapshot, cleanup, names
 from gearshift.shm.segment import exists
+from worker import procs
 from worker.fake_controller import WAIT, FakeController, ServingClock, serve, wait_until
 
 DECODE = {
@@ -62,16 +68,85 @@ def test_the_routing_client_never_imports_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=WAIT)
 
 
-def test_connect_needs_a_live_controller(namespace: str) -> None:
-    with pytest.raises(gs.ControllerNotFound, match="no control segment"):
-        gs.connect(namespace=namespace)
+def test_require_controller_refuses_without_a_live_one_and_says_how_to_start_it(
+    namespace: str,
+) -> None:
+    hint = f"gearshift serve -n {namespace}"
+    with pytest.raises(gs.ControllerNotFound, match=hint):
+        gs.connect(namespace=namespace, require_controller=True)
     registry = Registry.create(namespace)  # a namespace whose controller is gone
     try:
-        with pytest.raises(gs.ControllerNotFound, match="not running"):
-            gs.connect(namespace=namespace)
+        with pytest.raises(gs.ControllerNotFound, match=hint):
+            gs.connect(namespace=namespace, require_controller=True)
         assert all(info.state == SlotState.FREE for info in registry.slots())
     finally:
         registry.unlink()
+        registry.close()
+
+
+def test_without_a_controller_a_client_serves_its_initial_gears_and_warns_rate_limited(
+    namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "gearshift")
+    clock = FakeClock()
+    with gs.connect(namespace, clock=clock, background=False) as client:
+        prof = client.profile("decode", DECODE)  # no controller to wait for
+        assert clock.now() == 0 and client.registry is None and client.slot is None
+        for _ in range(150):  # 150 s of virtual time: warnings at 0, 60 and 120 s
+            assert prof.route(BATCHSIZE=3, SEQLEN=700).gears == {"BATCHSIZE": 4, "SEQLEN": 1024}
+            client.tick()
+            clock.advance(1.0)
+        assert client.unrecorded == 150 and prof.version == 0 and not prof.registered
+        warnings = [r.getMessage() for r in caplog.records if "no controller" in r.getMessage()]
+        assert len(warnings) == 3 and f"gearshift serve -n {namespace}" in warnings[0]
+    assert not [n for n in os.listdir("/dev/shm") if namespace in n]
+
+
+def test_a_client_attaches_when_its_controller_appears_and_records_from_then_on(
+    namespace: str,
+) -> None:
+    client = gs.connect(namespace, background=False, register_timeout=0)
+    fake = None
+    try:
+        prof = client.profile("decode", DECODE)
+        prof.route(BATCHSIZE=1, SEQLEN=1)  # unrecorded
+        client.tick()
+        assert client.slot is None
+        fake = FakeController(namespace)
+        client.tick()  # attaches: a slot, its ring, the registration posted
+        assert client.slot is not None and client.unrecorded == 1
+        wait_until(lambda: prof.registered, lambda: (fake.serve(), client.tick()))
+        assert fake.registered == [(client.slot, prof.id, "decode")]
+        later = client.profile("prefill", {"SEQLEN": gs.Dim(max=4096)})
+        prof.route(BATCHSIZE=2, SEQLEN=2)  # through the stand-in, now forwarded to the ring
+        later.route(SEQLEN=3)  # straight into the ring
+        events = fake.drain(client.slot)
+        assert [(e["profile"], e["values"][0]) for e in events] == [(prof.id, 2), (later.id, 3)]
+        version = fake.publish({"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [8192]}})
+        client.tick()
+        assert prof.version == version and prof.gears["BATCHSIZE"] == (4, 64)
+    finally:
+        client.close()
+        if fake is not None:
+            fake.close()
+
+
+def test_a_client_of_a_dead_controllers_namespace_takes_a_slot_and_does_not_wait(
+    namespace: str,
+) -> None:
+    registry = Registry.create(namespace)  # its controller is gone
+    clock = FakeClock()
+    try:
+        with gs.connect(namespace, clock=clock, background=False) as client:
+            assert registry.slots()[client.slot].state == SlotState.ACTIVE
+            prof = client.profile("decode", DECODE)
+            assert clock.now() == 0 and not prof.registered
+            prof.route(BATCHSIZE=1, SEQLEN=1)
+            fake = FakeController(namespace, create=False)  # takes the namespace over
+            wait_until(lambda: prof.registered, lambda: (fake.serve(), client.tick()))
+            assert len(fake.drain(client.slot)) == 1 and client.unrecorded == 0
+        fake.close()
+    finally:
         registry.close()
 
 
@@ -135,6 +210,59 @@ def test_a_full_ring_drops_and_counts_events_and_routing_goes_on(fake: FakeContr
         client.tick()
         assert fake.registry.slots()[client.slot].dropped == 2
         assert [e["values"][0] for e in fake.drain(client.slot)] == [1, 2, 3, 4]
+
+
+class _BadRegion:
+    """A snapshot region whose every read fails as `error` does (a decoder's bug, say)."""
+
+    def __init__(self, version: int, error: BaseException) -> None:
+        self._version, self.error = version, error
+
+    def version(self) -> int:
+        return self._version
+
+    def read(self) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error", [gs.PayloadError("corrupt"), KeyError("gears"), RecursionError(), MemoryError()]
+)
+def test_a_snapshot_that_fails_to_decode_is_kept_out_and_routing_goes_on(
+    fake: FakeController,
+    client: gs.Client,
+    error: BaseException,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    prof = client.profile("decode", DECODE)
+    good = fake.publish({"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [8192]}})
+    assert prof.route(BATCHSIZE=3, SEQLEN=3).version == good
+    region = client.region
+    client.region = _BadRegion(good + 1, error)  # type: ignore[assignment]
+    for _ in range(3):  # one warning, and no retry on every request
+        assert prof.route(BATCHSIZE=3, SEQLEN=3).gears == {"BATCHSIZE": 4, "SEQLEN": 8192}
+    assert client.seen == good + 1 and prof.version == good
+    assert sum("kept out" in r.getMessage() for r in caplog.records) == 1
+    client.region = region
+    assert fake.publish({"decode": {"BATCHSIZE": [2, 64], "SEQLEN": [8192]}}) == good + 1
+    newer = fake.publish({"decode": {"BATCHSIZE": [8, 64], "SEQLEN": [8192]}})  # the next
+    assert prof.route(BATCHSIZE=3, SEQLEN=3).gears == {"BATCHSIZE": 8, "SEQLEN": 8192}
+    assert prof.version == newer
+
+
+def test_a_payload_a_profile_cannot_adopt_is_kept_out_of_it(
+    fake: FakeController, client: gs.Client
+) -> None:
+    class Hostile(dict):
+        def __getitem__(self, key: object) -> object:
+            raise RuntimeError("hostile payload")
+
+    prof = client.profile("decode", DECODE)
+    gears = prof.gears
+    version = fake.region.publish({"profiles": {}})
+    client.region.read = lambda: Snapshot(version, Hostile())  # type: ignore[union-attr]
+    assert prof.route(BATCHSIZE=3, SEQLEN=3).gears["BATCHSIZE"] == 4
+    assert prof.gears == gears and client.seen == version
 
 
 def test_close_releases_the_slot_and_leaves_the_ring_to_the_controller(
@@ -212,7 +340,7 @@ def test_controller_killed_then_restarted(
 # -- with the real controller --
 
 
-def test_embedded_connect_starts_a_controller_in_process(
+def test_embedded_connect_starts_a_controller_in_process_and_keeps_no_state(
     namespace: str, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
@@ -227,6 +355,22 @@ def test_embedded_connect_starts_a_controller_in_process(
     finally:
         client.close()
     assert not [n for n in os.listdir("/dev/shm") if namespace in n]  # it removed the namespace
+    assert not list(tmp_path.iterdir())  # no state file under the user's state directory
+    assert not list(Path(tempfile.gettempdir()).glob(f"gearshift-{namespace}-*"))
+
+
+def test_an_embedded_controller_keeps_its_state_in_state_dir_when_asked(
+    namespace: str, tmp_path: Path
+) -> None:
+    gears = {"BATCHSIZE": gs.Dim(gears=[1, 64], max=64)}
+    with gs.connect(namespace, embedded=True, state_dir=str(tmp_path)) as client:
+        prof = client.profile("decode", gears)
+        wait_until(lambda: prof.version >= 1)
+        first = prof.version
+    assert STATE_FILE in [p.name for p in tmp_path.iterdir()]
+    with gs.connect(namespace, embedded=True, state_dir=str(tmp_path)) as client:
+        prof = client.profile("decode", gears)
+        wait_until(lambda: prof.version > first)  # versions go on from the state file
 
 
 def test_gears_the_real_controller_learns_reach_the_client(namespace: str, tmp_path) -> None:
@@ -257,3 +401,58 @@ def test_gears_the_real_controller_learns_reach_the_client(namespace: str, tmp_p
             assert controller.registry.slots()[client.slot].applied_version == prof.version
     finally:
         controller.close()
+
+
+def _serve(namespace: str, state_dir: Path, *options: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "gearshift", "serve", "-n", namespace]
+    command += ["--state-dir", str(state_dir), "--log-level", "WARNING", *options]
+    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_worker_started_before_its_controller_adopts_its_first_snapshot(
+    namespace: str, mp, spawn, tmp_path: Path
+) -> None:
+    results, stop = mp.Queue(), mp.Event()
+    child = spawn(procs.route_on, namespace, (1536, 4096), WAIT, results, stop)  # the seed's
+    initial = {"SEQLEN": procs.PREFILL["SEQLEN"].initial_gears}
+    assert results.get(timeout=WAIT) == ("started", None, 0, initial)
+    time.sleep(2.0)  # the worker serves meanwhile, with no controller
+    seed = tmp_path / "gears.json"
+    seed.write_text(json.dumps({"devices": {"0": {"prefill": {"SEQLEN": [1536, 4096]}}}}))
+    controller = _serve(namespace, tmp_path / "state", "--initial-gears", str(seed))
+    try:
+        kind, version, gears, slot = results.get(timeout=WAIT)
+        assert (kind, version, gears) == ("version", 1, {"SEQLEN": (1536, 4096)})
+        assert slot is not None
+        wait_until(lambda: _consumed(namespace, slot) > 0)  # its requests reach the controller
+        stop.set()
+        kind, routes, version, unrecorded = results.get(timeout=WAIT)
+        assert kind == "done" and version == 1 and routes > unrecorded > 0
+        child.join(WAIT)
+        assert child.exitcode == 0
+    finally:
+        controller.send_signal(signal.SIGTERM)
+        _, err = controller.communicate(timeout=WAIT)
+    assert controller.returncode == 0, err
+    assert not [n for n in os.listdir("/dev/shm") if namespace in n]
+
+
+def test_a_worker_whose_controller_never_starts_serves_throughout(
+    namespace: str, mp, spawn
+) -> None:
+    results, stop = mp.Queue(), mp.Event()
+    child = spawn(procs.route_on, namespace, (3, 700, 1500), 3.0, results, stop)
+    kind, slot, version, _ = results.get(timeout=WAIT)
+    assert (kind, slot, version) == ("started", None, 0)
+    kind, routes, version, unrecorded = results.get(timeout=WAIT)
+    assert (kind, version) == ("done", 0) and routes == unrecorded > 0
+    child.join(WAIT)
+    assert child.exitcode == 0
+    assert not [n for n in os.listdir("/dev/shm") if namespace in n]
+
+
+def _consumed(namespace: str, slot: int) -> int:
+    from gearshift.controller import status
+
+    doc = status.read(namespace) or {"workers": []}
+    return sum(w["consumed"] for w in doc["workers"] if w["slot"] == slot)

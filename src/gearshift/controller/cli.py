@@ -10,17 +10,17 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
 
 import click
 
-from gearshift import clikit
+from gearshift import clikit, protocol
 from gearshift.clikit import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_USAGE
 from gearshift.clock import MonotonicClock
+from gearshift.controller import engines, view
 from gearshift.controller import status as status_doc
 from gearshift.controller.config import load_configs, load_initial_gears
 from gearshift.controller.controller import Controller
-from gearshift.core.dims import Dim
+from gearshift.controller.metrics import check_endpoint
 from gearshift.errors import (
     ConfigError,
     ControllerNotFound,
@@ -29,8 +29,7 @@ from gearshift.errors import (
     NamespaceBusy,
     NamespaceError,
 )
-from gearshift.shm import Registry, SlotState, Snapshot, SnapshotRegion, cleanup, liveness, names
-from gearshift.shm.segment import SHM_DIR
+from gearshift.shm import Snapshot, SnapshotRegion, cleanup, liveness
 
 DEFAULT_NAMESPACE = "default"
 EXITS = (  # the first class an error is an instance of decides the exit status
@@ -88,14 +87,29 @@ def _exits() -> Iterator[None]:
     envvar="GEARSHIFT_METRICS_PORT",
     show_envvar=True,
     help="Serve Prometheus metrics on this port (needs the "
-    "metrics extra: pip install 'gearshift[metrics]').",
+    "metrics extra: pip install 'gearshift[metrics]'); checked before anything starts.",
+)
+@click.option(
+    "--metrics-addr",
+    envvar="GEARSHIFT_METRICS_ADDR",
+    show_envvar=True,
+    metavar="ADDR",
+    help="Address of the metrics endpoint [default: 127.0.0.1, this host only; 0.0.0.0: "
+    "every interface, e.g. for a Prometheus scraping the pod].",
 )
 @clikit.log_level_option("INFO", "INFO logs every decision with its reasons.")
 @click.option(
     "--initial-gears",
-    metavar="gears.json",
+    metavar="FILE",
     help="Gears for profiles the state file does not know yet, as written by "
-    "`gearshift export` on another node.",
+    "`gearshift export` (any --format), or an engine's own file or command line.",
+)
+@click.option(
+    "--initial-gears-format",
+    type=click.Choice(["auto", *engines.FORMATS]),
+    default="auto",
+    show_default=True,
+    help="The format of --initial-gears; auto: its first line, else its keys or flags.",
 )
 @click.option(
     "--fresh-on-corrupt-state",
@@ -109,17 +123,20 @@ def serve(
     overrides: tuple[str, ...],
     state_dir: str | None,
     metrics_port: int | None,
+    metrics_addr: str | None,
     log_level: str,
     initial_gears: str | None,
+    initial_gears_format: str,
     fresh_on_corrupt_state: bool,
 ) -> None:
-    """Run the controller of a namespace in the foreground until SIGTERM or SIGINT.
+    """Run a namespace's controller in the foreground.
 
-    It drains the workers' event rings, keeps decayed statistics per device, profile and
-    dim, runs the gear policy every check interval and publishes a new snapshot of each
-    device whose gears change. The state file (gears, protections, statistics, versions) is
-    saved after every change and at exit, and restored at start: a restart resumes where it
-    stopped. A dead controller's namespace is taken over; a live one's is refused.
+    Until SIGTERM or SIGINT it drains the workers' event rings, keeps decayed statistics
+    per device, profile and dim, runs the gear policy every check interval and publishes a
+    new snapshot of each device whose gears change. The state file (gears, protections,
+    statistics, versions) is saved after every change and at exit, and restored at start: a
+    restart resumes where it stopped. A dead controller's namespace is taken over; a live
+    one's is refused. Workers may start before it (they serve on their initial gears).
 
     On SIGTERM/SIGINT: final drain, state saved, exit 0. Live workers keep serving on their
     last snapshot and every shared-memory object stays for the next controller; with no
@@ -138,8 +155,13 @@ def serve(
                 namespace=namespace,
                 state_dir=state_dir,
                 metrics_port=metrics_port,
+                metrics_addr=metrics_addr,
             )
-            seed = load_initial_gears(initial_gears) if initial_gears else None
+            if config.metrics_port is not None:  # before the namespace and state directory
+                check_endpoint(config.metrics_addr, config.metrics_port)
+            seed = (
+                load_initial_gears(initial_gears, initial_gears_format) if initial_gears else None
+            )
             controller = Controller.open(
                 config, policy, initial_gears=seed, fresh_on_corrupt_state=fresh_on_corrupt_state
             )
@@ -154,9 +176,17 @@ def serve(
 @json_option
 @click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C.")
 def status(namespace: str | None, as_json: bool, watch: bool) -> None:
-    """Show the controller, its workers and, per device and profile, the snapshot version,
-    the gears of each dim with their decayed hit rate and padding, dropped events,
+    """Show the controller, its workers and the gears they use.
+
+    The controller and its workers, and per device and profile the snapshot version, the
+    gears of each dim with their decayed hit rate and padding (in percent), dropped events,
     propagation lag and the last round's decisions with their reasons.
+
+    --json prints one object: `slots`, the slot table as it is now (applied_version: the
+    snapshot each worker has fully adopted); `versions`, each device's snapshot version read
+    just after it, so no slot is ahead of its device there; `status`, the controller's last
+    status document, published every status_interval_seconds (1 s), whose versions may
+    therefore lag the slots'. Ratios (hit_rate, avg_pad, padding) are fractions there.
 
     Exit status 3 when no live controller serves the namespace (what is known is shown).
     """
@@ -164,17 +194,17 @@ def status(namespace: str | None, as_json: bool, watch: bool) -> None:
     clock = MonotonicClock()
     with _exits(), suppress(KeyboardInterrupt):
         while True:
-            view = _gather(namespace, clock)
+            shown = view.gather(namespace, clock)
             if as_json:
-                click.echo(json.dumps(view))
+                click.echo(json.dumps(shown))
             else:
                 if watch:
                     click.clear()
-                click.echo(_render_status(view))
+                click.echo(view.render(shown))
             if not watch:
                 break
             clock.sleep(1.0)
-    if not view["controller"]["alive"]:
+    if not shown["controller"]["alive"]:
         sys.exit(EXIT_NOT_RUNNING)
 
 
@@ -183,8 +213,10 @@ def status(namespace: str | None, as_json: bool, watch: bool) -> None:
 @click.option("--device", "-d", type=click.IntRange(min=0), help="Only this device.")
 @json_option
 def snapshot(namespace: str | None, device: int | None, as_json: bool) -> None:
-    """Print the snapshot each device's workers use now: its version, the gears of every
-    profile and dim, and the last round's changes with their reasons."""
+    """Print the snapshot each device's workers use now.
+
+    Per device its version, the gears of every profile and dim, and the last round's changes
+    with their reasons."""
     with _exits():
         snapshots = _snapshots(namespace or DEFAULT_NAMESPACE, device)
     if as_json:
@@ -205,22 +237,62 @@ def snapshot(namespace: str | None, device: int | None, as_json: bool) -> None:
 
 @click.command(epilog=EPILOG)
 @namespace_option
-def export(namespace: str | None) -> None:
-    """Print the gears in use on every device as JSON, for `gearshift serve --initial-gears`
-    on another node: {"devices": {"<device>": {"<profile>": {"<dim>": [gears]}}}}."""
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(engines.FORMATS),
+    default="json",
+    show_default=True,
+    help="json: every device and profile, for `serve --initial-gears`; vllm, sglang, trtllm: "
+    "the config file of that engine with one profile's batch sizes as its CUDA graph sizes; "
+    "torchair: the dim_gears of set_dim_gears, one profile's dims as tensor axes.",
+)
+@click.option("--profile", metavar="NAME", help="The profile [default: the only one published].")
+@click.option(
+    "--dim",
+    metavar="NAME",
+    help="The dim [vllm, sglang, trtllm: BATCHSIZE; torchair: every dim of the profile].",
+)
+@click.option(
+    "--device",
+    "-d",
+    type=click.IntRange(min=0),
+    help="The device [default: the lowest one with the profile].",
+)
+@click.option(
+    "--fit",
+    is_flag=True,
+    help="Raise gears below the engine's smallest to it (torchair: 1 to 2) instead of refusing.",
+)
+def export(
+    namespace: str | None,
+    fmt: str,
+    profile: str | None,
+    dim: str | None,
+    device: int | None,
+    fit: bool,
+) -> None:
+    """Print the gears in use, for an engine or another node.
+
+    The gears in use, in the form an engine takes at start-up, or as JSON for
+    `gearshift serve --initial-gears` on another node. Every format reads back with
+    `serve --initial-gears`. An engine's file holds one profile of one device; what the
+    engine cannot express (other dims) is said on stderr, and gears beyond its limits are
+    refused (exit status 2)."""
     with _exits():
         snapshots = _snapshots(namespace or DEFAULT_NAMESPACE, None)
-    click.echo(
-        json.dumps(
-            {
-                "devices": {
-                    str(d): {name: p["gears"] for name, p in s.payload.get("profiles", {}).items()}
-                    for d, s in snapshots.items()
-                }
-            },
-            indent=1,
-        )
-    )
+        published = {  # what reads as gears: a payload is not trusted
+            d: {
+                name: gears
+                for name in _profile_names(s.payload)
+                if (gears := protocol.profile_gears(s.payload, name))
+            }
+            for d, s in snapshots.items()
+        }
+        out = engines.render(published, fmt, profile=profile, dim=dim, device=device, fit=fit)
+    for note in out.notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(out.text, nl=False)
 
 
 @click.command(epilog=EPILOG)
@@ -233,18 +305,19 @@ def export(namespace: str | None) -> None:
     help="Seconds to wait for the controller to exit.",
 )
 def stop(namespace: str | None, timeout: float) -> None:
-    """Ask the namespace's controller to stop (SIGTERM: final drain, state saved) and wait
-    until its process has exited. An embedded controller is refused: stop its worker."""
+    """Stop a namespace's controller and wait until it has exited.
+
+    SIGTERM: final drain, state saved. An embedded controller is refused: stop its worker."""
     namespace = namespace or DEFAULT_NAMESPACE
     clock = MonotonicClock()
     with _exits():
-        registry = Registry.attach(namespace)
+        registry = view.attach(namespace)
         try:
             owner = registry.controller()
         finally:
             registry.close()
         if not owner.alive:
-            raise ControllerNotFound(f"namespace {namespace!r} has no live controller")
+            raise view.not_running(namespace)
         doc = status_doc.read(namespace)
         if doc and doc["embedded"] and doc["pid"] == owner.pid:
             raise NamespaceBusy(
@@ -264,19 +337,24 @@ def stop(namespace: str | None, timeout: float) -> None:
 @click.command("cleanup", epilog=EPILOG)
 @namespace_option
 def cleanup_command(namespace: str | None) -> None:
-    """Remove the shared-memory objects of a namespace whose controller and workers are all
-    dead (refused, removing nothing, while any of them lives)."""
+    """Remove a dead namespace's shared memory.
+
+    Every shared-memory object of a namespace whose controller and workers are all dead
+    (refused, removing nothing, while any of them lives)."""
     namespace = namespace or DEFAULT_NAMESPACE
     with _exits():
         removed = cleanup(namespace)
     click.echo("\n".join(removed) if removed else f"namespace {namespace!r}: nothing to remove")
 
 
+def _profile_names(payload: object) -> list[str]:
+    profiles = payload.get("profiles") if isinstance(payload, dict) else None
+    return [n for n in profiles if isinstance(n, str)] if isinstance(profiles, dict) else []
+
+
 def _snapshots(namespace: str, device: int | None) -> dict[int, Snapshot]:
     """The latest snapshot of every device of `namespace` (or of `device` only)."""
-    pattern = names.segment_pattern(namespace)
-    found = (pattern.fullmatch(entry) for entry in os.listdir(SHM_DIR))
-    devices = sorted(int(m[1][5:]) for m in found if m and m[1].startswith("snap."))
+    devices = view.devices(namespace)
     out = {}
     for d in devices if device is None else [d for d in devices if d == device]:
         region = SnapshotRegion.attach(namespace, d)
@@ -292,90 +370,3 @@ def _snapshots(namespace: str, device: int | None) -> dict[int, Snapshot]:
             + (f" of device {device}" if device is not None else "")
         )
     return out
-
-
-def _gather(namespace: str, clock: MonotonicClock) -> dict[str, Any]:
-    registry = Registry.attach(namespace)
-    try:
-        owner = registry.controller()
-        slots = [s._asdict() for s in registry.slots() if s.state != SlotState.FREE]
-    finally:
-        registry.close()
-    for s in slots:
-        s["state"] = SlotState(s["state"]).name.lower()
-    beat = clock.now() - owner.heartbeat_ns / 1e9 if owner.heartbeat_ns else None
-    return {
-        "namespace": namespace,
-        "controller": {"pid": owner.pid, "alive": owner.alive, "heartbeat_age_seconds": beat},
-        "slots": slots,
-        "status": status_doc.read(namespace),
-    }
-
-
-def _render_status(view: dict[str, Any]) -> str:
-    owner, doc = view["controller"], view["status"]
-    mode = " (embedded in a worker)" if doc and doc["embedded"] else ""
-    head = f"namespace {view['namespace']!r}: controller pid {owner['pid']}{mode} " + (
-        "running" if owner["alive"] else "NOT RUNNING"
-    )
-    if owner["heartbeat_age_seconds"] is not None:
-        head += f", last heartbeat {owner['heartbeat_age_seconds']:.1f} s ago"
-    lines = [head]
-    if doc:
-        e, r = doc["events"], doc["rounds"]
-        lines.append(
-            f"events: {e['consumed']} consumed, {e['folded']} folded, {e['unknown']} "
-            f"unknown profile, {e['invalid']} invalid; {e['reclaimed_workers']} dead "
-            f"workers reclaimed; {r['count']} rounds, last "
-            f"{_ms(r['last_seconds'])}; {e['errors']} loop errors"
-        )
-    consumed = {(w["slot"], w["generation"]): w for w in (doc or {}).get("workers", [])}
-    lines.append(
-        f"{'slot':>4} {'pid':>8} {'device':>6} {'state':>8} {'applied':>7} "
-        f"{'consumed':>10} {'dropped':>8}  profiles"
-    )
-    for s in view["slots"]:
-        w = consumed.get((s["slot"], s["generation"]), {})
-        profiles = ", ".join(name for _, name in w.get("profiles", []))
-        state = s["state"] if s["alive"] or s["state"] != "active" else "dead"
-        lines.append(
-            f"{s['slot']:>4} {s['pid']:>8} {s['device']:>6} {state:>8} "
-            f"{s['applied_version']:>7} {w.get('consumed', '-'):>10} "
-            f"{w.get('dropped', s['dropped']):>8}  {profiles}"
-        )
-    for dev in (doc or {}).get("devices", []):
-        usage = dev["memory_usage"]
-        lines.append(
-            f"device {dev['device']}: version {dev['version']}, memory "
-            + (f"{usage:.0%}" if usage is not None else "unknown")
-            + f", propagation lag {_ms(dev['lag']['last_seconds'])} (last)"
-        )
-        for p in dev["profiles"]:
-            for d in p["dims"]:
-                priced = tuple(d["cost"]) != Dim.cost  # plan mode weighs padding by it
-                lines.append(
-                    f"  {p['name']}/{d['name']}: padding {d['padding']:.3f} over "
-                    f"{d['samples']} samples in the window"
-                    + (f", {d['history_samples']} in the history" if "history_samples" in d else "")
-                    + (f"; cost of a chunk of size x: {_polynomial(d['cost'])}" if priced else "")
-                )
-                lines.append("    gear " + " ".join(f"{g:>6}" for g in d["gears"]))
-                lines.append("    hit  " + " ".join(f"{h:>6.3f}" for h in d["hit_rate"]))
-                lines.append("    pad  " + " ".join(f"{a:>6.3f}" for a in d["avg_pad"]))
-            for dim, gear, action, reason in p["changes"]:
-                lines.append(f"  {p['name']}/{dim} last round: {action} {gear}: {reason}")
-    return "\n".join(lines)
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
-
-
-def _polynomial(coefficients: list[float]) -> str:
-    """`Dim.cost` as text: 0.0002 + 2.35e-06 x + 1.15e-09 x^2."""
-    terms = [
-        f"{c:g}" + ("" if i == 0 else " x" if i == 1 else f" x^{i}")
-        for i, c in enumerate(coefficients)
-        if c
-    ]
-    return " + ".join(terms)

@@ -6,7 +6,6 @@ One TOML file holds both: policy keys at top level or under `[policy]`, controll
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
@@ -14,12 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from gearshift.configfile import from_mapping, parse_overrides, read_toml
+from gearshift.controller.engines import InitialGears, parse
 from gearshift.core.config import PolicyConfig, check_value
-from gearshift.core.dims import Gears, normalize_gears
 from gearshift.errors import ConfigError, NamespaceError
 from gearshift.shm import names
-
-InitialGears = dict[int, dict[str, dict[str, Gears]]]  # device -> profile -> dim -> gears
 
 
 @dataclass(frozen=True)
@@ -29,6 +26,7 @@ class ControllerConfig:
     namespace: str = "default"
     state_dir: str = ""  # "" -> $XDG_STATE_HOME/gearshift/<namespace>
     metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"  # the metrics endpoint's address: this host only
     slots: int = 64  # worker slots, when this controller creates the namespace
     drain_interval_seconds: float = 0.010  # one loop iteration: mailboxes, rings
     drain_max_events: int = 1 << 16  # per ring per iteration; folded in batches of this size
@@ -45,6 +43,10 @@ class ControllerConfig:
             raise ConfigError("state_dir", f"expected a path, got {self.state_dir!r}")
         if self.metrics_port is not None:
             check_value("metrics_port", self.metrics_port, 0, 65535, integer=True)
+        if not isinstance(self.metrics_addr, str) or not self.metrics_addr.strip():
+            raise ConfigError(
+                "metrics_addr", f"expected a host name or IP address, got {self.metrics_addr!r}"
+            )
         check_value("slots", self.slots, 1, 4096, integer=True)
         check_value("drain_max_events", self.drain_max_events, 1, 1 << 24, integer=True)
         for key in (
@@ -85,17 +87,13 @@ def load_configs(
     return from_mapping(PolicyConfig, policy), from_mapping(ControllerConfig, controller)
 
 
-def load_initial_gears(path: str | Path) -> InitialGears:
-    """The gears document `gearshift export` writes, to seed profiles new to the state file:
-    `{"devices": {"<device>": {"<profile>": {"<dim>": [gear, ...]}}}}`."""
+def load_initial_gears(path: str | Path, fmt: str = "auto") -> InitialGears:
+    """The gears that `gearshift export` writes, in any of its formats (`engines.FORMATS`;
+    "auto": detected), to seed profiles new to the state file."""
     try:
-        data = json.loads(Path(path).read_text())
-        return {
-            int(device): {
-                str(name): {str(dim): normalize_gears(gears) for dim, gears in dims.items()}
-                for name, dims in profiles.items()
-            }
-            for device, profiles in data["devices"].items()
-        }
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError("initial_gears", f"{path}: not a gears document: {e}") from None
+        return parse(Path(path).read_text(), fmt)
+    except OSError as e:
+        raise ConfigError("initial_gears", f"{path}: {e.strerror or e}") from None
+    except ConfigError as e:
+        message = str(e).removeprefix("initial_gears: ")
+        raise ConfigError("initial_gears", f"{path}: {message}") from None

@@ -30,9 +30,10 @@ from gearshift.controller.ingest import Batch, ProfileKeys
 from gearshift.controller.slots import Slots, Worker
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger, Round, decide_round
-from gearshift.errors import ControllerRunning, NamespaceBusy
+from gearshift.errors import ControllerRunning, NamespaceBusy, NotOwned
 from gearshift.protocol import snapshot_payload
 from gearshift.shm import Registry, SnapshotRegion, cleanup
+from gearshift.shm.cleanup import own
 
 __all__ = ["Controller", "EmbeddedController"]
 
@@ -75,13 +76,14 @@ class Controller:
         self._status_region: SnapshotRegion | None = None
         self._previous: dict[str, Any] | None = None  # the last status document, while opening
         self._stop_metrics: Callable[[], None] | None = None
+        self._state_lock: statefile.StateLock | None = None
         self._closed = False
 
     @property
     def counts(self) -> dict[str, int]:
         """The event counters of the status document (a new dict)."""
         return {**self.batch.counts, "reclaimed_workers": self.slots.reclaimed,
-                "errors": self.errors}
+                "errors": self.errors, "corrupt_slots": len(self.slots.corrupt)}
 
     # -- life cycle --
 
@@ -92,28 +94,26 @@ class Controller:
         """Own `config.namespace` (creating it, or taking over a dead controller's segments),
         restore the state file and publish the restored gears.
 
-        ControllerRunning names the pid of a live owner; StateError on a corrupt or
-        newer-format state file unless `fresh_on_corrupt_state` (then it is set aside as
-        `<file>.corrupt`, with a warning); ConfigError if metrics are asked for without
-        prometheus_client.
+        ControllerRunning names the pid of a live owner; NotOwned an object of the namespace
+        that is another user's; NamespaceBusy a controller holding the same state directory;
+        StateError on a corrupt or newer-format state file unless `fresh_on_corrupt_state`
+        (then it is set aside as `<file>.corrupt`, with a warning); ConfigError if metrics are
+        asked for without prometheus_client.
         """
-        registry = Registry.open(config.namespace, config.slots)
-        try:
-            registry.repair_lock()
-            registry.claim_controller()
-        except BaseException:
-            registry.close()
-            raise
+        registry = own(config.namespace, config.slots)
         self = cls(config, policy or PolicyConfig(), registry, clock or MonotonicClock(),
                    initial_gears or {}, embedded)
         try:
+            self._state_lock = statefile.StateLock.acquire(config.state_path)
             self._restore(fresh_on_corrupt_state)
             if config.metrics_port is not None:
                 from gearshift.controller.metrics import serve_metrics
 
-                self._stop_metrics = serve_metrics(config.metrics_port, lambda: self.status)
+                self._stop_metrics = serve_metrics(
+                    config.metrics_port, lambda: self.status, config.metrics_addr
+                )
         except BaseException:
-            self._release()
+            self._release(quiet=True)  # the refusal is the one line the caller reports
             raise
         log.info("controller pid %d owns namespace %r (state %s; %d devices restored)",
                  os.getpid(), config.namespace, config.state_path, len(self.devices))
@@ -160,9 +160,9 @@ class Controller:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _release(self) -> None:
+    def _release(self, quiet: bool = False) -> None:
         """Unmap everything, release the identity, and remove the namespace if no live worker
-        holds a slot."""
+        holds a slot (`quiet`: logged at DEBUG)."""
         self._closed = True
         if self._stop_metrics is not None:
             self._stop_metrics()
@@ -172,7 +172,9 @@ class Controller:
                 region.close()
         self.registry.release_controller()
         self.registry.close()
-        _remove_namespace(self.config.namespace)
+        if self._state_lock is not None:
+            self._state_lock.release()
+        _remove_namespace(self.config.namespace, logging.DEBUG if quiet else logging.INFO)
 
     def _restore(self, fresh_on_corrupt_state: bool) -> None:
         """Restore the state file, publish every restored device once, take the slots over."""
@@ -204,10 +206,13 @@ class Controller:
     def step(self) -> None:
         """One loop iteration at the clock's `now`, without sleeping."""
         now = self.clock.now()
+        if not self.registry.owns_controller():  # overwritten by another process: claim again
+            self._guard("controller identity", self.registry.claim_controller)
         self.registry.beat_controller(int(now * 1e9))
         if now >= self._next_scan or self.slots.polling(now):
             self._guard("slot scan", self._scan, now)
-        self._guard("registration", registrations.serve, self.registry, self.registrations, now)
+        self._guard("registration", registrations.serve, self.registry, self.registrations, now,
+                    self._guard)
         self._guard("drain", self._drain, now)
         for device in list(self.devices):
             if now >= self._next_check.get(device, -math.inf):
@@ -243,7 +248,7 @@ class Controller:
         dev = self.devices[device]
         usage = self.memory_usage(device, now)
         began = self.clock.now()
-        round = decide_round(dev, now, usage, self.policy)
+        round = self._round(device, dev, now, usage)
         if round is None:
             return
         dev.apply(round)
@@ -258,6 +263,22 @@ class Controller:
             self._publish(device, now)
         if any(changes.values()):
             self._guard("state save", self._save)
+
+    def _round(self, device: int, dev: DeviceLedger, now: float,
+               usage: float | None) -> Round | None:
+        """`decide_round` of the device, one profile at a time: a profile whose round fails is
+        counted and logged (`_guard`) and keeps its gears; the others are decided."""
+        rounds: list[Round | None] = []
+        for name, profile in dev.profiles.items():
+            alone = DeviceLedger(dev.version, dev.last_update, {name: profile})
+            self._guard(f"decision round of {device}/{name}",
+                        lambda alone=alone: rounds.append(
+                            decide_round(alone, now, usage, self.policy)))
+        done = [r for r in rounds if r is not None]
+        if not done:
+            return None
+        return Round(now, done[0].trigger, {k: v for r in done for k, v in r.gears.items()},
+                     {k: v for r in done for k, v in r.changes.items()})
 
     def _publish(self, device: int, now: float) -> None:
         dev = self.devices[device]
@@ -289,14 +310,17 @@ class Controller:
         self.status = doc
 
 
-def _remove_namespace(namespace: str) -> None:
+def _remove_namespace(namespace: str, level: int = logging.INFO) -> None:
     """Remove the namespace unless a live worker holds a slot (`cleanup` checks that under the
     namespace lock)."""
     try:
         removed = cleanup(namespace)
-        log.info("no live worker: namespace %r removed (%d objects)", namespace, len(removed))
+        log.log(level, "no live worker: namespace %r removed (%d objects)", namespace,
+                len(removed))
+    except NotOwned as e:
+        log.warning("%s", e)
     except (ControllerRunning, NamespaceBusy) as e:
-        log.info("namespace %r kept for its workers: %s", namespace, e)
+        log.log(level, "namespace %r kept for its workers: %s", namespace, e)
 
 
 def _count_round(rounds: dict[str, Any], seconds: float) -> None:

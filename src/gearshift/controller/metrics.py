@@ -2,27 +2,46 @@
 
 Nothing is updated on the loop's path: each scrape turns the document (published every status
 interval) into metric families. prometheus_client is imported here only (the `metrics` extra).
+The endpoint listens on `metrics_addr` (ControllerConfig's default: this host only) and
+`metrics_port`; `check_endpoint` tells, before anything else starts, whether it can.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from gearshift.errors import ConfigError
 
 
-def serve_metrics(port: int, source: Callable[[], dict[str, Any] | None]) -> Callable[[], None]:
-    """Serve /metrics on `port` from `source()`'s status document; returns the stop function."""
+def check_endpoint(addr: str, port: int) -> None:
+    """ConfigError (key metrics_port) unless metrics can be served on `addr`:`port` now: the
+    extra is installed and the address can be bound (bound and closed at once)."""
+    _client()
     try:
-        from prometheus_client import CollectorRegistry, start_http_server
-    except ImportError:
-        raise ConfigError(
-            "metrics_port", "metrics need prometheus_client: pip install 'gearshift[metrics]'"
-        ) from None
-    registry = CollectorRegistry(auto_describe=False)
+        family, kind, proto, _, where = socket.getaddrinfo(
+            addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
+            probe.bind(where)
+    except OSError as e:
+        raise _unavailable(addr, port, e) from None
+
+
+def serve_metrics(
+    port: int, source: Callable[[], dict[str, Any] | None], addr: str
+) -> Callable[[], None]:
+    """Serve /metrics on `addr`:`port` from `source()`'s status document; returns the stop
+    function. ConfigError (key metrics_port) without the extra or when the port is taken."""
+    client = _client()
+    registry = client.CollectorRegistry(auto_describe=False)
     registry.register(_Collector(source))
-    server, thread = start_http_server(port, registry=registry)
+    try:
+        server, thread = client.start_http_server(port, addr=addr, registry=registry)
+    except OSError as e:
+        raise _unavailable(addr, port, e) from None
 
     def stop() -> None:
         server.shutdown()
@@ -30,6 +49,25 @@ def serve_metrics(port: int, source: Callable[[], dict[str, Any] | None]) -> Cal
         thread.join()
 
     return stop
+
+
+def _client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise ConfigError(
+            "metrics_port", "metrics need prometheus_client: pip install 'gearshift[metrics]'"
+        ) from None
+    return prometheus_client
+
+
+def _unavailable(addr: str, port: int, error: OSError) -> ConfigError:
+    reason = error.strerror or str(error)
+    return ConfigError(
+        "metrics_port",
+        f"cannot serve metrics on {addr}:{port}: {reason} (choose another --metrics-port, "
+        "or --metrics-addr)",
+    )
 
 
 class _Collector:

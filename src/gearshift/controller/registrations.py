@@ -5,14 +5,21 @@ initial gears when they have it); a known name must be declared with the same di
 order, else the worker is refused with ProfileMismatch naming the live worker that holds it;
 with no live holder the re-declaration replaces the profile (its learned gears are reset). The
 worker's local id then maps to the profile's global key, and the reply carries the device's
-snapshot version. `serve` and `answer` hold that logic and need only a `Registrar` (the state
-side): the controller's is `Registrations`; the worker tests' fake controller is another.
+snapshot version. A device holds at most MAX_PROFILES profiles (NamespaceBusy beyond). `serve`
+and `answer` hold that logic and need only a `Registrar` (the state side): the controller's is
+`Registrations`; the worker tests' fake controller is another.
+
+Each slot is served on its own (`guard`): a request that cannot be read or answered, or a reply
+that cannot be posted, fails that slot alone, and every refusal is a short message. Warnings
+about one slot are logged at most every QUIET_SECONDS (with the count of those left out), so a
+worker posting junk flat out cannot flood the log.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -36,6 +43,10 @@ from gearshift.shm import Registry, error_reply
 log = logging.getLogger(__name__)
 
 REFUSED = (PayloadError, ShapeError, ProfileMismatch, NamespaceBusy)  # answered, not raised
+MAX_PROFILES = 256  # profiles per device
+QUIET_SECONDS = 10.0  # a slot's warnings are logged at most this often
+_quiet: dict[int, tuple[float, int]] = {}  # slot -> (logged again from, warnings left out)
+Guard = Callable[..., None]  # guard(what, fn, *args): runs fn(*args), a failure stays its own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,22 +79,36 @@ class Registrar(Protocol):
         ...
 
 
-def serve(registry: Registry, registrar: Registrar, now: float) -> int:
-    """Answer every waiting request of `registry`'s slots; returns how many were answered."""
-    answered = 0
+def serve(registry: Registry, registrar: Registrar, now: float, guard: Guard | None = None) -> int:
+    """Answer every waiting request of `registry`'s slots, each under `guard` (default: a
+    failure is logged); returns how many were answered."""
+    answered: list[int] = []
     for slot in range(registry.nslots):
-        try:
-            message = registry.requests(slot).take()
-        except PayloadError as e:
-            reply = refusal(slot, e)
-        else:
-            if message is None:
-                continue
-            reply = answer(registrar, slot, message, now)
-        if not registry.replies(slot).post(reply):
-            log.warning("slot %d has not taken its previous reply; this one is lost", slot)
-        answered += 1
-    return answered
+        (guard or _logged)(f"registration of slot {slot}", _serve_one, registry, registrar, slot,
+                           now, answered)
+    return len(answered)
+
+
+def _serve_one(registry: Registry, registrar: Registrar, slot: int, now: float,
+               answered: list[int]) -> None:
+    try:
+        message = registry.requests(slot).take()
+    except PayloadError as e:
+        reply = refusal(slot, e, now)
+    else:
+        if message is None:
+            return
+        reply = answer(registrar, slot, message, now)
+    if not registry.replies(slot).post(reply):
+        _warn(slot, now, "slot %d has not taken its previous reply; this one is lost", slot)
+    answered.append(slot)
+
+
+def _logged(what: str, fn: Callable[..., object], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception as e:
+        log.warning("%s failed: %s: %s", what, type(e).__name__, str(e)[:200])
 
 
 def answer(registrar: Registrar, slot: int, message: Mapping[str, Any], now: float) -> dict:
@@ -98,7 +123,11 @@ def answer(registrar: Registrar, slot: int, message: Mapping[str, Any], now: flo
         )
         version = registrar.register(slot, request, new, now)
     except REFUSED as e:
-        return refusal(slot, e)
+        return refusal(slot, e, now)
+    except Exception as e:  # a failure of ours: the worker still hears of it, in one line
+        log.exception("slot %d: registration failed", slot)
+        return refusal(slot, GearshiftError(
+            f"the controller failed to register it: {type(e).__name__}: {str(e)[:100]}"), now)
     log.info(
         "pid %d (slot %d) registered profile %r on device %d as id %d",
         pid,
@@ -139,10 +168,22 @@ def check(
     return True
 
 
-def refusal(slot: int, error: GearshiftError) -> dict:
+def refusal(slot: int, error: GearshiftError, now: float) -> dict:
     """The reply refusing `slot`'s request with `error` (raised as its type in the worker)."""
-    log.warning("slot %d: registration refused: %s", slot, error)
+    _warn(slot, now, "slot %d: registration refused: %s", slot, error)
     return error_reply(error)
+
+
+def _warn(slot: int, now: float, message: str, *args: object) -> None:
+    """log.warning about `slot`, at most every QUIET_SECONDS of the controller's time."""
+    until, left_out = _quiet.get(slot, (-math.inf, 0))
+    if until - QUIET_SECONDS <= now < until:  # (an earlier `now`: another clock, start again)
+        _quiet[slot] = until, left_out + 1
+        return
+    _quiet[slot] = now + QUIET_SECONDS, 0
+    if left_out:
+        message += f" ({left_out} more about slot {slot} in the last {QUIET_SECONDS:g} s)"
+    log.warning(message, *args)
 
 
 def new_profile(
@@ -237,6 +278,8 @@ class Registrations:
         w = self.slots.workers[slot]
         device, name = w.info.device, request.name
         dev = self.devices.setdefault(device, DeviceLedger())
+        if new and name not in dev.profiles and len(dev.profiles) >= MAX_PROFILES:
+            raise NamespaceBusy(f"device {device} holds {MAX_PROFILES} profiles: no more")
         if new:
             dev.profiles[name] = new_profile(
                 device, name, request.dims, now, self.policy, self.initial_gears

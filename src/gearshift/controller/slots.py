@@ -1,9 +1,11 @@
 """The worker slots as the controller follows them: rings attached, gone workers reclaimed.
 
 A scan reads the slot table: a new claim (or a slot claimed anew, a new generation) becomes a
-`Worker` and gets its ring attached; a slot whose worker is gone (RELEASED, or ACTIVE with a
-dead identity) has its ring drained to the end into the batch, then `Registry.reclaim` frees
-the slot and unlinks the ring, so no recorded event is lost to a reclaim. A scan also reads the
+`Worker` and gets its ring attached (without waiting: a ring its worker has not sealed yet, or
+another user's, is tried again at the next scan); a CORRUPT slot is counted and skipped; a slot
+whose worker is gone (RELEASED, or ACTIVE with a dead identity) has its ring drained to the end
+into the batch, then `Registry.reclaim` frees the slot and unlinks the ring, so no recorded
+event is lost to a reclaim. A scan also reads the
 applied versions back: a device's propagation lag runs from a publish until every live worker
 with a profile on it acknowledged that version.
 """
@@ -18,7 +20,7 @@ import numpy as np
 
 from gearshift.controller import ingest
 from gearshift.controller.config import ControllerConfig
-from gearshift.errors import LayoutError
+from gearshift.errors import LayoutError, NotOwned, Unsealed
 from gearshift.shm import EventRing, Registry, SlotInfo, SlotState, names, segment
 
 log = logging.getLogger(__name__)
@@ -83,17 +85,23 @@ class Slots:
         self.workers: dict[int, Worker] = {}
         self.lags: dict[int, Lag] = {}
         self.reclaimed = 0  # workers whose slot was reclaimed
+        self.corrupt: set[int] = set()  # slots skipped at the last scan: words not ours
         self._awaiting: dict[int, tuple[int, float]] = {}  # device -> (version, published at)
 
     def scan(self, now: float) -> None:
         """Follow every claimed slot, forget the freed ones, read the acknowledgements."""
-        claimed = set()
+        claimed, corrupt = set(), set()
         for info in self.registry.slots():
-            if info.state != SlotState.FREE:
+            if info.state == SlotState.CORRUPT:
+                corrupt.add(info.slot)
+            elif info.state != SlotState.FREE:
                 claimed.add(info.slot)
                 self.guard(f"slot {info.slot}", self._track, info, now)
-        for slot in set(self.workers) - claimed:  # freed behind our back (cleanup)
+        for slot in set(self.workers) - claimed:  # freed behind our back, or corrupt now
             self._forget(slot)
+        if corrupt - self.corrupt:
+            log.warning("slots %s are corrupt (state or device word): skipped", sorted(corrupt))
+        self.corrupt = corrupt
         self._acks(now)
 
     def drain(self, now: float) -> None:
@@ -161,9 +169,15 @@ class Slots:
 
     def _attach_ring(self, info: SlotInfo) -> EventRing | None:
         try:
-            return EventRing.attach(self.config.namespace, info.slot)
+            return EventRing.attach(self.config.namespace, info.slot, timeout=0.0)
         except FileNotFoundError:
             return None  # not created yet, or its worker died before creating it
+        except (Unsealed, NotOwned) as e:
+            if not info.reclaimable:
+                log.debug("slot %d: ring not attached yet: %s", info.slot, e)
+                return None  # its worker is still creating it: the next scan tries again
+            self._discard_ring(info, e)
+            return None
         except LayoutError as e:
             if not info.reclaimable:
                 raise
@@ -197,10 +211,15 @@ class Slots:
         )
 
     def _discard_ring(self, info: SlotInfo, error: Exception) -> None:
+        try:
+            segment.unlink(names.ring(self.config.namespace, info.slot))
+        except NotOwned as foreign:
+            log.warning("slot %d: ring of gone pid %d left in place: %s", info.slot, info.pid,
+                        foreign)
+            return
         log.warning(
             "slot %d: unreadable ring of gone pid %d removed: %s", info.slot, info.pid, error
         )
-        segment.unlink(names.ring(self.config.namespace, info.slot))
 
     def _forget(self, slot: int) -> None:
         w = self.workers.pop(slot)

@@ -9,29 +9,53 @@ back with fresh creation times (so they are protected for a window) and empty
 statistics, and versions still continue. A file written before the plan's history existed
 restores with an empty history. `restore` is the controller's start: a corrupt or
 newer-format file is an error, or is set aside as `<file>.corrupt` when asked to start fresh.
+
+Nothing in the file is trusted: it is restored through the checks of a registration (each Dim
+rebuilt from its fields, `dims.check_profile`, every dim's gears within its bounds), devices
+within [0, MAX_DEVICE], versions within [0, MAX_VERSION], times finite; anything else is a
+StateError. Statistics that do not read back sane (values outside the dim's bounds, weights not
+finite) start empty, with a warning.
+
+One controller process at a time: `StateLock` holds an exclusive POSIX lock on
+`<state_dir>/gearshift-state.lock` for the controller's life (NamespaceBusy naming the holder's
+pid otherwise; the kernel drops it when the process dies; a process may take it again, as it
+may take its own namespace over), and removes temp files a killed writer left. A save fsyncs
+the file, renames it over the old one and fsyncs the directory, so the rename survives a crash
+too.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import fcntl
 import logging
+import math
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import Dim, check_profile
 from gearshift.core.gears import DimGears
 from gearshift.core.round import DeviceLedger, ProfileLedger
 from gearshift.core.stats import DimStats
-from gearshift.errors import StateError
+from gearshift.errors import NamespaceBusy, StateError
 from gearshift.protocol import dim_from_dict, dim_to_dict
+from gearshift.shm.control import MAX_DEVICE
+from gearshift.shm.snapshot import MAX_VERSION
 
 log = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
 STATE_FILE = "gearshift-state.msgpack"
+LOCK_FILE = "gearshift-state.lock"
+TEMP_PREFIX = ".state-"
 
 
 def boot_id() -> str:
@@ -76,36 +100,79 @@ def decode(blob: bytes, now: float, config: PolicyConfig) -> dict[int, DeviceLed
         for dev, d in data["devices"].items():
             profiles = {}
             for name, p in d["profiles"].items():
-                dims = {k: dim_from_dict(v) for k, v in p["dims"].items()}
+                dims = check_profile(name, {k: dim_from_dict(v) for k, v in p["dims"].items()})
                 profile = ProfileLedger.new(dims, now, config)
+                if set(p["states"]) != set(dims):
+                    raise StateError(f"profile {name!r}: gears of {sorted(p['states'])} for "
+                                     f"dims {sorted(dims)}")
                 for k, s in p["states"].items():
-                    gears = tuple(s["gears"])
+                    gears = _gears(dims[k], s["gears"])
                     profile.gears[k] = (
-                        DimGears(gears, s["created"], s["protected_until"], s["evicted"],
-                                 frozenset(s.get("initial", ())))
+                        DimGears(gears, _times(s["created"]), _times(s["protected_until"]),
+                                 _times(s["evicted"]), frozenset(_gears(dims[k], s["initial"])
+                                                                 if s.get("initial") else ()))
                         if same_boot else DimGears(gears, dict.fromkeys(gears, now)))
                     if same_boot:
                         saved = p.get("history", {})  # files before the history have none
-                        history = (_restore_stats(saved[k], config.history(), name, k)
+                        history = (_restore_stats(saved[k], config.history(), name, dims[k], now)
                                    if k in saved else DimStats(config.history()))
-                        profile.stats[k] = _restore_stats(p["stats"][k], config, name, k, history)
+                        profile.stats[k] = _restore_stats(p["stats"][k], config, name, dims[k],
+                                                          now, history)
                 profiles[name] = profile
-            devices[int(dev)] = DeviceLedger(int(d["version"]),
-                                            d["last_update"] if same_boot else None, profiles)
+            device, version = _bounded("device", dev, MAX_DEVICE), d["version"]
+            last = _time(d["last_update"]) if same_boot and d["last_update"] is not None else None
+            devices[device] = DeviceLedger(_bounded("version", version, MAX_VERSION), last,
+                                           profiles)
         return devices
     except StateError:
         raise
     except Exception as e:  # any malformed structure: one clear error, never a crash loop
-        raise StateError(f"corrupt state: {type(e).__name__}: {e}") from None
+        raise StateError(f"corrupt state: {type(e).__name__}: {str(e)[:200]}") from None
 
 
-def _restore_stats(saved: dict[str, Any], config: PolicyConfig, profile: str,
-                   dim: str, history: DimStats | None = None) -> DimStats:
-    """Saved statistics, or empty ones when the time settings changed since they were saved."""
+def _gears(dim: Dim, gears: Any) -> tuple[int, ...]:
+    """`gears` as the dim's gears, checked as a registration's are (ShapeError)."""
+    checked = dataclasses.replace(dim, gears=gears).gears
+    assert checked is not None
+    return tuple(checked)
+
+
+def _time(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise StateError(f"a time is a finite number, got {value!r:.60}")
+    return float(value)
+
+
+def _times(mapping: Any) -> dict[int, float]:
+    if not isinstance(mapping, Mapping):
+        raise StateError(f"expected gear -> time, got {type(mapping).__name__}")
+    return {_bounded("gear", g, 2**63 - 1): _time(t) for g, t in mapping.items()}
+
+
+def _bounded(what: str, value: Any, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise StateError(f"{what} {value!r:.60} is outside [0, {high}]")
+    return value
+
+
+def _restore_stats(saved: dict[str, Any], config: PolicyConfig, profile: str, dim: Dim,
+                   now: float, history: DimStats | None = None) -> DimStats:
+    """Saved statistics if they read back sane at `now`; else (other time settings, or
+    malformed) empty ones, with a warning."""
     try:
-        return DimStats.from_state(saved, config, history)
-    except StateError as e:
-        log.warning("statistics of %s/%s start empty: %s", profile, dim, e)
+        stats = DimStats.from_state(saved, config, history)
+        view = stats.view(now)
+        values = view.values
+        if len(values) and (values[0] < dim.min or values[-1] > dim.max
+                            or not (np.diff(values) > 0).all()):
+            raise StateError("values outside the dim's bounds")
+        if not (np.isfinite(view.weights).all() and (view.weights >= 0).all()
+                and (view.counts >= 0).all()):
+            raise StateError("weights or counts not finite and non-negative")
+        return stats
+    except Exception as e:  # whatever the saved arrays hold
+        log.warning("statistics of %s start empty: %s: %s", profile, type(e).__name__,
+                    str(e)[:200])
         return DimStats(config, history)
 
 
@@ -113,7 +180,7 @@ def save(directory: Path, devices: dict[int, DeviceLedger]) -> Path:
     """Write the state file atomically; returns its path."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / STATE_FILE
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".state-")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(encode(devices))
@@ -123,7 +190,52 @@ def save(directory: Path, devices: dict[int, DeviceLedger]) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_directory(directory)
     return path
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StateLock:
+    """The exclusive lock of a state directory, held from `acquire` to `release` (the kernel
+    releases it when the process dies); see the module docstring."""
+
+    def __init__(self, directory: Path, fd: int) -> None:
+        self.directory, self._fd = directory, fd
+
+    @classmethod
+    def acquire(cls, directory: Path) -> StateLock:
+        """Lock `directory` (created if needed) and remove stale temp files; NamespaceBusy
+        naming the pid of another controller holding it."""
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            raise NamespaceBusy(
+                f"state directory {directory} is in use by another controller, pid {holder}"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        for stale in directory.glob(TEMP_PREFIX + "*"):  # a writer killed before its rename
+            stale.unlink(missing_ok=True)
+        return cls(directory, fd)
+
+    def release(self) -> None:
+        """Unlock (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def load(directory: Path, now: float, config: PolicyConfig) -> dict[int, DeviceLedger]:

@@ -2,7 +2,10 @@
 
 `None` disables `device_memory_usage_threshold_ratio`. The statistics horizon and the update
 interval default per `policy_mode` (`MODE_DEFAULTS`); left unset, they take the mode's value
-at construction. Reading it from files and `KEY=VALUE` strings is `gearshift.configfile`'s.
+at construction. Every duration is finite (at most MAX_SECONDS), and the statistics it sizes
+stay bounded: a window holds at most MAX_SLICES slices, and a slice at most
+MAX_SLICE_HALF_LIVES half-lives (an event's weight within a slice then stays far from
+overflowing). Reading it from files and `KEY=VALUE` strings is `gearshift.configfile`'s.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ MODE_DEFAULTS = {
 }
 
 HISTORY_SLICES = 60  # as many as the plan window's (600 s / 10 s): 3x the span, alike in memory
+MAX_SECONDS = 1e8  # every duration (about 3 years)
+MAX_SLICES = 1024  # window_seconds / slice_seconds
+MAX_SLICE_HALF_LIVES = 64  # slice_seconds / half_life_seconds
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ class PolicyConfig:
         positive = ("window_seconds", "half_life_seconds", "slice_seconds",
                     "update_interval_seconds", "check_interval_seconds", "plan_history_seconds")
         for key in positive:
-            check_value(key, getattr(self, key), 0.0, math.inf, low_open=True)
+            check_value(key, getattr(self, key), 0.0, MAX_SECONDS, low_open=True)
         for key in ("w_h", "w_p", "w_sp", "replace_loss_threshold",
                     "pad_add_threshold", "split_add_threshold"):
             check_value(key, getattr(self, key), 0.0, 1.0)
@@ -86,7 +92,8 @@ class PolicyConfig:
         if self.plan_gear_keep > self.plan_gear_gain:
             raise ConfigError("plan_gear_keep", f"{self.plan_gear_keep} exceeds plan_gear_gain "
                               f"{self.plan_gear_gain} (a gear just added would be dropped)")
-        check_value("recent_use_protect_seconds", self.recent_use_protect_seconds, 0.0, math.inf)
+        check_value("recent_use_protect_seconds", self.recent_use_protect_seconds, 0.0,
+                    MAX_SECONDS)
         if self.device_memory_usage_threshold_ratio is not None:
             check_value("device_memory_usage_threshold_ratio",
                    self.device_memory_usage_threshold_ratio, 0.0, 1.0, low_open=True)
@@ -100,6 +107,12 @@ class PolicyConfig:
         if self.slice_seconds > self.window_seconds:
             raise ConfigError("slice_seconds", f"{self.slice_seconds} exceeds window_seconds "
                               f"{self.window_seconds}")
+        if self.window_seconds > MAX_SLICES * self.slice_seconds:
+            raise ConfigError("slice_seconds", f"{self.slice_seconds} cuts window_seconds "
+                              f"{self.window_seconds} into over {MAX_SLICES} slices")
+        if self.slice_seconds > MAX_SLICE_HALF_LIVES * self.half_life_seconds:
+            raise ConfigError("half_life_seconds", f"{self.half_life_seconds} is under 1/"
+                              f"{MAX_SLICE_HALF_LIVES} of slice_seconds {self.slice_seconds}")
 
     def history(self) -> PolicyConfig:
         """The statistics settings of the plan's history: `plan_history_seconds` of window,

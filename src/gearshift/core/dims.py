@@ -14,7 +14,8 @@ Padded work is the sum of the chunks' gears (`r` itself when eager).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,9 @@ import numpy as np
 from gearshift.errors import ShapeError
 
 Gears = tuple[int, ...]
+MAX_DIMS = 4  # dims of a profile: a ring record carries four values
+MAX_VALUE = (1 << 63) - 1  # raw values and gears: a ring record's values are int64
+MAX_NAME = 256  # characters of a profile's or a dim's name
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,10 @@ class Dim:
     (`work`): the default (0, 1) counts padded elements; prefill attention, whose
     cost grows as S^2, gives e.g. (c0, c1, c2), and the policy then minimises
     padded compute instead.
+
+    Every field is checked on construction, by the client and the controller alike (a
+    registration is rebuilt from its fields): ShapeError names the field. Numbers of other
+    types (numpy's) are kept as Python ints and floats, so a Dim survives msgpack unchanged.
     """
 
     gears: Sequence[int] | None = None
@@ -48,22 +56,40 @@ class Dim:
     def __post_init__(self) -> None:
         for name in ("min", "max", "align"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ShapeError(f"Dim.{name} must be a positive int, got {value!r}")
+            if _is_int(value) and value > MAX_VALUE:
+                raise ShapeError(f"Dim.{name} {brief(value)} does not fit 64 bits (2**63 - 1)")
+            if not _is_int(value) or value < 1:
+                raise ShapeError(f"Dim.{name} must be a positive int, got {brief(value)}")
+            object.__setattr__(self, name, int(value))
         if self.min > self.max:
             raise ShapeError(f"Dim.min {self.min} exceeds Dim.max {self.max}")
         if self.gears is not None:
+            if isinstance(self.gears, (str, bytes, Mapping)) or not hasattr(self.gears, "__iter__"):
+                raise ShapeError(f"Dim.gears must be a sequence of ints, got {brief(self.gears)}")
             gears = normalize_gears(self.gears)
             if gears[0] < self.min or gears[-1] > self.max:
-                raise ShapeError(f"Dim gears {list(gears)} fall outside [{self.min}, {self.max}]")
+                raise ShapeError(f"Dim.gears {brief(list(gears))} fall outside "
+                                 f"[{self.min}, {self.max}]")
             object.__setattr__(self, "gears", gears)
+        if not isinstance(self.splittable, (bool, np.bool_)):
+            raise ShapeError(f"Dim.splittable must be True or False, got {brief(self.splittable)}")
+        object.__setattr__(self, "splittable", bool(self.splittable))
+        pad = self.pad_value
+        if not isinstance(pad, (int, float, np.integer, np.floating)) or not math.isfinite(pad):
+            raise ShapeError(f"Dim.pad_value must be a finite number, got {brief(pad)}")
+        object.__setattr__(self, "pad_value", int(pad) if _is_int(pad) or isinstance(pad, bool)
+                           else float(pad))
         try:
-            cost = tuple(float(c) for c in self.cost)
+            cost = () if isinstance(self.cost, (str, bytes)) else tuple(float(c) for c in self.cost)
         except (TypeError, ValueError):
             cost = ()
-        if not cost or not all(np.isfinite(cost)) or min(cost) < 0 or not any(cost[1:]):
+        with np.errstate(over="ignore"):
+            top = np.polynomial.polynomial.polyval(float(self.max), cost) if cost else 0.0
+        if (not cost or not all(np.isfinite(cost)) or min(cost) < 0 or not any(cost[1:])
+                or not np.isfinite(top)):
             raise ShapeError(f"Dim.cost must be finite non-negative polynomial coefficients, "
-                             f"lowest first, growing with x; got {self.cost!r}")
+                             f"lowest first, growing with x and finite at max; "
+                             f"got {brief(self.cost)}")
         object.__setattr__(self, "cost", cost)
 
     @property
@@ -91,12 +117,40 @@ def normalize_gears(gears: Sequence[int]) -> Gears:
     """Sorted distinct positive ints; ShapeError on anything else or on an empty set."""
     out = set()
     for g in gears:
-        if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
-            raise ShapeError(f"gears must be positive ints, got {g!r}")
+        if not _is_int(g) or g < 1:
+            raise ShapeError(f"gears must be positive ints, got {brief(g)}")
         out.add(int(g))
     if not out:
         raise ShapeError("a dim needs at least one gear")
     return tuple(sorted(out))
+
+
+def check_profile(name: str, dims: Mapping[str, Dim]) -> dict[str, Dim]:
+    """`dims` as a dict, or ShapeError: a profile has a name (a string of 1..MAX_NAME
+    characters) and 1..MAX_DIMS dims, each such a name for a `Dim`. The client's and the
+    controller's one rule."""
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
+        raise ShapeError(f"a profile name is a non-empty string of at most {MAX_NAME} "
+                         f"characters, got {brief(name)}")
+    dims = dict(dims)
+    if not 1 <= len(dims) <= MAX_DIMS:
+        raise ShapeError(f"profile {name!r} needs 1 to {MAX_DIMS} dims, got {len(dims)}")
+    for dim, spec in dims.items():
+        if not isinstance(dim, str) or not 0 < len(dim) <= MAX_NAME or not isinstance(spec, Dim):
+            raise ShapeError(f"profile {name!r}: {brief(dim)} must name a gs.Dim, "
+                             f"got {brief(spec)}")
+    return dims
+
+
+def brief(value: object, limit: int = 60) -> str:
+    """`repr(value)` cut to `limit` characters: error messages never carry a whole input."""
+    text = repr(value) if not isinstance(value, (str, bytes)) or len(value) <= limit \
+        else repr(value[:limit])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def ladder(low: int, high: int) -> Gears:

@@ -9,8 +9,11 @@ GraphResourcePool, and its keys are attached to every gear of its variant.
 
 The request path never captures: a chunk whose variant is not ready runs on the
 smallest ready variant that covers it, else eagerly. Replays are serialised
-(the variants share the buffers and their outputs); captures run on the
-caller's thread, meant to be a warm-up thread.
+(the variants share the buffers and their outputs) under the runner's lock;
+eager chunks run outside it. Every input must have the example's dtype, on
+both paths (one dtype rule: a graph cannot return another). Captures run on the
+caller's thread, meant to be a warm-up thread; a failed one leaves nothing
+behind (its graph is reset) and is counted.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ class AdaptiveRunner:
     """Graphs of one transform's function, one per captured variant.
 
     `gears` (dim -> sorted gears) is what calls are tiled on; replace it whole
-    to adopt a new gear set. `stats`: replays, eager (calls or chunks), captures.
+    to adopt a new gear set. `stats`: replays, eager (calls or chunks), captures, capture
+    failures. `pool` (default: the device's) gives the backend.
     """
 
     def __init__(
@@ -60,13 +64,13 @@ class AdaptiveRunner:
         self.transform = transform
         self.names = tuple(transform.dims)
         self.device = next(iter(example.values())).device
-        self.backend = backend_for(self.device)
         if pool is None:
-            pool = GraphResourcePool.get_pool(self.backend.index, self.backend.kind)
-        self.pool = pool
+            backend = backend_for(self.device)
+            pool = GraphResourcePool.get_pool(backend.index, backend.kind)
+        self.pool, self.backend = pool, pool.backend
         self.index = KeyGearIndex()
         self.gears: dict[str, Gears] = {d: s.initial_gears for d, s in transform.dims.items()}
-        self.stats = {"replays": 0, "eager": 0, "captures": 0}
+        self.stats = {"replays": 0, "eager": 0, "captures": 0, "capture_failures": 0}
         self._shapes = {  # per input: its static sizes, None on bound axes
             n: tuple(None if d else s for d, s in zip(axes, example[n].shape, strict=True))
             for n, axes in transform.inputs.items()
@@ -77,41 +81,58 @@ class AdaptiveRunner:
             for axis, size in enumerate(shape)
             if size is not None
         ]
-        self._dtypes = {n: example[n].dtype for n in transform.bound}
+        self._dtypes = {n: example[n].dtype for n in transform.inputs}
         self._unbound = {
             n: example[n].clone() for n in transform.inputs if n not in transform.bound
         }
         self._caps = tuple(g[-1] for g in self.gears.values())
         self._buffers = self._allocate(self._caps)
         self._variants: dict[Variant, _Captured] = {}  # copy-on-write, under _lock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # replays: the buffers, the graphs' outputs
+        self._count_lock = threading.Lock()  # eager counts, outside `_lock`
         self._capture_lock = threading.Lock()
 
     def ready(self) -> list[Variant]:
         return sorted(self._variants)
 
+    def room(self) -> tuple[int | None, str]:
+        """How many more graphs the pool may hold (None: no cap), and why it is capped."""
+        cap = self.pool.max_graphs
+        why = getattr(self.backend, "limit_reason", "") or "the pool's max_graphs"
+        return (None if cap is None else max(cap - len(self.pool), 0)), why
+
     def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
         """Capture the given variants (dim -> gear) that are not ready, largest first; returns
-        how many were captured. For the warm-up thread, never the request path."""
+        how many were captured. For the warm-up thread, never the request path. GraphLimit
+        when the pool is full; a failed capture is counted and raised (nothing is kept)."""
         todo = {self._variant(v) for v in variants} - self._variants.keys()
         done = 0
         for gears in sorted(todo, key=lambda g: (math.prod(g), g), reverse=True):
             with self._capture_lock:
                 if gears in self._variants:
                     continue
-                inputs = self._views(gears)
-                graph = self.backend.graph(functools.partial(self._body, inputs))
-                leaves, spec = self.transform.leaves(graph.capture())
-                self.pool.register(graph)
-                self.index.attach(
-                    self.pool.consume_recent_keys(), zip(self.names, gears, strict=True)
-                )
+                self.pool.admit()
+                captured = self._capture(gears)
                 with self._lock:
-                    captured = _Captured(inputs, graph, leaves, spec)
                     self._variants = {**self._variants, gears: captured}
                     self.stats["captures"] += 1
                 done += 1
         return done
+
+    def _capture(self, gears: Variant) -> _Captured:
+        inputs = self._views(gears)
+        graph = self.backend.graph(functools.partial(self._body, inputs))
+        try:
+            leaves, spec = self.transform.leaves(graph.capture())
+        except BaseException:
+            with self._count_lock:
+                self.stats["capture_failures"] += 1
+            graph.reset()  # a captured graph of unexpected outputs holds memory too
+            self.backend.collect()
+            raise
+        self.pool.register(graph)
+        self.index.attach(self.pool.consume_recent_keys(), zip(self.names, gears, strict=True))
+        return _Captured(inputs, graph, leaves, spec)
 
     def run(self, tensors: Mapping[str, torch.Tensor],
             sizes: Mapping[str, int] | None = None) -> Any:
@@ -125,36 +146,47 @@ class AdaptiveRunner:
         if None in gears:
             tiling = t.tile(sizes, current)
             if tiling is None:
-                with self._lock:
-                    self.stats["eager"] += 1
+                self._count_eager()
                 return t.fn(**tensors)
             chunks = [(c, tuple(c[d].gear for d in self.names)) for c in tiling.chunks()]
         else:
             tiling = None
             spans = {d: Span(0, sizes[d], g) for d, g in zip(self.names, gears, strict=True)}
             chunks = [(spans, tuple(gears))]
-        with self._lock:
-            for name, buffer in self._unbound.items():
-                buffer.copy_(tensors[name])
-            parts = [self._chunk(tensors, chunk, variant) for chunk, variant in chunks]
+        parts: list[Any] = [None] * len(chunks)
+        ready = [self._ready(variant) is not None for _, variant in chunks]
+        if any(ready):
+            with self._lock:
+                for name, buffer in self._unbound.items():
+                    buffer.copy_(tensors[name])
+                for i, (chunk, variant) in enumerate(chunks):
+                    if ready[i]:
+                        parts[i] = self._replay(tensors, chunk, variant)
+        for i, (chunk, _) in enumerate(chunks):
+            if parts[i] is None:  # no graph covers it (or it went meanwhile): outside the lock
+                self._count_eager()
+                leaves, spec = t.leaves(t.fn(**t.transform(tensors, chunk)))
+                parts[i] = t.cut(leaves, chunk), spec
         leaves = parts[0][0] if tiling is None else t.join([p for p, _ in parts], tiling)
         return tree_unflatten(leaves, parts[0][1])
 
-    def _chunk(
+    def _replay(
         self, tensors: Mapping[str, torch.Tensor], chunk: Chunk, variant: Variant
-    ) -> tuple[list[torch.Tensor], Any]:
-        """One chunk's output leaves, cut back, and their spec; under `_lock`. Replayed leaves
-        are copies: the next replay rewrites the graph's. `variant`: the chunk's gears."""
-        t = self.transform
+    ) -> tuple[list[torch.Tensor], Any] | None:
+        """One chunk replayed, its output leaves cut back (copies: the next replay rewrites the
+        graph's) and their spec; None if no ready variant covers it. Under `_lock`."""
         captured = self._ready(variant)
         if captured is None:
-            self.stats["eager"] += 1
-            leaves, spec = t.leaves(t.fn(**t.transform(tensors, chunk)))
-            return t.cut(leaves, chunk), spec
+            return None
+        t = self.transform
         t.fill(captured.inputs, tensors, chunk)
         captured.graph.replay()
         self.stats["replays"] += 1
         return t.cut(captured.leaves, chunk, copy=True), captured.spec
+
+    def _count_eager(self) -> None:
+        with self._count_lock:
+            self.stats["eager"] += 1
 
     def release(self, dim: str, gear: int) -> int:
         """Drop every variant that used `gear` on `dim` and release its graphs through the pool
@@ -187,10 +219,10 @@ class AdaptiveRunner:
     def _allocate(self, caps: Variant) -> dict[str, torch.Tensor]:
         at = dict(zip(self.names, caps, strict=True))
         buffers = {}
-        for name, dtype in self._dtypes.items():
+        for name in self.transform.bound:
             axes = zip(self.transform.inputs[name], self._shapes[name], strict=True)
             shape = [at[d] if s is None else s for d, s in axes]
-            buffers[name] = torch.zeros(shape, dtype=dtype, device=self.device)
+            buffers[name] = torch.zeros(shape, dtype=self._dtypes[name], device=self.device)
         return buffers
 
     def _views(self, gears: Variant) -> dict[str, torch.Tensor]:
@@ -207,6 +239,13 @@ class AdaptiveRunner:
         return views
 
     def _check_static(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Static axes and dtypes as the example's: ShapeError naming the input otherwise."""
+        for name, dtype in self._dtypes.items():
+            if tensors[name].dtype != dtype:
+                raise ShapeError(
+                    f"{name} is {tensors[name].dtype}; the graphs were built for {dtype} (pass"
+                    " the example's dtype: a graph cannot return another)"
+                )
         for name, axis, size in self._static:
             if tensors[name].shape[axis] != size:
                 raise ShapeError(

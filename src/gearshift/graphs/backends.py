@@ -1,10 +1,12 @@
 """Graph backends: one interface over cpu (simulated), cuda and npu graphs.
 
-A backend makes graphs of a zero-argument function and reads device memory.
-`Graph.capture()` runs the function once and keeps what it returned as
-`outputs`; every `replay()` rewrites those same tensors from the inputs the
-function closes over (static buffers), exactly as a device graph does.
-Graphs are for inference: captures and replays run without autograd.
+A backend makes graphs of a zero-argument function, reads device memory and gives released
+graphs' memory back (`collect`). `Graph.capture()` runs the function once and keeps what it
+returned as `outputs`; every `replay()` rewrites those same tensors from the inputs the function
+closes over (static buffers), exactly as a device graph does. Graphs are for inference:
+captures and replays run without autograd. cuda and npu share one implementation
+(`graphs.device`: a pool per graph, captures beside live requests); npu adds a graph-count cap
+and refuses `TASK_QUEUE_ENABLE=2`.
 """
 
 from __future__ import annotations
@@ -18,8 +20,15 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from gearshift.errors import BackendUnavailable, ConfigError
+from gearshift.graphs.device import DeviceApi, DeviceBackend, MemoryReading
 
-MemoryReading = tuple[int, int]
+NPU_MAX_GRAPHS = 1800
+NPU_LIMIT = (
+    "an NPU captures at most ~1,900 graphs (2,048 streams, of which vllm-ascend keeps 128 spare;"
+    " past it capture fails with 207008 'Stream resources are insufficient'), and a profile"
+    " needs one graph per combination of gears: the product of its gear counts over its dims"
+)
+NPU_GRAPHS_SINCE = "2.7.1"  # the torch_npu release whose NPUGraph has every API used here
 
 
 class Graph(Protocol):
@@ -33,18 +42,25 @@ class Graph(Protocol):
 
 
 class Backend(Protocol):
+    """`max_graphs`: the most graphs the device may hold (None: no cap), `limit_reason` why."""
+
     kind: str
     index: int
+    max_graphs: int | None
+    limit_reason: str
 
     def graph(self, fn: Callable[[], Any]) -> Graph: ...
 
     def synchronize(self) -> None: ...
 
+    def collect(self) -> bool:
+        """Give the memory of reset graphs back to the device; False if it could not."""
+
     def mem_get_info(self) -> MemoryReading: ...
 
 
 class CpuGraph:
-    """Seed 004's CpuGraph: replay re-runs `fn` and writes its result into the captured outputs
+    """A simulated graph: replay re-runs `fn` and writes its result into the captured outputs
     (`_leaves`: their pytree leaves, flattened once at capture)."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
@@ -80,6 +96,8 @@ class CpuBackend:
     a `(free, total)` pair or a callable returning one sets it (tests, demos)."""
 
     kind = "cpu"
+    max_graphs: int | None = None
+    limit_reason = ""
 
     def __init__(
         self, index: int = 0, memory: MemoryReading | Callable[[], MemoryReading] | None = None
@@ -93,66 +111,14 @@ class CpuBackend:
     def synchronize(self) -> None:
         pass
 
+    def collect(self) -> bool:
+        return True  # a cpu graph's memory goes with its tensors
+
     def mem_get_info(self) -> MemoryReading:
         if self.memory is None:
             page = os.sysconf("SC_PAGE_SIZE")
             return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
         return self.memory() if callable(self.memory) else self.memory
-
-
-class DeviceGraph:
-    """A cuda/npu graph: warmed up on a side stream, then captured into the backend's pool."""
-
-    def __init__(self, backend: DeviceBackend, fn: Callable[[], Any]) -> None:
-        self.backend = backend
-        self.fn: Callable[[], Any] | None = fn
-        self.graph = backend.graph_cls()
-        self.outputs: Any = None
-
-    @torch.no_grad()
-    def capture(self) -> Any:
-        assert self.fn is not None, "capture after reset"
-        mod, index = self.backend.module, self.backend.index
-        with mod.device(index):
-            side = mod.Stream()
-            side.wait_stream(mod.current_stream())
-            with mod.stream(side):
-                for _ in range(self.backend.warmup):
-                    self.fn()
-            mod.current_stream().wait_stream(side)
-            # thread_local: requests may keep running on other threads during a warm-up capture
-            with mod.graph(self.graph, pool=self.backend.pool, capture_error_mode="thread_local"):
-                self.outputs = self.fn()
-        return self.outputs
-
-    def replay(self) -> None:
-        self.graph.replay()
-
-    def reset(self) -> None:
-        self.graph.reset()
-        self.fn = self.outputs = None
-
-
-class DeviceBackend:
-    """`torch.cuda` or `torch.npu` graphs; all graphs of the device share one memory pool."""
-
-    def __init__(
-        self, kind: str, index: int, module: Any, graph_cls: type, warmup: int = 2
-    ) -> None:
-        self.kind, self.index = kind, index
-        self.module, self.graph_cls, self.warmup = module, graph_cls, warmup
-        with module.device(index):
-            self.pool = module.graph_pool_handle()
-
-    def graph(self, fn: Callable[[], Any]) -> DeviceGraph:
-        return DeviceGraph(self, fn)
-
-    def synchronize(self) -> None:
-        self.module.synchronize(self.index)
-
-    def mem_get_info(self) -> MemoryReading:
-        free, total = self.module.mem_get_info(self.index)
-        return int(free), int(total)
 
 
 def get_backend(kind: str = "cpu", index: int = 0) -> Backend:
@@ -165,25 +131,50 @@ def _backend(kind: str, index: int) -> Backend:
     if kind == "cpu":
         return CpuBackend(index)
     if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise BackendUnavailable(
-                "cuda: torch.cuda is not available (no GPU or a CPU-only torch)"
-            )
-        _check_index(kind, index, torch.cuda.device_count())
-        return DeviceBackend(kind, index, torch.cuda, torch.cuda.CUDAGraph)
+        return cuda_backend(index)
     if kind == "npu":
-        try:
-            import torch_npu  # noqa: F401  (registers torch.npu)
-        except (ImportError, OSError, RuntimeError) as e:
-            raise BackendUnavailable(
-                "npu: torch_npu cannot be imported (install the `npu` extra and source the"
-                f" Ascend CANN toolkit's set_env.sh): {e}"
-            ) from e
-        if not torch.npu.is_available():
-            raise BackendUnavailable("npu: torch_npu sees no NPU (check the CANN driver/toolkit)")
-        _check_index(kind, index, torch.npu.device_count())
-        return DeviceBackend(kind, index, torch.npu, torch.npu.NPUGraph)
+        return npu_backend(index)
     raise ConfigError("backend", f"unknown backend {kind!r}; expected cpu, cuda or npu")
+
+
+def cuda_backend(index: int) -> DeviceBackend:
+    """A new backend of CUDA device `index` (`get_backend` keeps one per device)."""
+    if not torch.cuda.is_available():
+        raise BackendUnavailable("cuda: torch.cuda is not available (no GPU or a CPU-only torch)")
+    _check_index("cuda", index, torch.cuda.device_count())
+    hooks = (getattr(torch._C, n, None) for n in ("_cuda_endAllocateToPool", "_cuda_releasePool"))
+    return DeviceBackend(DeviceApi("cuda", torch.cuda, torch.cuda.CUDAGraph, *hooks), index)
+
+
+def npu_backend(index: int) -> DeviceBackend:
+    """A new backend of NPU `index`: BackendUnavailable without torch_npu and a device, with a
+    torch_npu older than NPU graphs, or with `TASK_QUEUE_ENABLE=2` (NPU capture refuses it)."""
+    try:
+        import torch_npu  # registers torch.npu
+    except (ImportError, OSError, RuntimeError) as e:
+        raise BackendUnavailable(
+            "npu: torch_npu cannot be imported (install the `npu` extra and source the"
+            f" Ascend CANN toolkit's set_env.sh): {e}"
+        ) from e
+    npu = torch.npu
+    missing = [n for n in ("NPUGraph", "graph_pool_handle") if not hasattr(npu, n)]
+    if missing:
+        raise BackendUnavailable(
+            f"npu: torch_npu {getattr(torch_npu, '__version__', '?')} has no torch.npu."
+            f"{' or '.join(missing)}: NPU graphs need torch_npu >= {NPU_GRAPHS_SINCE}"
+        )
+    if os.environ.get("TASK_QUEUE_ENABLE", "").strip() == "2":
+        raise BackendUnavailable(
+            "npu: TASK_QUEUE_ENABLE=2, which NPU graph capture refuses (NPUGraph::capture_begin);"
+            " export TASK_QUEUE_ENABLE=1 (or 0) before starting the worker"
+        )
+    if not npu.is_available():
+        raise BackendUnavailable("npu: torch_npu sees no NPU (check the CANN driver/toolkit)")
+    _check_index("npu", index, npu.device_count())
+    names = ("_npu_endAllocateCurrentStreamToPool", "_npu_releasePool")
+    hooks = (getattr(torch_npu._C, n, None) for n in names)
+    api = DeviceApi("npu", npu, npu.NPUGraph, *hooks)
+    return DeviceBackend(api, index, max_graphs=NPU_MAX_GRAPHS, limit_reason=NPU_LIMIT)
 
 
 def backend_for(device: str | torch.device) -> Backend:

@@ -4,7 +4,10 @@ Only the lower layer (the one that captures) makes keys: `register` appends
 each key to the calling thread's pending list, and the upper layer reads them
 back with `consume_recent_keys` on the same thread once the function returned,
 so keys never mix between threads. `remove_by_keys` is idempotent: a key
-shared by several removed gears is released once.
+shared by several removed gears is released once; it resets the graphs after
+a device synchronize, then gives their memory back to the device once
+(`Backend.collect`). A device may cap its graphs (`max_graphs`, npu): `admit`
+raises GraphLimit, with the backend's reason, once the pool holds that many.
 """
 
 from __future__ import annotations
@@ -14,17 +17,25 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar
 
+from gearshift.errors import GearshiftError
 from gearshift.graphs.backends import Backend, get_backend
 
 
+class GraphLimit(GearshiftError):
+    """A device holds as many graphs as it may (`GraphResourcePool.max_graphs`): no capture
+    beyond; the message says why the cap exists."""
+
+
 class GraphResourcePool:
-    """Graph resources of one device, by int key. One pool per device: `get_pool`."""
+    """Graph resources of one device, by int key. One pool per device: `get_pool`.
+    `max_graphs`: at most this many resources (default: the backend's cap; None: no cap)."""
 
     _pools: ClassVar[dict[tuple[str, int], GraphResourcePool]] = {}
     _pools_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, max_graphs: int | None = -1) -> None:
         self.backend = backend
+        self.max_graphs = getattr(backend, "max_graphs", None) if max_graphs == -1 else max_graphs
         self._lock = threading.Lock()
         self._next_key = 0
         self._entries: dict[int, Any] = {}
@@ -38,6 +49,17 @@ class GraphResourcePool:
             if key not in cls._pools:
                 cls._pools[key] = cls(get_backend(backend, device_index))
             return cls._pools[key]
+
+    def admit(self, more: int = 1) -> None:
+        """Raise GraphLimit unless `more` resources fit under `max_graphs`."""
+        cap = self.max_graphs
+        if cap is not None and len(self._entries) + more > cap:
+            b = self.backend
+            reason = getattr(b, "limit_reason", "") or "the pool's max_graphs"
+            raise GraphLimit(
+                f"{b.kind}:{b.index} holds {len(self._entries)} graphs, its cap being {cap}:"
+                f" {reason}"
+            )
 
     def register(self, resource: Any) -> int:
         """Keep `resource` (has `release()` or `reset()`) under a new key pending on this thread."""
@@ -55,14 +77,20 @@ class GraphResourcePool:
 
     def remove_by_keys(self, keys: Iterable[int]) -> int:
         """Release the resources still held under `keys` (unknown keys are skipped) after a
-        device synchronize; returns how many were released."""
+        device synchronize, then give their memory back (`Backend.collect`, once); returns
+        how many were released."""
         with self._lock:
             found = [r for r in (self._entries.pop(k, None) for k in keys) if r is not None]
-        if found:
-            self.backend.synchronize()
-        for resource in found:
+        if not found:
+            return 0
+        self.backend.synchronize()
+        released = len(found)
+        for i in range(released):  # no reference is left here to a graph at the collect
+            resource, found[i] = found[i], None
             (getattr(resource, "release", None) or resource.reset)()
-        return len(found)
+        del resource
+        self.backend.collect()
+        return released
 
     def __len__(self) -> int:
         return len(self._entries)

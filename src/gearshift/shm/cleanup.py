@@ -1,25 +1,62 @@
-"""Removal of a dead namespace's shared-memory objects (`gearshift cleanup`)."""
+"""A namespace's end (`cleanup`), and the controller's start (`own`), which must not race it.
+
+`cleanup(namespace)` removes a namespace whose controller and workers are all dead. Under the
+lock it closes the control segment, recording its own identity (`Registry.retire`, refused while
+anyone lives: from then on nobody claims a slot or the controller in it); then it removes the
+lock, every other segment of the namespace, and the control segment last, each only if it is
+this user's and only while it is the object checked (the lock and the control segment by
+inode; the others while the checked control segment is still in place). Hence:
+
+- once the lock is gone nobody attaches the closed namespace (attaching needs it);
+- a namespace created after the control segment went is a new one (a new control segment,
+  then a new lock), and nothing of it is removed;
+- a cleanup that died half-way leaves a closed (or lockless) segment: the next cleanup, or
+  the next controller's `own`, finishes the removal.
+
+Another user's objects are left in place; `cleanup` removes the rest, then raises NotOwned
+naming them.
+
+`own(namespace, slots)` is the controller's start: the namespace's registry, created or taken
+over, with this process as its controller (ControllerRunning if another live one is). It waits
+up to the lock timeout for a cleanup under way and finishes one whose process died.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
-from gearshift.errors import ControllerNotFound, ControllerRunning
-from gearshift.shm import names, segment
-from gearshift.shm.control import Registry, unlink_lock
+from gearshift.clock import Clock, MonotonicClock
+from gearshift.errors import (
+    ControllerNotFound,
+    ControllerRunning,
+    LayoutError,
+    NamespaceBusy,
+    NotOwned,
+)
+from gearshift.shm import liveness, lock, names, segment
+from gearshift.shm.control import LOCK_TIMEOUT, Registry
+from gearshift.shm.segment import Inode
+
+GRACE = 1.0  # seconds a cleanup under way (a lockless control segment) gets before `own` helps
 
 
 def cleanup(namespace: str) -> list[str]:
-    """Unlink every segment and the lock of `namespace`; return the names removed.
+    """Remove every segment and the lock of `namespace`; return the segments removed.
 
     Refuses, removing nothing, while its controller (ControllerRunning) or any worker holding a
-    slot (NamespaceBusy) is alive. The registry is marked closed under its lock first, so a
-    worker that attached it meanwhile cannot claim a slot in the unlinked segment.
+    slot (NamespaceBusy) is alive; NotOwned, after removing the rest, if some of its objects
+    belong to another user.
     """
+    control: Inode | None = None
+    lock_inode: Inode | None = None
     try:
-        registry = Registry.attach(namespace)
-    except ControllerNotFound:
-        registry = None  # no registry: leftovers of a half-created or half-cleaned namespace
+        registry = Registry.attach(namespace, relock=True)
+    except ControllerNotFound:  # no control segment: leftovers of a half-removed namespace
+        registry = None
+    except (LayoutError, NotOwned):  # garbage, or another user's: remove what is ours
+        registry = None
+        control = _inode(names.control(namespace))
     if registry is not None:
         try:
             owner = registry.controller()
@@ -27,10 +64,89 @@ def cleanup(namespace: str) -> list[str]:
                 raise ControllerRunning(namespace, owner.pid)
             registry.repair_lock()
             registry.retire()
+            control, lock_inode = registry.segment.inode, registry.lock.inode
         finally:
             registry.close()
-    pattern = names.segment_pattern(namespace)
-    found = sorted(f"/{entry}" for entry in os.listdir(segment.SHM_DIR) if pattern.fullmatch(entry))
-    removed = [name for name in found if segment.unlink(name)]
-    unlink_lock(namespace)
+    removed, left = _remove(namespace, control, lock_inode)
+    if left:
+        raise NotOwned(
+            f"namespace {namespace!r}: {len(removed)} objects removed, {len(left)} left: "
+            + "; ".join(left)
+        )
     return removed
+
+
+def own(namespace: str, slots: int, clock: Clock | None = None) -> Registry:
+    """The registry of `namespace` (created, or taken over from a dead controller) with this
+    process as its controller, the lock repaired first; see the module docstring."""
+    clock = clock or MonotonicClock()
+    start = clock.now()
+    while True:
+        try:
+            registry: Registry | None = Registry.open(namespace, slots)
+        except ControllerNotFound:  # gone meanwhile, or lockless: a cleanup is under way
+            registry, closer = None, 0
+        if registry is not None:
+            try:
+                registry.repair_lock()
+                registry.claim_controller()
+                return registry
+            except ControllerNotFound:  # closed by a cleanup
+                closer = registry.closed
+                registry.close()
+            except BaseException:
+                registry.close()
+                raise
+        waited = clock.now() - start
+        if (closer and not liveness.alive(closer)) or waited >= GRACE:
+            cleanup(namespace)  # finish a removal its process left half-way
+        if waited >= LOCK_TIMEOUT:
+            raise NamespaceBusy(
+                f"namespace {namespace!r} is still being removed after {LOCK_TIMEOUT} s"
+            )
+        clock.sleep(0.002)
+
+
+def _remove(
+    namespace: str, control: Inode | None, lock_inode: Inode | None
+) -> tuple[list[str], list[str]]:
+    """(segments removed, objects left with the reason) in the order of the module docstring.
+    `control`: the control segment checked (None: there was none); `lock_inode`: the lock
+    checked (None: whichever of this user's is there while the control segment is unchanged)."""
+    removed: list[str] = []
+    left: list[str] = []
+    ctl = names.control(namespace)
+
+    def unchanged() -> bool:
+        return _inode(ctl) == control
+
+    def attempt(name: str, remove: Callable[[], bool]) -> bool:
+        try:
+            return remove()
+        except NotOwned as e:
+            left.append(str(e))
+        except OSError as e:
+            left.append(f"{name}: {e.strerror or e}")
+        return False
+
+    inode = lock_inode or _inode(lock.semaphore_name(namespace))
+    if inode is not None and unchanged():  # the lock is not listed among the segments
+        attempt(names.lock(namespace), lambda: lock.unlink(namespace, inode))
+    pattern = names.segment_pattern(namespace)
+    for entry in sorted(os.listdir(segment.SHM_DIR)):
+        name = f"/{entry}"
+        if (
+            pattern.fullmatch(entry)
+            and name != ctl
+            and unchanged()
+            and attempt(name, lambda name=name: segment.unlink(name))
+        ):
+            removed.append(name)
+    if control is not None and attempt(ctl, lambda: segment.unlink(ctl, control)):
+        removed.append(ctl)
+    return sorted(removed), left
+
+
+def _inode(name: str) -> Inode | None:
+    info = segment.stat_of(name)
+    return None if info is None else (info.st_dev, info.st_ino)

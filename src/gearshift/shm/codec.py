@@ -1,7 +1,9 @@
 """msgpack payloads decoded with limits: the shared-memory boundary trusts no byte it reads.
 
 Decoding refuses ext types, caps every string, binary, array and map at the payload size, and
-turns every failure into a PayloadError; encoding turns unencodable objects into one too.
+turns every failure, whatever the decoder raised (a list as a map key is a TypeError), into a
+PayloadError that names the failure's type and a short reason, never the bytes; encoding turns
+unencodable objects into one too.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ import msgpack
 
 from gearshift.errors import PayloadError
 
+REASON = 100  # characters of a decoder's message kept in an error
+
 
 def pack(obj: object) -> bytes:
     try:
         return msgpack.packb(obj, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise PayloadError(f"payload cannot be encoded as msgpack: {exc}") from None
+        raise PayloadError(f"payload cannot be encoded as msgpack: {type(exc).__name__}: "
+                           f"{str(exc)[:REASON]}") from None
 
 
 def unpack(data: bytes, max_bytes: int) -> object:
@@ -34,5 +39,6 @@ def unpack(data: bytes, max_bytes: int) -> object:
             max_map_len=limit,
             max_ext_len=0,
         )
-    except (ValueError, msgpack.UnpackException) as exc:
-        raise PayloadError(f"payload cannot be decoded: {exc!r}") from None
+    except Exception as exc:  # the decoder's failures are of several types: all are one here
+        raise PayloadError(f"payload cannot be decoded: {type(exc).__name__}: "
+                           f"{str(exc)[:REASON]}") from None

@@ -27,11 +27,18 @@ release, reclaim, close) happen only under the namespace semaphore `/gearshift.<
 the table is read under it (`slots()`), so a reader never sees a half-claimed slot. The
 worker-written words have a single writer each and are meaningful on their own.
 
+Nothing read is trusted: header constants beyond MAX_SLOTS or MAX_MAILBOX_CAPACITY are a
+LayoutError; a slot whose state word is not a SlotState, or whose device exceeds MAX_DEVICE, reads
+as CORRUPT (skipped by the controller, shown by `gearshift status`, never fatal to the table);
+counters wrap at 64 bits. `closed` holds the identity of the cleanup that closed the namespace:
+no slot and no controller is claimed in a closed namespace.
+
 Liveness is an identity check (pid and start time, robust to pid reuse), not a heartbeat; the
 heartbeats are for display and hang detection. A holder of the semaphore that dies would block
-everyone: holders record their identity in `lock_owner`, waiters give up after `lock_timeout`
+everyone: holders record their identity in `lock_owner`, waiters give up after `lock.timeout`
 with NamespaceBusy naming it, and the controller's `repair_lock()` (also run by `cleanup`)
-releases a lock whose holder is dead (recorded, or none recorded for a whole `lock_timeout`).
+releases a lock whose holder is dead (recorded, or none recorded for a whole `lock.timeout`);
+lock.py has the details.
 
 Worker: `slot = claim_slot(device)`; `EventRing.create(ns, slot)`; register profiles by
 `requests(slot).post(msg)` and poll `replies(slot).take()` (`mailbox.raise_for_error`); then
@@ -46,15 +53,19 @@ its ring holds events.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, NamedTuple
 
-import posix_ipc
-
-from gearshift.clock import Clock, MonotonicClock
-from gearshift.errors import ControllerNotFound, ControllerRunning, NamespaceBusy
-from gearshift.shm import liveness, names, segment
+from gearshift.clock import Clock
+from gearshift.errors import (
+    ConfigError,
+    ControllerNotFound,
+    ControllerRunning,
+    NamespaceBusy,
+    NotOwned,
+)
+from gearshift.shm import liveness, lock, names, segment
+from gearshift.shm.lock import NamespaceLock
 from gearshift.shm.mailbox import Mailbox
 from gearshift.shm.segment import LINE, Segment
 
@@ -72,13 +83,18 @@ REQUESTS = 64  # then the two mailboxes
 _ROW = (STATE, IDENT, DEVICE, GENERATION, HEARTBEAT, APPLIED, DROPPED)  # SlotInfo's words
 DEFAULT_SLOTS = 64
 DEFAULT_MAILBOX_CAPACITY = 8192
-LOCK_TIMEOUT = 5.0  # seconds; the critical sections are microseconds long
+MAX_SLOTS = 4096  # bounds of the header constants an attacher accepts
+MAX_MAILBOX_CAPACITY = 1 << 20
+MAX_DEVICE = 0xFFFF  # devices are 0..MAX_DEVICE
+LOCK_TIMEOUT = lock.TIMEOUT
+_WORD = (1 << 64) - 1
 
 
 class SlotState(enum.IntEnum):
     FREE = 0
     ACTIVE = 1  # claimed by a worker (alive or not: see SlotInfo.alive)
     RELEASED = 2  # its worker detached; the ring awaits its final drain
+    CORRUPT = -1  # never stored: a state or device word no process of ours writes (skipped)
 
 
 class SlotInfo(NamedTuple):
@@ -109,20 +125,14 @@ class ControllerInfo(NamedTuple):
 class Registry:
     """The control segment of `namespace`, attached; see the module docstring for roles."""
 
-    def __init__(self, namespace: str, seg: Segment, lock: posix_ipc.Semaphore) -> None:
-        self.namespace = namespace
-        self.segment = seg
-        self.lock_timeout = LOCK_TIMEOUT
-        self._sem = lock
-        self._words = seg.words
-        self.nslots = seg.words[SLOTS]
-        self._slot_size = seg.words[SLOT_SIZE]
-        capacity = seg.words[MAILBOX_CAPACITY]
+    def __init__(self, namespace: str, seg: Segment, lock: NamespaceLock) -> None:
+        self.namespace, self.segment, self.lock, self._words = namespace, seg, lock, seg.words
+        self._me = 0  # this process's identity once it claimed the controller
+        self.nslots, self._slot_size, capacity = seg.words[SLOTS : MAILBOX_CAPACITY + 1]
         base = [TABLE + slot * self._slot_size for slot in range(self.nslots)]
         self._requests = [Mailbox(seg, b + REQUESTS, capacity) for b in base]
-        self._replies = [
-            Mailbox(seg, b + REQUESTS + Mailbox.size(capacity), capacity) for b in base
-        ]
+        replies = REQUESTS + Mailbox.size(capacity)
+        self._replies = [Mailbox(seg, b + replies, capacity) for b in base]
 
     @classmethod
     def create(
@@ -131,16 +141,17 @@ class Registry:
         slots: int = DEFAULT_SLOTS,
         mailbox_capacity: int = DEFAULT_MAILBOX_CAPACITY,
     ) -> Registry:
-        """Create the namespace's control segment and lock; NamespaceBusy if it exists."""
-        if slots < 1 or mailbox_capacity < LINE or mailbox_capacity % LINE:
-            raise ValueError("need >= 1 slot and a mailbox capacity that is a multiple of 64")
+        """Create the namespace's control segment and lock; NamespaceBusy if it exists
+        (NotOwned if it, or the lock, is another user's)."""
+        if not _fits(slots, mailbox_capacity):
+            raise ValueError(
+                f"need 1..{MAX_SLOTS} slots and a mailbox capacity that is a multiple of 64 "
+                f"up to {MAX_MAILBOX_CAPACITY}"
+            )
         slot_size = _slot_size(mailbox_capacity)
         seg = Segment.create(names.control(namespace), TABLE + slots * slot_size)
         try:  # a lock left by a namespace that was cleaned up half-way is stale: replace it
-            unlink_lock(namespace)
-            lock = posix_ipc.Semaphore(
-                names.lock(namespace), posix_ipc.O_CREX, mode=0o600, initial_value=1
-            )
+            lock = NamespaceLock.create(namespace, seg.words, LOCK_OWNER // 8)
         except BaseException:
             seg.unlink()
             seg.close()
@@ -149,40 +160,67 @@ class Registry:
         return cls(namespace, seg, lock)
 
     @classmethod
-    def attach(cls, namespace: str) -> Registry:
-        """Attach the namespace's control segment; ControllerNotFound if there is none."""
+    def attach(cls, namespace: str, relock: bool = False) -> Registry:
+        """Attach the namespace's control segment; ControllerNotFound if there is none (or it
+        has no lock: it is being removed; `relock`, cleanup's, gives it a new one), NotOwned
+        if it or the lock is another user's."""
         try:
             seg = Segment.attach(names.control(namespace), MAGIC, LAYOUT)
         except FileNotFoundError:
             raise ControllerNotFound(f"namespace {namespace!r} has no control segment") from None
         slots, slot_size, capacity = seg.words[SLOTS : MAILBOX_CAPACITY + 1]
-        valid = slots > 0 and capacity % LINE == 0 and slot_size == _slot_size(capacity)
+        valid = _fits(slots, capacity) and slot_size == _slot_size(capacity)
         seg.require(valid, TABLE + slots * slot_size)
         try:
-            lock = posix_ipc.Semaphore(names.lock(namespace))
-        except posix_ipc.ExistentialError:
+            try:
+                lock = NamespaceLock.open(namespace, seg.words, LOCK_OWNER // 8)
+            except FileNotFoundError:
+                if not relock:
+                    raise
+                lock = NamespaceLock.create(namespace, seg.words, LOCK_OWNER // 8)
+        except FileNotFoundError:
             seg.close()
             raise ControllerNotFound(f"namespace {namespace!r} is being cleaned up") from None
+        except BaseException:
+            seg.close()
+            raise
         return cls(namespace, seg, lock)
 
     @classmethod
     def open(cls, namespace: str, slots: int = DEFAULT_SLOTS) -> Registry:
-        """Attach the control segment, creating it first if it does not exist."""
+        """Attach the control segment, creating it first if it does not exist (it may be
+        `closed`: `cleanup.own` is the controller's start, which waits out a cleanup)."""
         try:
             return cls.create(namespace, slots)
-        except NamespaceBusy:
+        except NamespaceBusy as e:
+            if isinstance(e, NotOwned):
+                raise
             return cls.attach(namespace)
+
+    @property
+    def closed(self) -> int:
+        """The identity of the cleanup that closed the namespace (0: open)."""
+        return self._word(CLOSED)
 
     # controller identity
 
     def claim_controller(self) -> None:
-        """Make this process the controller; ControllerRunning if another live one is."""
+        """Make this process the controller; ControllerRunning if another live one is,
+        ControllerNotFound if the namespace was closed for removal."""
         me = liveness.current()
         with self._locked():
+            if self._word(CLOSED):
+                raise ControllerNotFound(f"namespace {self.namespace!r} is being cleaned up")
             owner = self._word(CONTROLLER)
             if owner != me and liveness.alive(owner):
                 raise ControllerRunning(self.namespace, liveness.pid_of(owner))
             self._set(CONTROLLER, me)
+        self._me = me
+
+    def owns_controller(self) -> bool:
+        """Whether the controller word still names this process since `claim_controller` (one
+        read: the controller checks it every iteration and claims again if it was overwritten)."""
+        return self._me != 0 and self._word(CONTROLLER) == self._me
 
     def release_controller(self) -> None:
         me = liveness.current()
@@ -202,7 +240,10 @@ class Registry:
     # worker side
 
     def claim_slot(self, device: int) -> int:
-        """Claim a free slot for this process on `device`; NamespaceBusy if none is free."""
+        """Claim a free slot for this process on `device` (0..MAX_DEVICE, else ConfigError);
+        NamespaceBusy if none is free."""
+        if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device <= MAX_DEVICE:
+            raise ConfigError("device", f"expected an int in [0, {MAX_DEVICE}], got {device!r}")
         me = liveness.current()
         with self._locked():
             if self._word(CLOSED):
@@ -213,7 +254,8 @@ class Registry:
                     f"all {self.nslots} worker slots of {self.namespace!r} are taken"
                 )
             slot = free[0]
-            fields = {IDENT: me, DEVICE: device, GENERATION: self._slot_word(slot, GENERATION) + 1}
+            generation = (self._slot_word(slot, GENERATION) + 1) & _WORD
+            fields = {IDENT: me, DEVICE: device, GENERATION: generation}
             fields.update(dict.fromkeys((HEARTBEAT, APPLIED, DROPPED), 0))
             for offset, value in fields.items():
                 self._set_slot(slot, offset, value)
@@ -259,8 +301,9 @@ class Registry:
     def reclaim(self, slot: int, ring: EventRing | None) -> None:
         """Free a reclaimable slot and unlink its ring, which must be attached and drained.
 
-        Pass `ring=None` only if the worker died before creating its ring. NamespaceBusy if
-        the worker is alive, or the ring still holds events or exists but was not passed.
+        Pass `ring=None` only if the worker died before creating its ring (an object of
+        another user under its name is no ring of ours). NamespaceBusy if the worker is alive,
+        or the ring still holds events or exists but was not passed.
         """
         with self._locked():
             info = self._info(slot, self._row(slot))
@@ -268,7 +311,8 @@ class Registry:
                 raise NamespaceBusy(f"slot {slot} is {info.state.name} with live pid {info.pid}")
             name = names.ring(self.namespace, slot)
             if ring is None:
-                if segment.exists(name):
+                found = segment.stat_of(name)
+                if found is not None and segment.is_ours(name, found):
                     raise NamespaceBusy(f"{name} exists: attach and drain it before reclaiming")
             else:
                 assert ring.name == name, f"{ring.name} is not the ring of slot {slot}"
@@ -280,31 +324,15 @@ class Registry:
 
     def repair_lock(self, clock: Clock | None = None) -> bool:
         """Release the lock if its holder died holding it: the recorded holder is dead, or none
-        is recorded for a whole `lock_timeout` (a holder killed between acquiring and recording
+        is recorded for a whole `lock.timeout` (a holder killed between acquiring and recording
         itself, or between clearing and releasing; a live one passes there in microseconds).
-        Controller (and cleanup) only: two repairers at once could both release it."""
-        owner = self._word(LOCK_OWNER)
-        if self._sem.value != 0 or (owner and liveness.alive(owner)):
-            return False
-        if not owner and not self._unrecorded_for(self.lock_timeout, clock or MonotonicClock()):
-            return False
-        if self._word(LOCK_OWNER) != owner:  # released meanwhile: not that dead holder's any more
-            return False
-        self._set(LOCK_OWNER, 0)
-        self._sem.release()
-        return True
-
-    def _unrecorded_for(self, seconds: float, clock: Clock) -> bool:
-        """The lock stays held with no holder recorded for `seconds`."""
-        deadline = clock.now() + seconds
-        while clock.now() < deadline:
-            if self._sem.value != 0 or self._word(LOCK_OWNER):
-                return False
-            clock.sleep(0.001)
-        return True
+        Two repairers at once are serialised (lock.py): the lock is released once."""
+        return self.lock.repair(self.segment, clock)
 
     def retire(self) -> None:
-        """Close the namespace for good (before cleanup unlinks it); refuses while anyone lives."""
+        """Close the namespace for good (before cleanup unlinks it), recording this process as
+        its closer; refuses while anyone lives."""
+        me = liveness.current()
         with self._locked():
             owner = self._word(CONTROLLER)
             if liveness.alive(owner):
@@ -316,48 +344,37 @@ class Registry:
                         f"namespace {self.namespace!r} has a live worker, pid "
                         f"{liveness.pid_of(ident)} (slot {slot})"
                     )
-            self._set(CLOSED, 1)
+            self._set(CLOSED, me)
 
     def close(self) -> None:
-        self._sem.close()
+        self.lock.close()
         self.segment.close()
 
     def unlink(self) -> None:
-        """Remove the control segment and its lock (the owner, or cleanup, only)."""
+        """Remove the lock, then the control segment (the owner only; `cleanup` otherwise):
+        each only while its name still stands for the object this registry opened."""
+        self.lock.unlink()
         self.segment.unlink()
-        unlink_lock(self.namespace)
 
     # internals
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        me = liveness.current()  # before acquiring: a holder killed unrecorded costs a repair wait
-        try:
-            self._sem.acquire(self.lock_timeout)
-        except posix_ipc.BusyError:
-            owner = self._word(LOCK_OWNER)
-            state = "alive" if liveness.alive(owner) else "dead: the controller or cleanup frees it"
-            raise NamespaceBusy(
-                f"the lock of namespace {self.namespace!r} is held over {self.lock_timeout} s by "
-                f"pid {liveness.pid_of(owner)} ({state})"
-            ) from None
-        self._set(LOCK_OWNER, me)
-        try:
-            yield
-        finally:
-            self._set(LOCK_OWNER, 0)
-            self._sem.release()
+    def _locked(self) -> AbstractContextManager[None]:
+        return self.lock.held()
 
     def _row(self, slot: int) -> tuple[int, ...]:
         return tuple(self._slot_word(slot, offset) for offset in _ROW)
 
     def _info(self, slot: int, row: tuple[int, ...]) -> SlotInfo:
-        state, ident, device, generation, heartbeat, applied, dropped = row
+        word, ident, device, generation, heartbeat, applied, dropped = row
+        try:
+            state = SlotState(word)
+        except ValueError:
+            state = SlotState.CORRUPT
+        if state != SlotState.FREE and device > MAX_DEVICE:
+            state = SlotState.CORRUPT
         alive = state == SlotState.ACTIVE and liveness.alive(ident)
         pid = liveness.pid_of(ident)
-        return SlotInfo(
-            slot, SlotState(state), pid, alive, device, generation, heartbeat, applied, dropped
-        )
+        return SlotInfo(slot, state, pid, alive, device, generation, heartbeat, applied, dropped)
 
     def _word(self, offset: int) -> int:
         return self._words[offset // 8]
@@ -376,7 +393,8 @@ def _slot_size(mailbox_capacity: int) -> int:
     return REQUESTS + 2 * Mailbox.size(mailbox_capacity)
 
 
-def unlink_lock(namespace: str) -> None:
-    """Remove the namespace's semaphore (the registry's creator, or cleanup, only)."""
-    with suppress(posix_ipc.ExistentialError):
-        posix_ipc.unlink_semaphore(names.lock(namespace))
+def _fits(slots: int, capacity: int) -> bool:
+    """Header constants within the layout's bounds."""
+    return 1 <= slots <= MAX_SLOTS and LINE <= capacity <= MAX_MAILBOX_CAPACITY and not (
+        capacity % LINE
+    )

@@ -13,7 +13,9 @@ torn, and a writer killed mid-message has not posted it. Every worker slot has t
 (worker -> controller: profile registration) and replies (controller -> worker: result or error).
 
 Protocol helpers: a reply is either a result map or `error_reply(exc)`, and `raise_for_error`
-re-raises the latter in the worker as the same typed exception (e.g. ProfileMismatch).
+re-raises the latter in the worker as the same typed exception (e.g. ProfileMismatch). An error
+reply's message is cut to MAX_MESSAGE characters, so it fits any mailbox of the default size
+whatever the request held.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from gearshift.shm import codec
 from gearshift.shm.segment import Segment, fence
 
 POSTED, TAKEN, LENGTH, PAYLOAD = 0, 8, 16, 64  # offsets inside a mailbox
+MAX_MESSAGE = 1024  # characters of an error reply's message
 _REMOTE = (ProfileMismatch, ShapeError, PayloadError, NamespaceBusy)  # one-argument errors
 _REMOTE_ERRORS = {cls.__name__: cls for cls in _REMOTE}
 
@@ -91,7 +94,10 @@ class Mailbox:
 
 def error_reply(exc: GearshiftError) -> dict:
     """A reply that makes `raise_for_error` raise `exc`'s type with its message in the worker."""
-    return {"error": type(exc).__name__, "message": str(exc)}
+    message = str(exc)
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 3] + "..."
+    return {"error": type(exc).__name__, "message": message}
 
 
 def raise_for_error(reply: dict) -> dict:

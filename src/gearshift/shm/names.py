@@ -23,11 +23,18 @@ _VALID = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_NAMESPACE}}}")
 
 
 def validate(namespace: str) -> str:
-    """Return `namespace` if it is 1..64 characters of [A-Za-z0-9_.-]; else NamespaceError."""
-    if not isinstance(namespace, str) or not _VALID.fullmatch(namespace):
+    """Return `namespace` if it is 1..64 characters of [A-Za-z0-9_.-], not `.` or `..` (it also
+    names the default state directory); else NamespaceError."""
+    if (
+        not isinstance(namespace, str)
+        or not _VALID.fullmatch(namespace)
+        or namespace in (".", "..")
+    ):
         raise NamespaceError(
-            f"invalid namespace {namespace!r}: use 1..{MAX_NAMESPACE} characters of "
-            "letters, digits, '_', '.', '-' (no '/')"
+            f"invalid namespace {namespace[:80]!r}: use 1..{MAX_NAMESPACE} characters of "
+            "letters, digits, '_', '.', '-' (no '/'), other than '.' and '..'"
+            if isinstance(namespace, str)
+            else f"invalid namespace: a string is needed, got {type(namespace).__name__}"
         )
     return namespace
 

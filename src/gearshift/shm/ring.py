@@ -51,6 +51,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gearshift.core.dims import MAX_DIMS
 from gearshift.errors import LayoutError
 from gearshift.shm import names
 from gearshift.shm.segment import WEAK_ORDERING, Segment, fence
@@ -61,8 +62,8 @@ CAPACITY, RECORD_SIZE = 2, 3  # header constant word indices
 HEAD, TAIL, DROPPED = 64, 128, 192  # byte offsets, one cache line each
 _HEAD, _TAIL, _DROPPED = HEAD // 8, TAIL // 8, DROPPED // 8  # their word indices
 RECORDS = 256
-MAX_DIMS = 4
 DEFAULT_CAPACITY = 1 << 16
+MAX_CAPACITY = 1 << 22  # the largest capacity an attacher accepts (256 MiB of records)
 
 
 class Kind(enum.IntEnum):
@@ -95,8 +96,9 @@ _ZEROS = (0,) * MAX_DIMS
 
 
 def meta(profile: int, version: int, kind: int, ndim: int) -> int:
-    """Bytes 40..47 of a record (version, profile, kind, ndim) as one word."""
-    return version | profile << 32 | kind << 48 | ndim << 56
+    """Bytes 40..47 of a record (version, profile, kind, ndim) as one word; the version is
+    taken modulo 2**32 (its field's width), so it never spills into the profile id."""
+    return version & 0xFFFFFFFF | profile << 32 | kind << 48 | ndim << 56
 
 
 def counts(chunks: Sequence[int]) -> int:
@@ -128,18 +130,23 @@ class EventRing:
     @classmethod
     def create(cls, namespace: str, slot: int, capacity: int = DEFAULT_CAPACITY) -> EventRing:
         """Create the ring (by the worker that claimed `slot`); capacity is a power of two."""
-        if capacity < 1 or capacity & (capacity - 1):
-            raise ValueError(f"ring capacity must be a power of two, got {capacity}")
+        if not 1 <= capacity <= MAX_CAPACITY or capacity & (capacity - 1):
+            raise ValueError(
+                f"ring capacity must be a power of two up to {MAX_CAPACITY}, got {capacity}"
+            )
         size = RECORDS + capacity * RECORD
         segment = Segment.create(names.ring(namespace, slot), size)
         return cls(segment.seal(MAGIC, LAYOUT, (capacity, RECORD)))
 
     @classmethod
-    def attach(cls, namespace: str, slot: int) -> EventRing:
-        """Attach an existing ring (the controller); FileNotFoundError if there is none."""
-        segment = Segment.attach(names.ring(namespace, slot), MAGIC, LAYOUT)
+    def attach(cls, namespace: str, slot: int, timeout: float = 1.0) -> EventRing:
+        """Attach an existing ring (the controller); FileNotFoundError if there is none,
+        Unsealed if its creator has not sealed it within `timeout` (0: the controller, which
+        never waits on a worker and retries at its next scan)."""
+        segment = Segment.attach(names.ring(namespace, slot), MAGIC, LAYOUT, timeout=timeout)
         capacity, record = segment.words[CAPACITY], segment.words[RECORD_SIZE]
-        valid = capacity > 0 and not capacity & (capacity - 1) and record == RECORD
+        valid = 0 < capacity <= MAX_CAPACITY and not capacity & (capacity - 1)
+        valid = valid and record == RECORD
         return cls(segment.require(valid, RECORDS + capacity * RECORD))
 
     @property

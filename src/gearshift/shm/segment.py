@@ -7,29 +7,42 @@ Every segment starts with one 64-byte line:
     8       8     layout     creator, before magic
     16      48    constants  creator, before magic (capacity, sizes: the structure's own)
 
-Segments are created exclusively (O_CREAT|O_EXCL) with mode 0600. Attaching checks magic and
+Segments are created exclusively (O_CREAT|O_EXCL) with mode 0600. Creating or attaching checks
+the object's owner first (`owned`): another user's object, or one with group or other mode bits,
+is a NotOwned refusal naming it and its owner, never mapped. Attaching then checks magic and
 layout version: a wrong magic (another structure, garbage) or another layout version is a
 LayoutError, never a misread. Nothing is unlinked implicitly (no resource tracker, no atexit):
 `unlink` is an explicit act of the segment's owner, which is its creator or, once the creator is
-provably dead, the controller (`Registry.reclaim`) or `cleanup`.
+provably dead, the controller (`Registry.reclaim`) or `cleanup`, and it removes the name only
+while it still names the object this process mapped (same inode).
 
 All cross-process publishing goes through `words[i] = v`: memoryview(mm).cast('Q') stores are
 one aligned 8-byte memcpy, not torn on x86-64; struct.pack_into is not. The
-stores are in program order on x86-64 (TSO); `fence()` orders them on weakly ordered CPUs.
+stores are in program order on x86-64 (TSO); `fence()` orders them on weakly ordered CPUs,
+where it is a sequentially consistent thread fence (`atomicshm.fence`, a `dmb ish` on aarch64:
+every access before it is ordered before every access after it). A lock acquire/release pair
+would not do: an acquire keeps later accesses after it and a release earlier ones before it,
+but a store after the release (a ring's head) may still pass stores before the acquire (its
+record). Without atomicshm (not installed on a weakly ordered host) the lock pair stays, with
+a warning.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+import logging
 import mmap
+import os
 import platform
+import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import posix_ipc
 
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.errors import LayoutError, NamespaceBusy
+from gearshift.errors import LayoutError, NamespaceBusy, NotOwned, Unsealed
 
 LINE = 64  # cache line: words written by different processes live on different lines
 SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory and semaphores
@@ -40,30 +53,91 @@ WEAK_ORDERING = platform.machine().lower() not in {"x86_64", "amd64", "i386", "i
 _fence_lock = threading.Lock()
 
 
-def fence() -> None:
-    """Full memory barrier on weakly ordered CPUs (a lock acquire/release pair); free on x86."""
-    if WEAK_ORDERING:
-        with _fence_lock:
-            pass
+def full_fence(weak: bool) -> Callable[[], None]:
+    """The fence of a CPU that orders stores (`weak` False: nothing to do) or does not."""
+    if not weak:
+        return lambda: None
+    try:
+        import atomicshm
+    except ImportError:
+        logging.getLogger(__name__).warning(
+            "atomicshm is not installed: shared-memory fences are a lock acquire/release "
+            "pair, not a full barrier, on this %s host", platform.machine())
+
+        def locked() -> None:
+            with _fence_lock:
+                pass
+
+        return locked
+    return functools.partial(atomicshm.fence, atomicshm.SEQ_CST)
+
+
+fence = full_fence(WEAK_ORDERING)
+fence.__doc__ = "Full memory barrier on weakly ordered CPUs; free on x86 (module docstring)."
+
+
+Inode = tuple[int, int]  # (st_dev, st_ino): which object a name stands for
+
+
+def path(name: str) -> str:
+    """The file of shared-memory object `name` (`/x` -> /dev/shm/x)."""
+    return os.path.join(SHM_DIR, name.lstrip("/"))
+
+
+def owned(name: str, info: os.stat_result) -> Inode:
+    """The object's inode if this user owns it alone (our euid, no group or other mode bits);
+    else NotOwned naming it, its owner and its mode."""
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid == os.geteuid() and not mode & 0o077:
+        return info.st_dev, info.st_ino
+    raise NotOwned(
+        f"shared-memory object {name} belongs to uid {info.st_uid} with mode {mode:04o}; "
+        f"gearshift uses only objects of its own user (uid {os.geteuid()}) with mode 0600"
+    )
+
+
+def is_ours(name: str, info: os.stat_result) -> bool:
+    """`owned` as a question."""
+    try:
+        owned(name, info)
+    except NotOwned:
+        return False
+    return True
+
+
+def stat_of(name: str) -> os.stat_result | None:
+    """The object's stat, None if it does not exist."""
+    try:
+        return os.stat(path(name))
+    except FileNotFoundError:
+        return None
 
 
 class Segment:
-    """One mapped segment. Views of `mm` made by its user must be dropped before `close`."""
+    """One mapped segment. Views of `mm` made by its user must be dropped before `close`;
+    `inode` is the object mapped (see `unlink`)."""
 
-    def __init__(self, name: str, mm: mmap.mmap) -> None:
+    def __init__(self, name: str, mm: mmap.mmap, inode: Inode) -> None:
         self.name = name
         self.mm = mm
+        self.inode = inode
         self.words = memoryview(mm).cast("Q")
 
     @classmethod
     def create(cls, name: str, size: int) -> Segment:
-        """Create `name` (0600, exclusive, zeroed, unsealed); NamespaceBusy if it exists."""
+        """Create `name` (0600, exclusive, zeroed, unsealed); NamespaceBusy if it exists
+        (NotOwned if it is another user's)."""
         assert size % LINE == 0
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
         except posix_ipc.ExistentialError:
+            info = stat_of(name)
+            if info is not None:
+                owned(name, info)
             raise NamespaceBusy(f"shared-memory object {name} already exists") from None
-        return cls(name, _map(shm))
+        except posix_ipc.PermissionsError:
+            raise _foreign(name) from None
+        return cls(name, *_map(name, shm))
 
     def seal(self, magic: int, layout: int, constants: Sequence[int]) -> Segment:
         """Write the header, magic last: from then on `attach` accepts the segment."""
@@ -84,10 +158,11 @@ class Segment:
         clock: Clock | None = None,
         timeout: float = 1.0,
     ) -> Segment:
-        """Map an existing segment after checking its header.
+        """Map an existing segment after checking its owner and header.
 
-        Waits up to `timeout` for a creator that is still initialising it; FileNotFoundError if
-        it does not exist, LayoutError if its magic or layout version is not `magic`/`layout`.
+        Waits up to `timeout` (0: not at all) for a creator that is still initialising it
+        (then Unsealed); FileNotFoundError if it does not exist, NotOwned if it is not this
+        user's alone, LayoutError if its magic or layout version is not `magic`/`layout`.
         """
         clock = clock or MonotonicClock()
         deadline = clock.now() + timeout
@@ -97,17 +172,20 @@ class Segment:
             except posix_ipc.ExistentialError:
                 raise FileNotFoundError(errno.ENOENT, "no shared-memory object", name) from None
             except posix_ipc.PermissionsError:
-                raise PermissionError(errno.EACCES, "shared-memory object not ours", name) from None
+                raise _foreign(name) from None
             if shm.size >= LINE:
-                segment = cls(name, _map(shm))
+                segment = cls(name, *_map(name, shm))
                 found = segment.words[MAGIC]
                 if found:
                     break
                 segment.close()
             else:
-                shm.close_fd()
+                try:
+                    owned(name, os.fstat(shm.fd))
+                finally:
+                    shm.close_fd()
             if clock.now() >= deadline:
-                raise LayoutError(f"{name}: not initialised by its creator within {timeout} s")
+                raise Unsealed(f"{name}: not initialised by its creator within {timeout} s")
             clock.sleep(0.001)
         found_layout = segment.words[LAYOUT]
         if found != magic or found_layout != layout:
@@ -132,11 +210,21 @@ class Segment:
         self.mm.close()
 
     def unlink(self) -> bool:
-        return unlink(self.name)
+        """Remove the name if it still names this segment; False if it is gone or names
+        another object now."""
+        return unlink(self.name, self.inode)
 
 
-def unlink(name: str) -> bool:
-    """Remove shared-memory object `name`; False if it was already gone."""
+def unlink(name: str, inode: Inode | None = None) -> bool:
+    """Remove shared-memory object `name` if it is this user's (and, given `inode`, still that
+    object); False if it was already gone or is another object. NotOwned if it is foreign.
+
+    /dev/shm is sticky: no other user can remove or replace the name between the check and
+    the removal (a process of this user could, within those microseconds)."""
+    info = stat_of(name)
+    if info is None or (inode is not None and (info.st_dev, info.st_ino) != inode):
+        return False
+    owned(name, info)
     try:
         posix_ipc.unlink_shared_memory(name)
     except posix_ipc.ExistentialError:
@@ -145,15 +233,26 @@ def unlink(name: str) -> bool:
 
 
 def exists(name: str) -> bool:
-    try:
-        posix_ipc.SharedMemory(name).close_fd()
-    except posix_ipc.ExistentialError:
-        return False
-    return True
+    """Whether an object of that name exists (whoever owns it)."""
+    return stat_of(name) is not None
 
 
-def _map(shm: posix_ipc.SharedMemory) -> mmap.mmap:
+def _foreign(name: str) -> NotOwned:
+    """The refusal of an object this user may not open."""
+    info = stat_of(name)
+    if info is None:  # gone meanwhile: name it all the same
+        return NotOwned(f"shared-memory object {name} is not accessible to uid {os.geteuid()}")
     try:
-        return mmap.mmap(shm.fd, shm.size)
+        owned(name, info)
+    except NotOwned as e:
+        return e
+    return NotOwned(f"shared-memory object {name} is not accessible to uid {os.geteuid()}")
+
+
+def _map(name: str, shm: posix_ipc.SharedMemory) -> tuple[mmap.mmap, Inode]:
+    """Map an opened object after checking its owner on the descriptor itself."""
+    try:
+        inode = owned(name, os.fstat(shm.fd))
+        return mmap.mmap(shm.fd, shm.size), inode
     finally:
         shm.close_fd()

@@ -17,7 +17,11 @@ Every word is one aligned 8-byte store, in this order (`fence()` on weakly order
 
 Why a reader never accepts a torn payload: it reads v and b from state, then seq[b], the
 payload, and seq[b] again, and accepts only if both reads of seq equal 2v (unchanged across the
-read; versions only grow, so a seq value never comes back) and the crc32 matches. The writer
+read; versions only grow, so a seq value never comes back) and the crc32 matches. A copy under a
+seq that stayed 2v was not being written, so a crc32 that fails then, or a length over the
+capacity, means the buffer is corrupt: PayloadError at once, no retry; a reader copies a
+payload at most COPY_ATTEMPTS times (then PayloadError), and capacities beyond MAX_CAPACITY are
+refused at attach, so one read costs a bounded time whatever the header says. The writer
 touches buffer b again only in the publish after next, and marks it odd first, so a copy taken
 while it was being rewritten is always refused and retried. A publish in progress never
 touches the current version's buffer, so readers, including one that starts mid-write, get the
@@ -29,7 +33,8 @@ Worker API: `version()` is one 8-byte read ("has it changed?"); `read()` returns
 `Snapshot(version, payload)`, or None before the first publish. Controller API:
 `publish(payload, at_least=0)` encodes msgpack, refuses a payload over `capacity` with
 PayloadError, and returns the new version: the current one + 1, or `at_least` if larger (a
-restarted controller keeps its versions increasing). `create`/`attach` name the region by
+restarted controller keeps its versions increasing), at most MAX_VERSION (the 32 bits a ring
+record carries; PayloadError beyond). `create`/`attach` name the region by
 device; `create_named`/`attach_named` take any name of the namespace (the status region).
 """
 
@@ -50,7 +55,10 @@ _STATE = STATE // 8  # its word index
 BUFFERS = 128
 SEQ, LENGTH, CRC, PAYLOAD = 0, 8, 16, 64  # offsets inside a buffer
 DEFAULT_CAPACITY = 256 * 1024
-READ_ATTEMPTS = 1000  # a read retries at most this often before it calls the region corrupt
+MAX_CAPACITY = 16 << 20  # the largest capacity an attacher accepts
+MAX_VERSION = 0xFFFFFFFF  # versions fit the 32-bit version field of a ring record
+READ_ATTEMPTS = 1000  # a read re-reads state at most this often before it calls the region corrupt
+COPY_ATTEMPTS = 16  # ... and copies a payload at most this often
 
 
 class Snapshot(NamedTuple):
@@ -94,8 +102,10 @@ class SnapshotRegion:
 
     @classmethod
     def create_named(cls, name: str, capacity: int = DEFAULT_CAPACITY) -> SnapshotRegion:
-        if capacity < LINE or capacity % LINE:
-            raise ValueError(f"snapshot capacity must be a positive multiple of {LINE}")
+        if not LINE <= capacity <= MAX_CAPACITY or capacity % LINE:
+            raise ValueError(
+                f"snapshot capacity must be a multiple of {LINE} up to {MAX_CAPACITY}"
+            )
         segment = Segment.create(name, BUFFERS + 2 * (PAYLOAD + capacity))
         return cls(segment.seal(MAGIC, LAYOUT, (capacity,)))
 
@@ -103,7 +113,7 @@ class SnapshotRegion:
     def attach_named(cls, name: str) -> SnapshotRegion:
         segment = Segment.attach(name, MAGIC, LAYOUT)
         capacity = segment.words[CAPACITY]
-        valid = capacity > 0 and capacity % LINE == 0
+        valid = LINE <= capacity <= MAX_CAPACITY and capacity % LINE == 0
         return cls(segment.require(valid, BUFFERS + 2 * (PAYLOAD + capacity)))
 
     def version(self) -> int:
@@ -111,24 +121,39 @@ class SnapshotRegion:
         return self._words[_STATE] >> 2
 
     def read(self) -> Snapshot | None:
-        """The latest published snapshot, never a torn one; PayloadError if it stays corrupt."""
+        """The latest published snapshot, never a torn one; PayloadError if it is corrupt (or
+        stays inconsistent over the attempts)."""
+        name, words, copies = self.segment.name, self._words, 0
         for _ in range(READ_ATTEMPTS):
-            state = self._words[_STATE]
+            state = words[_STATE]
             version = state >> 2
             if version == 0:
                 return None
             base = self._buffer((state >> 1) & 1)
-            seq = self._words[base // 8]
+            seq = words[base // 8]
             if seq != 2 * version:  # the writer is already rewriting this buffer: re-read state
                 continue
             fence()
-            length = min(self._words[(base + LENGTH) // 8], self.capacity)
-            crc = self._words[(base + CRC) // 8]
-            data = self._mm[base + PAYLOAD : base + PAYLOAD + length]
+            length, crc = words[(base + LENGTH) // 8], words[(base + CRC) // 8]
+            if length > self.capacity:
+                data = b""
+            else:
+                data = self._mm[base + PAYLOAD : base + PAYLOAD + length]
+                copies += 1
             fence()
-            if self._words[base // 8] == seq and zlib.crc32(data) == crc:
-                return Snapshot(version, codec.unpack(data, self.capacity))
-        raise PayloadError(f"{self.segment.name}: no consistent snapshot in {READ_ATTEMPTS} reads")
+            if words[base // 8] != seq:  # rewritten meanwhile: the copy may be torn
+                if copies >= COPY_ATTEMPTS:
+                    break
+                continue
+            if length > self.capacity:
+                raise PayloadError(
+                    f"{name}: version {version}: length {length} exceeds the capacity "
+                    f"{self.capacity}"
+                )
+            if zlib.crc32(data) != crc:
+                raise PayloadError(f"{name}: version {version} fails its crc32 (corrupt)")
+            return Snapshot(version, codec.unpack(data, self.capacity))
+        raise PayloadError(f"{name}: no consistent snapshot in {READ_ATTEMPTS} reads")
 
     def publish(self, payload: object, at_least: int = 0) -> int:
         """Publish `payload` as version max(current + 1, at_least) and return it (one writer)."""
@@ -140,6 +165,8 @@ class SnapshotRegion:
             )
         state = self._words[_STATE] & ~1  # a writer that died mid-publish left the bit set
         version = max((state >> 2) + 1, at_least)
+        if version > MAX_VERSION:
+            raise PayloadError(f"{self.segment.name}: version {version} exceeds {MAX_VERSION}")
         target = 1 - ((state >> 1) & 1)
         base = self._buffer(target)
         self._words[_STATE] = state | 1

@@ -22,11 +22,12 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim, Gears, ladder, padded_cost, padded_work
 from gearshift.core.optimal import optimal_sets
 from gearshift.core.round import DeviceLedger, ProfileLedger, decide_round
-from gearshift.errors import ShapeError
+from gearshift.errors import ShapeError, TraceError
 from gearshift.tools.trace import Trace
 
 POLICIES = ("adaptive", "static", "pow2", "optimal")
 SPLITTABLE = frozenset({"BATCHSIZE"})
+MAX_CHECKS = 10**7  # decision checks of one replay: its segments are arrays of this length
 PROFILE = "trace"  # the one profile of a replay: every trace column is one of its dims
 
 
@@ -122,9 +123,10 @@ def policy_dims(
 
     Bounds `[1, M]`, M the column's largest value (the tightest server limit the trace admits;
     or the largest given gear, if larger); default gears (adaptive, static): the Dim's default
-    ladder `ladder(1, M)`, the powers of two below M, plus M. `pow2`: the power-of-two ladder
-    up to P, the smallest power of two >= M (bounds `[1, P]`); `optimal`: the hindsight-optimal
-    K gears of the column (default K: as many as either ladder, which hold as many gears).
+    ladder `ladder(1, M)`, the powers of two below M, plus M. `pow2`: that ladder, always (the
+    power-of-two expansion of `[1, M]` as the reference implementation makes it, ending at M
+    as the adaptive start does); `optimal`: the hindsight-optimal K gears of the column
+    (default K: as many as the ladder holds).
     `BATCHSIZE` is splittable, other dims not. `cost` sets a dim's `Dim.cost`: the policy, and
     the optimum, minimise padded cost."""
     gears, k, splittable = dict(gears or {}), dict(k or {}), dict(splittable or {})
@@ -147,9 +149,7 @@ def policy_dims(
         peak = int(values.max())
         initial = gears.get(name) or ladder(1, peak)
         priced = Dim(cost=cost.get(name, Dim.cost))
-        if policy == "pow2":
-            initial = ladder(1, 1 << (peak - 1).bit_length())
-        elif policy == "optimal":
+        if policy == "optimal":
             count = k.get(name, len(ladder(1, peak)))
             initial = optimal_sets(values, count, cost=priced.work).gears(count)
         split = splittable.get(name, name in SPLITTABLE)
@@ -164,6 +164,9 @@ def simulate(
     t = trace.t - trace.t[0]
     end = float(t[-1])
     interval = config.check_interval_seconds
+    if end / interval > MAX_CHECKS:
+        raise TraceError(f"{trace.name}: {end:.3g} s of trace is over {MAX_CHECKS:,} checks of "
+                         f"{interval:g} s (raise check_interval_seconds, or cut the trace)")
     checks = interval * np.arange(1, int(end // interval) + 1)
     cuts = np.r_[0, np.searchsorted(t, checks, side="left"), t.size]
     starts = np.r_[0.0, checks]

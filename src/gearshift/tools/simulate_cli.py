@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from collections.abc import Iterable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -29,7 +29,8 @@ from gearshift.tools.trace import Trace, load_trace
     default="adaptive",
     show_default=True,
     help="adaptive: the policy, from the initial gears; static: the initial gears "
-    "kept; pow2: the power-of-two ladder covering the trace; optimal: the "
+    "kept; pow2: the power-of-two ladder below the trace's largest value, and it (where "
+    "the adaptive start ends); optimal: the "
     "hindsight-optimal K gears per dim.",
 )
 @click.option(
@@ -66,7 +67,8 @@ from gearshift.tools.trace import Trace, load_trace
 @click.option(
     "--plot",
     metavar="OUT.png",
-    help="Write gears and padding over time, one column per dim (needs matplotlib).",
+    help="Also write gears and padding over time to OUT.png, one column per dim (needs the "
+    "plot extra: pip install 'gearshift[plot]'; checked before the replay).",
 )
 def simulate(
     trace: str,
@@ -80,19 +82,22 @@ def simulate(
     as_json: bool,
     plot: str | None,
 ) -> None:
-    """Replay TRACE (a CSV path or a shipped trace name) through a gear policy.
+    """Replay a trace through a gear policy in virtual time.
 
+    TRACE is a CSV path or a shipped trace name.
     The trace runs in virtual time with the controller's cadence: the policy is
     checked every check_interval_seconds of trace time. Each column is one dim
-    with bounds [1, its largest value] ([1, the first power of two >= it] for
-    pow2). Reports, per
+    with bounds [1, its largest value]. Reports, per
     dim, padding_overhead = padded work / raw work - 1 (a split request's padded
     work is the sum of its chunks' gears, an eager one's its raw size),
     cost_overhead (the same in the dim's --cost), mean_gears (time-weighted), final
     gears, adds, evictions, churn per hour, split and eager events; --json also lists
-    every decision with its reason.
+    every decision with its reason. The table gives the overheads in percent, --json as
+    ratios (0.25 is 25 %).
     """
     began = time.perf_counter()
+    if plot:
+        _pyplot()  # before the replay: a missing extra fails at once
     try:
         config = load_policy_config(config_path, overrides)
         data = load_trace(trace)
@@ -119,6 +124,7 @@ def simulate(
         click.echo(_table(result, summary["dims"], policy, wall, priced=bool(cost)))
     if plot:
         _plot(result, plot)
+        click.echo(f"wrote gears and padding over time to {plot}", err=True)
 
 
 def _fail(error: Exception, code: int) -> NoReturn:
@@ -189,16 +195,17 @@ def _table(
         f"{'evicts':>8}{'churn/h':>9}{'split':>7}{'eager':>7}  final gears",
     ]
     for name, d in dims.items():
-        cost = f"{d['cost_overhead']:>9.4f}" if priced else f"{'':>9}"
+        cost = f"{d['cost_overhead']:>9.2%}" if priced else f"{'':>9}"
         lines.append(
-            f"{name:<12}{d['padding_overhead']:>9.4f}{cost}{d['mean_gears']:>12.2f}{d['adds']:>6}"
+            f"{name:<12}{d['padding_overhead']:>9.2%}{cost}{d['mean_gears']:>12.2f}{d['adds']:>6}"
             f"{d['evictions']:>8}{d['churn_per_hour']:>9.1f}{d['split_events']:>7}"
             f"{d['eager_events']:>7}  {','.join(map(str, d['final_gears']))}"
         )
     return "\n".join(lines)
 
 
-def _plot(result: replay.SimulationResult, path: str) -> None:
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend; exit status 1 without the plot extra."""
     try:
         import matplotlib
 
@@ -206,6 +213,25 @@ def _plot(result: replay.SimulationResult, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         _fail(RuntimeError("--plot needs matplotlib: pip install 'gearshift[plot]'"), EXIT_ERROR)
+    return plt
+
+
+def _plot(result: replay.SimulationResult, path: str) -> None:
+    plt = _pyplot()
+    fig = figure(result)
+    try:
+        fig.savefig(path)
+    except OSError as e:
+        _fail(e, EXIT_ERROR)
+    finally:
+        plt.close(fig)
+
+
+def figure(result: replay.SimulationResult) -> Any:
+    """Gears (top, log scale, integer ticks) and padding (bottom, in percent) over time, a
+    column per dim."""
+    import matplotlib
+    import matplotlib.pyplot as plt
     import numpy as np
 
     minutes = (np.r_[result.starts, result.starts[0] + result.duration] - result.starts[0]) / 60
@@ -222,7 +248,8 @@ def _plot(result: replay.SimulationResult, path: str) -> None:
             linewidth=1.5,
         )
         top.set_yscale("log", base=2)
-        top.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        top.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_tick))
+        top.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         top.set(ylabel="gear", title=f"{result.trace} {name}")
         with np.errstate(divide="ignore", invalid="ignore"):
             pad = d.segment_padded / d.segment_raw - 1
@@ -231,14 +258,15 @@ def _plot(result: replay.SimulationResult, path: str) -> None:
             d.padding_overhead,
             linestyle="--",
             color="gray",
-            label=f"overall {d.padding_overhead:.3f}",
+            label=f"overall {d.padding_overhead:.1%}",
         )
+        bottom.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         bottom.set(xlabel="minutes", ylabel="padding overhead")
         bottom.legend()
     fig.tight_layout()
-    try:
-        fig.savefig(path)
-    except OSError as e:
-        _fail(e, EXIT_ERROR)
-    finally:
-        plt.close(fig)
+    return fig
+
+
+def _tick(value: float, _: int) -> str:
+    """A gear axis tick: gears are ints (1, 2, 4, not 1.0, 2.0, 4.0); none below 1."""
+    return f"{value:.0f}" if value >= 1 else ""

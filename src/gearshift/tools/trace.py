@@ -3,7 +3,8 @@
 Column `t` holds seconds (float, non-decreasing); every other column is one dim
 named like an identifier (`SEQLEN`, `BATCHSIZE`) holding positive int sizes,
 except the optional `mem_usage`: the device memory usage reading (0..1) at that
-time. Any violation is a TraceError naming the file, column and line.
+time. Blank lines and `#` comments are skipped. Any violation is a TraceError naming the file,
+the line (as an editor numbers it, the header being line 1) and the column.
 """
 
 from __future__ import annotations
@@ -72,17 +73,17 @@ def load_trace(source: str | Path) -> Trace:
         try:
             with warnings.catch_warnings():  # an empty body is reported below
                 warnings.simplefilter("ignore", UserWarning)
-                table = np.loadtxt(f, delimiter=",", dtype=np.float64, ndmin=2)
-        except ValueError as e:
-            raise TraceError(f"{path}: malformed data: {e}") from None
+                table = np.loadtxt(f, delimiter=",", dtype=np.float64, ndmin=2, comments="#")
+        except ValueError:
+            table = None  # numpy's message numbers rows, not lines: find the line ourselves
+    if table is None or (table.size and table.shape[1] != len(header)):
+        raise _malformed(path, header)
     if table.shape[0] == 0:
         raise TraceError(f"{path}: no events")
-    if table.shape[1] != len(header):
-        raise TraceError(f"{path}: {table.shape[1]} values per row, header has {len(header)}")
     columns = dict(zip(header, table.T, strict=True))
     t = columns.pop("t")
     _first_bad(path, "t", ~np.isfinite(t), t, "is not a finite number")
-    _first_bad(path, "t", np.r_[False, np.diff(t) < 0], t, "is earlier than the row before")
+    _first_bad(path, "t", np.r_[False, np.diff(t) < 0], t, "is earlier than the event before")
     mem = columns.pop(MEM_COLUMN, None)
     if mem is not None:
         _first_bad(path, MEM_COLUMN, ~((mem >= 0) & (mem <= 1)), mem, "is outside [0, 1]")
@@ -92,6 +93,7 @@ def load_trace(source: str | Path) -> Trace:
             path, name, ~(np.isfinite(col) & (col == np.floor(col))), col, "is not an integer size"
         )
         _first_bad(path, name, col < 1, col, "is not a positive size")
+        _first_bad(path, name, col >= 2.0**63, col, "is too large for a size (below 2**63)")
         dims[name] = col.astype(np.int64)
     return Trace(path.stem, t, dims, mem)
 
@@ -108,7 +110,35 @@ def _check_header(path: Path, header: list[str]) -> None:
         raise TraceError(f"{path}: no dim column, only {','.join(header)}")
 
 
+def _data_lines(path: Path) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of every data line: after the header, without blank lines and
+    comments, as `np.loadtxt` reads them."""
+    with open(path) as f:
+        lines = list(enumerate(f, 1))[1:]
+    stripped = ((n, line.split("#", 1)[0].strip()) for n, line in lines)
+    return [(n, [v.strip() for v in text.split(",")]) for n, text in stripped if text]
+
+
+def _malformed(path: Path, header: list[str]) -> TraceError:
+    """The first data line with another number of values than the header, or a value that is
+    not a number."""
+    for n, values in _data_lines(path):
+        if len(values) != len(header):
+            return TraceError(
+                f"{path}: line {n}: {len(values)} value{'s' * (len(values) != 1)}, the header "
+                f"has {len(header)} "
+                f"({','.join(header)})"
+            )
+        for column, value in zip(header, values, strict=True):
+            try:
+                float(value)
+            except ValueError:
+                return TraceError(f"{path}: line {n}: {column}={value!r} is not a number")
+    return TraceError(f"{path}: malformed data")
+
+
 def _first_bad(path: Path, column: str, bad: np.ndarray, col: np.ndarray, what: str) -> None:
     if bad.any():
         i = int(np.argmax(bad))
-        raise TraceError(f"{path}: line {i + 2}: {column}={col[i]:g} {what}")
+        line = _data_lines(path)[i][0]
+        raise TraceError(f"{path}: line {line}: {column}={col[i]:g} {what}")

@@ -14,7 +14,12 @@ from gearshift.core.dims import Gears
 
 
 class Runner(Protocol):
-    """What a profile drives (an `AdaptiveRunner`): gears to run on, warm-up, release, run."""
+    """What a profile drives (an `AdaptiveRunner`): gears to run on, warm-up, release, run.
+
+    `capture` captures the given variants that are not ready and returns how many (a failure
+    raises, leaving nothing behind); `release` drops every variant of one gear and gives its
+    memory back to the device; `room` says how many more graphs the device may hold (None: no
+    cap) and why it is capped."""
 
     gears: dict[str, Gears]
     transform: Any  # .check(tensors) -> raw size per dim
@@ -24,6 +29,8 @@ class Runner(Protocol):
     def capture(self, variants: Iterable[Mapping[str, int]]) -> int: ...
 
     def release(self, dim: str, gear: int) -> int: ...
+
+    def room(self) -> tuple[int | None, str]: ...
 
     def run(self, tensors: Mapping[str, Any], sizes: Mapping[str, int] | None = None) -> Any: ...
 

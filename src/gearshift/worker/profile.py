@@ -3,12 +3,19 @@ its runner, and the adoption of new snapshots with warm-up and release.
 
 Adopting a snapshot (`Host.refresh`, on whichever thread sees the new version first; the
 payload is decoded once for all profiles) builds a new `_InUse`, whose gears and lookup tables
-never change after, and publishes it to request threads by one reference assignment under
-`_lock`; an attached runner gets the new gears the same way. The client's swap thread then
-calls `maintain()`: it warms the runner up (captures the variants of the gears in use, a few
-per call; until one is ready the runner routes its chunks to the next larger ready variant, or
-eagerly) and releases the graphs of removed gears once every request bracketed by
-`request()`/`run()` that started on older gears in use has finished (the grace period).
+never change after, outside the profile's lock, and publishes it to request threads by one
+reference assignment under `_lock`; an attached runner gets the new gears the same way. The
+client's swap thread then calls `maintain()`: it warms the runner up and releases the graphs
+of removed gears once every request bracketed by `request()`/`run()` that started on older
+gears in use has finished (the grace period).
+
+Warm-up is incremental: `_base` holds gears whose every combination has been captured (or
+tried), and the plan of new gears in use is the lazy sequence of combinations with a gear
+outside it (`beyond`), a few captures and a bounded walk per call; until a variant is ready the
+runner routes its chunks to the next larger ready one, or eagerly. A failed capture is retried
+later (backing off, a few times); a device that holds all the graphs it may (GraphLimit) stops
+the plan, logged once with its reason, and the state counts as warmed (its other combinations
+run on larger graphs or eagerly).
 
 Invariants: a request counts itself in its `_InUse`'s `active` under `_lock`, where the swap
 also happens, so once gears in use are replaced no request can join them; a removal made by the
@@ -21,8 +28,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from gearshift import protocol
@@ -33,6 +41,24 @@ from gearshift.worker.routing import Route, Router, _InUse
 
 log = logging.getLogger(__name__)
 WARM_BATCH = 8  # variants captured per maintain() call: the swap thread stays responsive
+WARM_WALK = 1024  # planned variants looked at per call at most (the ready ones are skipped)
+RETRY_SECONDS = (1.0, 60.0)  # a failed capture is retried after 1 s, doubling, at most 60 s,
+RETRY_ATTEMPTS = 4  # ... this many times; then only once the gears in use change
+Variant = tuple[int, ...]
+
+
+def beyond(base: Mapping[str, Gears], gears: Mapping[str, Gears]) -> Iterator[Variant]:
+    """Lazily, each once, every combination of `gears` (one gear per dim, in `gears`' dim
+    order) with at least one gear not in `base`: for each dim d in order, its gears outside
+    `base` with, before d, the gears in `base` and, after d, all gears; larger gears first."""
+    names = list(gears)
+    old = {d: set(base.get(d, ())) for d in names}
+    for i, dim in enumerate(names):
+        new = [g for g in reversed(gears[dim]) if g not in old[dim]]
+        if new:
+            before = [[g for g in reversed(gears[d]) if g in old[d]] for d in names[:i]]
+            after = [list(reversed(gears[d])) for d in names[i + 1 :]]
+            yield from itertools.product(*before, new, *after)
 
 
 class _Request:
@@ -79,7 +105,12 @@ class Profile(Router):
         self._draining: list[_InUse] = []  # replaced gears in use with requests in flight
         self._releases: list[tuple[int, str, int]] = []  # (epoch that removed it, dim, gear)
         self._runner: Runner | None = None
-        self._warm: _InUse | None = None  # the gears in use whose variants are all captured
+        self._warm: _InUse | None = None  # the gears in use whose plan is done
+        self._plan: tuple[_InUse, Iterator[Variant]] | None = None  # the plan under way
+        self._base: dict[str, Gears] = {}  # every combination of these was captured or tried
+        self._retry: dict[Variant, tuple[int, int]] = {}  # failed: (attempts, due ns)
+        self._limited: _InUse | None = None  # the gears in use a GraphLimit stopped
+        self.stats = {"capture_failures": 0, "capture_retries": 0, "graph_limits": 0}
         super().__init__(host, pid, name, dims)  # the request path, last: it generates `route`
 
     def request(self, **sizes: int) -> _Request:
@@ -130,21 +161,25 @@ class Profile(Router):
     # adoption (swap, then maintain on the swap thread)
 
     def adopt(self, version: int, payload: object) -> None:
-        """Switch to the gears `payload` gives this profile (kept when it gives none)."""
+        """Switch to the gears `payload` gives this profile (kept when it gives none). The new
+        state is built outside the lock `request()` takes; only the swap is under it."""
         gears = self._gears_in(payload)
-        with self._lock:
+        while True:  # adoptions are serialised by the host: one pass, unless one raced this
             old = self._in_use
             new = _InUse(version, gears or old.gears, self.dims, old.epoch + 1, self.id)
-            self._in_use = new
-            if old.active:
-                self._draining.append(old)
-            if self._runner is not None:
-                self._runner.gears = dict(new.gears)
-                self._releases += [
-                    (new.epoch, d, g)
-                    for d in self.dims
-                    for g in set(old.gears[d]) - set(new.gears[d])
-                ]
+            removed = [
+                (new.epoch, d, g) for d in self.dims for g in set(old.gears[d]) - set(new.gears[d])
+            ]
+            with self._lock:
+                if self._in_use is not old:
+                    continue
+                self._in_use = new
+                if old.active:
+                    self._draining.append(old)
+                if self._runner is not None:
+                    self._runner.gears = dict(new.gears)
+                    self._releases += removed
+                return
 
     def _gears_in(self, payload: object) -> dict[str, Gears] | None:
         gears = protocol.profile_gears(payload, self.name)
@@ -169,34 +204,95 @@ class Profile(Router):
         return self._runner is None or (self._warm is self._in_use and not self._releases)
 
     def maintain(self) -> None:
-        """One warm-up and release step (the client's swap thread)."""
+        """One release and warm-up step (the client's swap thread): removed gears whose grace
+        is over go first, so their memory and room are back before new gears are captured."""
         runner, in_use = self._runner, self._in_use
         if runner is None:
             return
+        if self._release_due(runner) and self._limited is in_use:
+            self._limited = self._warm = None  # room again: plan what the cap stopped
         if self._warm is not in_use:
             self._warm_up(runner, in_use)
+        elif self._retry:
+            self._retry_failed(runner, in_use)
+
+    def _release_due(self, runner: Runner) -> int:
+        """Release the removals whose grace is over; returns how many graphs went."""
         with self._lock:
             self._draining = [u for u in self._draining if u.active]
             oldest = min((u.epoch for u in self._draining), default=None)
             due = [r for r in self._releases if oldest is None or oldest >= r[0]]
             self._releases = [r for r in self._releases if r not in due]
             gears = self._in_use.gears
+        released = 0
         for _, dim, gear in due:
             if gear not in gears[dim]:
                 try:
-                    runner.release(dim, gear)
+                    released += runner.release(dim, gear)
                 except Exception:
                     log.exception("profile %r: releasing %s=%d failed", self.name, dim, gear)
+        if due:
+            self._base = {d: tuple(g for g in b if g in gears[d]) for d, b in self._base.items()}
+        return released
 
     def _warm_up(self, runner: Runner, in_use: _InUse) -> None:
-        ready = set(runner.ready())
-        missing = [v for v in itertools.product(*in_use.gears.values()) if v not in ready]
+        """The next captures of the plan of `in_use` (made on its first call): at most
+        WARM_BATCH captured, WARM_WALK looked at."""
+        if self._plan is None or self._plan[0] is not in_use:
+            base = {d: tuple(g for g in self._base.get(d, ()) if g in in_use.gears[d])
+                    for d in self.dims}
+            self._plan = (in_use, beyond(base, in_use.gears))
+            self._retry = {v: (0, 0) for v in self._retry if self._holds(in_use, v)}
+        plan, captured = self._plan[1], 0
+        for walked, variant in enumerate(plan, 1):
+            captured += self._capture(runner, in_use, variant)
+            if self._limited is in_use:
+                break
+            if captured >= WARM_BATCH or walked >= WARM_WALK:
+                return
+        self._warm, self._plan = in_use, None
+        if self._limited is not in_use:
+            self._base = dict(in_use.gears)
+
+    def _retry_failed(self, runner: Runner, in_use: _InUse) -> None:
+        now = self._host.clock.now_ns()
+        for variant, (attempts, due) in list(self._retry.items()):
+            if due <= now and attempts < RETRY_ATTEMPTS and self._limited is not in_use:
+                self.stats["capture_retries"] += 1
+                self._capture(runner, in_use, variant)
+
+    def _capture(self, runner: Runner, in_use: _InUse, variant: Variant) -> int:
+        """Capture one variant; 1 if it was captured now. A failure is logged and scheduled
+        for a retry; a full device (`runner.room()`) stops the plan, logged once per gears in
+        use with the reason of its cap."""
+        room = getattr(runner, "room", None)  # a runner without it has no cap
+        free, why = room() if room is not None else (None, "")
+        if free is not None and free <= 0:
+            if self._limited is not in_use:
+                self._limited = in_use
+                self.stats["graph_limits"] += 1
+                log.warning(
+                    "profile %r: the device holds all the graphs it may (%s); %d combinations"
+                    " of gears %s are not all captured: the others run on larger graphs or"
+                    " eagerly", self.name, why, math.prod(map(len, in_use.gears.values())),
+                    dict(in_use.gears),
+                )
+            return 0
         try:
-            runner.capture([dict(zip(self.dims, v, strict=True)) for v in missing[:WARM_BATCH]])
+            done = runner.capture([dict(zip(self.dims, variant, strict=True))])
         except Exception:
+            self.stats["capture_failures"] += 1
+            attempts = self._retry.get(variant, (0, 0))[0] + 1
+            wait = min(RETRY_SECONDS[0] * 2 ** (attempts - 1), RETRY_SECONDS[1])
+            self._retry[variant] = (attempts, self._host.clock.now_ns() + int(wait * 1e9))
             log.exception(
-                "profile %r: capture failed; those gears run on larger ones or eager", self.name
+                "profile %r: capturing %s failed (attempt %d); it runs on larger graphs or"
+                " eagerly meanwhile", self.name, dict(zip(self.dims, variant, strict=True)),
+                attempts,
             )
-            missing = []
-        if len(missing) <= WARM_BATCH:
-            self._warm = in_use
+            return 0
+        self._retry.pop(variant, None)
+        return done
+
+    def _holds(self, in_use: _InUse, variant: Variant) -> bool:
+        return all(g in in_use.gears[d] for d, g in zip(self.dims, variant, strict=True))

@@ -3,8 +3,9 @@
 One registration is in flight at a time: `pump` takes the replies waiting, then posts the next
 queued profile if none is outstanding. A reply marks its profile `registered` or, a refusal,
 sets its `rejected` (`Client.profile` raises it to the caller); `again` (a new controller)
-queues every profile not refused once more. All of it runs under the queue's lock, on whichever
-thread pumps: a caller waiting in `Client.profile`, or the swap thread.
+queues every profile not refused once more. Until `bind` gives it a registry and slot (a client
+that started before its controller), profiles only queue. All of it runs under the queue's lock,
+on whichever thread pumps: a caller waiting in `Client.profile`, or the swap thread.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ class Registrations:
     """The profiles of one slot, by id, and the queue of those to register, in order. `warn`
     logs a rate-limited warning (the client's)."""
 
-    def __init__(self, registry: Registry, slot: int, warn: Callable[..., None]) -> None:
-        self.registry, self.slot, self.namespace = registry, slot, registry.namespace
+    def __init__(self, namespace: str, warn: Callable[..., None]) -> None:
+        self.namespace = namespace
+        self.registry: Registry | None = None  # until `bind`: profiles only queue
+        self.slot = -1
         self._warn = warn
         self._by_id: dict[int, Profile] = {}
         self._queue: list[Profile] = []  # to register, in order
@@ -39,6 +42,11 @@ class Registrations:
             self._by_id[prof.id] = prof
             self._queue.append(prof)
 
+    def bind(self, registry: Registry, slot: int) -> None:
+        """Register through `slot` of `registry` from now on (the client has claimed it)."""
+        with self._lock:
+            self.registry, self.slot, self._outstanding = registry, slot, None
+
     def forget(self, prof: Profile) -> None:
         """Ignore replies about `prof` from now on (its registration was refused)."""
         with self._lock:
@@ -46,14 +54,16 @@ class Registrations:
 
     def pump(self) -> None:
         """Take the replies waiting, then post the next registration if none is in flight."""
-        slot = self.slot
         with self._lock:
+            registry, slot = self.registry, self.slot
+            if registry is None:
+                return
             try:
-                while (reply := self.registry.replies(slot).take()) is not None:
+                while (reply := registry.replies(slot).take()) is not None:
                     self._on_reply(reply)
                 if self._outstanding is None and self._queue:
                     p = self._queue[0]
-                    if self.registry.requests(slot).post(
+                    if registry.requests(slot).post(
                         protocol.register_message(p.id, p.name, p.dims)
                     ):
                         self._outstanding = self._queue.pop(0)

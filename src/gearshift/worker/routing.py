@@ -3,13 +3,18 @@
 `Router.route(**sizes)` is the request path: one version check (adopting a changed snapshot on
 the spot, through its `Host`), a gear lookup per dim on the gears in use, one ring record; it
 never captures, blocks or raises because of the controller. A route's chunks follow
-`dims.chunks_for`.
+`dims.chunks_for`, at most MAX_CHUNKS per dim (what a record counts): a split into more runs
+eagerly (an EAGER record), so no request builds a chunk tuple larger than that.
 
 The gears in use from one snapshot (`_InUse`) and their lookup tables never change once built;
 the profile replaces them whole, by one reference assignment, so a request reads them once and
 sees one snapshot's gears. The Route of a request that fits one gear per dim is made once per
 gear combination and shared by every request it fits (`_RouteCache`): a Route and its chunks
 are read-only.
+
+`Router.record(**sizes)` is the record-only path, for a worker that runs an engine's own graphs
+and only feeds the controller: the same checks and one ring record (`Kind.EAGER`, no chunk: no
+gearshift graph ran), with no gear lookup and no version check.
 
 Fast path (`_specialised`): each profile gets a `route` generated for its dims, the way
 namedtuple and dataclasses generate methods: the dims are keyword parameters and the check
@@ -30,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from gearshift.core.dims import Dim, Gears, chunks_for
+from gearshift.core.dims import Dim, Gears, check_profile, chunks_for
 from gearshift.errors import ShapeError
 from gearshift.shm import ring
 from gearshift.shm.ring import MAX_DIMS, Kind
@@ -73,13 +78,16 @@ class _InUse:
     of its Route in `routes`; `bounds` is `table` flat without the names (the specialised
     route's). `meta` is the record word of such a request (`ring.meta`)."""
 
-    __slots__ = ("active", "bounds", "epoch", "gears", "meta", "routes", "table", "version")
+    __slots__ = (
+        "active", "bounds", "epoch", "gears", "meta", "record_meta", "routes", "table", "version"
+    )
 
     def __init__(
         self, version: int, gears: dict[str, Gears], dims: Mapping[str, Dim], epoch: int, pid: int
     ) -> None:
         self.version, self.gears, self.epoch, self.active = version, gears, epoch, 0
         self.meta = ring.meta(pid, version, Kind.SHAPE, len(dims))
+        self.record_meta = ring.meta(pid, version, Kind.EAGER, len(dims))  # Router.record's
         counts = [len(gears[n]) for n in dims]
         strides = [math.prod(counts[i + 1 :]) for i in range(len(counts))]  # mixed radix
         self.table = tuple(
@@ -151,6 +159,48 @@ def route(*, {params}, **_unknown):
 """
 
 
+_RECORD = """
+def record(*, {params}, **_unknown):
+    if {fits} and not _unknown:
+        _write(_now(), {values}, _router._in_use.record_meta, 0)
+        return
+    _sizes = {{{given}, **_unknown}}
+    if {missing}:
+        _sizes = {{n: v for n, v in _sizes.items() if v is not _MISSING}}
+    _router._record_checked(_sizes)
+"""
+
+
+def _specialised_record(router: Router) -> Callable[..., None] | None:
+    """`router.record` generated for its dims as `route` is (their bounds inlined), or None
+    when a dim name cannot be a parameter of it."""
+    names = list(router.dims)
+    if not all(map(_parameter, names)):
+        return None
+    source = _RECORD.format(
+        params=", ".join(f"{n}=_MISSING" for n in names),
+        fits=" and ".join(
+            f"_type({n}) is _int and {d.min} <= {n} <= {d.max}" for n, d in router.dims.items()
+        ),
+        values=", ".join(names + ["0"] * (MAX_DIMS - len(names))),
+        given=", ".join(f"{n!r}: {n}" for n in names),
+        missing=" or ".join(f"{n} is _MISSING" for n in names),
+    )
+    scope = {
+        "__name__": __name__,
+        "_MISSING": _MISSING,
+        "_type": type,
+        "_int": int,
+        "_router": router,
+        "_write": router._write,
+        "_now": router._now_ns,
+    }
+    exec(source, scope)  # names checked above, bounds are ints: as _specialised does
+    record = scope["record"]
+    record.__doc__, record.__qualname__ = Router.record.__doc__, f"Profile({router.name!r}).record"
+    return record
+
+
 def _specialised(router: Router) -> Callable[..., Route] | None:
     """`router.route` generated for its dims (see the module docstring), or None when a dim
     name cannot be a parameter of it."""
@@ -191,19 +241,8 @@ def _parameter(name: str) -> bool:
 
 
 def checked_dims(name: str, dims: Mapping[str, Dim]) -> dict[str, Dim]:
-    """`dims` as a dict, or ShapeError: a profile has a name and 1..4 named `Dim`s whose raw
-    values fit a record (below 2**63)."""
-    if not isinstance(name, str) or not name:
-        raise ShapeError(f"a profile name is a non-empty string, got {name!r}")
-    dims = dict(dims)
-    if not 1 <= len(dims) <= MAX_DIMS:
-        raise ShapeError(f"profile {name!r} needs 1 to {MAX_DIMS} dims, got {len(dims)}")
-    for dim, spec in dims.items():
-        if not isinstance(dim, str) or not dim or not isinstance(spec, Dim):
-            raise ShapeError(f"profile {name!r}: {dim!r} must name a gs.Dim, got {spec!r}")
-        if spec.max >= 1 << 63:
-            raise ShapeError(f"profile {name!r}: {dim}.max {spec.max} does not fit 64 bits")
-    return dims
+    """`dims` as a dict, or ShapeError (`dims.check_profile`: the controller's rule too)."""
+    return check_profile(name, dims)
 
 
 class Router:
@@ -221,6 +260,8 @@ class Router:
         self._in_use = _InUse(0, initial, self.dims, 0, pid)
         if (route := _specialised(self)) is not None:
             self.route = route  # type: ignore[method-assign]
+        if (record := _specialised_record(self)) is not None:
+            self.record = record  # type: ignore[method-assign]
 
     @property
     def gears(self) -> dict[str, Gears]:
@@ -238,6 +279,24 @@ class Router:
         if host.region.version() != host.seen:
             host.refresh()
         return self._route(self._in_use, sizes)
+
+    def record(self, **sizes: int) -> None:
+        """Record one request of these raw sizes with no routing (no gear lookup, no Route),
+        for a worker that runs an engine's own graphs; ShapeError on a bad shape, as route."""
+        self._record_checked(sizes)
+
+    def _record_checked(self, sizes: Mapping[str, object]) -> None:
+        if len(sizes) != self._ndim:
+            raise self._mismatch(sizes)
+        values = [0] * MAX_DIMS
+        for i, (name, spec) in enumerate(self.dims.items()):
+            raw = sizes.get(name)
+            if type(raw) is not int:
+                raw = self._coerce(name, sizes)
+            if raw < spec.min or raw > spec.max:
+                raise ShapeError(f"{self.name}: {name}={raw} is outside [{spec.min}, {spec.max}]")
+            values[i] = raw
+        self._write(self._now_ns(), *values, self._in_use.record_meta, 0)
 
     def _route(self, in_use: _InUse, sizes: Mapping[str, int]) -> Route:
         if len(sizes) == self._ndim:  # the common case: ints within the gears, one chunk each
@@ -266,8 +325,13 @@ class Router:
             if raw < spec.min or raw > spec.max:
                 raise ShapeError(f"{self.name}: {name}={raw} is outside [{spec.min}, {spec.max}]")
             values[i] = raw
-            chunks[name] = c = chunks_for(in_use.gears[name], raw, spec.splittable)
-            runs.append(min(len(c), MAX_CHUNKS))
+            gears = in_use.gears[name]
+            if spec.splittable and -(-raw // gears[-1]) > MAX_CHUNKS:
+                c = ()  # more chunks than a record counts: eager, recorded as such
+            else:
+                c = chunks_for(gears, raw, spec.splittable)
+            chunks[name] = c
+            runs.append(len(c))
             kind = kind if c else _EAGER
         meta = in_use.meta
         if kind != _SHAPE:

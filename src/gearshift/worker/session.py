@@ -1,24 +1,26 @@
-"""A worker's session with its node's controller: `connect()` and `Client`.
+"""A worker's session with its node's controller: `Client` (made by `connect`).
 
-`connect` attaches the namespace's registry: ControllerNotFound when no live controller serves
-it, unless `embedded=True`, which starts one in a daemon thread of this process. A `Client`
-claims a worker slot for its device, creates the slot's event ring, attaches the device's
-snapshot region (once the controller has created it) and registers each `profile` through the
-slot's mailbox (`Registrations`): one registration in flight at a time, the caller waiting
-`register_timeout` for the reply (a refusal, ProfileMismatch, is raised to it; no reply: the
-profile serves on its initial gears and registers when the controller answers). The client is
-its profiles' `Host`; they never import this module.
+A client attaches its namespace (claims a worker slot for its device, creates the slot's event
+ring), attaches the device's snapshot region once the controller has created it, and registers
+each `profile` through the slot's mailbox (`Registrations`, one registration in flight; with a
+live controller the caller waits `register_timeout` for the reply: a refusal, ProfileMismatch,
+is raised to it; no reply: the profile serves on its initial gears and registers when the
+controller answers). Until a controller has created the namespace the client serves on its
+profiles' initial gears and its requests go `unrecorded` (`standins`); the swap thread attaches
+the namespace once it exists, and requests are recorded from then on. The client is its
+profiles' `Host`; they never import this module.
 
-The swap thread (`tick()` every `poll_interval`, or when woken) watches the controller (a new
-identity: register every profile again and re-attach the region; none alive: a warning at most
-every `warn_interval`), polls the snapshot version, lets every profile warm up and release
-(`Profile.maintain`), acks the applied version with a heartbeat in the slot (every
-`heartbeat_interval`, and at once when it changes) and records a memory reading every
-`memory_interval` (`memory`, else the first attached runner's backend). Nothing on the request
-path waits for it or for the controller.
+The swap thread (`tick()` every `poll_interval`, or when woken) attaches the namespace if not
+yet, watches the controller (a new identity: register every profile again, re-attach the
+region; none alive: a warning at most every `warn_interval`), polls the snapshot version, lets
+every profile warm up and release (`Profile.maintain`), acks the applied version with a
+heartbeat in the slot (every `heartbeat_interval`, and at once when it changes) and records a
+memory reading every `memory_interval` (`memory`, else the first attached runner's backend).
+Nothing on the request path waits for it or for the controller, or raises because of them.
 
-Threads: the ring serialises the process's producer threads itself;
-`_profiles` is copy-on-write; adoption runs under `_adopting`, which request threads only try.
+Threads: the ring serialises the process's producer threads itself; `_profiles` is
+copy-on-write; adoption runs under `_adopting`, which request threads only try; only the
+constructor and the swap thread attach the namespace.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from gearshift.core.dims import Dim
 from gearshift.errors import (
     ConfigError,
     ControllerNotFound,
-    ControllerRunning,
     GearshiftError,
     ProfileMismatch,
 )
@@ -46,95 +47,29 @@ from gearshift.worker.interfaces import Runner
 from gearshift.worker.profile import Profile
 from gearshift.worker.registration import Registrations
 from gearshift.worker.routing import checked_dims
+from gearshift.worker.standins import NO_SNAPSHOT, NoSnapshot, Unrecorded
 
 log = logging.getLogger(__name__)
 MemoryReading = Callable[[], tuple[int, int]]
 REGISTER_POLL = 0.001  # seconds between looks at the reply mailbox while registering
 JOIN_TIMEOUT = 5.0
+NO_CONTROLLER = "no controller is running on namespace %r (start one with `gearshift serve -n %s`)"
 
 
 class Stoppable(Protocol):
     def stop(self) -> None: ...
 
 
-class _NoSnapshot:
-    """Stands for the device's snapshot region until the controller has created it."""
-
-    @staticmethod
-    def version() -> int:
-        return 0
-
-    @staticmethod
-    def read() -> None:
-        return None
-
-
-NO_SNAPSHOT = _NoSnapshot()
-
-
-def connect(
-    namespace: str = "default",
-    device: int = 0,
-    *,
-    embedded: bool = False,
-    clock: Clock | None = None,
-    memory: MemoryReading | None = None,
-    register_timeout: float = 2.0,
-    background: bool = True,
-) -> Client:
-    """A client of the controller serving `namespace`, for accelerator `device`; see Client."""
-    controller = None
-    try:
-        registry = _attach_live(namespace)
-    except ControllerNotFound:
-        if not embedded:
-            raise
-        controller = start_embedded(namespace)
-        registry = Registry.attach(namespace)
-    try:
-        return Client(
-            registry,
-            device,
-            clock=clock,
-            memory=memory,
-            controller=controller,
-            register_timeout=register_timeout,
-            background=background,
-        )
-    except BaseException:
-        registry.close()
-        if controller is not None:
-            controller.stop()
-        raise
-
-
-def _attach_live(namespace: str) -> Registry:
-    registry = Registry.attach(namespace)
-    if not registry.controller().alive:
-        registry.close()
-        raise ControllerNotFound(f"namespace {namespace!r}: its controller is not running")
-    return registry
-
-
-def start_embedded(namespace: str) -> Stoppable | None:
-    """Start the controller of `namespace` (default config and state file) in a daemon thread
-    of this process; None if another live controller won the race to it."""
-    from gearshift.controller.config import ControllerConfig
-    from gearshift.controller.controller import Controller
-
-    try:
-        return Controller.start_embedded(ControllerConfig(namespace=namespace))
-    except ControllerRunning:
-        return None
-
-
 class Client:
     """One worker's session on one device: profiles, the event ring, snapshots, the swap thread.
 
-    It owns `registry` (attached by `connect`) and `controller` (an embedded one to stop on
-    close). `clock` times heartbeats, readings and warnings and stamps events; `memory` returns
-    (free, total) device bytes; with `background=False` nothing runs until you call `tick()`.
-    Close it (or use it as a context manager); it also closes at interpreter exit."""
+    `registry` is the namespace's control segment, attached (by `connect`), or the namespace's
+    name: the client attaches it now if it exists, else from the swap thread once a controller
+    has created it; until then `registry` and `slot` are None and requests go `unrecorded`. It
+    owns the registry and `controller` (an embedded one to stop on close). `clock` times
+    heartbeats, readings and warnings and stamps events; `memory` returns (free, total) device
+    bytes; with `background=False` nothing runs until you call `tick()`. Close it (or use it as
+    a context manager); it also closes at interpreter exit."""
 
     heartbeat_interval = 1.0
     memory_interval = 1.0
@@ -143,7 +78,7 @@ class Client:
 
     def __init__(
         self,
-        registry: Registry,
+        registry: Registry | str,
         device: int,
         *,
         clock: Clock | None = None,
@@ -155,30 +90,35 @@ class Client:
     ) -> None:
         if isinstance(device, bool) or not isinstance(device, int) or device < 0:
             raise ConfigError("device", f"expected a non-negative int, got {device!r}")
-        self.registry, self.namespace, self.device = registry, registry.namespace, device
+        self.namespace = registry if isinstance(registry, str) else registry.namespace
+        self.device = device
         self.clock = clock or MonotonicClock()
         self.memory = memory
         self.register_timeout = register_timeout
-        self.region: SnapshotRegion | _NoSnapshot = NO_SNAPSHOT
+        self.registry: Registry | None = None  # attached: with its slot and ring
+        self.slot: int | None = None
+        self._unrecorded = Unrecorded()
+        self.ring: EventRing | Unrecorded = self._unrecorded
+        self.region: SnapshotRegion | NoSnapshot = NO_SNAPSHOT
         self.seen = 0  # the region version last adopted (or found unreadable)
         self.applied = 0  # the version last acked in the slot
         self._now_ns = self.clock.now_ns
         self._embedded = controller  # the embedded controller this client started, if any
-        self._leader = registry.controller().pid  # the controller profiles registered with
+        self._leader = 0  # the pid of the controller the profiles registered with
         self._profiles: dict[str, Profile] = {}
         self._ids = itertools.count()
         self._adopting = threading.Lock()
         self._wake, self._stop = threading.Event(), threading.Event()
         self._quiet_until = self._next_beat = self._next_memory = float("-inf")
         self._region_stale = False
+        self._ring_capacity = ring_capacity
+        self._registrations = Registrations(self.namespace, self._warn)
         self._closed = False
-        self.slot = registry.claim_slot(device)
-        try:
-            self.ring = EventRing.create(self.namespace, self.slot, ring_capacity)
-        except BaseException:
-            registry.release_slot(self.slot)
-            raise
-        self._registrations = Registrations(registry, self.slot, self._warn)
+        if isinstance(registry, str):
+            self._attach(strict=True)
+        else:
+            self._bind(registry)
+        self._watch_controller()
         self._attach_region()
         self.refresh()
         self._thread = None
@@ -186,6 +126,11 @@ class Client:
             self._thread = threading.Thread(target=self._run, name="gearshift-swap", daemon=True)
             self._thread.start()
         atexit.register(self.close)
+
+    @property
+    def unrecorded(self) -> int:
+        """Requests routed before the client had a ring (no controller had started yet)."""
+        return self._unrecorded.count
 
     # profiles
 
@@ -207,6 +152,14 @@ class Client:
                 raise ProfileMismatch(f"profile {name!r} is already registered with other dims")
             return known
         self._registrations.add(prof)
+        if self.registry is not None and self.registry.controller().alive:
+            self._await_registration(prof)
+        self._attach_region()
+        self.refresh(force=True)
+        return prof
+
+    def _await_registration(self, prof: Profile) -> None:
+        """Pump the mailbox until the live controller answers, or for `register_timeout`."""
         deadline = self.clock.now() + self.register_timeout
         while True:
             self._registrations.pump()
@@ -220,12 +173,9 @@ class Client:
             log.warning(
                 "profile %r: no registration reply in %.1f s; serving on its initial "
                 "gears until the controller answers",
-                name,
+                prof.name,
                 self.register_timeout,
             )
-        self._attach_region()
-        self.refresh(force=True)
-        return prof
 
     def _forget(self, prof: Profile) -> None:
         self._registrations.forget(prof)
@@ -236,7 +186,9 @@ class Client:
 
     def refresh(self, force: bool = False) -> None:
         """Adopt the region's snapshot into every profile if its version changed (or `force`).
-        Request threads only try: while another thread adopts they go on with what is in use."""
+        Request threads only try: while another thread adopts they go on with what is in use.
+        A snapshot that does not read or decode (whatever the exception) is logged and kept
+        out, and `seen` moves on: the last good one stays in use, and nothing raises."""
         if not self._adopting.acquire(blocking=force):
             return
         try:
@@ -246,16 +198,25 @@ class Client:
                 return
             try:
                 snapshot = region.read()
-            except GearshiftError as e:
+            except Exception as e:  # shared memory is not trusted, nor is its decoder
                 self._warn(
-                    "namespace %r: unreadable snapshot v%d kept out: %s", self.namespace, version, e
+                    "namespace %r: unreadable snapshot v%d kept out: %r", self.namespace, version, e
                 )
                 self.seen = version
                 return
             if snapshot is not None:
-                for prof in self._profiles.values():
-                    prof.adopt(snapshot.version, snapshot.payload)
                 version = snapshot.version
+                for prof in self._profiles.values():
+                    try:
+                        prof.adopt(version, snapshot.payload)
+                    except Exception as e:
+                        self._warn(
+                            "namespace %r: snapshot v%d kept out of profile %r: %r",
+                            self.namespace,
+                            version,
+                            prof.name,
+                            e,
+                        )
             self.seen = version
         finally:
             self._adopting.release()
@@ -277,6 +238,8 @@ class Client:
     def tick(self) -> None:
         """One round of the swap thread (call it directly when made with background=False)."""
         now = self.clock.now()
+        if self.registry is None:
+            self._attach(strict=False)
         self._watch_controller()
         self._registrations.pump()
         if self.region is NO_SNAPSHOT or self._region_stale:
@@ -287,11 +250,11 @@ class Client:
             prof.maintain()
         seen = self.seen
         applied = seen if all(p.settled for p in profiles) else self.applied
-        if self._closed:
+        registry, slot, ring = self.registry, self.slot, self.ring
+        if self._closed or registry is None or slot is None or not isinstance(ring, EventRing):
             return
-        ring = self.ring
         if applied != self.applied or now >= self._next_beat:
-            self.registry.beat(self.slot, self._now_ns(), applied, ring.dropped)
+            registry.beat(slot, self._now_ns(), applied, ring.dropped)
             self.applied, self._next_beat = applied, now + self.heartbeat_interval
         if self.memory is not None and now >= self._next_memory:
             self._next_memory = now + self.memory_interval
@@ -307,13 +270,69 @@ class Client:
             self._wake.wait(self.poll_interval)
             self._wake.clear()
 
+    def _attach(self, strict: bool) -> None:
+        """Attach the namespace if a controller has created it (`_bind`). Not yet: nothing
+        happens. Another failure raises if `strict` (the constructor), else it is logged and
+        the next tick tries again."""
+        try:
+            registry = Registry.attach(self.namespace)
+        except ControllerNotFound:  # no control segment yet, or one being cleaned up
+            return
+        except (GearshiftError, OSError) as e:
+            if strict:
+                raise
+            self._warn("namespace %r: cannot attach its control segment: %s", self.namespace, e)
+            return
+        try:
+            self._bind(registry)
+        except ControllerNotFound:  # cleaned up meanwhile: the next controller creates it anew
+            registry.close()
+        except (GearshiftError, OSError) as e:
+            registry.close()
+            if strict:
+                raise
+            self._warn("namespace %r: cannot claim a worker slot: %s", self.namespace, e)
+        else:
+            if not strict:
+                log.info(
+                    "namespace %r: attached as slot %d; %d requests before were not recorded",
+                    self.namespace,
+                    self.slot,
+                    self.unrecorded,
+                )
+
+    def _bind(self, registry: Registry) -> None:
+        """Claim a slot of `registry` for this device, create its ring, route every record to
+        it and register the profiles through the slot's mailbox."""
+        slot = registry.claim_slot(self.device)
+        try:
+            ring = EventRing.create(self.namespace, slot, self._ring_capacity)
+        except BaseException:
+            registry.release_slot(slot)
+            raise
+        self._leader = registry.controller().pid
+        self.slot, self.ring = slot, ring
+        self._unrecorded.forward(ring.write)
+        self._registrations.bind(registry, slot)
+        self.registry = registry  # last: the swap thread's sign that the client is attached
+
     def _watch_controller(self) -> None:
-        info = self.registry.controller()
+        registry = self.registry
+        if registry is None:
+            self._warn(
+                NO_CONTROLLER + ": serving on the initial gears, unrecorded, until one starts",
+                self.namespace,
+                self.namespace,
+            )
+            return
+        info = registry.controller()
         if not info.alive:
             self._warn(
-                "namespace %r has no live controller: serving on snapshot v%d",
+                "namespace %r has no live controller: serving on snapshot v%d (start one with "
+                "`gearshift serve -n %s`)",
                 self.namespace,
                 self.seen,
+                self.namespace,
             )
         elif info.pid != self._leader:
             log.info(
@@ -326,6 +345,8 @@ class Client:
             self._registrations.again()
 
     def _attach_region(self) -> None:
+        if self.registry is None:  # a region without a control segment is a leftover
+            return
         try:
             region = SnapshotRegion.attach(self.namespace, self.device)
         except FileNotFoundError:
@@ -357,15 +378,16 @@ class Client:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(JOIN_TIMEOUT)
-        ring = self.ring
-        try:
-            self.registry.beat(self.slot, self._now_ns(), self.applied, ring.dropped)
-            self.registry.release_slot(self.slot)
-        except GearshiftError as e:
-            log.warning("namespace %r: releasing slot %d: %s", self.namespace, self.slot, e)
-        ring.close()  # a request thread's later record is a no-op
+        registry, slot, ring = self.registry, self.slot, self.ring
         self.region = NO_SNAPSHOT
-        self.registry.close()
+        if registry is not None and slot is not None and isinstance(ring, EventRing):
+            try:
+                registry.beat(slot, self._now_ns(), self.applied, ring.dropped)
+                registry.release_slot(slot)
+            except GearshiftError as e:
+                log.warning("namespace %r: releasing slot %d: %s", self.namespace, slot, e)
+            ring.close()  # a request thread's later record is a no-op
+            registry.close()
         if self._embedded is not None:
             self._embedded.stop()
 

@@ -31,7 +31,7 @@ def test_report_per_family() -> None:
     assert result.exit_code == 0, result.output
     r = json.loads(result.output)["families"]["lognormal"]
     assert r["ratio_worst"] == r["ratio_mean"] <= 1.25
-    assert 0.9 < r["ratio_interpolated_worst"] / r["ratio_worst"] < 1.1
+    assert r["ratio_interpolated_worst"] <= 1.25  # the goal, at the unrounded gear count too
     assert r["mean_gears_mean"] > 1 and r["padding_overhead_mean"] > 0
     # a set fitted on another draw pads at least the hindsight optimum of as many gears
     assert 0.5 < r["ratio_held_out_worst"] <= r["ratio_worst"] * (1 + 1e-9)

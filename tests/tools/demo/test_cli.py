@@ -47,6 +47,12 @@ FIGURES = {
 }
 
 
+def default_sigint() -> None:
+    """In the child before exec: SIGINT as a terminal's user expects it, even when the suite
+    was started with it ignored (`nohup ... &`), which children inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def demo(namespace: str, *args: str) -> subprocess.Popen:
     command = [sys.executable, "-m", "gearshift", "demo", "--namespace", namespace, *args]
     return subprocess.Popen(
@@ -55,6 +61,7 @@ def demo(namespace: str, *args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own session: every process it starts can be found
+        preexec_fn=default_sigint,
     )
 
 
@@ -100,6 +107,12 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
     assert static["replayed_tokens"] == static["padded_tokens"] > static["useful_tokens"]
     assert static["compute_overhead"] > static["padding_overhead"] > 0  # attention: S^2
     assert "adaptive" in err and "static" in err  # the progress lines
+    # the arms ran in alternating slices over the same rows: a speedup per slice
+    for key in ("speedup_slices", "cpu_speedup_slices"):
+        spread = result[key]
+        assert len(spread["slices"]) == result["slices"] >= 2
+        assert spread["min"] <= spread["median"] <= spread["max"] and spread["min"] > 0
+    assert static["worker_cpu_seconds"] > 0 and static["controller_cpu_seconds"] == 0
     assert_all_gone(proc, namespace)
 
 

@@ -1,15 +1,16 @@
-"""A demo worker's runs, in this process: the model, calibration, the static and the adaptive
-replay, the command loop."""
+"""A demo worker's arms, in this process: the model, calibration, the static and the adaptive
+arm replaying slices of the same rows, the command loop."""
 
 from __future__ import annotations
 
 import itertools
 import multiprocessing
+from collections.abc import Callable
 
 import numpy as np
-import pytest
 import torch
 
+import gearshift as gs
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig
@@ -26,12 +27,18 @@ def model() -> worker.Model:
     return worker.Model(width=16, heads=2)
 
 
-def feed(progress: list[int] | None = None) -> worker.Feed:
-    def report(*figures: int) -> None:
-        if progress is not None:
-            progress[:] = figures
+def counter() -> Callable[[int], int]:
+    """A row counter as the workers share it: the next row, `end` when none is left before."""
+    rows = itertools.count()
+    taken = [0]
 
-    return worker.Feed(itertools.count().__next__, lambda: None, report)
+    def take(end: int) -> int:
+        if taken[0] >= end:
+            return end
+        taken[0] = next(rows) + 1
+        return taken[0] - 1
+
+    return take
 
 
 def test_model_counts_tokens_and_runs_any_leading_shape() -> None:
@@ -58,7 +65,7 @@ def test_runner_replays_what_the_model_computes_eagerly_on_unpadded_input() -> N
     runner.capture(worker.variants(runner.gears))
     x = torch.randn(3, 5, 16)  # runs as B 4 x S 8: padded on both dims
     torch.testing.assert_close(runner.run({"x": x}), m(x))
-    assert runner.stats == {"replays": 1, "eager": 0, "captures": VARIANTS}
+    assert runner.stats == {"replays": 1, "eager": 0, "captures": VARIANTS, "capture_failures": 0}
 
 
 def test_without_seqlen_every_row_is_a_sequence_of_one_token() -> None:
@@ -70,29 +77,32 @@ def test_without_seqlen_every_row_is_a_sequence_of_one_token() -> None:
     torch.testing.assert_close(runner.run({"x": x}), model()(x))
 
 
-def test_static_run_starts_after_its_captures_and_reports_its_figures() -> None:
+def test_the_static_arm_captures_first_then_replays_slice_by_slice() -> None:
     m, progress = model(), [0, 0, 0]
     runner = worker.runner_for(m, DIMS)
 
-    def start() -> None:
-        assert len(runner.ready()) == VARIANTS  # captured before the clock starts
-        started.append(m.tokens)
+    def report(*figures: int) -> None:
+        progress[:] = figures
 
-    started: list[int] = []
-    run = worker.Feed(itertools.count().__next__, start, feed(progress=progress).report)
-    result = worker.static(m, runner, SIZES, run)
+    arm = worker.static_arm(m, runner, SIZES, report)
+    assert len(runner.ready()) == VARIANTS  # captured before any slice
+    take = counter()
+    first, second = arm.replay(take, 2), arm.replay(take, 6)
+    assert (first["requests"], second["requests"]) == (2, 4)
+    assert arm.replay(take, 6)["requests"] == 0  # nothing left before row 6
     padded = int(padded_tokens(DIMS, SIZES).sum())
-    assert (
-        started and result["requests"] == 6 and result["useful"] == int(useful_tokens(SIZES).sum())
-    )
-    assert result["padded"] == result["computed"] == padded  # captures were before the start
-    assert result["padded_pairs"] == int(padded_pairs(DIMS, SIZES).sum())
-    assert result["useful_pairs"] == int((useful_tokens(SIZES) * SIZES["SEQLEN"]).sum())
-    assert progress == [6, result["useful"], padded]
-    assert result["captures"] == result["eager"] == result["capture_tokens"] == 0
-    assert result["replays"] == 7  # B 11 runs as 8 + 4: two chunks
-    assert result["dims"]["SEQLEN"] == [int(SIZES["SEQLEN"].sum()), 64 + 8 + 16 + 1 + 64 + 8]
-    assert result["began"] <= result["ended"] and result["cpu"] > 0 and result["rss_mb"] > 0
+    useful = int(useful_tokens(SIZES).sum())
+    assert first["useful"] + second["useful"] == useful and progress == [6, useful, padded]
+    assert first["padded"] + second["padded"] == padded
+    assert second["computed"] == second["padded"]  # captures were before the slices
+    assert first["padded_pairs"] + second["padded_pairs"] == int(padded_pairs(DIMS, SIZES).sum())
+    assert first["useful_pairs"] + second["useful_pairs"] == int(
+        (useful_tokens(SIZES) * SIZES["SEQLEN"]).sum())
+    assert second["captures"] == second["eager"] == second["capture_tokens"] == 0
+    assert first["replays"] + second["replays"] == 7  # B 11 runs as 8 + 4: two chunks
+    assert second["dims"]["SEQLEN"] == [9 + 1 + 33 + 7, 16 + 1 + 64 + 8]  # rows 2 to 5
+    assert second["began"] <= second["ended"] and second["rss_mb"] > 0
+    assert 0 < second["thread_cpu"] <= second["cpu"] + 1e-3
 
 
 def test_calibration_times_each_sequence_gear() -> None:
@@ -111,42 +121,66 @@ def test_runner_counts_what_its_captures_cost() -> None:
     assert runner.capture_tokens == 16 + 64 and runner.capture_seconds > 0
 
 
-def test_adaptive_run_routes_through_a_client_of_the_controller(
+def test_the_adaptive_arm_routes_through_a_client_of_the_controller(
     namespace: str, tmp_path: object
 ) -> None:
     config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))
     controller = Controller.start_embedded(config, PolicyConfig())
     try:
-        result = worker.adaptive(model(), namespace, DIMS, SIZES, feed())
+        with gs.connect(namespace) as client:
+            arm = worker.AdaptiveArm(client, DIMS, SIZES)
+            take = counter()
+            first, second = arm.replay(take, 3), arm.replay(take, 6)
+            arm.settle()
     finally:
         assert controller.stop()
-    assert result["requests"] == 6
-    assert result["padded"] == int(padded_tokens(DIMS, SIZES).sum())  # no round changed gears
-    assert result["captures"] == result["eager"] == 0
+    assert first["requests"] + second["requests"] == 6
+    # no round changed the gears
+    assert first["padded"] + second["padded"] == int(padded_tokens(DIMS, SIZES).sum())
+    assert second["captures"] == second["eager"] == 0
     assert controller.controller.counts["folded"] >= 6
 
 
-@pytest.mark.parametrize(
-    ("commands", "replies"),
-    [
-        ([("calibrate", DIMS)], ["calibrate"]),
-        ([("static", DIMS, SIZES), ("go",)], ["prepared", "static"]),
-    ],
-)
-def test_command_loop_answers_each_command_then_exits(commands: list, replies: list) -> None:
-    class Pipe:
-        def __init__(self, commands: list[tuple]) -> None:
-            self.commands, self.sent = commands, []
+class Pipe:
+    def __init__(self, commands: list[tuple]) -> None:
+        self.commands, self.sent = commands, []
 
-        def recv(self) -> tuple:
-            return self.commands.pop(0)
+    def recv(self) -> tuple:
+        return self.commands.pop(0)
 
-        def send(self, message: tuple) -> None:
-            self.sent.append(message)
+    def send(self, message: tuple) -> None:
+        self.sent.append(message)
 
-    pipe = Pipe([*commands, ("nonsense",), ("exit",)])
-    queue, origin = multiprocessing.Value("q", 0), multiprocessing.Value("d", 0.0)
-    worker.main(pipe, 0, [0] * 3, queue, origin)  # type: ignore[arg-type]
-    assert [kind for kind, _ in pipe.sent] == ["ready", *replies, "error"]
+
+def test_command_loop_answers_each_command_then_exits() -> None:
+    pipe = Pipe([("calibrate", DIMS), ("nonsense",), ("exit",)])
+    queues = (multiprocessing.Value("q", 0), multiprocessing.Value("q", 0))
+    worker.main(pipe, 0, [0] * 6, queues, multiprocessing.Value("d", 0.0))  # type: ignore[arg-type]
+    assert [kind for kind, _ in pipe.sent] == ["ready", "calibrate", "error"]
     assert "KeyError: 'nonsense'" in pipe.sent[-1][1]
-    assert queue.value == (7 if "static" in replies else 0)  # 6 rows taken, then one past
+
+
+def test_command_loop_runs_both_arms_on_their_own_counters(
+    namespace: str, tmp_path: object
+) -> None:
+    config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))
+    controller = Controller.start_embedded(config, PolicyConfig())
+    times = np.arange(6, dtype=np.float64)
+    pipe = Pipe([("calibrate", DIMS), ("prepare", namespace, DIMS, DIMS, SIZES, times),
+                 ("slice", "static", 4), ("slice", "adaptive", 2), ("slice", "adaptive", 6),
+                 ("settle",), ("finish",), ("exit",)])
+    queues = (multiprocessing.Value("q", 0), multiprocessing.Value("q", 0))
+    progress = [0] * 6
+    try:
+        worker.main(pipe, 0, progress, queues, multiprocessing.Value("d", 0.0))  # type: ignore[arg-type]
+    finally:
+        assert controller.stop()
+    kinds = [kind for kind, _ in pipe.sent]
+    assert kinds == ["ready", "calibrate", "prepare", "slice", "slice", "slice", "settle",
+                     "finish"], pipe.sent[-1]
+    replies = dict(enumerate(value for _, value in pipe.sent))
+    assert [replies[i]["requests"] for i in (3, 4, 5)] == [4, 2, 4]
+    assert (queues[0].value, queues[1].value) == (4, 6)  # each arm's rows, never past the end
+    assert progress[0] == 4 and progress[3] == 6  # static at 0, adaptive at 3 * workers
+    assert replies[6]["seconds"] >= 0 and replies[6]["cpu"] >= 0
+    assert not controller.controller.workers  # the client closed at "finish"

@@ -21,6 +21,12 @@ from .procs import processes_naming, shm_entries
 WAIT = 60.0
 
 
+def default_sigint() -> None:
+    """In the child before exec: SIGINT's default disposition, even when the suite was started
+    with it ignored (`nohup ... &`), which children inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_json_prints_exactly_the_figures_and_the_status_follows_the_invariants(
     namespace: str,
 ) -> None:
@@ -29,17 +35,35 @@ def test_json_prints_exactly_the_figures_and_the_status_follows_the_invariants(
     )
     figures = json.loads(result.stdout)
     assert list(figures) == list(KEYS)
+    assert result.stderr.splitlines()[-1].startswith(("PASS (checked:", "FAIL: "))
     assert (figures["workers"], figures["seconds"], figures["worker_kills"]) == (1, 1.0, 0)
-    failed = figures["route_stall_ms_max"] > 1.0 or any(
-        figures[key] for key in ("events_lost", "torn_snapshots_accepted", "leaked_segments")
-    )
-    assert result.exit_code == int(failed), result.output
+    assert figures["events_sent"] > 0
+    # the invariants that no load can excuse hold; the stall bound is a timing, which a
+    # loaded machine can break, so only the exit status is checked against it
+    for key in ("events_lost", "torn_snapshots_accepted", "leaked_segments"):
+        assert figures[key] == 0, (key, result.output)
+    assert result.exit_code == int(figures["route_stall_ms_max"] > 1.0), result.output
+
+
+def test_the_table_explains_dropped_against_lost_and_ends_with_the_verdict(
+    namespace: str,
+) -> None:
+    args = ["stress", "--workers", "1", "--seconds", "1", "-n", namespace]
+    result = CliRunner().invoke(main, args)
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("events_dropped:") and "must be 0" in line for line in lines)
+    assert lines[-1].startswith("PASS (checked:" if result.exit_code == 0 else "FAIL: ")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_leaves_nothing_behind(namespace: str, sig: int) -> None:
     command = [sys.executable, "-m", "gearshift", "stress", "--chaos", "-n", namespace]
-    harness = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    harness = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=default_sigint,
+    )
     try:
         deadline = time.monotonic() + WAIT
         while (doc := status.read(namespace)) is None or len(doc["workers"]) < 4:

@@ -60,3 +60,10 @@ def test_summary_holds_exactly_the_keys_and_violations_name_what_broke() -> None
         "route_stall_ms_max = 1.5",
         "versions_routed_unpublished = 4",
     ]
+
+
+def test_the_verdict_passes_or_names_what_broke_and_states_what_it_checked() -> None:
+    assert CLEAN.verdict().startswith("PASS (checked: ")
+    assert "events_lost = 0" in CLEAN.verdict() and "route_stall_ms_max <= 1.0" in CLEAN.verdict()
+    broken = dataclasses.replace(CLEAN, events_lost=3)
+    assert broken.verdict().startswith("FAIL: events_lost = 3 (checked: ")

@@ -12,6 +12,8 @@ from gearshift.clikit import LazyGroup
 BENCHMARKS = {
     "all": "gearshift.tools.bench.report:command",
     "controller": "gearshift.tools.bench.controller:command",
+    "fuzz": "gearshift.tools.bench.fuzz:command",
+    "graphs": "gearshift.tools.bench.graphs:command",
     "hotpath": "gearshift.tools.bench.hotpath:command",
     "optimal": "gearshift.tools.bench.optimal:command",
     "policy": "gearshift.tools.bench.policy:command",
@@ -24,7 +26,9 @@ BENCHMARKS = {
 
 @click.group(cls=LazyGroup, lazy=BENCHMARKS)
 def bench() -> None:
-    """Run a benchmark; every figure comes with a baseline measured in the same run."""
+    """Run a benchmark, each figure against a baseline.
+
+    Every figure comes with a baseline measured in the same run."""
 
 
 def echo_result(result: Mapping[str, float], as_json: bool) -> None:
@@ -34,5 +38,11 @@ def echo_result(result: Mapping[str, float], as_json: bool) -> None:
         return
     width = max(map(len, result))
     for key, value in result.items():
-        shown = f"{value:,.3f}" if isinstance(value, float) else f"{value:,}"
-        click.echo(f"{key:>{width}}: {shown}")
+        click.echo(f"{key:>{width}}: {_shown(value)}")
+
+
+def _shown(value: object) -> str:
+    """A figure: floats to 3 decimals, a range [min, max] as `min – max`."""
+    if isinstance(value, (list, tuple)):
+        return " – ".join(map(_shown, value))
+    return f"{value:,.3f}" if isinstance(value, float) else f"{value:,}"

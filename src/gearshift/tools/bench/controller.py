@@ -11,14 +11,17 @@ controller runs its loop here (default window), twice: at the default cadence (a
   same with a round every 0.1 s;
 - decide_ms_p50: median wall time of a decision round in the second run (views + decide for
   every profile of a device, under the same load; the publish and the state save that may
-  follow are not in it);
+  follow are not in it); that run goes on past S seconds until it has `--min-rounds` rounds
+  (bounded by WAIT), so that the figure has samples however slow the machine;
 - rss_mb_start / rss_mb_end: this process's resident memory after a warm-up of the same load
   (in which the statistics get a column per distinct value: bounded by the dims' ranges, not by
   events) and at the end.
 
 Baseline, same run: the same fold written per event in Python (an exp-weight into a dict per
 (slice, value), as a per-sample design would), against `ingest.fold`, on one batch of the same
-traffic; `fold_speedup` is their ratio.
+traffic; both must give every value the same decayed weight and count (`check_same_fold`);
+timed in each of `--runs` runs, reported as median and range (`spread`), `fold_speedup` run by
+run.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing.synchronize import Event
 
 import click
@@ -46,6 +50,7 @@ from gearshift.core.dims import Dim
 from gearshift.core.round import ProfileLedger
 from gearshift.shm import EVENT_DTYPE, EventRing, Kind, Registry, mailbox
 from gearshift.tools.bench.cli import echo_result
+from gearshift.tools.bench.spread import paired, summarise
 
 DIMS = {"BATCHSIZE": Dim(max=256), "SEQLEN": Dim(max=8192)}
 SHAPE = {"BATCHSIZE": (3.0, 1.0), "SEQLEN": (6.0, 1.2)}  # log-normal mean and sigma
@@ -91,7 +96,7 @@ def _rss_mb() -> float:
 
 
 def _load(
-    workers: int, seconds: float, warmup: float, policy: PolicyConfig
+    workers: int, seconds: float, warmup: float, policy: PolicyConfig, min_rounds: int = 0
 ) -> dict[str, float | int]:
     namespace = f"bench-controller-{os.getpid()}"
     ctx = multiprocessing.get_context("spawn")
@@ -115,7 +120,9 @@ def _load(
                 clock.sleep(interval)
             _loop(controller, warmup)
             rss_start, rounds = _rss_mb(), controller.rounds["count"]
-            consumed, cpu = _loop(controller, seconds)
+            consumed, cpu = _loop(
+                controller, seconds, lambda: controller.rounds["count"] - rounds >= min_rounds
+            )
             rss_end = _rss_mb()
             dropped = sum(w.ring.dropped for w in controller.workers.values() if w.ring)
             round_ms = [s * 1e3 for s in list(controller.round_seconds)[rounds:]]
@@ -143,12 +150,16 @@ def _load(
     }
 
 
-def _loop(controller: Controller, seconds: float) -> tuple[int, float]:
-    """Run the loop for `seconds`; events consumed and CPU seconds of this thread in steps."""
+def _loop(
+    controller: Controller, seconds: float, done: Callable[[], bool] = lambda: True
+) -> tuple[int, float]:
+    """Run the loop for `seconds`, and on until `done()` (AssertionError after WAIT more);
+    events consumed and CPU seconds of this thread in steps."""
     clock, interval = controller.clock, controller.config.drain_interval_seconds
     consumed, cpu = 0, 0.0
     end = clock.now() + seconds
-    while clock.now() < end:
+    while (now := clock.now()) < end or not done():
+        assert now < end + WAIT, "the loop did not get there in time"
         began, before, cpu_began = clock.now(), controller.counts["consumed"], time.thread_time()
         controller.step()
         cpu += time.thread_time() - cpu_began
@@ -188,26 +199,52 @@ def _fold_per_event(
     return cells
 
 
-def _baseline(n: int) -> dict[str, float]:
+def check_same_fold(
+    cells: dict[str, dict[tuple[int, int], list[float]]],
+    profile: ProfileLedger,
+    now: float,
+    config: PolicyConfig,
+) -> None:
+    """The per-event fold's cells and the profile's statistics (each event folded once) give
+    every value the same decayed weight at `now` and the same count (AssertionError if not)."""
+    lam = math.log(2) / config.half_life_seconds
+    for name, dim_cells in cells.items():
+        view = profile.stats[name].view(now)
+        weights: dict[int, float] = {}
+        counts: dict[int, float] = {}
+        for (k, v), (w, c) in dim_cells.items():
+            weights[v] = weights.get(v, 0.0) + w * math.exp(-lam * (now - k * config.slice_seconds))
+            counts[v] = counts.get(v, 0) + c
+        assert view.values.tolist() == sorted(weights), name
+        assert view.counts.tolist() == [counts[v] for v in sorted(counts)], name
+        assert np.allclose(view.weights, [weights[v] for v in sorted(weights)], rtol=1e-9), name
+
+
+def _baseline(n: int, runs: int) -> dict[str, object]:
     config = PolicyConfig()
     events = np.zeros(n, EVENT_DTYPE)
     events["t_ns"] = np.linspace(0, 1e9, n).astype(np.int64)
     events["values"][:, : len(DIMS)] = _sizes(n, 0)
     events["kind"], events["ndim"] = Kind.SHAPE, len(DIMS)
     keys = np.zeros(n, np.int64)
+    once = ProfileLedger.new(DIMS, 0.0, config)
+    ingest.fold(events, keys, [once], 1.0)
+    check_same_fold(_fold_per_event(events, once, config), once, 1.0, config)
     profile = ProfileLedger.new(DIMS, 0.0, config)
     ingest.fold(events, keys, [profile], 1.0)  # warm: every value has its column
-    began = time.perf_counter()
-    ingest.fold(events, keys, [profile], 1.0)
-    vectorised = n / (time.perf_counter() - began)
-    began = time.perf_counter()
-    _fold_per_event(events, profile, config)
-    per_event = n / (time.perf_counter() - began)
-    return {
-        "fold_events_per_second": vectorised,
-        "baseline_events_per_second": per_event,
-        "fold_speedup": vectorised / per_event,
-    }
+    vectorised, per_event = [], []
+    for _ in range(runs):
+        began = time.perf_counter()
+        ingest.fold(events, keys, [profile], 1.0)
+        vectorised.append(n / (time.perf_counter() - began))
+        began = time.perf_counter()
+        _fold_per_event(events, profile, config)
+        per_event.append(n / (time.perf_counter() - began))
+    out: dict[str, object] = {}
+    summarise(out, "fold_events_per_second", vectorised)
+    summarise(out, "baseline_events_per_second", per_event)
+    paired(out, "fold_speedup", vectorised, per_event)
+    return out
 
 
 @click.command()
@@ -239,9 +276,29 @@ def _baseline(n: int) -> dict[str, float]:
     type=click.IntRange(min=1000),
     help="Batch size of the fold comparison.",
 )
+@click.option(
+    "--min-rounds",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Decision rounds the busy run needs (it goes on past --seconds until it has them).",
+)
+@click.option(
+    "--runs",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Runs of the fold comparison (median and range).",
+)
 @json_option()
 def command(
-    workers: int, seconds: float, warmup: float, baseline_events: int, as_json: bool
+    workers: int,
+    seconds: float,
+    warmup: float,
+    baseline_events: int,
+    min_rounds: int,
+    runs: int,
+    as_json: bool,
 ) -> None:
     """Drain and fold throughput of the controller loop (events per CPU second), decision
     round time and memory while N workers put events flat out, plus the vectorised fold
@@ -254,6 +311,7 @@ def command(
         dataclasses.replace(
             PolicyConfig(), check_interval_seconds=0.1, update_interval_seconds=0.1
         ),
+        min_rounds,
     )
     result = {
         "workers": workers,
@@ -261,6 +319,6 @@ def command(
         **{k: v for k, v in busy.items() if k != "events_per_second"},
         "events_per_second": calm["events_per_second"],
         "events_per_second_busy_rounds": busy["events_per_second"],
-        **_baseline(baseline_events),
+        **_baseline(baseline_events, runs),
     }
     echo_result(result, as_json)

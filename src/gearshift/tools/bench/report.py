@@ -25,12 +25,15 @@ import click
 from gearshift.tools.bench.cli import BENCHMARKS
 from gearshift.tools.bench.tables import TABLES
 
-ORDER = ("policy", "ring", "snapshot", "controller", "hotpath", "optimal", "simulate", "synthetic")
+ORDER = ("policy", "ring", "snapshot", "controller", "hotpath", "graphs", "optimal", "simulate",
+         "synthetic", "fuzz")
 QUICK = {
-    "policy": ["--events", "1000000", "--baseline-events", "100000"],
-    "ring": ["--seconds", "1"],
+    "policy": ["--events", "1000000", "--baseline-events", "100000", "--runs", "2"],
+    "ring": ["--seconds", "1", "--runs", "2"],
     "controller": ["--workers", "2", "--seconds", "1", "--warmup", "0.5"],
     "hotpath": ["--batches", "100"],
+    "graphs": ["--quick"],
+    "fuzz": ["--seconds", "30"],
     "optimal": ["--values", "2000", "--baseline-values", "500"],
     "synthetic": ["--seeds", "1"],
 }
@@ -93,8 +96,11 @@ def render(
         "",
         f"Written by `{invocation}` on {when}. Each benchmark ran in its own process; every "
         "figure is next to its baseline measured in the same run, and the ratio is how many "
-        "times better gearshift's figure is (below 1: worse). Other processes shared the "
-        "machine: treat single figures as samples, ratios as the comparison.",
+        "times better gearshift's figure is (below 1: worse); for padding, baseline / "
+        "gearshift padding overhead, except in rows \"vs hindsight\": plan / optimum, over 1 "
+        "worse. Other processes shared the machine: a figure they can move was measured over "
+        "several runs and shows its median and range, median (min–max), and its ratio the "
+        "median and range of the ratios run by run.",
         "",
         "| machine | |",
         "| --- | --- |",

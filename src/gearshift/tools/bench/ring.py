@@ -1,12 +1,16 @@
-"""`gearshift bench ring`: event rings against pickled events through a multiprocessing.Queue.
+"""`gearshift bench ring`: event rings against events through a multiprocessing.Queue.
 
-Each figure comes with the naive design measured in the same run:
+Each figure comes with its stand-in measured in the same run:
 - put: one `EventRing.put` (batches of 1000 into a drained ring) vs `Queue.put` of the same
-  event tuple (medians of batch means).
-- drain: `drain()` of a full ring vs `Queue.get` of queued events, events per second.
+  event tuple (medians of batch means): per event, both.
+- drain: `drain()` of a full ring (one numpy array of records) vs `Queue.get` of the same
+  records queued as numpy arrays of BATCH records (batched: what a consumer that wants arrays
+  would use), and vs `Queue.get` of one event tuple at a time (per item); events per second.
 - end to end: N producer processes put flat out, each into its own ring, for S seconds while
-  one consumer drains them all; vs N producer processes putting into one bounded Queue and one
-  consumer getting. Events consumed per second; events the rings dropped.
+  one consumer drains them all; vs N producer processes putting each event into one bounded
+  Queue (per event, as a request path would) and one consumer getting. Events consumed per
+  second; events the rings dropped. Repeated `--runs` times, the two designs in turn
+  (alternating which goes first), and reported as median and range (`spread`).
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 
 import click
+import numpy as np
 
 from gearshift.clikit import json_option
-from gearshift.shm import EventRing
+from gearshift.shm import EVENT_DTYPE, EventRing
 from gearshift.tools.bench.cli import echo_result
+from gearshift.tools.bench.spread import paired, summarise
 
 EVENT = (123_456_789, 3, 7, (1000, 37), (1, 1))  # t_ns, profile, version, values, chunks
 CHECK_EVERY = 1024  # puts between looks at the stop flag
+BATCH = 1024  # records per array of the batched Queue stand-in
 
 
 def per_call_ns(
@@ -97,6 +104,30 @@ def _queue_get_rate(events: int = 20_000) -> float:
     return rate
 
 
+def _queue_get_batched_rate(capacity: int) -> float:
+    """Events per second got from a Queue holding the records of a full ring as arrays of
+    BATCH records (what `drain` returns, in pieces)."""
+    ring = EventRing.create(f"bench-batched-{os.getpid()}", 0, capacity)
+    try:
+        while ring.put(*EVENT):
+            pass
+        records = ring.drain()
+    finally:
+        ring.unlink()
+        ring.close()
+    q: multiprocessing.Queue = multiprocessing.Queue()
+    batches = [records[i:i + BATCH].copy() for i in range(0, len(records), BATCH)]
+    for batch in batches:
+        q.put(batch)
+    first = q.get()  # the feeder thread is flushing into the pipe
+    began = time.perf_counter()
+    got = [q.get() for _ in batches[1:]]
+    rate = (len(records) - len(first)) / (time.perf_counter() - began)
+    q.close()
+    assert all(np.array_equal(got[-1][f], batches[-1][f]) for f in EVENT_DTYPE.names)
+    return rate
+
+
 def _ring_producer(namespace: str, slot: int, ready: Queue, go: Event, stop: Event) -> None:
     ring = EventRing.attach(namespace, slot)
     put = ring.put
@@ -162,41 +193,71 @@ def _get_some(q: Queue, most: int = CHECK_EVERY) -> int:
     return most
 
 
-@click.command()
-@click.option("--workers", default=2, show_default=True, help="Producer processes.")
-@click.option("--seconds", default=3.0, show_default=True, help="End-to-end run length, each.")
-@click.option("--capacity", default=1 << 16, show_default=True, help="Records per ring.")
-@json_option()
-def command(workers: int, seconds: float, capacity: int, as_json: bool) -> None:
-    """Time ring put, drain and N producers -> 1 consumer against a multiprocessing.Queue."""
-    namespace = f"bench{os.getpid()}"
-    ctx = multiprocessing.get_context("spawn")
-    put_ns, queue_put_ns = _put_ns(namespace, capacity), _queue_put_ns()
-    drain_rate, queue_get_rate = _drain_rate(namespace, capacity), _queue_get_rate()
+def _rings_rate(ctx: BaseContext, namespace: str, workers: int, capacity: int,
+                seconds: float) -> tuple[float, int]:
+    """N producers -> 1 consumer through rings: events per second, events dropped."""
     rings = [EventRing.create(namespace, slot, capacity) for slot in range(workers)]
     try:
         args = [(namespace, slot) for slot in range(workers)]
         rate = _run(ctx, _ring_producer, args, lambda: sum(len(r.drain()) for r in rings), seconds)
-        dropped = sum(r.dropped for r in rings)
+        return rate, sum(r.dropped for r in rings)
     finally:
         for ring in rings:
             ring.unlink()
             ring.close()
+
+
+def _queue_rate(ctx: BaseContext, workers: int, capacity: int, seconds: float) -> float:
     q = ctx.Queue(maxsize=capacity)
-    queue_rate = _run(ctx, _queue_producer, [(q,)] * workers, lambda: _get_some(q), seconds)
-    result = {
-        "workers": workers,
-        "seconds": seconds,
-        "capacity": capacity,
-        "events_per_second": rate,
-        "dropped": dropped,
-        "baseline_queue_events_per_second": queue_rate,
-        "speedup": rate / queue_rate,
-        "put_ns_median": put_ns,
-        "baseline_queue_put_ns_median": queue_put_ns,
-        "put_speedup": queue_put_ns / put_ns,
-        "drain_events_per_second": drain_rate,
-        "baseline_queue_get_events_per_second": queue_get_rate,
-        "drain_speedup": drain_rate / queue_get_rate,
-    }
+    try:
+        return _run(ctx, _queue_producer, [(q,)] * workers, lambda: _get_some(q), seconds)
+    finally:
+        q.close()
+
+
+@click.command()
+@click.option("--workers", default=2, show_default=True, help="Producer processes.")
+@click.option("--seconds", default=2.0, show_default=True, help="End-to-end run length, each.")
+@click.option("--capacity", default=1 << 16, show_default=True, help="Records per ring.")
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(1),
+              help="Runs of every figure (median and range).")
+@json_option()
+def command(workers: int, seconds: float, capacity: int, runs: int, as_json: bool) -> None:
+    """Time ring put, drain and N producers -> 1 consumer against a multiprocessing.Queue."""
+    namespace = f"bench{os.getpid()}"
+    ctx = multiprocessing.get_context("spawn")
+    figures: dict[str, list[float]] = {}
+    dropped = 0
+    for run in range(runs):
+        rows = {
+            "put_ns_median": _put_ns(namespace, capacity),
+            "baseline_queue_put_ns_median": _queue_put_ns(),
+            "drain_events_per_second": _drain_rate(namespace, capacity),
+            "baseline_queue_get_batched_events_per_second": _queue_get_batched_rate(capacity),
+            "baseline_queue_get_events_per_second": _queue_get_rate(),
+        }
+        if run % 2:  # alternate which design goes first
+            queue_rate = _queue_rate(ctx, workers, capacity, seconds)
+            rate, lost = _rings_rate(ctx, namespace, workers, capacity, seconds)
+        else:
+            rate, lost = _rings_rate(ctx, namespace, workers, capacity, seconds)
+            queue_rate = _queue_rate(ctx, workers, capacity, seconds)
+        rows |= {"events_per_second": rate, "baseline_queue_events_per_second": queue_rate}
+        dropped += lost
+        for key, value in rows.items():
+            figures.setdefault(key, []).append(value)
+    result: dict[str, object] = {"workers": workers, "seconds": seconds, "capacity": capacity,
+                                 "runs": runs, "dropped": dropped}
+    for key, values in figures.items():
+        summarise(result, key, values)
+    for key, mine, theirs in (
+        ("speedup", "events_per_second", "baseline_queue_events_per_second"),
+        ("drain_speedup", "drain_events_per_second",
+         "baseline_queue_get_batched_events_per_second"),
+        ("drain_speedup_per_item", "drain_events_per_second",
+         "baseline_queue_get_events_per_second"),
+    ):
+        paired(result, key, figures[mine], figures[theirs])
+    paired(result, "put_speedup", figures["baseline_queue_put_ns_median"],
+           figures["put_ns_median"])
     echo_result(result, as_json)

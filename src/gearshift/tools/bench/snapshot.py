@@ -1,16 +1,21 @@
-"""`gearshift bench snapshot`: a device's snapshot region against a multiprocessing.Queue.
+"""`gearshift bench snapshot`: a device's snapshot region against what a user would write.
 
 The payload is a large realistic snapshot (protocol.snapshot_payload: 8 profiles of 2 dims at 64
-gears each, one change each). Each figure comes with the naive design measured in the same run:
-- version check: `SnapshotRegion.version()` ("has it changed?") vs `Queue.empty()`, the naive
-  worker's poll for a newer snapshot (medians of batch means).
-- transfer: `publish()` + `read()` vs `Queue.put` of the payload + `Queue.get` (pickled through
-  the queue's pipe), both in microseconds.
+gears each, one change each). Each figure comes with its stand-in measured in the same run:
+- version check ("has it changed?"): `SnapshotRegion.version()` against one read of a shared
+  `multiprocessing.Value("Q", lock=False)` holding the version, the obvious stand-in (medians
+  of batch means);
+- transfer: `publish()` + `read()` against `multiprocessing.Queue.put` of the payload +
+  `Queue.get` (pickled through the queue's pipe), in microseconds.
+Both stand-ins must deliver what they are given (the version, an equal payload). Every figure
+is measured in each of `--runs` runs, the designs one after the other, and reported as median
+and range (`spread`), ratios run by run.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import operator
 import os
 import statistics
 import time
@@ -23,6 +28,7 @@ from gearshift.shm import SnapshotRegion
 from gearshift.shm.codec import pack
 from gearshift.tools.bench.cli import echo_result
 from gearshift.tools.bench.ring import per_call_ns
+from gearshift.tools.bench.spread import RUNS, paired, summarise
 
 
 def _payload() -> dict:
@@ -38,38 +44,60 @@ def _transfer_us(q: multiprocessing.Queue, payload: dict, repeats: int = 200) ->
     for _ in range(repeats):
         began = time.perf_counter_ns()
         q.put(payload)
-        q.get()
+        got = q.get()
         times.append(time.perf_counter_ns() - began)
+    assert got == payload, "the queue changed the payload"
     return statistics.median(times) / 1e3
 
 
+def _region_us(writer: SnapshotRegion, reader: SnapshotRegion, payload: dict) -> float:
+    publish_us = per_call_ns(writer.publish, payload, calls=100) / 1e3
+    read_us = per_call_ns(reader.read, calls=100) / 1e3
+    snapshot = reader.read()
+    assert snapshot is not None and snapshot.payload == payload, "the region changed it"
+    return publish_us, read_us
+
+
 @click.command()
+@click.option("--runs", default=RUNS, show_default=True, type=click.IntRange(1),
+              help="Runs of every figure (median and range).")
 @json_option()
-def command(as_json: bool) -> None:
-    """Time snapshot version check, read and publish against a multiprocessing.Queue."""
+def command(runs: int, as_json: bool) -> None:
+    """Time the snapshot version check against a shared Value's read, and publish + read
+    against a multiprocessing.Queue."""
     payload = _payload()
-    writer = SnapshotRegion.create(f"bench{os.getpid()}", 0)
-    reader = SnapshotRegion.attach(f"bench{os.getpid()}", 0)
+    name = f"bench{os.getpid()}"
+    writer = SnapshotRegion.create(name, 0)
+    reader = SnapshotRegion.attach(name, 0)
+    shared = multiprocessing.Value("Q", 0, lock=False)
+    read_value = operator.attrgetter("value")
+    q: multiprocessing.Queue = multiprocessing.Queue()
+    figures: dict[str, list[float]] = {}
     try:
-        publish_us = per_call_ns(writer.publish, payload, calls=100) / 1e3
-        read_us = per_call_ns(reader.read, calls=100) / 1e3
-        version_ns = per_call_ns(reader.version, calls=10_000)
+        for _ in range(runs):
+            publish_us, read_us = _region_us(writer, reader, payload)
+            shared.value = reader.version()
+            assert read_value(shared) == reader.version() > 0
+            rows = {
+                "version_check_ns_median": per_call_ns(reader.version, calls=10_000),
+                "baseline_shared_value_ns_median": per_call_ns(read_value, shared, calls=10_000),
+                "publish_us_median": publish_us,
+                "read_us_median": read_us,
+                "transfer_us_median": publish_us + read_us,
+                "baseline_queue_transfer_us_median": _transfer_us(q, payload),
+            }
+            for key, value in rows.items():
+                figures.setdefault(key, []).append(value)
     finally:
+        q.close()
         reader.close()
         writer.unlink()
         writer.close()
-    q: multiprocessing.Queue = multiprocessing.Queue()
-    poll_ns = per_call_ns(q.empty, calls=10_000)
-    transfer_us = _transfer_us(q, payload)
-    q.close()
-    result = {
-        "payload_bytes": len(pack(payload)),
-        "version_check_ns_median": version_ns,
-        "baseline_queue_poll_ns_median": poll_ns,
-        "version_check_speedup": poll_ns / version_ns,
-        "publish_us_median": publish_us,
-        "read_us_median": read_us,
-        "baseline_queue_transfer_us_median": transfer_us,
-        "transfer_speedup": transfer_us / (publish_us + read_us),
-    }
+    result: dict[str, object] = {"payload_bytes": len(pack(payload)), "runs": runs}
+    for key, values in figures.items():
+        summarise(result, key, values)
+    paired(result, "version_check_speedup", figures["baseline_shared_value_ns_median"],
+           figures["version_check_ns_median"])
+    paired(result, "transfer_speedup", figures["baseline_queue_transfer_us_median"],
+           figures["transfer_us_median"])
     echo_result(result, as_json)

@@ -1,7 +1,10 @@
 """The table of each benchmark in the report: its figures next to their baselines.
 
 A row is (figure, value, baseline measured in the same run, ratio); the ratio is the factor by
-which gearshift's figure is better (below 1: worse), for padding the ratio of padded work.
+which gearshift's figure is better (below 1: worse); for padding, the ratio of padding
+overheads (baseline / gearshift), except in rows "vs hindsight", which give plan / optimum
+(over 1: plan pads more). A figure measured over several runs shows its median and its range,
+`median (min-max)`, and its ratio the median and range of the run-by-run ratios (`spread`).
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 Row = tuple[str, str, str, str]  # figure, value, baseline (same run), ratio
-# (figure, key, unit, baseline, baseline key, lower is better)
-Spec = tuple[str, str, str, str, str | None, bool]
+# (figure, key, unit, baseline, baseline key, lower is better[, key of the run-by-run ratio])
+Spec = tuple[str, str, str, str, str | None, bool] | tuple[str, str, str, str, str | None, bool,
+                                                          str]
 
 
 def _value(x: float, unit: str) -> str:
@@ -21,57 +25,61 @@ def _value(x: float, unit: str) -> str:
     return f"{x:,.3g} {unit}" if x < 100 else f"{x:,.0f} {unit}"
 
 
+def _cell(result: dict[str, Any], key: str, unit: str) -> str:
+    """The figure, with its range over the runs when it has one."""
+    span = result.get(f"{key}_range")
+    value = _value(result[key], unit)
+    if not span:
+        return value
+    low, high = (_value(x, unit).removesuffix(f" {unit}").removesuffix(" M/s") for x in span)
+    return f"{value} ({low}–{high})"
+
+
+def _ratio(result: dict[str, Any], key: str) -> str:
+    span = result.get(f"{key}_range")
+    return f"{result[key]:,.2f}x" + (f" ({span[0]:,.2f}–{span[1]:,.2f})" if span else "")
+
+
 def _rows(result: dict[str, Any], specs: Iterable[Spec]) -> list[Row]:
     rows = []
-    for figure, key, unit, baseline, base_key, lower in specs:
+    for figure, key, unit, baseline, base_key, lower, *paired in specs:
         if key not in result:
             continue
-        value = _value(result[key], unit)
+        value = _cell(result, key, unit)
         if base_key is None or base_key not in result:
             rows.append((figure, value, baseline or "-", "-"))
             continue
-        mine, theirs = result[key], result[base_key]
-        ratio = theirs / mine if lower else mine / theirs
-        rows.append((figure, value, f"{baseline}: {_value(theirs, unit)}", f"{ratio:,.2f}x"))
+        if paired and paired[0] in result:
+            ratio = _ratio(result, paired[0])
+        else:
+            mine, theirs = result[key], result[base_key]
+            ratio = f"{theirs / mine if lower else mine / theirs:,.2f}x"
+        rows.append((figure, value, f"{baseline}: {_cell(result, base_key, unit)}", ratio))
     return rows
 
 
 def _policy(r: dict[str, Any]) -> list[Row]:
+    record = "reference design (ported), record_event"
     specs: list[Spec] = [
-        (
-            "fold into DimStats, batches of 64 Ki",
-            "fold_events_per_second",
-            "/s",
-            "list-based reference design, record",
-            "baseline_record_events_per_second",
-            False,
-        ),
-        (
-            "fold, batches of 4 Ki",
-            "fold_events_per_second_4ki",
-            "/s",
-            "list-based reference design, record",
-            "baseline_record_events_per_second",
-            False,
-        ),
+        ("fold into DimStats, batches of 64 Ki", "fold_events_per_second", "/s", record,
+         "baseline_record_events_per_second", False, "fold_speedup"),
+        ("fold, batches of 4 Ki", "fold_events_per_second_4ki", "/s", record,
+         "baseline_record_events_per_second", False, "fold_speedup_4ki"),
     ]
     sizes = sorted(
-        {m.group(1) for k in r if (m := re.fullmatch(r"decide_ms_at_(\S+)", k))}, key=float
+        {m.group(1) for k in r if (m := re.fullmatch(r"decide_ms_at_([0-9e]+)", k))}, key=float
     )
     for size in sizes:
         base = f"baseline_decide_ms_at_{size}"
         base = base if base in r else f"{base}_extrapolated"
-        label = "reference round" + (" (extrapolated)" if base.endswith("extrapolated") else "")
-        specs.append(
-            (
-                f"decision round, {size} events in the window",
-                f"decide_ms_at_{size}",
-                "ms",
-                label,
-                base,
-                True,
-            )
-        )
+        label = "reference round, run_once" + (
+            " (extrapolated)" if base.endswith("extrapolated") else "")
+        for mode, name in (("", "plan"), ("_seed", "seed")):
+            specs.append((
+                f"decision round, {name} mode, {size} events in the window",
+                f"decide{mode}_ms_at_{size}", "ms", label, base, True,
+                f"decide{mode}_speedup_at_{size}",
+            ))
     return _rows(r, specs)
 
 
@@ -80,59 +88,37 @@ def _ring(r: dict[str, Any]) -> list[Row]:
     return _rows(
         r,
         [
-            (
-                "put, median",
-                "put_ns_median",
-                "ns",
-                "Queue.put",
-                "baseline_queue_put_ns_median",
-                True,
-            ),
-            (
-                "drain, one consumer",
-                "drain_events_per_second",
-                "/s",
-                "Queue.get",
-                "baseline_queue_get_events_per_second",
-                False,
-            ),
-            (
-                f"{n} producers -> 1 consumer ({r.get('dropped', 0):,} dropped)",
-                "events_per_second",
-                "/s",
-                f"{n} producers -> one Queue",
-                "baseline_queue_events_per_second",
-                False,
-            ),
+            ("put, median", "put_ns_median", "ns", "Queue.put (per event)",
+             "baseline_queue_put_ns_median", True, "put_speedup"),
+            ("drain, one consumer", "drain_events_per_second", "/s",
+             "Queue.get of 1024-record arrays", "baseline_queue_get_batched_events_per_second",
+             False, "drain_speedup"),
+            ("drain, against a per-item stand-in", "drain_events_per_second", "/s",
+             "Queue.get per event",
+             "baseline_queue_get_events_per_second", False, "drain_speedup_per_item"),
+            (f"{n} producers -> 1 consumer ({r.get('dropped', 0):,} dropped)",
+             "events_per_second", "/s", f"{n} producers -> one Queue, per event",
+             "baseline_queue_events_per_second", False, "speedup"),
         ],
     )
 
 
 def _snapshot(r: dict[str, Any]) -> list[Row]:
-    transfer = dict(r, transfer_us=r["publish_us_median"] + r["read_us_median"])
+    transfer = r if "transfer_us_median" in r else dict(
+        r, transfer_us_median=r["publish_us_median"] + r["read_us_median"])
     return _rows(
         r,
         [
-            (
-                "version check (has it changed?)",
-                "version_check_ns_median",
-                "ns",
-                "Queue.empty()",
-                "baseline_queue_poll_ns_median",
-                True,
-            ),
+            ("version check (has it changed?)", "version_check_ns_median", "ns",
+             "read of a shared Value(lock=False)", "baseline_shared_value_ns_median", True,
+             "version_check_speedup"),
         ],
     ) + _rows(
         transfer,
         [
-            (
-                f"publish + read, {r['payload_bytes']:,} B payload",
-                "transfer_us",
-                "µs",
-                "Queue.put + get",
-                "baseline_queue_transfer_us_median",
-                True,
-            ),
+            (f"publish + read, {r['payload_bytes']:,} B payload", "transfer_us_median", "µs",
+             "multiprocessing.Queue put + get", "baseline_queue_transfer_us_median", True,
+             "transfer_speedup"),
         ],
     )
 
@@ -149,6 +135,7 @@ def _controller(r: dict[str, Any]) -> list[Row]:
                 "per-event Python fold",
                 "baseline_events_per_second",
                 False,
+                "fold_speedup",
             ),
             (
                 f"loop, {n} flat-out workers, per CPU second",
@@ -202,6 +189,7 @@ def _optimal(r: dict[str, Any]) -> list[Row]:
                 "quadratic DP",
                 "quadratic_ms_at_baseline",
                 True,
+                "speedup_at_baseline",
             ),
             (f"optimal_gears, {r['values']:,} values, k {r['k']}", "dp_ms", "ms", "", None, True),
         ],
@@ -209,8 +197,9 @@ def _optimal(r: dict[str, Any]) -> list[Row]:
 
 
 def _simulate(r: dict[str, Any]) -> list[Row]:
-    """Per trace and dim: padded work of plan and seed mode against the power-of-two ladder,
-    and plan mode against the hindsight-optimal static set at its mean gear count."""
+    """Per trace and dim: plan mode's padding against both power-of-two ladders and seed mode
+    at both cadences (baseline / plan, against the stronger one), and against the hindsight-
+    optimal static set at its mean gear count, rounded and interpolated (plan / optimum)."""
 
     def mode(m: dict[str, Any]) -> str:
         churn = m["adds_per_hour"] + m["evictions_per_hour"]
@@ -221,40 +210,36 @@ def _simulate(r: dict[str, Any]) -> list[Row]:
     rows = []
     for trace, dims in r["traces"].items():
         for dim, d in dims.items():
-            pow2, best = d["pow2"]["padding_overhead"], d["optimal"]["padding_overhead"]
-            where = f"{trace.removeprefix('azure_')} {dim}"
-            for name in ("plan", "seed"):
-                pad = d[name]["padding_overhead"]
-                rows.append(
-                    (
-                        f"{where}, {name} mode",
-                        mode(d[name]),
-                        f"pow2: {pow2:.1%} pad",
-                        f"{(1 + pow2) / (1 + pad):.2f}x",
-                    )
-                )
             pad = d["plan"]["padding_overhead"]
-            rows.append(
-                (
-                    f"{where}, plan mode vs hindsight",
-                    f"{pad:.1%} pad",
-                    f"optimal {d['optimal']['k']} gears: {best:.1%} pad",
-                    f"{(1 + best) / (1 + pad):.2f}x",
-                )
-            )
+            pow2, ceil = d["pow2"]["padding_overhead"], d["pow2_ceil"]["padding_overhead"]
+            seed, seed_60 = d["seed"]["padding_overhead"], d["seed_60"]["padding_overhead"]
+            o = d["optimal"]
+            where = f"{trace.removeprefix('azure_')} {dim}"
+            rows += [
+                (f"{where}, plan mode vs pow2", mode(d["plan"]),
+                 f"pow2 to M (the start): {pow2:.1%} pad; to 2^k >= M: {ceil:.1%}",
+                 f"{pow2 / pad:.2f}x"),
+                (f"{where}, plan mode vs seed mode", f"{pad:.1%} pad",
+                 f"seed, every 300 s: {seed:.1%} pad; every 60 s: {seed_60:.1%}",
+                 f"{d['seed_margin']:.2f}x"),
+                (f"{where}, plan mode vs hindsight (plan / optimum)", f"{pad:.1%} pad",
+                 f"optimal {o['k']} gears: {o['padding_overhead']:.1%} pad; interpolated at "
+                 f"{o['mean_gears']:.2f}: {o['interpolated_padding_overhead']:.1%}",
+                 f"{d['ratio']:.2f} (interpolated {d['interpolated_ratio']:.2f})"),
+            ]
     return rows
 
 
 def _synthetic(r: dict[str, Any]) -> list[Row]:
     """Per family: plan mode's padding against the hindsight-optimal static set at its mean
-    gear count (rounded; the worst seed)."""
+    gear count, worst seed, plan / optimum: rounded, interpolated, fitted on another draw."""
     return [
         (
-            f"{family}, plan mode vs hindsight ({r['seeds']} seeds)",
+            f"{family}, plan mode vs hindsight (plan / optimum, {r['seeds']} seeds)",
             f"{f['padding_overhead_mean']:.1%} pad, {f['mean_gears_mean']:.1f} gears",
-            f"optimal at equal gears (worst seed: plan pads {f['ratio_worst']:.2f}x its padding;"
-            f" {f['ratio_held_out_worst']:.2f}x fitted on another draw)",
-            f"{1 / f['ratio_worst']:.2f}x",
+            f"optimal at equal gears, worst seed: interpolated {f['ratio_interpolated_worst']:.2f};"
+            f" fitted on another draw {f['ratio_held_out_worst']:.2f}",
+            f"{f['ratio_worst']:.2f}",
         )
         for family, f in r["families"].items()
     ]
@@ -270,3 +255,62 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "simulate": _simulate,
     "synthetic": _synthetic,
 }
+
+
+def _graphs(r: dict[str, Any]) -> list[Row]:
+    """Graphs on a device (`bench graphs`): replay against eager, memory per graph and returned
+    against one shared pool, latency beside captures against idle, outputs and adoption."""
+    rows = [
+        (f"decode batch {b}: runner.run (pad, replay, cut)", f"{d['graph_us']:,.0f} us",
+         f"eager model: {d['eager_us']:,.0f} us", f"{d['speedup']:.2f}x")
+        for b, d in r["speed"].items()
+    ]
+    mean, top = r["capture_seconds_mean"] * 1e3, r["capture_seconds_max"] * 1e3
+    rows.append((f"capture, per graph ({r['graphs']} graphs)",
+                 f"{mean:,.1f} ms (max {top:,.1f})", "-", "-"))
+    if r.get("graph_bytes_total") is not None:
+        mib = 1 << 20
+        rows.append(("device memory of the graphs, a pool each",
+                     f"{r['graph_bytes_total'] / mib:,.1f} MiB",
+                     f"one shared pool: {r['shared_pool_bytes'] / mib:,.1f} MiB",
+                     f"{r['shared_pool_bytes'] / max(r['graph_bytes_total'], 1):.2f}x"))
+        rows.append((f"memory back after releasing {r['released_graphs']} graphs",
+                     f"{r['memory_returned_bytes'] / mib:,.1f} MiB of"
+                     f" {r['released_graph_bytes'] / mib:,.1f} held",
+                     f"one shared pool: {r['shared_pool_returned_bytes'] / mib:,.1f} MiB",
+                     f"{r['memory_returned_ratio']:.2f} of held"))
+    idle, busy = r["latency"]["idle"], r["latency"]["capturing"]
+    for q in ("p50", "p99"):
+        rows.append((f"request latency {q}, beside captures and releases",
+                     f"{busy[f'{q}_ms']:.3f} ms", f"idle: {idle[f'{q}_ms']:.3f} ms",
+                     f"{idle[f'{q}_ms'] / busy[f'{q}_ms']:.2f}x"))
+    rows.append(("outputs unlike eager / errors", f"{r['mismatches']} / {r['errors']}",
+                 f"max abs error {r['max_abs_error']:.2g} (rtol, atol {r['tolerance']['rtol']:g})",
+                 "-"))
+    if "adoption" in r:
+        a = r["adoption"]
+        lag = "-" if a["lag_seconds_max"] is None else f"{a['lag_seconds_max']:.2f} s"
+        rows.append(("2 workers, one device: versions acked by both, lag max",
+                     f"{a['versions_acked']} of {a['versions_wanted']}, {lag}",
+                     f"errors {a['errors']}", "-"))
+    return rows
+
+
+TABLES["graphs"] = _graphs
+
+
+def _fuzz(r: dict[str, Any]) -> list[Row]:
+    """One row per boundary: cases and typed refusals; the failures (each must be 0)."""
+    boundaries = dict.fromkeys(key.rsplit(".", 1)[0] for key in r)
+    rows = []
+    for name in boundaries:
+        figures = {k.rsplit(".", 1)[1]: v for k, v in r.items() if k.rsplit(".", 1)[0] == name}
+        failed = {k: v for k, v in figures.items() if k not in ("cases", "refused")}
+        rows.append((name, f"{figures['cases']} cases, {figures['refused']} refused",
+                     ", ".join(f"{k} {v}" for k, v in failed.items()),
+                     "clean" if not any(v for k, v in failed.items() if k != "interrupted")
+                     else "FAILED"))
+    return rows
+
+
+TABLES["fuzz"] = _fuzz

@@ -42,7 +42,7 @@ EXIT_INTERRUPTED = 130  # the shell's code for a run ended by SIGINT
     default=60.0,
     show_default=True,
     type=click.FloatRange(min=5),
-    help="About how long the whole demo takes (start-up and both runs).",
+    help="About how long the whole demo takes (start-up and both arms, interleaved).",
 )
 @namespace_option("Shared-memory namespace of its controller [default: demo-<pid>].")
 @click.option(
@@ -61,8 +61,9 @@ def demo(
     overrides: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Replay a trace through N workers with static gears, then with adaptive ones.
+    """Compare adaptive gears with static ones on a model.
 
+    It replays a trace through N workers with static gears, then with adaptive ones.
     N worker processes run a small prefill model on the CPU backend through the adaptive graph
     runner: one pre-norm transformer block over x = [*dims, 16], causal self-attention (one
     head, torch's scaled_dot_product_attention) and a GELU MLP. Its cost grows like
@@ -78,7 +79,7 @@ def demo(
     A table compares them: useful tokens per second (wall time, captures of new gears
     included) and per CPU second (workers and controller), padding in tokens and in model
     compute, mean gears, adds and evictions, graph captures, decision rounds, propagation lag
-    (in trace time).
+    (in trace time). The table gives padding in percent, --json as ratios (0.25 is 25 %).
     """
     try:
         policy = load_policy_config(None, overrides)
@@ -201,12 +202,22 @@ def table(r: dict[str, Any]) -> str:
     lines += [f"{name:{width}}{x:>14}{y:>16}" for name, x, y in rows]
     lines += [
         "",
-        f"speedup (useful tokens per second, adaptive / static): {r['speedup']:.2f}x",
-        f"per CPU second (workers and controller; robust to other load): {r['cpu_speedup']:.2f}x",
+        f"speedup (useful tokens per second, adaptive / static): {r['speedup']:.2f}x"
+        + _slices(r.get("speedup_slices"), r.get("slices")),
+        f"per CPU second (workers and controller; robust to other load): {r['cpu_speedup']:.2f}x"
+        + _slices(r.get("cpu_speedup_slices"), r.get("slices")),
         f"compute-bound ceiling (model cost of the padded work, static / adaptive): "
         f"{r['compute_ratio']:.2f}x",
     ]
     return "\n".join(lines)
+
+
+def _slices(spread: dict[str, Any] | None, count: int | None) -> str:
+    """`; over N interleaved slices: median M (min-max)`, or nothing without slices."""
+    if not spread:
+        return ""
+    return (f"; over {count} interleaved slices: median {spread['median']:.2f}x "
+            f"({spread['min']:.2f}-{spread['max']:.2f})")
 
 
 def _share(x: dict[str, Any], key: str) -> str:

@@ -1,9 +1,9 @@
-"""What a demo run measures: the `Progress` it reports as it goes, and its figures at the end.
+"""What a demo run measures: the `Progress` it reports as it goes, and each arm's figures.
 
-The figures add up the workers' replies (`worker._replay`): a run's wall time is from the first
-worker's start to the last one's end; model seconds are the calibrated `Cost` of the padded
-work. The demo process adds the CPU time of the controller and its own (`run`). How the demo
-measures: docs/tools.md.
+An arm's figures add up the workers' replies over its slices (`worker.Arm.replay`); its wall
+time and CPU time are what `run` measured slice by slice (a slice's wall time is from the first
+worker's start to the last one's end, the adaptive arm's captures after it included); model
+seconds are the calibrated `Cost` of the padded work. How the demo measures: docs/tools.md.
 """
 
 from __future__ import annotations
@@ -71,18 +71,21 @@ def propagation_lag(found: Lag | None) -> dict[str, float] | None:
 
 def run_figures(
     results: list[dict[str, Any]],
+    seconds: float,
+    worker_cpu: float,
+    controller_cpu: float,
     workload: Workload,
     watch: GearWatch | None,
     cost: Cost,
     lag: dict[str, float] | None,
 ) -> dict[str, Any]:
-    """A run's figures from the workers' `results`, the gears `watch` saw (None: the static
-    run's initial gears) and the controller's propagation `lag`."""
+    """An arm's figures from the workers' `results` (every slice's), its wall `seconds` and
+    the CPU seconds of its workers and of the controller, the gears `watch` saw (None: the
+    static arm's initial gears) and the controller's propagation `lag`."""
 
     def total(key: str) -> int:
         return sum(r[key] for r in results)
 
-    seconds = max(r["ended"] for r in results) - min(r["began"] for r in results)
     useful = total("useful")
     model = cost.seconds(0, total("padded"), total("padded_pairs"))
     dims = {}
@@ -105,7 +108,9 @@ def run_figures(
         "compute_overhead": model / cost.seconds(0, useful, total("useful_pairs")) - 1.0,
         "replayed_tokens": total("computed") - total("capture_tokens"),
         "captured_tokens": total("capture_tokens"),
-        "worker_cpu_seconds": total("cpu"),
+        "worker_cpu_seconds": worker_cpu,
+        "controller_cpu_seconds": controller_cpu,
+        "useful_tokens_per_cpu_second": useful / (worker_cpu + controller_cpu),
         "capture_cpu_seconds": total("capture_cpu"),
         "worker_peak_rss_mb": max(r["rss_mb"] for r in results),
         "dims": dims,

@@ -1,21 +1,23 @@
 """A demo worker process: replays trace rows through a transformer block, on the CPU.
 
 Commands come from the parent over a pipe, one reply each:
-`("calibrate", dims)` -> captures the initial gears on the runner kept for the static run and
+`("calibrate", dims)` -> captures the initial gears on the runner kept for the static arm and
 times replays of each sequence gear: `[(tokens, pairs, CPU seconds), ...]`;
-`("static", dims, sizes)` -> requests on that runner, its gears kept, with no client and no
-controller;
-`("adaptive", namespace, dims, sizes, times)` -> requests through a gearshift client on the
-run's `TraceClock` (`times`: the rows' compressed trace times): the profile routes and records
-every request, an AdaptiveRunner replays graphs of the gears in use, the client's swap thread
-adopts new snapshots and captures their gears;
-`("exit",)`.
-A run captures its initial gears, replies `("prepared", None)` and starts on the parent's
-`("go",)`; then each worker takes the next row of `sizes` from the shared counter `queue` until
-none is left. Its reply is a dict (`_replay`), an error `("error", traceback)`. Progress goes to
-the shared array `progress`: [requests done, useful tokens, padded tokens] at `3 * index`. In
-the adaptive run a worker adopts a new snapshot, and waits until its swap thread has captured
-the new gears, before its next request; the captures count in the run (why: docs/tools.md).
+`("prepare", namespace, dims, priced, sizes, times)` -> the two arms over the same rows: the
+static one on that runner, its gears kept, with no client and no controller; the adaptive one
+through a gearshift client on the `TraceClock` (`times`: the rows' compressed trace times): the
+profile (dims `priced`) routes and records every request, an AdaptiveRunner replays graphs of
+the gears in use, the client's swap thread adopts new snapshots and captures their gears. Each
+arm captures its initial gears; the reply is `None`;
+`("slice", arm, end)` -> the arm ("static" or "adaptive") takes the next row from its shared
+counter `queues[arm]` until row `end`; the reply is the slice's figures (`Arm.replay`);
+`("settle",)` -> the adaptive arm adopts the newest snapshot and waits until its gears are
+captured, so that no capture runs in a static slice; the reply is its wall and CPU seconds;
+`("finish",)` -> the adaptive client closes; `("exit",)`.
+An error replies `("error", traceback)`. Progress goes to the shared array `progress`:
+[requests done, useful tokens, padded tokens] of the arm, cumulative, at `3 * (index + arm *
+workers)`. An adaptive request waits until the swap thread has captured the gears of a new
+snapshot (why: docs/tools.md).
 
 SIGINT is ignored (inherited from the demo process, which handles Ctrl-C); SIGTERM exits
 through the `finally` blocks, so the client releases its slot; a worker whose parent is gone
@@ -34,8 +36,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -44,7 +45,6 @@ import torch
 import torch.nn.functional as F
 
 import gearshift as gs
-from gearshift.clock import Clock
 from gearshift.core.dims import Dim, Gears, padded_work
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
@@ -140,61 +140,65 @@ def _inputs(
 Route = Callable[[int, dict[str, int]], AbstractContextManager[Sequence[int]]]
 
 
-@dataclass(frozen=True)
-class Feed:
-    """A run's link to the demo process: `take()` the next row (shared by all workers, in
-    trace order; past the end when none is left), `start()` once the initial gears are
-    captured, `report(requests, useful, padded)` the progress so far."""
-
-    take: Callable[[], int]
-    start: Callable[[], None] = lambda: None
-    report: Callable[[int, int, int], None] = lambda *_: None
+ARMS = ("static", "adaptive")  # their index in the progress array and the row counters
 
 
-def _replay(
-    model: Model, runner: Runner, route: Route, sizes: Mapping[str, np.ndarray], feed: Feed
-) -> dict[str, Any]:
-    """Capture the runner's gears, `feed.start()`, then run the rows `feed.take()` gives
-    through `route`; the figures of the run (from the start on)."""
-    dims, names = runner.transform.dims, list(sizes)
-    rows = list(zip(*(v.tolist() for v in sizes.values()), strict=True))
-    inputs = _inputs(model, dims, rows)
-    runner.capture(variants(runner.gears))
-    feed.start()
-    parent, stats = os.getppid(), dict(runner.stats)
-    raw, padded = [0] * len(names), [0] * len(names)
-    done = useful = cost = useful_pairs = padded_pairs = 0
-    model.tokens, runner.capture_seconds, runner.capture_tokens = 0, 0.0, 0
-    began, cpu = time.monotonic(), time.process_time()
-    while (i := feed.take()) < len(rows):
-        if os.getppid() != parent:
-            raise SystemExit("the demo process is gone")
-        row = rows[i]
-        with route(i, dict(zip(names, row, strict=True))) as work:
-            runner.run(inputs[i])
-        raw = [a + b for a, b in zip(raw, row, strict=True)]
-        padded = [a + b for a, b in zip(padded, work, strict=True)]
-        useful, cost = useful + math.prod(row), cost + math.prod(work)
-        useful_pairs += pairs(dims, row)
-        padded_pairs += pairs(dims, work)
-        done += 1
-        feed.report(done, useful, cost)
-    return {
-        "began": began,
-        "ended": time.monotonic(),
-        "cpu": time.process_time() - cpu,
-        "capture_cpu": runner.capture_seconds,
-        "capture_tokens": runner.capture_tokens,
-        "requests": done,
-        "useful": useful,
-        "padded": cost,
-        "useful_pairs": useful_pairs,
-        "padded_pairs": padded_pairs,
-        "computed": model.tokens,
-        "dims": {d: [r, p] for d, r, p in zip(names, raw, padded, strict=True)},
-        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        **{k: v - stats[k] for k, v in runner.stats.items()},
-    }
+class Arm:
+    """One arm of the comparison in a worker: its runner and `route` over the rows of `sizes`,
+    replayed a slice at a time (`replay`), on its own model (its tokens counted apart);
+    `report(requests, useful, padded)` gets its progress so far."""
+
+    def __init__(self, model: Model, runner: Runner, route: Route,
+                 sizes: Mapping[str, np.ndarray],
+                 report: Callable[[int, int, int], None] = lambda *_: None) -> None:
+        self.model, self.runner, self.route, self.report = model, runner, route, report
+        self.names = list(sizes)
+        self.rows = list(zip(*(v.tolist() for v in sizes.values()), strict=True))
+        self.inputs = _inputs(model, runner.transform.dims, self.rows)
+        self.done = self.useful = self.padded = 0
+        runner.capture(variants(runner.gears))
+
+    def replay(self, take: Callable[[int], int], end: int) -> dict[str, Any]:
+        """Run the rows `take(end)` gives (the next one, `end` when none is left before it)
+        through `route`; the slice's figures."""
+        dims, model, runner = self.runner.transform.dims, self.model, self.runner
+        parent, stats = os.getppid(), dict(runner.stats)
+        raw, padded = [0] * len(self.names), [0] * len(self.names)
+        done = useful = cost = useful_pairs = padded_pairs = 0
+        model.tokens, runner.capture_seconds, runner.capture_tokens = 0, 0.0, 0
+        began, cpu, thread = time.monotonic(), time.process_time(), time.thread_time()
+        while (i := take(end)) < end:
+            if os.getppid() != parent:
+                raise SystemExit("the demo process is gone")
+            row = self.rows[i]
+            with self.route(i, dict(zip(self.names, row, strict=True))) as work:
+                runner.run(self.inputs[i])
+            raw = [a + b for a, b in zip(raw, row, strict=True)]
+            padded = [a + b for a, b in zip(padded, work, strict=True)]
+            useful, cost = useful + math.prod(row), cost + math.prod(work)
+            useful_pairs += pairs(dims, row)
+            padded_pairs += pairs(dims, work)
+            done += 1
+            self.report(self.done + done, self.useful + useful, self.padded + cost)
+        self.done, self.useful, self.padded = self.done + done, self.useful + useful, \
+            self.padded + cost
+        return {
+            "began": began,
+            "ended": time.monotonic(),
+            "cpu": time.process_time() - cpu,
+            "thread_cpu": time.thread_time() - thread,
+            "capture_cpu": runner.capture_seconds,
+            "capture_tokens": runner.capture_tokens,
+            "requests": done,
+            "useful": useful,
+            "padded": cost,
+            "useful_pairs": useful_pairs,
+            "padded_pairs": padded_pairs,
+            "computed": model.tokens,
+            "dims": {d: [r, p] for d, r, p in zip(self.names, raw, padded, strict=True)},
+            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            **{k: v - stats[k] for k, v in runner.stats.items()},
+        }
 
 
 class _Routed:
@@ -241,81 +245,103 @@ def calibrate(model: Model, runner: Runner) -> list[tuple[int, int, float]]:
     return samples
 
 
-def adaptive(
-    model: Model,
-    namespace: str,
-    dims: Mapping[str, Dim],
-    sizes: Mapping[str, np.ndarray],
-    feed: Feed,
-    clock: Clock | None = None,
-) -> dict[str, Any]:
-    """A run through a client (on `clock`) of the controller serving `namespace`."""
-    with gs.connect(namespace, clock=clock, memory=lambda: MEMORY) as client:
-        profile = client.profile(PROFILE, dims)
-        runner = profile.attach(runner_for(model, dims))
+def static_arm(model: Model, runner: Runner, sizes: Mapping[str, np.ndarray],
+               report: Callable[[int, int, int], None] = lambda *_: None) -> Arm:
+    """The arm on the runner's initial gears, kept: no client, no controller."""
+    return Arm(model, runner, _static_route(runner, sizes), sizes, report)
+
+
+class AdaptiveArm(Arm):
+    """The arm through `client` (connected to the controller serving its namespace): its
+    profile `dims` and a runner of its own model."""
+
+    def __init__(self, client: gs.Client, dims: Mapping[str, Dim],
+                 sizes: Mapping[str, np.ndarray],
+                 report: Callable[[int, int, int], None] = lambda *_: None) -> None:
+        model = Model()
+        self.client, self.profile = client, client.profile(PROFILE, dims)
+        runner = self.profile.attach(runner_for(model, dims))
 
         def route(_: int, request: dict[str, int]) -> _Routed:
-            client.refresh()  # a new snapshot's gears are captured before the request
-            while not profile.settled:  # (module docstring)
-                time.sleep(SETTLE_POLL)
-            return _Routed(profile.request(**request), request)
+            self.settle()  # a new snapshot's gears are captured before the request
+            return _Routed(self.profile.request(**request), request)
 
-        return _replay(model, runner, route, sizes, feed)
+        super().__init__(model, runner, route, sizes, report)
 
-
-def static(
-    model: Model, runner: Runner, sizes: Mapping[str, np.ndarray], feed: Feed
-) -> dict[str, Any]:
-    """A run on the runner's initial gears, kept: no client, no controller."""
-    return _replay(model, runner, _static_route(runner, sizes), sizes, feed)
+    def settle(self) -> None:
+        """Adopt the newest snapshot and wait until its gears are captured (module docstring)."""
+        self.client.refresh()
+        while not self.profile.settled:
+            time.sleep(SETTLE_POLL)
 
 
-def main(conn: Connection, index: int, progress: Any, queue: Any, origin: Any) -> None:
-    """The worker's command loop (module docstring); `queue` and `origin` are the run's shared
-    `Value`s (`TraceClock`)."""
+def _settle(arm: AdaptiveArm) -> dict[str, float]:
+    began, cpu = time.monotonic(), time.process_time()
+    arm.settle()
+    return {"seconds": time.monotonic() - began, "cpu": time.process_time() - cpu}
+
+
+def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
+         origin: Any) -> None:
+    """The worker's command loop (module docstring); `queues` are the arms' row counters and
+    `origin` the adaptive arm's start (shared `Value`s: `TraceClock`)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     torch.set_num_threads(1)  # N workers share the cores: one thread each
     model = Model()
-    kept: dict[tuple[str, ...], Runner] = {}  # the static run's runner, by dims
+    kept: dict[tuple[str, ...], Runner] = {}  # the static arm's runner, by dims
+    arms: dict[str, Arm] = {}
+    stack = ExitStack()
+    workers = len(progress) // (3 * len(ARMS))
 
     def static_runner(dims: Mapping[str, Dim]) -> Runner:
         if tuple(dims) not in kept:
             kept[tuple(dims)] = runner_for(model, dims)
         return kept[tuple(dims)]
 
-    def take() -> int:
-        with queue.get_lock():
-            queue.value += 1
-            return queue.value - 1
+    def reporter(arm: str) -> Callable[[int, int, int], None]:
+        at = 3 * (index + ARMS.index(arm) * workers)
 
-    def start() -> None:
-        conn.send(("prepared", None))
-        try:
-            go = conn.recv()
-        except EOFError:
-            raise SystemExit("the demo process is gone") from None
-        assert go == ("go",), go
+        def report(*figures: int) -> None:
+            progress[at : at + 3] = figures
 
-    def report(*figures: int) -> None:
-        progress[3 * index : 3 * index + 3] = figures
+        return report
 
-    feed = Feed(take, start, report)
+    def prepare(namespace: str, dims: Mapping[str, Dim], priced: Mapping[str, Dim],
+                sizes: Mapping[str, np.ndarray], times: np.ndarray) -> None:
+        arms["static"] = static_arm(model, static_runner(dims), sizes, reporter("static"))
+        clock = TraceClock(times, origin, queues[ARMS.index("adaptive")])
+        client = stack.enter_context(gs.connect(namespace, clock=clock, memory=lambda: MEMORY))
+        arms["adaptive"] = AdaptiveArm(client, priced, sizes, reporter("adaptive"))
+
+    def replay(arm: str, end: int) -> dict[str, Any]:
+        queue = queues[ARMS.index(arm)]
+
+        def take(end: int) -> int:
+            with queue.get_lock():
+                if queue.value >= end:
+                    return end
+                queue.value += 1
+                return queue.value - 1
+
+        return arms[arm].replay(take, end)
+
     commands = {
         "calibrate": lambda dims: calibrate(model, static_runner(dims)),
-        "static": lambda dims, sizes: static(model, static_runner(dims), sizes, feed),
-        "adaptive": lambda namespace, dims, sizes, times: adaptive(
-            model, namespace, dims, sizes, feed, TraceClock(times, origin, queue)
-        ),
+        "prepare": prepare,
+        "slice": replay,
+        "settle": lambda: _settle(arms["adaptive"]),  # type: ignore[arg-type]
+        "finish": stack.close,
     }
     conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            command, *args = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        if command == "exit":
-            return
-        try:
-            conn.send((command, commands[command](*args)))
-        except Exception:
-            conn.send(("error", traceback.format_exc()))
+    with stack:
+        while True:
+            try:
+                command, *args = conn.recv()
+            except EOFError:  # the parent is gone
+                return
+            if command == "exit":
+                return
+            try:
+                conn.send((command, commands[command](*args)))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))

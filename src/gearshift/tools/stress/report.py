@@ -23,6 +23,17 @@ KEYS = (
     "leaked_segments",
 )
 STALL_MS = 1.0  # the bound on route_stall_ms_max
+INVARIANTS = (  # what the verdict checks, as it states them
+    "torn_snapshots_accepted = 0",
+    "events_lost = 0",
+    "leaked_segments = 0",
+    f"route_stall_ms_max <= {STALL_MS}",
+    "versions_routed_unpublished = 0",
+)
+COUNTING = (
+    "events_dropped: refused by a full ring and counted by its worker (allowed: route() never "
+    "waits); events_lost = sent - consumed - dropped: events that vanished (must be 0)"
+)
 
 
 @dataclass
@@ -59,6 +70,12 @@ class StressReport:
             "versions_routed_unpublished": figures.get("versions_routed_unpublished", 0) != 0,
         }
         return [f"{name} = {figures[name]}" for name, bad in broken.items() if bad]
+
+    def verdict(self) -> str:
+        """One line: PASS, or FAIL with what broke; either way the invariants checked."""
+        broken = self.violations()
+        head = f"FAIL: {', '.join(broken)}" if broken else "PASS"
+        return f"{head} (checked: {', '.join(INVARIANTS)})"
 
 
 def sent(started: int, finished: int, recorded: int) -> int:

@@ -94,7 +94,7 @@ def worker(namespace: str, device: int, seed: list[int], log: str, counters: str
     deadline = time.monotonic() + CONNECT_SECONDS
     while not stop:
         try:
-            client = gs.connect(namespace, device, background=False)
+            client = gs.connect(namespace, device, background=False, require_controller=True)
             break
         except (ControllerNotFound, NamespaceBusy):  # no live controller, or a lock it held
             if time.monotonic() > deadline:

@@ -1,0 +1,116 @@
+"""`connect()`: a worker's client of its namespace's controller, which may start before or
+after the worker, or run embedded in it.
+
+By default the client needs no controller yet (see `Client`: it serves on its profiles'
+initial gears and attaches when one has created the namespace); `require_controller=True`
+raises ControllerNotFound, saying how to start one, when none is alive; `embedded=True` starts
+one in a daemon thread of this process when none is alive, with its state file in `state_dir`
+or, by default, in a temporary directory removed when it stops (nothing kept across runs).
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+from gearshift.clock import Clock
+from gearshift.errors import ControllerNotFound, ControllerRunning
+from gearshift.shm import Registry, names
+from gearshift.worker.session import NO_CONTROLLER, Client, MemoryReading, Stoppable
+
+
+def connect(
+    namespace: str = "default",
+    device: int = 0,
+    *,
+    embedded: bool = False,
+    require_controller: bool = False,
+    state_dir: str | None = None,
+    clock: Clock | None = None,
+    memory: MemoryReading | None = None,
+    register_timeout: float = 2.0,
+    background: bool = True,
+) -> Client:
+    """A client of the controller serving `namespace`, for accelerator `device`; see Client.
+
+    Without a live controller the client serves on its profiles' initial gears (or on the last
+    snapshot a dead controller left) and attaches when one starts; `require_controller=True`
+    raises ControllerNotFound instead; `embedded=True` starts one in this process, whose state
+    file is kept in `state_dir` (default: none, a temporary directory removed at close)."""
+    names.validate(namespace)
+    controller = None
+    registry: Registry | str = namespace
+    if embedded or require_controller:
+        try:
+            registry = _attach_live(namespace)
+        except ControllerNotFound:
+            if not embedded:
+                raise
+            controller = start_embedded(namespace, state_dir)
+            registry = Registry.attach(namespace)
+    try:
+        return Client(
+            registry,
+            device,
+            clock=clock,
+            memory=memory,
+            controller=controller,
+            register_timeout=register_timeout,
+            background=background,
+        )
+    except BaseException:
+        if isinstance(registry, Registry):
+            registry.close()
+        if controller is not None:
+            controller.stop()
+        raise
+
+
+def _attach_live(namespace: str) -> Registry:
+    try:
+        registry = Registry.attach(namespace)
+    except ControllerNotFound:
+        raise ControllerNotFound(NO_CONTROLLER % (namespace, namespace)) from None
+    if not registry.controller().alive:
+        registry.close()
+        raise ControllerNotFound(NO_CONTROLLER % (namespace, namespace))
+    return registry
+
+
+class _Embedded:
+    """An embedded controller and the temporary directory of its state file, if any."""
+
+    def __init__(self, controller: Stoppable, scratch: tempfile.TemporaryDirectory | None) -> None:
+        self.controller, self.scratch = controller, scratch
+
+    def stop(self) -> None:
+        try:
+            self.controller.stop()
+        finally:
+            if self.scratch is not None:
+                self.scratch.cleanup()
+
+
+def start_embedded(namespace: str, state_dir: str | None = None) -> Stoppable | None:
+    """Start the controller of `namespace` (default config; its state file in `state_dir`, else
+    in a temporary directory removed when it stops) in a daemon thread of this process; None if
+    another live controller won the race to it."""
+    from gearshift.controller.config import ControllerConfig
+    from gearshift.controller.controller import Controller
+
+    scratch = None
+    if state_dir is None:
+        scratch = tempfile.TemporaryDirectory(prefix=f"gearshift-{namespace}-")
+        state_dir = scratch.name
+    try:
+        controller = Controller.start_embedded(
+            ControllerConfig(namespace=namespace, state_dir=state_dir)
+        )
+    except BaseException as e:
+        if scratch is not None:
+            scratch.cleanup()
+        if isinstance(e, ControllerRunning):
+            return None
+        raise
+    return _Embedded(controller, scratch)
+
+

@@ -1,0 +1,352 @@
+"""A fake `torch.cuda` for the CPU suite: the caching allocator's graph pools and the rules of
+capture, as the sources have them, for the device backend (`graphs.device`) to run against.
+
+What it models, and where (torch 2.13: `c10/cuda/CUDACachingAllocator.cpp`, class
+`DeviceCachingAllocator`; `aten/src/ATen/cuda/CUDAGraph.cpp`, class `CUDAGraph`;
+`torch/cuda/graphs.py`, class `graph`; torch_npu's `NPUCachingAllocator.cpp` and `NPUGraph.cpp`
+mirror them):
+
+- Memory. Tensors made by `op` take blocks of segments, sized as `get_allocation_size` does
+  (at most 1 MiB: 2 MiB segments; under 10 MiB: 20 MiB ones; larger: rounded up to 2 MiB). A
+  block is freed when its tensor dies, into its pool's cache; `mem_get_info` counts every
+  segment held as used, free or not.
+- Pools. `capture_begin` makes a new pool (use count 1) or, for an existing id, asserts
+  `use_count > 0` and increments it, then refuses an id already recording
+  (`beginAllocateToPool`); `reset()` of a graph whose capture ended decrements it and a pool at
+  0 becomes freeable (`releasePool`); only `empty_cache()` gives the free segments of freeable
+  pools and of the default pool back, erasing a pool left without any (`release_cached_blocks`),
+  and it asserts that no pool is recording (`synchronize_and_free_events`).
+- Captures. Only on a non-default stream (`CUDAGraph::capture_begin`), one at a time in the
+  process (the rule `graph.__init__` states). Ops on the capturing stream allocate from its
+  pool and are recorded, and `replay()` runs them again into the same tensors. `synchronize()`
+  on the capturing thread, or on any thread in "global" mode, and a new segment for another
+  thread in "global" mode, fail and void the capture; `capture_end()` of a voided capture raises
+  and leaves its pool recording, with its use (`endAllocateToPool` comes after
+  `cudaStreamEndCapture`'s check). While a pool records, an allocation gets no free-and-retry
+  before out of memory (`malloc`: `release_cached_blocks` only if `captures_underway.empty()`).
+- `graph(...)`, the context manager: `synchronize()` and `empty_cache()` on entry, one default
+  capture stream for the whole process (a class attribute in torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gearshift.graphs.device import DeviceApi, DeviceBackend
+
+MiB = 1 << 20
+DEFAULT = None  # the default pool's id
+
+
+def segment_size(nbytes: int) -> int:
+    """The segment a block of `nbytes` needs when no cached one fits (`get_allocation_size`)."""
+    size = max(512, -(-nbytes // 512) * 512)
+    if size <= MiB:
+        return 2 * MiB
+    if size < 10 * MiB:
+        return 20 * MiB
+    return -(-size // (2 * MiB)) * 2 * MiB
+
+
+@dataclass(eq=False)
+class Segment:
+    size: int
+    small: bool
+    used: int = 0
+
+
+@dataclass(eq=False)
+class Pool:
+    use_count: int = 1
+    segments: list[Segment] = field(default_factory=list)
+
+
+class FakeStream:
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.waited: list[FakeStream] = []
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.waited.append(other)
+
+
+@dataclass(eq=False)
+class Capture:
+    """A stream capture underway."""
+
+    graph: FakeGraph
+    stream: FakeStream
+    thread: int
+    mode: str
+    voided: bool = False
+
+
+class FakeGraph:
+    """`CUDAGraph`: a tape of the ops recorded on its stream, in the pool it was given."""
+
+    fake: FakeCuda  # set on the class each FakeCuda makes
+
+    def __init__(self) -> None:
+        self.tape: list[tuple[Callable[..., Any], tuple[Any, ...], torch.Tensor]] = []
+        self.ended = False
+        self.pool_id: Any = None
+        self.device = 0
+        self.capture: Capture | None = None
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        f = self.fake
+        with f.lock:
+            stream = f.current_stream()
+            if stream is f.default_streams[stream.device]:
+                raise RuntimeError("CUDA graphs must be captured on a non-default stream.")
+            if f.captures:
+                raise RuntimeError("a capture is underway: only one may be, in a process")
+            pid = pool if pool is not None else (next(f.ids), 0)
+            pools, device = f.pools[stream.device], stream.device
+            if pid in pools:
+                if pools[pid].use_count <= 0:
+                    raise RuntimeError("INTERNAL ASSERT FAILED: it->second->use_count > 0")
+                pools[pid].use_count += 1
+            else:
+                pools[pid] = Pool()
+            if pid in f.recording[device]:
+                raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
+            f.recording[device].append(pid)
+            self.capture = Capture(self, stream, threading.get_ident(), capture_error_mode)
+            f.captures.append(self.capture)
+            self.pool_id, self.device = pid, device
+
+    def capture_end(self) -> None:
+        f = self.fake
+        with f.lock:
+            capture = self.capture
+            if capture is None:
+                raise RuntimeError("capture_end() called before capture_begin().")
+            if f.current_stream() is not capture.stream:
+                raise RuntimeError("Capture must end on the same stream it began on.")
+            f.captures.remove(capture)  # the stream's capture ends, voided or not
+            self.capture = None
+            if capture.voided:
+                raise RuntimeError("cudaErrorStreamCaptureInvalidated: the capture was voided")
+            f.recording[self.device].remove(self.pool_id)
+            self.ended = True
+
+    def replay(self) -> None:
+        if not self.ended:
+            raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
+        for fn, args, out in self.tape:
+            out.copy_(fn(*args))
+        self.fake.calls["replay"] += 1
+
+    def reset(self) -> None:
+        with self.fake.lock:
+            self.capture = None  # a stream still capturing goes on capturing (as in torch)
+            if self.ended:
+                self.fake.release_pool(self.device, self.pool_id)
+                self.ended = False
+            self.tape = []
+
+    def pool(self) -> Any:
+        if not self.ended:
+            raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
+        return self.pool_id
+
+
+class FakeCuda:
+    """The `torch.cuda` of `devices` fake devices of `total` bytes each (see the module)."""
+
+    def __init__(self, total: int = 1 << 30, devices: int = 1) -> None:
+        self.total = total
+        self.lock = threading.RLock()  # the allocator's mutex
+        self.pools: list[dict[Any, Pool]] = [{DEFAULT: Pool()} for _ in range(devices)]
+        self.freeable: list[set[Any]] = [set() for _ in range(devices)]
+        self.recording: list[list[Any]] = [[] for _ in range(devices)]  # captures_underway
+        self.captures: list[Capture] = []
+        self.default_streams = [FakeStream(d) for d in range(devices)]
+        self.default_capture_stream: FakeStream | None = None
+        self.ids = itertools.count(1)
+        self.calls: Counter[str] = Counter()
+        self._local = threading.local()
+        self.CUDAGraph = type("CUDAGraph", (FakeGraph,), {"fake": self})
+
+    # the backend's view
+
+    def api(self, kind: str = "cuda", hooks: bool = True) -> DeviceApi:
+        ends = (self.end_allocate, self.release_pool) if hooks else (None, None)
+        return DeviceApi(kind, self, self.CUDAGraph, *ends)
+
+    def backend(self, index: int = 0, kind: str = "cuda", hooks: bool = True,
+                **options: Any) -> DeviceBackend:
+        return DeviceBackend(self.api(kind, hooks), index, **options)
+
+    # devices and streams
+
+    def current_device(self) -> int:
+        return getattr(self._local, "device", 0)
+
+    @contextlib.contextmanager
+    def device(self, index: int) -> Iterator[None]:
+        before, self._local.device = self.current_device(), index
+        try:
+            yield
+        finally:
+            self._local.device = before
+
+    def Stream(self, device: int | None = None) -> FakeStream:
+        return FakeStream(self.current_device() if device is None else device)
+
+    def current_stream(self, device: int | None = None) -> FakeStream:
+        device = self.current_device() if device is None else device
+        return getattr(self._local, "streams", {}).get(device, self.default_streams[device])
+
+    @contextlib.contextmanager
+    def stream(self, stream: FakeStream) -> Iterator[None]:
+        streams = self._local.__dict__.setdefault("streams", {})
+        before = streams.get(stream.device)
+        streams[stream.device] = stream
+        try:
+            with self.device(stream.device):
+                yield
+        finally:
+            if before is None:
+                del streams[stream.device]
+            else:
+                streams[stream.device] = before
+
+    def synchronize(self, device: int | None = None) -> None:
+        self.calls["synchronize"] += 1
+        self._unsafe("cudaDeviceSynchronize")
+
+    # the allocator
+
+    def graph_pool_handle(self) -> tuple[int, int]:
+        return (0, next(self.ids))
+
+    def mem_get_info(self, device: int | None = None) -> tuple[int, int]:
+        device = self.current_device() if device is None else device
+        return self.total - self.reserved(device), self.total
+
+    def reserved(self, device: int = 0) -> int:
+        with self.lock:
+            return sum(s.size for p in self.pools[device].values() for s in p.segments)
+
+    def empty_cache(self) -> None:
+        with self.lock:
+            self.calls["empty_cache"] += 1
+            if any(self.recording):
+                raise RuntimeError("INTERNAL ASSERT FAILED: captures_underway.empty()")
+            for device in range(len(self.pools)):
+                self._release_cached(device)
+
+    def end_allocate(self, device: int, pool: Any) -> None:
+        with self.lock:
+            if pool not in self.recording[device]:
+                raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+            self.recording[device].remove(pool)
+
+    def release_pool(self, device: int, pool: Any) -> None:
+        with self.lock:
+            if pool not in self.pools[device]:
+                raise RuntimeError("INTERNAL ASSERT FAILED: it != graph_pools.end()")
+            entry = self.pools[device][pool]
+            entry.use_count -= 1
+            if entry.use_count < 0:
+                raise RuntimeError("INTERNAL ASSERT FAILED: uc >= 0")
+            if entry.use_count == 0:
+                self.freeable[device].add(pool)
+
+    def op(self, fn: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+        """`fn(*args)` as a kernel: its output is allocated on the current stream (from the
+        pool of a capture underway on it, then recorded for replays)."""
+        out = fn(*args)
+        stream = self.current_stream()
+        capture = next((c for c in self.captures if c.stream is stream), None)
+        with self.lock:
+            pool = DEFAULT
+            if capture is not None and capture.graph.pool_id in self.recording[stream.device]:
+                pool = capture.graph.pool_id
+            segment, size = self._malloc(stream.device, pool, out.nbytes, capture is not None)
+        weakref.finalize(out, self._free, segment, size)
+        if capture is not None:  # the tape holds the memory, not the tensors (their blocks)
+            alias = tuple(_alias(a) if isinstance(a, torch.Tensor) else a for a in args)
+            capture.graph.tape.append((fn, alias, _alias(out)))
+        return out
+
+    def pool_bytes(self, pool: Any, device: int = 0) -> int:
+        with self.lock:
+            entry = self.pools[device].get(pool)
+            return 0 if entry is None else sum(s.size for s in entry.segments)
+
+    # the torch context manager, for the tests that show what it does
+
+    @contextlib.contextmanager
+    def graph(self, cuda_graph: FakeGraph, pool: Any = None, stream: FakeStream | None = None,
+              capture_error_mode: str = "global") -> Iterator[None]:
+        self.calls["graph_context"] += 1
+        if stream is None and self.default_capture_stream is None:
+            self.default_capture_stream = self.Stream()
+        self.synchronize()
+        self.empty_cache()
+        with self.stream(stream or self.default_capture_stream):
+            cuda_graph.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
+            yield
+            cuda_graph.capture_end()
+
+    # inside
+
+    def _unsafe(self, what: str) -> None:
+        """A call a capture forbids: on the capturing thread, or anywhere in global mode."""
+        me = threading.get_ident()
+        with self.lock:
+            hit = [c for c in self.captures if c.thread == me or c.mode == "global"]
+            for capture in hit:
+                capture.voided = True
+        if hit:
+            raise RuntimeError(f"{what}: operation not permitted when stream is capturing")
+
+    def _malloc(self, device: int, pool: Any, nbytes: int, capturing: bool) -> tuple[Segment, int]:
+        size = max(512, -(-nbytes // 512) * 512)
+        entry, small = self.pools[device][pool], size <= MiB
+        for segment in entry.segments:
+            if segment.small == small and segment.size - segment.used >= size:
+                segment.used += size
+                return segment, size
+        if not capturing and self.captures:
+            self._unsafe("cudaMalloc")  # a new segment outside the capture
+        new = segment_size(nbytes)
+        if self.reserved(device) + new > self.total and not self.recording[device]:
+            self._release_cached(device)  # the free-and-retry, only with no capture underway
+        if self.reserved(device) + new > self.total:
+            raise torch.OutOfMemoryError(f"fake device {device}: out of memory ({new} bytes)")
+        segment = Segment(new, small, size)
+        entry.segments.append(segment)
+        return segment, size
+
+    def _free(self, segment: Segment, size: int) -> None:
+        with self.lock:
+            segment.used -= size
+
+    def _release_cached(self, device: int) -> None:
+        pools = self.pools[device]
+        for pid in [DEFAULT, *sorted(self.freeable[device])]:
+            entry = pools[pid]
+            entry.segments = [s for s in entry.segments if s.used]
+            if pid is not DEFAULT and not entry.segments:
+                del pools[pid]
+                self.freeable[device].discard(pid)
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor on `t`'s memory that does not keep `t` (a view would: its `_base`)."""
+    return torch.empty(0, dtype=t.dtype).set_(
+        t.untyped_storage(), t.storage_offset(), t.shape, t.stride()
+    )

@@ -1,0 +1,163 @@
+"""The same pool and release tests on every backend: cpu, the fake cuda and npu
+(tests/graphs/fake_device.py), and the real cuda when this machine has one. A device backend
+gives every graph's memory back to the device when its gear is released."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+import gearshift as gs
+from gearshift.graphs import device as device_module
+from gearshift.graphs.backends import NPU_LIMIT, Backend, CpuBackend, cuda_backend
+from gearshift.graphs.pool import GraphLimit, GraphResourcePool
+from graphs.fake_device import FakeCuda
+
+H = 32
+Op = Callable[..., torch.Tensor]
+
+
+@dataclass
+class Device:
+    backend: Backend
+    op: Op  # runs one kernel (the fake device allocates its output and records it)
+    where: str  # the torch device of the tensors
+    memory: bool  # the backend holds device memory (mem_get_info moves with graphs)
+
+
+def _plain(fn: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+    return fn(*args)
+
+
+@pytest.fixture(params=["cpu", "fake-cuda", "fake-npu", "cuda"])
+def dev(request: pytest.FixtureRequest) -> Iterator[Device]:
+    if request.param == "cpu":
+        yield Device(CpuBackend(), _plain, "cpu", False)
+    elif request.param.startswith("fake"):
+        fake = FakeCuda()
+        kind = request.param.removeprefix("fake-")
+        options = {"max_graphs": 1800, "limit_reason": NPU_LIMIT} if kind == "npu" else {}
+        yield Device(fake.backend(kind=kind, **options), fake.op, "cpu", True)
+    elif not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    else:
+        yield Device(cuda_backend(0), _plain, "cuda", True)
+    device_module._STUCK.clear()
+
+
+def make(dev: Device, max_graphs: int | None = -1) -> tuple[gs.AdaptiveRunner, Callable]:
+    torch.manual_seed(0)
+    weight = torch.randn(H, 4 * H, device=dev.where) / H
+
+    @torch.no_grad()
+    def model(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = dev.op(lambda a: torch.tanh(a @ weight), x)  # [B, S, 4H]: an intermediate
+        return dev.op(lambda a, m: a[..., :H] * m.unsqueeze(-1), h, mask)
+
+    dims = {
+        "BATCHSIZE": gs.Dim(gears=[2, 4, 8], max=64, splittable=True),
+        "SEQLEN": gs.Dim(gears=[64, 256], max=256),
+    }
+    inputs = {"x": ("B", "S", None), "mask": ("B", "S")}
+    transform = gs.Transform(model, dims, inputs, outputs=("B", "S", None))
+    example = {"x": torch.zeros(1, 1, H, device=dev.where)}
+    example["mask"] = torch.ones(1, 1, device=dev.where)
+    pool = GraphResourcePool(dev.backend, max_graphs)
+    return gs.AdaptiveRunner(transform, example, pool=pool), model
+
+
+def call(dev: Device, b: int, s: int) -> dict[str, torch.Tensor]:
+    x = torch.randn(b, s, H, device=dev.where)
+    return {"x": x, "mask": torch.ones(b, s, device=dev.where)}
+
+
+def variants(r: gs.AdaptiveRunner) -> list[dict[str, int]]:
+    return [{"BATCHSIZE": b, "SEQLEN": s} for b in r.gears["BATCHSIZE"] for s in r.gears["SEQLEN"]]
+
+
+def free(dev: Device) -> int:
+    dev.backend.collect()  # what is cached outside the graphs' pools goes first
+    return dev.backend.mem_get_info()[0]
+
+
+def test_replays_equal_eager_and_a_release_drops_every_graph_of_the_gear(dev: Device) -> None:
+    r, model = make(dev)
+    assert r.capture(variants(r)) == 6 and len(r.pool) == 6
+    for b, s in [(1, 1), (3, 200), (8, 64), (13, 70)]:
+        t = call(dev, b, s)
+        torch.testing.assert_close(r.run(t), model(**t))
+    assert r.stats["eager"] == 0 and r.stats["replays"] == 5  # 13 = 8 + 8
+    assert r.release("SEQLEN", 64) == 3 and len(r.pool) == 3
+    assert r.ready() == [(2, 256), (4, 256), (8, 256)]
+    t = call(dev, 3, 10)  # runs on (4, 256) now
+    torch.testing.assert_close(r.run(t), model(**t))
+    assert r.release("BATCHSIZE", 2) == 1 and r.release("BATCHSIZE", 2) == 0
+
+
+def test_a_release_gives_the_graphs_memory_back_to_the_device(dev: Device) -> None:
+    if not dev.memory:
+        pytest.skip("the cpu backend holds no device memory")
+    r, _ = make(dev)
+    r.capture([{"BATCHSIZE": 2, "SEQLEN": 64}])  # the capture stream's first kernels make
+    r.release("BATCHSIZE", 2)  # lasting workspaces (cuBLAS): not a graph's memory
+    held = {}
+    for v in sorted(variants(r), key=lambda v: -v["BATCHSIZE"] * v["SEQLEN"]):
+        before = free(dev)
+        r.capture([v])
+        held[v["BATCHSIZE"], v["SEQLEN"]] = before - free(dev)
+    assert min(held.values()) > 0
+    before = free(dev)
+    assert r.release("SEQLEN", 256) == 3
+    returned = dev.backend.mem_get_info()[0] - before  # the release collected already
+    expected = sum(n for (_, s), n in held.items() if s == 256)
+    slack = 0 if isinstance(dev.backend.api.module, FakeCuda) else 3 * (2 << 20)  # 2 MiB each
+    assert abs(returned - expected) <= slack, (returned, expected)
+    assert r.release("SEQLEN", 64) == 3 and free(dev) - before == pytest.approx(
+        sum(held.values()), abs=2 * slack
+    )
+
+
+def test_a_full_pool_refuses_with_the_reason_and_room_says_so(dev: Device) -> None:
+    r, _ = make(dev, max_graphs=4)
+    assert r.room() == (4, getattr(dev.backend, "limit_reason", "") or "the pool's max_graphs")
+    with pytest.raises(GraphLimit, match="holds 4 graphs, its cap being 4"):
+        r.capture(variants(r))
+    assert len(r.pool) == 4 and r.room()[0] == 0
+    r.release("BATCHSIZE", 8)
+    assert r.room()[0] == 2 and r.capture([{"BATCHSIZE": b, "SEQLEN": 64} for b in (2, 4)]) == 2
+    assert r.room()[0] == 0
+
+
+def test_the_npu_cap_says_why() -> None:
+    fake = FakeCuda()
+    backend = fake.backend(kind="npu", max_graphs=1800, limit_reason=NPU_LIMIT)
+    pool = GraphResourcePool(backend)
+    assert pool.max_graphs == 1800
+    pool.max_graphs = 0
+    with pytest.raises(GraphLimit, match="2,048 streams") as e:
+        pool.admit()
+    assert "product of its gear counts" in str(e.value)
+
+
+def test_a_failed_capture_keeps_nothing_and_is_counted(dev: Device) -> None:
+    r, model = make(dev)
+    broken = {"on": True}
+    fn = r.transform.fn
+
+    def flaky(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if broken["on"] and x.shape[0] == 8:
+            raise RuntimeError("kernel launch failed")
+        return fn(x, mask)
+
+    r.transform.fn = flaky
+    with pytest.raises(RuntimeError, match="kernel launch failed"):
+        r.capture([{"BATCHSIZE": 8, "SEQLEN": 64}])
+    assert r.stats["capture_failures"] == 1 and r.ready() == [] and len(r.pool) == 0
+    broken["on"] = False
+    assert r.capture([{"BATCHSIZE": 8, "SEQLEN": 64}]) == 1
+    t = call(dev, 5, 9)
+    torch.testing.assert_close(r.run(t), model(**t))

@@ -1,0 +1,34 @@
+"""The fuzz suite, bounded: every boundary takes hostile and broken input with no crash, no
+exception into a request, no stall of the loop, no gear outside its bounds, no leaked segment
+and no worker left unanswered (`gearshift stress --fuzz SECONDS` runs it longer)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gearshift.tools.stress import fuzz
+from gearshift.tools.stress.boundaries import BOUNDARIES
+from gearshift.tools.stress.target import Tally
+
+EXAMPLES = 15
+
+
+@pytest.mark.parametrize("boundary", [b.name for b in BOUNDARIES])
+def test_a_boundary_survives_hostile_and_broken_input(boundary: str) -> None:
+    tally = fuzz.run(examples=EXAMPLES, only=[boundary])[boundary]
+    assert tally.cases == EXAMPLES
+    assert tally.clean, "\n".join(tally.failures)
+
+
+def test_a_real_controller_process_survives_an_attack_from_outside() -> None:
+    tally = Tally()
+    fuzz.real_processes(2.0, tally)
+    assert tally.cases > 10
+    assert tally.clean, "\n".join(tally.failures)
+
+
+def test_a_failure_is_counted_and_described_never_raised() -> None:
+    tally = Tally()
+    tally.fail("stalls", "step took 150 ms")
+    assert (tally.stalls, tally.clean, tally.failures) == (1, False, ["stalls: step took 150 ms"])
+    assert "stalls" in fuzz.table({"x": tally})

@@ -1,0 +1,197 @@
+"""A profile's warm-up against a scripted runner: incremental plans (only the combinations a
+new snapshot adds), retries of failed captures, a device's graph cap, and adoption that builds
+the new gears in use outside the request lock."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pytest
+
+import gearshift as gs
+from gearshift.worker import profile as profile_module
+from gearshift.worker.profile import RETRY_SECONDS, WARM_BATCH, beyond
+from worker.fake_controller import FakeController
+
+DIMS = {
+    "BATCHSIZE": gs.Dim(gears=list(range(1, 11)), max=64),
+    "SEQLEN": gs.Dim(gears=list(range(1, 11)), max=64),
+    "HEADS": gs.Dim(gears=list(range(1, 11)), max=64),
+}
+
+
+class ScriptedRunner:
+    """The Runner protocol, recording every variant it is asked for; `fail` raise once each,
+    `cap` graphs at most."""
+
+    def __init__(self, dims: Mapping[str, gs.Dim], cap: int | None = None) -> None:
+        self.gears = {d: s.initial_gears for d, s in dims.items()}
+        self.transform: Any = None
+        self.asked: list[tuple[int, ...]] = []
+        self.captured: set[tuple[int, ...]] = set()
+        self.fail: set[tuple[int, ...]] = set()
+        self.cap = cap
+        self.released: list[tuple[str, int]] = []
+
+    def ready(self) -> list[tuple[int, ...]]:
+        return sorted(self.captured)
+
+    def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
+        done = 0
+        for v in variants:
+            key = tuple(v[d] for d in self.gears)
+            self.asked.append(key)
+            if key in self.fail:
+                self.fail.discard(key)
+                raise RuntimeError("capture failed")
+            if key not in self.captured:
+                self.captured.add(key)
+                done += 1
+        return done
+
+    def release(self, dim: str, gear: int) -> int:
+        i = list(self.gears).index(dim)
+        gone = {v for v in self.captured if v[i] == gear}
+        self.captured -= gone
+        self.released.append((dim, gear))
+        return len(gone)
+
+    def room(self) -> tuple[int | None, str]:
+        return (None if self.cap is None else self.cap - len(self.captured)), "a test cap"
+
+    def run(self, tensors: Mapping[str, Any], sizes: Mapping[str, int] | None = None) -> Any:
+        return None
+
+
+def settle(client: gs.Client, prof: gs.Profile, ticks: int = 10_000) -> int:
+    for n in range(1, ticks + 1):
+        client.tick()
+        if prof.settled:
+            return n
+    raise AssertionError("not settled")
+
+
+def test_beyond_yields_each_new_combination_once_larger_first() -> None:
+    gears = {"A": (1, 2, 4), "B": (8, 16), "C": (1, 3)}
+    assert list(beyond({}, gears))[:2] == [(4, 16, 3), (4, 16, 1)]
+    assert sorted(beyond({}, gears)) == sorted(itertools.product(*gears.values()))
+    base = {"A": (1, 4), "B": (8, 16), "C": (1,)}
+    new = list(beyond(base, gears))
+    assert len(new) == len(set(new)) == 12 - 2 * 2 * 1
+    assert set(new) == {v for v in itertools.product(*gears.values()) if v[0] == 2 or v[2] == 3}
+    assert list(beyond(gears, gears)) == []
+
+
+def test_a_new_gear_plans_only_its_combinations(client: gs.Client, fake: FakeController) -> None:
+    prof = client.profile("p", DIMS)
+    runner = prof.attach(ScriptedRunner(DIMS))
+    ticks = settle(client, prof)
+    assert len(runner.captured) == 1000 and len(runner.asked) == 1000
+    assert ticks == math.ceil(1000 / WARM_BATCH) + 1  # the last tick finds the plan done
+    runner.asked.clear()
+    gears = {d: [*range(1, 11)] for d in DIMS}
+    gears["SEQLEN"] = [*range(1, 11), 20]
+    fake.publish({"p": gears})
+    settle(client, prof)
+    assert len(runner.asked) == 100 and {v[1] for v in runner.asked} == {20}
+    gears["SEQLEN"] = [*range(2, 11), 20]  # one removed: nothing to capture, its graphs go
+    fake.publish({"p": gears})
+    runner.asked.clear()
+    settle(client, prof)
+    assert runner.asked == [] and runner.released == [("SEQLEN", 1)]
+    gears["SEQLEN"] = [*range(1, 11), 20]  # back: its combinations are captured again
+    fake.publish({"p": gears})
+    settle(client, prof)
+    assert len(runner.asked) == 100 and {v[1] for v in runner.asked} == {1}
+
+
+def test_a_failed_capture_is_retried_later_and_counted(
+    client: gs.Client, fake: FakeController
+) -> None:
+    dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=8)}
+    prof = client.profile("p", dims)
+    runner = prof.attach(ScriptedRunner(dims))
+    runner.fail = {(2,)}
+    settle(client, prof)  # settled: the failed gear runs on a larger graph meanwhile
+    assert runner.captured == {(1,), (4,)} and prof.stats["capture_failures"] == 1
+    client.tick()
+    assert (2,) not in runner.captured and prof.stats["capture_retries"] == 0
+    client.clock.sleep(RETRY_SECONDS[0])
+    client.tick()
+    assert (2,) in runner.captured and prof.stats["capture_retries"] == 1
+    client.clock.sleep(RETRY_SECONDS[1])
+    client.tick()
+    assert prof.stats["capture_retries"] == 1  # nothing left to retry
+
+
+def test_a_full_device_stops_the_plan_once_and_still_settles(
+    client: gs.Client, fake: FakeController, caplog: pytest.LogCaptureFixture
+) -> None:
+    dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8], max=8), "SEQLEN": gs.Dim(gears=[1, 2], max=8)}
+    prof = client.profile("p", dims)
+    runner = prof.attach(ScriptedRunner(dims, cap=6))
+    settle(client, prof)
+    assert len(runner.captured) == 6 and prof.stats["graph_limits"] == 1
+    assert "a test cap" in caplog.text and "8 combinations" in caplog.text
+    for _ in range(3):
+        client.tick()
+    assert prof.stats["graph_limits"] == 1 and len(runner.asked) == 6
+    fake.publish({"p": {"BATCHSIZE": [1, 2, 4], "SEQLEN": [1, 2]}})  # 8 goes: room again
+    settle(client, prof)
+    assert runner.released == [("BATCHSIZE", 8)]
+    assert runner.captured == set(itertools.product((1, 2, 4), (1, 2)))
+
+
+def test_adopt_builds_the_new_gears_in_use_outside_the_request_lock(
+    client: gs.Client, fake: FakeController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prof = client.profile("p", {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=8)})
+    built = threading.Event()
+    made = profile_module._InUse
+
+    def spy(*args: Any) -> Any:
+        built.set()
+        return made(*args)
+
+    monkeypatch.setattr(profile_module, "_InUse", spy)
+    inside, go = threading.Event(), threading.Event()
+
+    def request_thread() -> None:
+        with prof._lock:  # a request counting itself in holds the lock a while
+            inside.set()
+            go.wait(10)
+
+    version = fake.publish({"p": {"BATCHSIZE": [1, 8]}})
+    thread = threading.Thread(target=request_thread)
+    thread.start()
+    assert inside.wait(10)
+    adopting = threading.Thread(target=client.refresh)
+    adopting.start()
+    try:
+        assert built.wait(10)  # built while the request thread holds the lock ...
+        assert prof.version != version  # ... and swapped only once it is free
+    finally:
+        go.set()
+        thread.join(10)
+        adopting.join(10)
+    assert prof.version == version and prof.gears == {"BATCHSIZE": (1, 8)}
+
+
+def test_a_plan_the_cap_stopped_resumes_when_a_release_after_its_grace_makes_room(
+    client: gs.Client, fake: FakeController
+) -> None:
+    dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8], max=8), "SEQLEN": gs.Dim(gears=[1, 2], max=8)}
+    prof = client.profile("p", dims)
+    runner = prof.attach(ScriptedRunner(dims, cap=6))
+    settle(client, prof)
+    with prof.request(BATCHSIZE=8, SEQLEN=1):  # in flight on 8: its graphs stay meanwhile
+        fake.publish({"p": {"BATCHSIZE": [1, 2, 4], "SEQLEN": [1, 2]}})
+        client.tick()
+        assert runner.released == [] and prof.stats["graph_limits"] == 2 and not prof.settled
+    settle(client, prof)
+    assert runner.released == [("BATCHSIZE", 8)]
+    assert runner.captured == set(itertools.product((1, 2, 4), (1, 2)))
