@@ -248,7 +248,7 @@ class Controller:
         dev = self.devices[device]
         usage = self.memory_usage(device, now)
         began = self.clock.now()
-        round = self._round(device, dev, now, usage)
+        round = guarded_round(device, dev, now, usage, self.policy, self._guard)
         if round is None:
             return
         dev.apply(round)
@@ -263,22 +263,6 @@ class Controller:
             self._publish(device, now)
         if any(changes.values()):
             self._guard("state save", self._save)
-
-    def _round(self, device: int, dev: DeviceLedger, now: float,
-               usage: float | None) -> Round | None:
-        """`decide_round` of the device, one profile at a time: a profile whose round fails is
-        counted and logged (`_guard`) and keeps its gears; the others are decided."""
-        rounds: list[Round | None] = []
-        for name, profile in dev.profiles.items():
-            alone = DeviceLedger(dev.version, dev.last_update, {name: profile})
-            self._guard(f"decision round of {device}/{name}",
-                        lambda alone=alone: rounds.append(
-                            decide_round(alone, now, usage, self.policy)))
-        done = [r for r in rounds if r is not None]
-        if not done:
-            return None
-        return Round(now, done[0].trigger, {k: v for r in done for k, v in r.gears.items()},
-                     {k: v for r in done for k, v in r.changes.items()})
 
     def _publish(self, device: int, now: float) -> None:
         dev = self.devices[device]
@@ -308,6 +292,23 @@ class Controller:
         assert self._status_region is not None
         self._status_region.publish(doc)
         self.status = doc
+
+
+def guarded_round(device: int, dev: DeviceLedger, now: float, usage: float | None,
+                  policy: PolicyConfig, guard: Callable[..., None]) -> Round | None:
+    """`decide_round` of the device, one profile at a time under `guard`: a profile whose
+    round fails is counted and logged and keeps its gears; the others are decided as one
+    round (the same trigger, as `decide_round` of the whole device would give)."""
+    rounds: list[Round | None] = []
+    for name, profile in dev.profiles.items():
+        alone = DeviceLedger(dev.version, dev.last_update, {name: profile})
+        guard(f"decision round of {device}/{name}",
+              lambda alone=alone: rounds.append(decide_round(alone, now, usage, policy)))
+    done = [r for r in rounds if r is not None]
+    if not done:
+        return None
+    return Round(now, done[0].trigger, {k: v for r in done for k, v in r.gears.items()},
+                 {k: v for r in done for k, v in r.changes.items()})
 
 
 def _remove_namespace(namespace: str, level: int = logging.INFO) -> None:
