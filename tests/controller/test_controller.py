@@ -8,64 +8,23 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgpack
 import pytest
 
-from gearshift.clock import FakeClock, MonotonicClock
+from gearshift.clock import FakeClock
 from gearshift.controller import controller as controller_module
 from gearshift.controller import statefile
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
-from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.errors import ProfileMismatch, StateError
 from gearshift.shm import Registry, SlotState, names, ring, segment
 
-from .workers import DIMS, WAIT, Worker
+from .workers import DIMS, POLICY, WAIT, Worker
 
-POLICY = PolicyConfig(
-    window_seconds=60.0,
-    half_life_seconds=30.0,
-    slice_seconds=5.0,
-    update_interval_seconds=10.0,
-    check_interval_seconds=1.0,
-    recent_use_protect_seconds=5.0,
-)
 LADDER = (1, 2, 4, 8, 16, 32, 64)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(MonotonicClock().now())  # near real time: child processes' events line up
-
-
-@pytest.fixture
-def config(namespace: str, tmp_path: Path) -> ControllerConfig:
-    return ControllerConfig(namespace=namespace, state_dir=str(tmp_path / "state"))
-
-
-@pytest.fixture
-def controller(config: ControllerConfig, clock: FakeClock) -> Iterator[Controller]:
-    c = Controller.open(config, POLICY, clock=clock)
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def worker(controller: Controller, clock: FakeClock) -> Iterator[Callable[..., Worker]]:
-    """Make in-process workers; they detach before the controller closes."""
-    made: list[Worker] = []
-
-    def make(device: int = 0) -> Worker:
-        made.append(Worker(controller.config.namespace, device, clock))
-        return made[-1]
-
-    yield make
-    for w in made:
-        w.close()
 
 
 def _run(

@@ -6,49 +6,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from gearshift import protocol
 from gearshift.clock import FakeClock, MonotonicClock
 from gearshift.controller import registrations
-from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.dims import Dim
 from gearshift.errors import NamespaceBusy, PayloadError, ShapeError
 from gearshift.shm import EventRing, Registry, control, mailbox, names, ring
 from gearshift.shm.segment import Segment
 
-from .test_controller import POLICY
 from .workers import WAIT, Worker
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(MonotonicClock().now())
-
-
-@pytest.fixture
-def controller(namespace: str, tmp_path: Path, clock: FakeClock) -> Iterator[Controller]:
-    c = Controller.open(ControllerConfig(namespace=namespace, state_dir=str(tmp_path)), POLICY,
-                        clock=clock)
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def worker(controller: Controller, clock: FakeClock) -> Iterator[Callable[..., Worker]]:
-    made: list[Worker] = []
-
-    def make(device: int = 0) -> Worker:
-        made.append(Worker(controller.config.namespace, device, clock))
-        return made[-1]
-
-    yield make
-    for w in made:
-        w.close()
 
 
 def _take_reply(w: Worker) -> dict:

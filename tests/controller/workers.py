@@ -10,11 +10,20 @@ from collections.abc import Callable
 
 from gearshift import protocol
 from gearshift.clock import Clock, MonotonicClock
+from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.shm import EventRing, Registry, SnapshotRegion, mailbox
 
 WAIT = 20.0  # seconds: the bound of every wait
 DIMS = {"B": Dim(gears=[1, 2, 4, 8, 16, 32, 64], max=64)}
+POLICY = PolicyConfig(  # short windows and intervals: the controller tests' policy
+    window_seconds=60.0,
+    half_life_seconds=30.0,
+    slice_seconds=5.0,
+    update_interval_seconds=10.0,
+    check_interval_seconds=1.0,
+    recent_use_protect_seconds=5.0,
+)
 
 
 class Worker:

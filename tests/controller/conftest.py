@@ -1,0 +1,46 @@
+"""Fixtures of the controller's tests: a controller in virtual time (`step()` by hand), with
+its state in a temporary directory, and in-process workers made of the shm primitives."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gearshift.clock import FakeClock, MonotonicClock
+from gearshift.controller.config import ControllerConfig
+from gearshift.controller.controller import Controller
+
+from .workers import POLICY, Worker
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(MonotonicClock().now())  # near real time: child processes' events line up
+
+
+@pytest.fixture
+def config(namespace: str, tmp_path: Path) -> ControllerConfig:
+    return ControllerConfig(namespace=namespace, state_dir=str(tmp_path / "state"))
+
+
+@pytest.fixture
+def controller(config: ControllerConfig, clock: FakeClock) -> Iterator[Controller]:
+    c = Controller.open(config, POLICY, clock=clock)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def worker(controller: Controller, clock: FakeClock) -> Iterator[Callable[..., Worker]]:
+    """Make in-process workers; they detach before the controller closes."""
+    made: list[Worker] = []
+
+    def make(device: int = 0) -> Worker:
+        made.append(Worker(controller.config.namespace, device, clock))
+        return made[-1]
+
+    yield make
+    for w in made:
+        w.close()
