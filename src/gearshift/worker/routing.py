@@ -258,10 +258,20 @@ class Router:
         self._single = ring.counts([1] * self._ndim)  # one chunk per dim
         initial = {n: d.initial_gears for n, d in self.dims.items()}
         self._in_use = _InUse(0, initial, self.dims, 0, pid)
+        self._generate()
+
+    def _generate(self) -> None:
+        """`route` and `record` generated for the dims, bound to `_write` (when they can be)."""
         if (route := _specialised(self)) is not None:
             self.route = route  # type: ignore[method-assign]
         if (record := _specialised_record(self)) is not None:
             self.record = record  # type: ignore[method-assign]
+
+    def rebind(self, write: Callable[..., bool]) -> None:
+        """Record through `write` from now on (the client's ring, once it has one): a request
+        already in the old route still records through the old writer, which forwards."""
+        self._write = write
+        self._generate()
 
     @property
     def gears(self) -> dict[str, Gears]:

@@ -313,6 +313,8 @@ class Client:
         self._leader = registry.controller().pid
         self.slot, self.ring = slot, ring
         self._unrecorded.forward(ring.write)
+        for prof in self._profiles.values():  # made before the ring: straight to it now
+            prof.rebind(ring.write)
         self._registrations.bind(registry, slot)
         self.registry = registry  # last: the swap thread's sign that the client is attached
 

@@ -3,7 +3,8 @@ snapshot region (version 0, nothing to read) and `Unrecorded` for the slot's eve
 
 A client that starts before its controller has no slot, so no ring: its profiles bind their
 record writer to an `Unrecorded`, which counts and drops each record until the client creates
-its ring and forwards it there (`forward`), so those profiles record from then on.
+its ring and forwards it there (`forward`), so those profiles record from then on; the client
+then rebinds them to the ring itself (`Router.rebind`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ NO_SNAPSHOT = NoSnapshot()
 
 class Unrecorded:
     """Stands for the event ring until the client has one: a record is counted (`count`) and
-    goes nowhere; after `forward(write)` (the ring's) it goes there. A profile made meanwhile
-    keeps writing through this object: one call more per request."""
+    goes nowhere; after `forward(write)` (the ring's) it goes there, for a request that was
+    already under way when its profile was rebound to the ring."""
 
     def __init__(self) -> None:
         self.count = 0
