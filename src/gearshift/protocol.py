@@ -21,7 +21,8 @@ Snapshot payload (controller -> every worker of one device, its snapshot region)
 `changes` are the last round's decisions of that profile (for status views). The payload
 carries no version: the region's seqlock version is the snapshot version.
 
-Ring records: `Kind.SHAPE` / `Kind.EAGER` with `profile` = P, `values` = raw sizes in dim
+Ring records: `Kind.SHAPE` / `Kind.EAGER` / `Kind.RECORDED` (`record()`: only recorded) with
+`profile` = P, `values` = raw sizes in dim
 order, `version` = the snapshot version the request was routed with; `Kind.MEMORY` readings
 about once a second.
 """

@@ -51,7 +51,7 @@ def test_record_writes_the_raw_shape_with_no_gear_and_no_route(
     gs.Profile.record(prof, BATCHSIZE=5, SEQLEN=3)  # the generic path
     events = fake.drain(client.slot)
     assert events["values"][:, :2].tolist() == [[13, 700], [200, 8192], [5, 3]]
-    assert set(events["kind"]) == {Kind.EAGER}  # ran on no gearshift graph
+    assert set(events["kind"]) == {Kind.RECORDED}  # only recorded: no gearshift graph ran
     assert events["chunks"].tolist() == [[0, 0, 0, 0]] * 3
     assert events["version"].tolist() == [prof.version] * 3
     assert set(events["profile"]) == {prof.id} and set(events["ndim"]) == {2}

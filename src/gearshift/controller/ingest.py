@@ -2,10 +2,11 @@
 
 A batch is the records drained from several rings, concatenated, with a parallel array of
 global profile keys (`ProfileKeys`: each record's worker-local profile id mapped through its
-worker's registrations; -1 when that id is not registered). SHAPE and EAGER records are samples
-of their profile's dims (an eager run is still a request of that size); MEMORY records are
-device memory readings. `Batch` holds drained records until `limit` of them are waiting and
-counts what it consumed and folded (the status document's event counters).
+worker's registrations; -1 when that id is not registered). SHAPE, EAGER and RECORDED records
+are samples of their profile's dims (an eager or only recorded run is still a request of that
+size); MEMORY records are device memory readings. `Batch` holds drained records until `limit`
+of them are waiting and counts what it consumed and folded (the status document's event
+counters).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def fold(
     folded. Cost: a few numpy passes over the batch plus one `DimStats.fold` per profile dim.
     """
     kind = events["kind"].copy()  # one pass over the records; then compact arrays only
-    is_sample = (kind == Kind.SHAPE) | (kind == Kind.EAGER)
+    is_sample = (kind == Kind.SHAPE) | (kind == Kind.EAGER) | (kind == Kind.RECORDED)
     samples = int(np.count_nonzero(is_sample))
     odd = len(kind) - samples - int(np.count_nonzero(kind == Kind.MEMORY))
     take = is_sample & (keys >= 0)

@@ -17,7 +17,7 @@ Record (EVENT_DTYPE, little-endian; written by the producer before head moves pa
     8       32    values   raw dim values in the profile's dim order; MEMORY: free, total bytes
     40      4     version  snapshot version the request was routed with (uint32)
     44      2     profile  the worker's profile id (uint16)
-    46      1     kind     Kind: SHAPE, EAGER or MEMORY; 0 is never written
+    46      1     kind     Kind: SHAPE, EAGER, MEMORY, RECORDED; 0 never
     47      1     ndim     dims used, 1..4 (the others are 0)
     48      8     chunks   graph runs per dim (uint16 each)
     56      8     (pad)    one record per cache line
@@ -72,6 +72,7 @@ class Kind(enum.IntEnum):
     SHAPE = 1  # a request ran on graphs: values = raw dims, chunks = graph runs per dim
     EAGER = 2  # a request ran eagerly (over a non-splittable dim's largest gear, or no graph)
     MEMORY = 3  # a device memory reading: values = (free bytes, total bytes)
+    RECORDED = 4  # a request only recorded (`record()`): it ran on an engine's own graphs
 
 
 EVENT_DTYPE = np.dtype(

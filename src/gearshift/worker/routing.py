@@ -13,8 +13,8 @@ gear combination and shared by every request it fits (`_RouteCache`): a Route an
 are read-only.
 
 `Router.record(**sizes)` is the record-only path, for a worker that runs an engine's own graphs
-and only feeds the controller: the same checks and one ring record (`Kind.EAGER`, no chunk: no
-gearshift graph ran), with no gear lookup and no version check.
+and only feeds the controller: the same checks and one ring record (`Kind.RECORDED`, no chunk:
+no gearshift graph ran), with no gear lookup and no version check.
 
 Fast path (`_specialised`): each profile gets a `route` generated for its dims, the way
 namedtuple and dataclasses generate methods: the dims are keyword parameters and the check
@@ -87,7 +87,7 @@ class _InUse:
     ) -> None:
         self.version, self.gears, self.epoch, self.active = version, gears, epoch, 0
         self.meta = ring.meta(pid, version, Kind.SHAPE, len(dims))
-        self.record_meta = ring.meta(pid, version, Kind.EAGER, len(dims))  # Router.record's
+        self.record_meta = ring.meta(pid, version, Kind.RECORDED, len(dims))  # Router.record's
         counts = [len(gears[n]) for n in dims]
         strides = [math.prod(counts[i + 1 :]) for i in range(len(counts))]  # mixed radix
         self.table = tuple(
