@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -44,6 +45,15 @@ EXIT_INTERRUPTED = 130  # the shell's code for a run ended by SIGINT
     type=click.FloatRange(min=5),
     help="About how long the whole demo takes (start-up and both arms, interleaved).",
 )
+@click.option(
+    "--model",
+    "model",
+    type=click.Choice(["block", "llama"]),
+    default="block",
+    show_default=True,
+    help="block: the hand-written block below; llama: transformers' LlamaForCausalLM, small and"
+    " random (the demo extra), on a prefill (SEQLEN) or a decode (BATCHSIZE) trace.",
+)
 @namespace_option("Shared-memory namespace of its controller [default: demo-<pid>].")
 @click.option(
     "--set",
@@ -57,6 +67,7 @@ def demo(
     workers: int,
     trace: str,
     seconds: float,
+    model: str,
     namespace: str | None,
     overrides: tuple[str, ...],
     as_json: bool,
@@ -88,10 +99,13 @@ def demo(
         _fail(EXIT_USAGE, str(e))
     except GearshiftError as e:
         _fail(EXIT_ERROR, str(e))
+    if model == "llama":
+        _check_llama(list(workload.dims))
     from gearshift.tools.demo.run import Demo  # the controller: not needed for --help
 
     progress = _Progress(sys.stderr)
-    run = Demo(workload, workers, seconds, namespace or f"demo-{os.getpid()}", policy, progress)
+    run = Demo(workload, workers, seconds, namespace or f"demo-{os.getpid()}", policy, progress,
+               model)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         result = run.run()
@@ -103,6 +117,14 @@ def demo(
         signal.signal(signal.SIGTERM, previous)
         progress.end()
     click.echo(json.dumps(result) if as_json else table(result))
+
+
+def _check_llama(dims: list[str]) -> None:
+    """A usage error unless `--model llama` can run: the demo extra, a trace of one profile."""
+    if importlib.util.find_spec("transformers") is None:
+        _fail(EXIT_USAGE, "--model llama needs transformers: pip install 'gearshift[demo]'")
+    if dims not in (["SEQLEN"], ["BATCHSIZE"]):
+        _fail(EXIT_USAGE, f"--model llama runs a SEQLEN or a BATCHSIZE trace, not {dims}")
 
 
 def _interrupt(signum: int, frame: object) -> NoReturn:

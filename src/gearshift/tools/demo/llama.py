@@ -1,6 +1,7 @@
 """The demo's real model: `transformers`' Llama (`LlamaForCausalLM`), small, random, seeded.
 
-Two steps, each a function of tensors for the adaptive runner (`runners`):
+Two steps, each a function of tensors for the adaptive runner (`bindings`; both profiles on
+one client: `profiles`):
 - prefill, on the SEQLEN profile: `input_ids [1, S]` -> `logits [1, S, vocab]`. Attention is
   causal, so tokens padded after the last real one do not change the real tokens' logits.
 - decode, on the BATCHSIZE profile: `input_ids [B, 1]` and a fixed-size KV cache
@@ -9,8 +10,9 @@ Two steps, each a function of tensors for the adaptive runner (`runners`):
   static shape per gear, so a decode step is a static-shape graph; batch rows never attend to
   each other, so padded rows (zero cache, token 0) do not change the real rows' logits.
 
-The eager reference of either step is the same function on the unpadded request. Needs the
-`demo` extra (`pip install 'gearshift[demo]'`); nothing is downloaded.
+The eager reference of either step is the same function on the unpadded request. `DemoLlama`
+is the model as `gearshift demo --model llama` runs it, one trace (one profile) at a time.
+Needs the `demo` extra (`pip install 'gearshift[demo]'`); nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gearshift.core.dims import Dim
-from gearshift.tools.demo.workload import Workload, load_workload
+from gearshift.tools.demo.workload import SEQ, Workload, load_workload
 
 if TYPE_CHECKING:
     from gearshift.worker.profile import Profile
     from gearshift.worker.session import Client
 
 PREFILL, DECODE = "prefill", "decode"  # the demo's profile names
-SEQ, BATCH = "SEQLEN", "BATCHSIZE"
+BATCH = "BATCHSIZE"
 
 
 @dataclass(frozen=True)
@@ -161,3 +163,53 @@ def profiles(client: Client, llama: Llama,
         out[name] = profile = client.profile(name, dims_for(name, d))
         profile.runner(fn, inputs, example, outputs=outputs)
     return out
+
+
+class DemoLlama:
+    """The Llama as the demo's worker runs a model (`worker.Model`'s interface), on a trace of
+    one dim: `x` holds token embeddings (`inputs_embeds`, so the worker's random inputs serve).
+    SEQLEN: `x = [S, hidden]`, one causal prefill. BATCHSIZE: `x = [B, 1, hidden]`, a decode
+    step, each row the next token of a sequence that continues one shared context (a fixed
+    random cache of `context` tokens held here, expanded to B rows): static shapes per batch
+    size, rows never see each other, and a row's output does not depend on which chunk of a
+    split batch it runs in. `tokens` counts every token computed."""
+
+    def __init__(self, shape: LlamaShape | None = None, seed: int = 0) -> None:
+        self.llama = Llama(shape, seed)
+        s = self.llama.shape
+        self.width, self.heads, self.tokens = s.hidden, s.heads, 0
+        self._kv = self.llama.inputs(DECODE, 1, seed=seed + 1)["kv"]
+        self._lock = threading.Lock()
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        with self._lock:
+            self.tokens += x.numel() // self.width
+        model = self.llama.model
+        if x.dim() == 2:
+            return model(inputs_embeds=x[None], use_cache=False).logits[0]
+        if x.dim() != 3 or x.shape[1] != 1:
+            raise ValueError(f"expected [S, hidden] or [B, 1, hidden], got {tuple(x.shape)}")
+        from transformers import DynamicCache
+
+        b = x.shape[0]
+        kv = self._kv.expand(-1, -1, b, -1, -1, -1)
+        cache = DynamicCache(ddp_cache_data=[(layer[0], layer[1]) for layer in kv])
+        position = torch.full((b, 1), kv.shape[-2], dtype=torch.long)
+        out = model(inputs_embeds=x, position_ids=position, use_cache=True,
+                    **{self.llama._cache_arg: cache})
+        return out.logits
+
+
+ABOUT = (
+    "transformers' LlamaForCausalLM, random weights (seeded): {layers} layers, hidden {hidden},"
+    " {heads} heads ({kv_heads} KV), vocab {vocab}; prefill on SEQLEN, decode on BATCHSIZE"
+    " (every row continues one shared {context}-token context)"
+)
+
+
+def about(shape: LlamaShape | None = None) -> str:
+    """One line describing the demo's Llama, for the demo's report."""
+    s = shape or LlamaShape()
+    return ABOUT.format(**{k: getattr(s, k) for k in
+                           ("layers", "hidden", "heads", "kv_heads", "vocab", "context")})

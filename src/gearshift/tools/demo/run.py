@@ -69,8 +69,10 @@ class Demo:
         namespace: str,
         policy: PolicyConfig,
         report: Report,
+        model: str = "block",
     ) -> None:
         self.full, self.workers, self.seconds = workload, workers, seconds
+        self.model = model  # worker.model_for's name
         self.namespace, self.policy, self.report = namespace, policy, report
         self.ctx = multiprocessing.get_context("spawn")
         self.progress = self.ctx.RawArray("q", 3 * len(ARMS) * workers)
@@ -86,6 +88,9 @@ class Demo:
             stack.callback(self._cleanup)  # before the state directory goes
             self.processes.start(self.workers)
             every = range(self.workers)
+            about = {"width": WIDTH, "heads": HEADS, "about": MODEL}
+            if self.model != "block":
+                about = self.processes.ask(every, "model", self.model)[0]
             timed = self.processes.ask(every, "calibrate", self.full.dims)
             cost = Cost.fit([sample for samples in timed for sample in samples])
             left = self.seconds - (time.monotonic() - began)
@@ -114,7 +119,7 @@ class Demo:
         static, adaptive = arms["static"], arms["adaptive"]
         return {
             "trace": workload.trace,
-            "model": {"width": WIDTH, "heads": HEADS, "about": MODEL, "cost": asdict(cost)},
+            "model": {**about, "cost": asdict(cost)},
             "workers": self.workers,
             "rows": workload.rows,
             "stride": workload.stride,

@@ -1,6 +1,8 @@
 """A demo worker process: replays trace rows through a transformer block, on the CPU.
 
 Commands come from the parent over a pipe, one reply each:
+`("model", name)`, first if at all -> the model is `model_for(name)` (default: `block`); the
+reply describes it;
 `("calibrate", dims)` -> captures the initial gears on the runner kept for the static arm and
 times replays of each sequence gear: `[(tokens, pairs, CPU seconds), ...]`;
 `("prepare", namespace, dims, priced, sizes, times)` -> the two arms over the same rows: the
@@ -49,7 +51,7 @@ from gearshift.core.dims import Dim, Gears, padded_work
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.tools.demo.clock import TraceClock
-from gearshift.tools.demo.workload import HEADS, PROFILE, SEQ, WIDTH
+from gearshift.tools.demo.workload import HEADS, MODEL, PROFILE, SEQ, WIDTH
 
 SETTLE_POLL = 0.001  # seconds between looks at whether the swap thread has captured new gears
 MEMORY = (1 << 33, 1 << 34)  # the (free, total) reading the CPU "device" reports: 50 % used
@@ -257,8 +259,9 @@ class AdaptiveArm(Arm):
 
     def __init__(self, client: gs.Client, dims: Mapping[str, Dim],
                  sizes: Mapping[str, np.ndarray],
-                 report: Callable[[int, int, int], None] = lambda *_: None) -> None:
-        model = Model()
+                 report: Callable[[int, int, int], None] = lambda *_: None,
+                 make: Callable[[], Model] = Model) -> None:
+        model = make()
         self.client, self.profile = client, client.profile(PROFILE, dims)
         runner = self.profile.attach(runner_for(model, dims))
 
@@ -275,6 +278,18 @@ class AdaptiveArm(Arm):
             time.sleep(SETTLE_POLL)
 
 
+def model_for(name: str) -> tuple[Callable[[], Model], dict[str, Any]]:
+    """The demo's model by name, and its description: `block` (Model) or `llama`
+    (`llama.DemoLlama`, which needs the demo extra)."""
+    if name == "llama":
+        from gearshift.tools.demo import llama
+
+        shape = llama.LlamaShape()
+        about = {"width": shape.hidden, "heads": shape.heads, "about": llama.about(shape)}
+        return llama.DemoLlama, about  # type: ignore[return-value]  (Model's interface)
+    return Model, {"width": WIDTH, "heads": HEADS, "about": MODEL}
+
+
 def _settle(arm: AdaptiveArm) -> dict[str, float]:
     began, cpu = time.monotonic(), time.process_time()
     arm.settle()
@@ -287,7 +302,7 @@ def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
     `origin` the adaptive arm's start (shared `Value`s: `TraceClock`)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     torch.set_num_threads(1)  # N workers share the cores: one thread each
-    model = Model()
+    model, make = Model(), Model
     kept: dict[tuple[str, ...], Runner] = {}  # the static arm's runner, by dims
     arms: dict[str, Arm] = {}
     stack = ExitStack()
@@ -311,7 +326,14 @@ def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
         arms["static"] = static_arm(model, static_runner(dims), sizes, reporter("static"))
         clock = TraceClock(times, origin, queues[ARMS.index("adaptive")])
         client = stack.enter_context(gs.connect(namespace, clock=clock, memory=lambda: MEMORY))
-        arms["adaptive"] = AdaptiveArm(client, priced, sizes, reporter("adaptive"))
+        arms["adaptive"] = AdaptiveArm(client, priced, sizes, reporter("adaptive"), make)
+
+    def choose(name: str) -> dict[str, Any]:  # ("model", name): before any other command
+        nonlocal model, make
+        make, about = model_for(name)
+        model = make()
+        kept.clear()
+        return about
 
     def replay(arm: str, end: int) -> dict[str, Any]:
         queue = queues[ARMS.index(arm)]
@@ -328,6 +350,7 @@ def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
     commands = {
         "calibrate": lambda dims: calibrate(model, static_runner(dims)),
         "prepare": prepare,
+        "model": choose,
         "slice": replay,
         "settle": lambda: _settle(arms["adaptive"]),  # type: ignore[arg-type]
         "finish": stack.close,
