@@ -171,51 +171,19 @@ def record(*, {params}, **_unknown):
 """
 
 
-def _specialised_record(router: Router) -> Callable[..., None] | None:
-    """`router.record` generated for its dims as `route` is (their bounds inlined), or None
-    when a dim name cannot be a parameter of it."""
+def _generated(router: Router, name: str, template: str,
+               **fields: str) -> Callable[..., Any] | None:
+    """`router.<name>` made from `template` for its dims (see the module docstring), or None
+    when a dim name cannot be a parameter of it; `fields` fill the template's own slots."""
     names = list(router.dims)
     if not all(map(_parameter, names)):
         return None
-    source = _RECORD.format(
+    source = template.format(
         params=", ".join(f"{n}=_MISSING" for n in names),
-        fits=" and ".join(
-            f"_type({n}) is _int and {d.min} <= {n} <= {d.max}" for n, d in router.dims.items()
-        ),
         values=", ".join(names + ["0"] * (MAX_DIMS - len(names))),
         given=", ".join(f"{n!r}: {n}" for n in names),
         missing=" or ".join(f"{n} is _MISSING" for n in names),
-    )
-    scope = {
-        "__name__": __name__,
-        "_MISSING": _MISSING,
-        "_type": type,
-        "_int": int,
-        "_router": router,
-        "_write": router._write,
-        "_now": router._now_ns,
-    }
-    exec(source, scope)  # names checked above, bounds are ints: as _specialised does
-    record = scope["record"]
-    record.__doc__, record.__qualname__ = Router.record.__doc__, f"Profile({router.name!r}).record"
-    return record
-
-
-def _specialised(router: Router) -> Callable[..., Route] | None:
-    """`router.route` generated for its dims (see the module docstring), or None when a dim
-    name cannot be a parameter of it."""
-    names = list(router.dims)
-    if not all(map(_parameter, names)):
-        return None
-    dims = list(enumerate(names))
-    source = _ROUTE.format(
-        params=", ".join(f"{n}=_MISSING" for n in names),
-        bounds=", ".join(f"_l{i}, _t{i}, _i{i}" for i, _ in dims),
-        fits=" and ".join(f"_type({n}) is _int and _l{i} <= {n} <= _t{i}" for i, n in dims),
-        key=" + ".join(f"_i{i}[{n}]" for i, n in dims),
-        values=", ".join(names + ["0"] * (MAX_DIMS - len(names))),
-        given=", ".join(f"{n!r}: {n}" for n in names),
-        missing=" or ".join(f"{n} is _MISSING" for n in names),
+        **fields,
     )
     scope = {
         "__name__": __name__,
@@ -229,9 +197,26 @@ def _specialised(router: Router) -> Callable[..., Route] | None:
         "_single": router._single,
     }
     exec(source, scope)  # names checked above: the way dataclasses and namedtuple do it
-    route = scope["route"]
-    route.__doc__, route.__qualname__ = Router.route.__doc__, f"Profile({router.name!r}).route"
-    return route
+    fn = scope[name]
+    fn.__doc__, fn.__qualname__ = getattr(Router, name).__doc__, f"Profile({router.name!r}).{name}"
+    return fn
+
+
+def _specialised_record(router: Router) -> Callable[..., None] | None:
+    """`router.record` generated for its dims as `route` is, its bounds inlined."""
+    return _generated(router, "record", _RECORD, fits=" and ".join(
+        f"_type({n}) is _int and {d.min} <= {n} <= {d.max}" for n, d in router.dims.items()))
+
+
+def _specialised(router: Router) -> Callable[..., Route] | None:
+    """`router.route` generated for its dims, its bounds read from the gears in use."""
+    dims = list(enumerate(router.dims))
+    return _generated(
+        router, "route", _ROUTE,
+        bounds=", ".join(f"_l{i}, _t{i}, _i{i}" for i, _ in dims),
+        fits=" and ".join(f"_type({n}) is _int and _l{i} <= {n} <= _t{i}" for i, n in dims),
+        key=" + ".join(f"_i{i}[{n}]" for i, n in dims),
+    )
 
 
 def _parameter(name: str) -> bool:
