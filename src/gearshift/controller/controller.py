@@ -120,9 +120,8 @@ class Controller:
         return self
 
     @classmethod
-    def start_embedded(
-        cls, config: ControllerConfig, policy: PolicyConfig | None = None, **options: Any
-    ) -> EmbeddedController:
+    def start_embedded(cls, config: ControllerConfig, policy: PolicyConfig | None = None,
+                       **options: Any) -> EmbeddedController:
         """Open the controller here (errors raise in the caller, e.g. ControllerRunning) and
         run it in a daemon thread of this process: the same loop and shared memory as
         `gearshift serve`. A worker should release its slot before `stop()`, so that the
@@ -179,9 +178,8 @@ class Controller:
     def _restore(self, fresh_on_corrupt_state: bool) -> None:
         """Restore the state file, publish every restored device once, take the slots over."""
         now = self.clock.now()
-        self.devices.update(
-            statefile.restore(self.config.state_path, now, self.policy, fresh_on_corrupt_state)
-        )
+        self.devices.update(statefile.restore(self.config.state_path, now, self.policy,
+                                              fresh_on_corrupt_state))
         for device, dev in self.devices.items():
             for name in dev.profiles:
                 self.profile_keys.key(device, name)
@@ -224,12 +222,16 @@ class Controller:
     def _guard(self, what: str, fn: Callable[..., object], *args: Any) -> None:
         try:
             fn(*args)
-        except Exception:
-            self.errors += 1
-            now = self.clock.now()
-            if now - self._logged.get(what, -math.inf) >= ERROR_LOG_SECONDS:
-                self._logged[what] = now
-                log.exception("%s failed; the loop goes on", what)
+        except Exception as e:
+            self._failed(what, e)
+
+    def _failed(self, what: str, error: Exception) -> None:
+        """Count a failure and log it with its traceback, at most every ERROR_LOG_SECONDS."""
+        self.errors += 1
+        now = self.clock.now()
+        if now - self._logged.get(what, -math.inf) >= ERROR_LOG_SECONDS:
+            self._logged[what] = now
+            log.error("%s failed; the loop goes on", what, exc_info=error)
 
     def _scan(self, now: float) -> None:
         self._next_scan = now + self.config.scan_interval_seconds
@@ -248,17 +250,15 @@ class Controller:
         dev = self.devices[device]
         usage = self.memory_usage(device, now)
         began = self.clock.now()
-        round = guarded_round(device, dev, now, usage, self.policy, self._guard)
+        round = decide_round(dev, now, usage, self.policy, lambda name, e: self._failed(
+            f"decision round of {device}/{name}", e))
         if round is None:
             return
         dev.apply(round)
         seconds = self.clock.now() - began  # the policy's part; publish and save follow
-        self.round_seconds.append(seconds)
-        _count_round(self.rounds, seconds)
+        _count_round(self.rounds, self.round_seconds, seconds)
         _log_round(device, round, usage, seconds)
-        changes = {name: [[c.dim, c.gear, c.action, c.reason] for c in cs]
-                   for name, cs in round.changes.items()}
-        self.changes[device] = changes
+        self.changes[device] = changes = _change_lists(round)
         if round.changed:
             self._publish(device, now)
         if any(changes.values()):
@@ -294,23 +294,6 @@ class Controller:
         self.status = doc
 
 
-def guarded_round(device: int, dev: DeviceLedger, now: float, usage: float | None,
-                  policy: PolicyConfig, guard: Callable[..., None]) -> Round | None:
-    """`decide_round` of the device, one profile at a time under `guard`: a profile whose
-    round fails is counted and logged and keeps its gears; the others are decided as one
-    round (the same trigger, as `decide_round` of the whole device would give)."""
-    rounds: list[Round | None] = []
-    for name, profile in dev.profiles.items():
-        alone = DeviceLedger(dev.version, dev.last_update, {name: profile})
-        guard(f"decision round of {device}/{name}",
-              lambda alone=alone: rounds.append(decide_round(alone, now, usage, policy)))
-    done = [r for r in rounds if r is not None]
-    if not done:
-        return None
-    return Round(now, done[0].trigger, {k: v for r in done for k, v in r.gears.items()},
-                 {k: v for r in done for k, v in r.changes.items()})
-
-
 def _remove_namespace(namespace: str, level: int = logging.INFO) -> None:
     """Remove the namespace unless a live worker holds a slot (`cleanup` checks that under the
     namespace lock)."""
@@ -324,10 +307,17 @@ def _remove_namespace(namespace: str, level: int = logging.INFO) -> None:
         log.log(level, "namespace %r kept for its workers: %s", namespace, e)
 
 
-def _count_round(rounds: dict[str, Any], seconds: float) -> None:
+def _count_round(rounds: dict[str, Any], recent: deque[float], seconds: float) -> None:
+    recent.append(seconds)
     rounds["count"] += 1
     rounds["seconds_sum"] += seconds
     rounds["last_seconds"] = seconds
+
+
+def _change_lists(round: Round) -> dict[str, list[list[Any]]]:
+    """The round's changes per profile as the snapshot and the status document carry them."""
+    return {name: [[c.dim, c.gear, c.action, c.reason] for c in cs]
+            for name, cs in round.changes.items()}
 
 
 def _log_round(device: int, round: Round, usage: float | None, seconds: float) -> None:

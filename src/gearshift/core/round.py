@@ -4,12 +4,13 @@ A `DeviceLedger` holds, per profile, its dims, each dim's gears (`DimGears`) and
 the window's `DimStats`, feeding the plan's history (`PolicyConfig.history`). `decide_round`
 reads a ledger at `now` with a memory reading and returns a `Round`, the new gears and why;
 `DeviceLedger.apply` makes it the ledger's. The controller, the embedded controller and the
-simulator all decide through these two calls. Pure: no clock, I/O, threads or torch.
+simulator all decide through these two calls. Pure: no clock, I/O, threads or torch; a caller
+that must outlive a failing profile passes `on_error`, and that profile keeps its gears.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gearshift.core.config import PolicyConfig
@@ -74,16 +75,25 @@ class DeviceLedger:
 
 
 def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
-                 config: PolicyConfig) -> Round | None:
-    """The round due on `device` at `now` (`should_update`), or None when none is due or it
-    has no profile. Reads the ledger, never changes it."""
+                 config: PolicyConfig,
+                 on_error: Callable[[str, Exception], None] | None = None) -> Round | None:
+    """The round due on `device` at `now` (`should_update`), or None when none is due or no
+    profile was decided. Reads the ledger, never changes it. A profile whose decision raises
+    propagates the error, or with `on_error` is reported to it (name, error) and left out of
+    the round: it keeps its gears, the others are decided."""
     trigger = should_update(device.last_update, now, memory_usage, config)
-    if trigger is None or not device.profiles:
+    if trigger is None:
         return None
     gears, changes = {}, {}
     for name, p in device.profiles.items():
-        window = {d: s.view(now) for d, s in p.stats.items()}
-        history = {d: s.view(now) for d, s in p.history.items()}
-        decision = decide(p.dims, p.gears, window, memory_usage, now, config, history)
+        try:
+            window = {d: s.view(now) for d, s in p.stats.items()}
+            history = {d: s.view(now) for d, s in p.history.items()}
+            decision = decide(p.dims, p.gears, window, memory_usage, now, config, history)
+        except Exception as e:
+            if on_error is None:
+                raise
+            on_error(name, e)
+            continue
         gears[name], changes[name] = decision.gears, decision.changes
-    return Round(now, trigger, gears, changes)
+    return Round(now, trigger, gears, changes) if gears else None
