@@ -30,8 +30,8 @@ def from_mapping(cls: type[T], values: Mapping[str, Any]) -> T:
     for key in values:
         if key not in known:
             raise ConfigError(key, f"unknown key (known: {', '.join(sorted(known))})")
-    clean = {k: (None if v is False and k == "device_memory_usage_threshold_ratio" else v)
-             for k, v in values.items()}
+    optional = {f.name for f in fields(cls) if "None" in str(f.type)}  # type: ignore[arg-type]
+    clean = {k: (None if v is False and k in optional else v) for k, v in values.items()}
     return cls(**clean)
 
 

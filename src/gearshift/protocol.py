@@ -24,7 +24,8 @@ carries no version: the region's seqlock version is the snapshot version.
 Ring records: `Kind.SHAPE` / `Kind.EAGER` / `Kind.RECORDED` (`record()`: only recorded) with
 `profile` = P, `values` = raw sizes in dim
 order, `version` = the snapshot version the request was routed with; `Kind.MEMORY` readings
-about once a second.
+about once a second; `Kind.MEASURED`, one per dim of each graph captured (`ring.measured`:
+gear, capture ns, graph bytes, replay ns; chunks = the dim's index), once P is registered.
 """
 
 from __future__ import annotations

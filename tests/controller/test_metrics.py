@@ -11,6 +11,7 @@ from gearshift.clock import FakeClock
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig
+from gearshift.shm import ring
 
 from .workers import Worker
 
@@ -30,6 +31,7 @@ def test_metrics_endpoint_serves_the_status_document(namespace: str, tmp_path: P
         worker.register(0, "decode", serve=controller.step)
         for value in (40, 40, 64):
             worker.put(0, value)
+        assert worker.ring.write(1, *ring.measured(0, 1, 0, 8, 0.25, 1024, 1e-3))
         clock.advance(1.0)
         controller.step()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
@@ -37,13 +39,20 @@ def test_metrics_endpoint_serves_the_status_document(namespace: str, tmp_path: P
         worker.close()
     lines = set(text.splitlines())
     worker_labels = f'device="0",pid="{os.getpid()}",slot="{worker.slot}"'
-    assert f"gearshift_events_consumed_total{{{worker_labels}}} 3.0" in lines
+    assert f"gearshift_events_consumed_total{{{worker_labels}}} 4.0" in lines
     assert f"gearshift_events_dropped_total{{{worker_labels}}} 0.0" in lines
     assert 'gearshift_snapshot_version{device="0"} 1.0' in lines
     assert 'gearshift_gears{device="0",dim="B",profile="decode"} 7.0' in lines
     assert any(line.startswith('gearshift_padding_ratio{device="0",dim="B"') for line in lines)
     assert "gearshift_decision_round_seconds_count 1.0" in lines
     assert 'gearshift_propagation_lag_seconds_count{device="0"} 0.0' in lines
+    dim = 'device="0",dim="B"'
+    assert "gearshift_measurements_total 1.0" in lines
+    assert f'gearshift_cost_measurements{{{dim},profile="decode"}} 1.0' in lines
+    assert f'gearshift_replay_seconds{{{dim},gear="8",profile="decode"}} 0.001' in lines
+    assert f'gearshift_capture_cost_seconds{{{dim},profile="decode",term="a"}} 0.25' in lines
+    assert f'gearshift_graph_cost_bytes{{{dim},profile="decode",term="b"}} 0.0' in lines
+    assert not any(line.startswith("gearshift_replay_fit_seconds{") for line in lines)  # 1 gear
 
 
 def test_metrics_listen_on_metrics_addr_only(namespace: str, tmp_path: Path) -> None:

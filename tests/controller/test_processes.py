@@ -9,11 +9,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
+import gearshift as gs
 from gearshift.cli import main
 from gearshift.clikit import EXIT_CONFLICT, EXIT_NOT_RUNNING, EXIT_OK
 from gearshift.controller import statefile, status
+from gearshift.controller.costbook import CostBook
 from gearshift.core.config import PolicyConfig
 from gearshift.errors import ControllerNotFound
 from gearshift.shm import Registry, cleanup
@@ -147,3 +150,36 @@ def test_serve_survives_and_resumes(
         assert refused.exit_code == EXIT_CONFLICT and "live worker" in refused.stderr
     finally:
         worker.close()
+
+
+def test_measurements_reach_status_the_state_file_and_a_successor(
+    serve: Callable[[], subprocess.Popen], namespace: str, tmp_path: Path
+) -> None:
+    """A real worker's graphs (the cpu backend) are measured, sent over its ring to `gearshift
+    serve`, shown by `status`, saved at stop, and shown again by the next controller."""
+
+    def costs() -> dict | None:
+        doc = status.read(namespace)
+        if doc is None or doc["pid"] != controller.pid:  # the last one's document, still there
+            return None
+        dims = [d for dev in doc["devices"] for p in dev["profiles"] for d in p["dims"]]
+        return dims[0]["costs"] if dims else None
+
+    controller = serve()
+    with gs.connect(namespace) as client:
+        prof = client.profile("prefill", {"SEQLEN": gs.Dim(gears=[8, 16, 32], max=64)})
+        prof.runner(torch.tanh, {"x": ("S", None)}, {"x": torch.zeros(1, 4)}, outputs=("S", None))
+        wait_for(lambda: (c := costs()) is not None and c["measurements"] == 3, "3 measurements")
+        c = costs()
+        assert c["gears"] == [8, 16, 32] and c["counts"] == [1, 1, 1]
+        assert c["replay_fit"] is not None and all(t > 0 for t in c["replay_seconds"])
+        assert c["graph_bytes"]["b"] == pytest.approx(32.0)  # S x 4 floats in, as many out
+        assert c["graph_bytes"]["a"] == pytest.approx(0.0, abs=1e-6)
+        text = CliRunner().invoke(main, ["status", "-n", namespace])
+        assert text.exit_code == EXIT_OK and "measured: 3 graphs" in text.output
+        assert CliRunner().invoke(main, ["stop", "-n", namespace]).exit_code == EXIT_OK
+        book = CostBook()
+        statefile.load(tmp_path, time.monotonic(), PolicyConfig(), book)
+        assert [m.gear for m in book.measurements(0, "prefill")["SEQLEN"]] == [32, 16, 8]
+        controller = serve()  # takes over from the saved state: no graph is captured again
+        wait_for(lambda: (c := costs()) is not None and c["measurements"] == 3, "restored")

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from gearshift.controller import statefile
+from gearshift.controller.costbook import CostBook
 from gearshift.core.config import PolicyConfig
+from gearshift.core.costs import Measurement
 from gearshift.core.dims import Dim
 from gearshift.core.gears import DimGears
 from gearshift.core.round import DeviceLedger, ProfileLedger
@@ -130,6 +132,49 @@ def test_statistics_that_do_not_read_back_sane_start_empty(tmp_path: Path) -> No
     profile = statefile.load(tmp_path, 100.0, CONFIG)[0].profiles["decode"]
     assert profile.stats["SEQLEN"].view(100.0).total_count == 0
     assert profile.gear_lists()["BATCHSIZE"] == [1, 8, 64]
+
+
+def _book() -> CostBook:
+    book = CostBook()
+    for gear, seconds in ((8, 1e-3), (64, 4e-3), (8, 2e-3)):
+        book.add(0, "decode", "BATCHSIZE", Measurement(gear, 0.25, 1 << 20, seconds))
+    return book
+
+
+def test_measurements_round_trip_and_survive_a_reboot(tmp_path: Path) -> None:
+    statefile.save(tmp_path, _devices(100.0), _book())
+    back = CostBook()
+    statefile.load(tmp_path, 200.0, CONFIG, back)
+    assert back.measurements(0, "decode") == _book().measurements(0, "decode")
+    data = msgpack.unpackb((tmp_path / statefile.STATE_FILE).read_bytes(), strict_map_key=False)
+    data["boot_id"] = "another boot"
+    rebooted = CostBook()
+    statefile.decode(msgpack.packb(data), 5.0, CONFIG, rebooted)  # they carry no time
+    assert len(rebooted.measurements(0, "decode")["BATCHSIZE"]) == 3
+    del _profile(data)["costs"]  # a file written before measurements restores with none
+    older = CostBook()
+    assert statefile.decode(msgpack.packb(data), 5.0, CONFIG, older)
+    assert older.measurements(0, "decode") == {}
+
+
+@pytest.mark.parametrize("costs, message", [
+    ({"HEADS": []}, "unknown dim"),
+    ({"BATCHSIZE": [[8, 0.25, 1024]]}, "cost row"),
+    ({"BATCHSIZE": [[8, -0.25, 1024, 1e-3]]}, "capture_seconds"),
+    ({"BATCHSIZE": [[8, 0.25, 1024, float("nan")]]}, "replay_seconds"),
+    ({"BATCHSIZE": [[10**6, 0.25, 1024, 1e-3]]}, "outside"),
+    ({"BATCHSIZE": "rows"}, "list of rows"),
+    ([], "dim -> rows"),
+])
+def test_a_broken_measurement_is_a_state_error_and_restores_nothing(
+    tmp_path: Path, costs: object, message: str
+) -> None:
+    _tampered(tmp_path, lambda d: _profile(d).update(costs=costs))
+    book = CostBook()
+    with pytest.raises(StateError, match=message):
+        statefile.load(tmp_path, 200.0, CONFIG, book)
+    assert statefile.restore(tmp_path, 200.0, CONFIG, True, book) == {}
+    assert book.measurements(0, "decode") == {}
 
 
 def test_one_controller_process_at_a_time_holds_a_state_directory(tmp_path: Path) -> None:

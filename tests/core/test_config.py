@@ -164,3 +164,38 @@ def test_unknown_or_misplaced_tables_are_errors_naming_them(
     with pytest.raises(ConfigError, match=message) as e:
         load_policy_config(path)
     assert e.value.key == key
+
+
+def test_the_priced_keys_default_to_half_an_hour_and_no_budget():
+    c = PolicyConfig()
+    assert (c.plan_payback_seconds, c.graph_memory_budget_bytes) == (1800.0, None)
+    assert PolicyConfig(graph_memory_budget_bytes=8 << 30).graph_memory_budget_bytes == 8 << 30
+    scaled = PolicyConfig(graph_memory_budget_bytes=1e9).scaled(10)
+    assert (scaled.plan_payback_seconds, scaled.graph_memory_budget_bytes) == (180.0, 1e9)
+    c = load_policy_config(None, ["graph_memory_budget_bytes=1e9", "plan_payback_seconds=60"])
+    assert (c.plan_payback_seconds, c.graph_memory_budget_bytes) == (60.0, 1e9)
+    assert load_policy_config(None, ["graph_memory_budget_bytes=none"]
+                              ).graph_memory_budget_bytes is None
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("plan_payback_seconds", 0.0, r"outside \(0.0, 100000000.0\]"),
+    ("plan_payback_seconds", -60.0, "outside"),
+    ("plan_payback_seconds", float("inf"), "outside"),
+    ("plan_payback_seconds", float("nan"), "expected a number"),
+    ("plan_payback_seconds", None, "expected a number"),
+    ("graph_memory_budget_bytes", 0, r"outside \(0.0, 1125899906842624.0\]"),
+    ("graph_memory_budget_bytes", -1.0, "outside"),
+    ("graph_memory_budget_bytes", 2.0**51, "outside"),
+    ("graph_memory_budget_bytes", float("inf"), "outside"),
+    ("graph_memory_budget_bytes", float("nan"), "expected a number"),
+    ("graph_memory_budget_bytes", True, "expected a number"),
+    ("graph_memory_budget_bytes", "1e9", "expected a number"),
+])
+def test_the_priced_keys_are_validated_naming_the_key(key, value, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        PolicyConfig(**{key: value})
+    assert e.value.key == key and str(e.value).startswith(f"{key}: ")
+    with pytest.raises(ConfigError) as e:
+        load_policy_config(None, [f"{key}=-5"])
+    assert e.value.key == key

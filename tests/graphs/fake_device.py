@@ -239,6 +239,9 @@ class FakeCuda:
         with self.lock:
             return sum(s.size for p in self.pools[device].values() for s in p.segments)
 
+    def memory_reserved(self, device: int | None = None) -> int:
+        return self.reserved(self.current_device() if device is None else device)
+
     def empty_cache(self) -> None:
         with self.lock:
             self.calls["empty_cache"] += 1

@@ -82,6 +82,18 @@ def test_write_is_put_with_packed_words_and_malformed_calls_publish_nothing(
     assert a.tobytes() == b.tobytes() and c["t_ns"] == 7 and producer.dropped == 0
 
 
+def test_a_measured_record_carries_gear_seconds_bytes_and_the_dim_index(
+    namespace: str, rings: list[EventRing]
+) -> None:
+    rings.append(producer := EventRing.create(namespace, 0, 4))
+    assert producer.write(5, *ring.measured(7, 9, 2, 512, 0.25, 3 << 20, 1.5e-3))
+    (a,) = producer.drain()
+    assert (a["t_ns"], a["profile"], a["version"], a["kind"], a["ndim"]) == (
+        5, 7, 9, Kind.MEASURED, 4)
+    assert a["values"].tolist() == [512, 250_000_000, 3 << 20, 1_500_000]
+    assert a["chunks"].tolist() == [2, 0, 0, 0]
+
+
 def test_a_closed_ring_writes_nothing_and_counts_no_drop(namespace: str) -> None:
     producer = EventRing.create(namespace, 0, 4)
     consumer = EventRing.attach(namespace, 0)

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from gearshift.core.config import PolicyConfig
+from gearshift.core.costs import Line, Prices
 from gearshift.core.dims import Dim, chunks_for
 from gearshift.core.optimal import optimal_gears
 from gearshift.errors import ShapeError, TraceError
-from gearshift.tools.simulate import policy_dims, simulate
+from gearshift.tools.bench.priced import device_costs
+from gearshift.tools.simulate import PROFILE, Device, policy_dims, simulate
 from gearshift.tools.trace import Trace, load_trace
 
 SEED = PolicyConfig(policy_mode="seed")  # the replay mechanics, checked against seed 000 rules
@@ -185,3 +187,86 @@ def test_a_trace_too_long_for_its_checks_is_refused_by_name() -> None:
     trace = Trace("endless", np.array([0.0, 1e300]), {"B": np.array([1, 2])})
     with pytest.raises(TraceError, match="endless"):
         simulate(trace, policy_dims(trace, "adaptive"), PolicyConfig())
+
+
+# The device: what captures cost, counted once per worker
+
+
+def slice_of(name: str, minutes: float) -> Trace:
+    """The first `minutes` of a shipped trace."""
+    trace = load_trace(name)
+    n = int(np.searchsorted(trace.t, trace.t[0] + 60 * minutes))
+    return Trace(name, trace.t[:n], {k: v[:n] for k, v in trace.dims.items()})
+
+
+def test_a_static_set_captures_each_gear_once_per_worker() -> None:
+    trace = make_trace([0, 1, 2, 3], SEQLEN=[100, 300, 300, 900])
+    dims = {"SEQLEN": Dim(gears=(64, 128, 512, 1024), max=1024)}
+    device = Device(Line(2.0, 0.001), workers=3)
+    d = simulate(trace, dims, PolicyConfig(), adaptive=False, device=device).dims["SEQLEN"]
+    seconds = 3 * sum(2.0 + 0.001 * g for g in (64, 128, 512, 1024))
+    assert (d.captures, d.capture_seconds) == (4, pytest.approx(seconds))
+    assert (d.padded_cost, d.raw_cost) == (128 + 512 + 512 + 1024, 1600)
+    assert d.device_overhead == pytest.approx((2176 + seconds) / 1600 - 1)
+    assert d.cost_overhead == pytest.approx(2176 / 1600 - 1)
+    lazy = simulate(trace, dims, PolicyConfig(), adaptive=False,
+                    device=Device(Line(2.0, 0.001), 3, lazy=True)).dims["SEQLEN"]
+    assert (lazy.captures, lazy.capture_seconds) == (3, pytest.approx(seconds - 3 * 2.064))  # 64
+    free = simulate(trace, dims, PolicyConfig(), adaptive=False).dims["SEQLEN"]
+    assert (free.captures, free.capture_seconds) == (4, 0.0)
+    assert free.device_overhead == pytest.approx(free.cost_overhead)
+
+
+def test_lazily_a_gear_is_captured_when_an_event_runs_on_it() -> None:
+    trace = make_trace([0, 1, 2], B=[37, 48, 37], S=[1000, 1000, 1000])
+    dims = {"B": Dim(gears=(2, 4, 8, 16), max=64, splittable=True),  # 16,16,8 and 16,16,16
+            "S": Dim(gears=(64, 256), max=2000)}  # every event over 256 runs eager
+    result = simulate(trace, dims, PolicyConfig(), adaptive=False,
+                      device=Device(Line(1.0, 0.5), lazy=True))
+    assert (result.dims["B"].captures, result.dims["B"].capture_seconds) == (
+        2, (1 + 0.5 * 8) + (1 + 0.5 * 16))  # 8 and 16; 2 and 4 never ran a request
+    assert result.dims["S"].eager_events == 3
+    assert (result.dims["S"].captures, result.dims["S"].capture_seconds) == (0, 0.0)
+
+
+@pytest.mark.parametrize(("lazy", "captured"), [(False, (256, 1024, 600)), (True, (1024, 600))])
+def test_the_adaptive_policy_captures_its_start_and_every_gear_it_adds(
+        lazy: bool, captured: tuple[int, ...]) -> None:
+    device = Device(Line(1.0, 0.01), workers=2, lazy=lazy)
+    result = simulate(steady(600, 600), {"SEQLEN": Dim(gears=(256, 1024), max=1024)},
+                      PolicyConfig(), device=device)
+    d = result.dims["SEQLEN"]
+    assert [(c.action, c.gear) for c in result.changes] == [("evict", 256), ("add", 600)]
+    assert d.captures == len(captured)  # 256 never ran a request: lazily, never captured
+    assert d.capture_seconds == pytest.approx(2 * sum(1.0 + 0.01 * g for g in captured))
+
+
+def test_an_unpriced_device_only_counts_and_a_priced_one_tells_the_policy() -> None:
+    dims = {"SEQLEN": Dim(gears=(1024,), max=1024)}
+    assert Device(Line(5.0), 4).prices(dims) is None
+    assert Device(Line(5.0), 4, priced=True).prices(dims) == {
+        PROFILE: {"SEQLEN": Prices(Line(5.0), 4)}}
+    trace = slice_of("azure_code_prefill", 5)
+    dims = policy_dims(trace, "adaptive")
+    plain = simulate(trace, dims, PolicyConfig())
+    counted = simulate(trace, dims, PolicyConfig(), device=Device(Line(5.0), 2))
+    assert counted.changes == plain.changes
+    d = counted.dims["SEQLEN"]
+    assert d.capture_seconds == pytest.approx(5.0 * 2 * d.captures) and d.captures > 0
+
+
+def test_pricing_a_dear_capture_lowers_churn_and_device_time() -> None:
+    trace = slice_of("azure_code_prefill", 10)
+    dims = policy_dims(trace, "adaptive", cost=device_costs(trace))  # in device seconds
+    unpriced, priced = (simulate(trace, dims, PolicyConfig(),
+                                 device=Device(Line(5.0), 1, priced=p, lazy=True)).dims["SEQLEN"]
+                        for p in (False, True))
+    assert priced.adds + priced.evictions < (unpriced.adds + unpriced.evictions) / 2
+    assert priced.captures < unpriced.captures
+    assert priced.device_overhead < unpriced.device_overhead
+    # the static ladder pays its captures once, and never changes
+    pow2 = simulate(trace, policy_dims(trace, "pow2", cost=device_costs(trace)), PolicyConfig(),
+                    adaptive=False, device=Device(Line(5.0))).dims["SEQLEN"]
+    assert (pow2.adds, pow2.evictions) == (0, 0)
+    assert (pow2.captures, pow2.capture_seconds) == (len(pow2.final_gears),
+                                                     5.0 * len(pow2.final_gears))

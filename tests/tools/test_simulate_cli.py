@@ -16,6 +16,9 @@ from gearshift.clikit import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 KEYS = {
     "padding_overhead",
     "cost_overhead",
+    "device_overhead",
+    "captures",
+    "capture_seconds",
     "mean_gears",
     "final_gears",
     "adds",
@@ -187,3 +190,100 @@ def test_cost_prices_the_padding_the_policy_and_the_report_count() -> None:
     assert priced["final_gears"] != plain["final_gears"]
     table = run("azure_conv_prefill", "--cost", "SEQLEN=0,1,0.001")[1]
     assert "cost pad" in table.splitlines()[1] and "cost pad" not in run("azure_conv_prefill")[1]
+
+
+def _slice(tmp_path: Path, name: str, events: int) -> str:
+    """The first `events` lines of a shipped trace, as a CSV file."""
+    from gearshift.tools.trace import resolve
+
+    path = tmp_path / f"{name}.csv"
+    path.write_text("".join(resolve(name).read_text().splitlines(True)[: events + 1]))
+    return str(path)
+
+
+def test_capture_seconds_and_workers_price_a_static_set_once() -> None:
+    from gearshift.tools.trace import load_trace
+
+    code, out, _ = run("azure_code_batched", "--policy", "pow2", "--capture-seconds", "0.5,0.001",
+                       "--workers", "2", "--json")
+    assert code == EXIT_OK
+    trace = load_trace("azure_code_batched")
+    for name, d in json.loads(out)["dims"].items():
+        gears = d["final_gears"]
+        assert d["captures"] == len(gears) and d["adds"] == d["evictions"] == 0
+        assert d["capture_seconds"] == pytest.approx(2 * sum(0.5 + 0.001 * g for g in gears))
+        raw = float(trace.dims[name].sum())  # the default cost: the size
+        assert d["device_overhead"] == pytest.approx(d["cost_overhead"]
+                                                     + d["capture_seconds"] / raw)
+    code, out, _ = run("azure_code_batched", "--policy", "pow2", "--json")
+    assert all(d["capture_seconds"] == 0.0 and d["device_overhead"] == d["cost_overhead"]
+               for d in json.loads(out)["dims"].values())
+
+
+def test_priced_unpriced_and_eager_start(tmp_path: Path) -> None:
+    from gearshift.tools.bench.priced import PREFILL
+
+    trace = _slice(tmp_path, "azure_code_prefill", 1500)  # about ten minutes
+    prefill = ",".join(map(repr, PREFILL))  # a prefill's device seconds
+    cost = ["--cost", f"SEQLEN={prefill}", "--capture-seconds", "5", "--json"]
+
+    def seq(*more: str) -> dict:
+        code, out, err = run(trace, *cost, *more)
+        assert code == EXIT_OK, err
+        return json.loads(out)["dims"]["SEQLEN"]
+
+    priced, unpriced, eager = seq(), seq("--unpriced"), seq("--unpriced", "--eager-start")
+    assert priced["churn_per_hour"] < unpriced["churn_per_hour"] / 2
+    assert priced["device_overhead"] < unpriced["device_overhead"]
+    # the same decisions, the start-up ladder all captured at once
+    assert (eager["adds"], eager["evictions"]) == (unpriced["adds"], unpriced["evictions"])
+    assert eager["captures"] > unpriced["captures"]
+    assert eager["capture_seconds"] == 5.0 * eager["captures"]
+    assert eager["device_overhead"] > unpriced["device_overhead"]
+
+
+def test_the_table_shows_device_time_only_with_capture_seconds() -> None:
+    code, out, _ = run("azure_code_batched", "--policy", "pow2", "--capture-seconds", "1")
+    assert code == EXIT_OK
+    header, batch = out.splitlines()[1:3]
+    assert header.split()[:4] == ["dim", "padding", "device", "captures"]
+    d = json.loads(run("azure_code_batched", "--policy", "pow2", "--capture-seconds", "1",
+                       "--json")[1])["dims"]["BATCHSIZE"]
+    assert d["device_overhead"] > d["padding_overhead"]
+    assert batch.split()[1:4] == [f"{d['padding_overhead']:.2%}", f"{d['device_overhead']:.2%}",
+                                  "6.0s"]  # 6 gears of 1 s
+    assert "device" not in run("azure_code_batched", "--policy", "pow2")[1].splitlines()[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--capture-seconds", "x"], "error: --capture-seconds: expected A or A,B seconds, got"),
+        (["--capture-seconds", "1,2,3"], "error: --capture-seconds: expected A or A,B seconds"),
+        (["--capture-seconds", "1,"], "error: --capture-seconds: expected A or A,B seconds"),
+        (["--capture-seconds", "-1"], "error: --capture-seconds A: -1.0 is outside [0.0, 3600.0]"),
+        (["--capture-seconds", "0,inf"], "error: --capture-seconds B: inf is outside"),
+        (["--capture-seconds", "nan"], "error: --capture-seconds A: expected a number, got nan"),
+        (["--capture-seconds", "4000"], "error: --capture-seconds A: 4000.0 is outside"),
+    ],
+)
+def test_bad_capture_seconds_exit_2_naming_the_option(args: list[str], message: str) -> None:
+    code, out, err = run("azure_code_prefill", *args)
+    assert code == EXIT_USAGE and out == ""
+    assert err.startswith(message) and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("workers", ["0", "4097", "two"])
+def test_bad_workers_exit_2_naming_the_option(workers: str) -> None:
+    code, out, err = run("azure_code_prefill", "--workers", workers)
+    assert code == EXIT_USAGE and out == "" and "'--workers'" in err
+
+
+def test_help_documents_the_device_options() -> None:
+    result = CliRunner().invoke(main, ["simulate", "--help"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == EXIT_OK
+    for phrase in ("--capture-seconds A[,B]", "A + B x gear seconds on each worker",
+                   "device_overhead = (padded cost + captures) / raw cost - 1",
+                   "--workers", "[default: 1; 1<=x<=4096]", "--unpriced", "--eager-start"):
+        assert phrase in text, phrase

@@ -66,10 +66,13 @@ def test_requests_never_capture_the_swap_thread_warms_up(
     for b, s in [(3, 9), (8, 16), (20, 5)]:  # 20 = 8 + 8 + 4
         check(prof, b, s)
     assert (runner.stats["replays"], runner.stats["eager"], runner.stats["captures"]) == (5, 1, 6)
-    events = fake.drain(client.slot)
-    events = events[events["kind"] != Kind.MEMORY]
+    drained = fake.drain(client.slot)
+    events = drained[(drained["kind"] != Kind.MEMORY) & (drained["kind"] != Kind.MEASURED)]
     assert [e["values"][:2].tolist() for e in events] == [[3, 9], [3, 9], [8, 16], [20, 5]]
     assert events[-1]["chunks"][:2].tolist() == [3, 1] and set(events["kind"]) == {Kind.SHAPE}
+    measured = drained[drained["kind"] == Kind.MEASURED]  # per graph captured, one per dim
+    assert sorted((int(e["chunks"][0]), int(e["values"][0])) for e in measured) == sorted(
+        (i, v[i]) for v in runner.ready() for i in range(2))
 
 
 def test_an_added_gear_runs_on_the_next_larger_one_until_warmed_up(

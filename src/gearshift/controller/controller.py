@@ -2,9 +2,11 @@
 "Controller", describes it in full).
 
 One iteration (`step`): heartbeat; the slot table (`slots.Slots`); registrations
-(`registrations`); drain every ring into the statistics (`ingest`); per device, a decision
-round (`core.round.decide_round`) and a new snapshot if a gear changed, the state file
-(`statefile`) saved after any change; the status document (`status`). An exception in one
+(`registrations`); drain every ring into the statistics (`ingest`) and the workers'
+measurements into the cost book (`costbook`); per device, a decision round
+(`core.round.decide_round`, priced with the book's fits) and a new snapshot if a gear changed,
+the state file (`statefile`) saved after any change or new measurement; the status document
+(`status`). An exception in one
 phase is counted and logged (at most every 10 s per phase), and the loop goes on.
 
 Versions only increase: a device's snapshot is published at max(region version, saved
@@ -26,10 +28,11 @@ from typing import Any
 from gearshift.clock import Clock, MonotonicClock
 from gearshift.controller import registrations, statefile, status
 from gearshift.controller.config import ControllerConfig, InitialGears
+from gearshift.controller.costbook import CostBook
 from gearshift.controller.ingest import Batch, ProfileKeys
 from gearshift.controller.slots import Slots, Worker
 from gearshift.core.config import PolicyConfig
-from gearshift.core.round import DeviceLedger, Round, decide_round
+from gearshift.core.round import DeviceLedger, ProfileLedger, Round, decide_round
 from gearshift.errors import ControllerRunning, NamespaceBusy, NotOwned
 from gearshift.protocol import snapshot_payload
 from gearshift.shm import Registry, SnapshotRegion, cleanup
@@ -57,12 +60,16 @@ class Controller:
         self.devices: dict[int, DeviceLedger] = {}
         self.profile_keys = ProfileKeys()
         self.batch = Batch(config.drain_max_events, lambda: self.profile_keys.ledgers(self.devices))
-        self.slots = Slots(registry, config, self.batch, self._guard, self._inherit_profile_ids)
+        self.costs = CostBook()
+        self.slots = Slots(registry, config, self.batch, self._guard, self._inherit_profile_ids,
+                           lambda events, keys: self.costs.take(events, keys, self._profile_of))
         self.registrations = registrations.Registrations(
             self.slots, self.devices, self.profile_keys, policy, initial_gears,
             rescan=self._scan, publish=self._publish,
             save=lambda: self._guard("state save", self._save),
-            registered=lambda now: self._guard("status", self._publish_status, now))
+            registered=lambda now: self._guard("status", self._publish_status, now),
+            reset=self.costs.forget)
+        self._saved_measured = 0  # measurements kept when the state was last saved
         self.workers, self.lags = self.slots.workers, self.slots.lags  # by slot, by device
         self.errors = 0  # phases that failed
         self.round_seconds: deque[float] = deque(maxlen=1024)
@@ -82,8 +89,13 @@ class Controller:
     @property
     def counts(self) -> dict[str, int]:
         """The event counters of the status document (a new dict)."""
-        return {**self.batch.counts, "reclaimed_workers": self.slots.reclaimed,
-                "errors": self.errors, "corrupt_slots": len(self.slots.corrupt)}
+        measured = self.costs.counts
+        counts = {**self.batch.counts, "reclaimed_workers": self.slots.reclaimed,
+                  "errors": self.errors, "corrupt_slots": len(self.slots.corrupt),
+                  "measured": measured["measured"]}
+        counts["unknown"] += measured["unknown"]  # records of either kind refused
+        counts["invalid"] += measured["invalid"]
+        return counts
 
     # -- life cycle --
 
@@ -179,7 +191,7 @@ class Controller:
         """Restore the state file, publish every restored device once, take the slots over."""
         now = self.clock.now()
         self.devices.update(statefile.restore(self.config.state_path, now, self.policy,
-                                              fresh_on_corrupt_state))
+                                              fresh_on_corrupt_state, self.costs))
         for device, dev in self.devices.items():
             for name in dev.profiles:
                 self.profile_keys.key(device, name)
@@ -246,13 +258,26 @@ class Controller:
 
     # -- decisions and publication --
 
+    def _profile_of(self, key: int) -> tuple[int, str, ProfileLedger | None]:
+        device, name = self.profile_keys.profile_by_key[key]
+        return device, name, self.devices.get(device, DeviceLedger()).profiles.get(name)
+
+    def _holders(self, device: int, name: str) -> int:
+        """The live workers of `device` registered with profile `name`."""
+        return sum(w.info.device == device and w.info.alive and name in w.profiles.values()
+                   for w in self.slots.workers.values())
+
     def _decide(self, device: int, now: float) -> None:
         dev = self.devices[device]
         usage = self.memory_usage(device, now)
         began = self.clock.now()
+        prices = {name: self.costs.prices(device, name, self._holders(device, name))
+                  for name in dev.profiles}
         round = decide_round(dev, now, usage, self.policy, lambda name, e: self._failed(
-            f"decision round of {device}/{name}", e))
+            f"decision round of {device}/{name}", e), prices)
         if round is None:
+            if self.costs.counts["measured"] != self._saved_measured:
+                self._guard("state save", self._save)
             return
         dev.apply(round)
         seconds = self.clock.now() - began  # the policy's part; publish and save follow
@@ -261,7 +286,7 @@ class Controller:
         self.changes[device] = changes = _change_lists(round)
         if round.changed:
             self._publish(device, now)
-        if any(changes.values()):
+        if any(changes.values()) or self.costs.counts["measured"] != self._saved_measured:
             self._guard("state save", self._save)
 
     def _publish(self, device: int, now: float) -> None:
@@ -276,7 +301,9 @@ class Controller:
         log.info("device %d: snapshot version %d published", device, dev.version)
 
     def _save(self) -> None:
-        statefile.save(self.config.state_path, self.devices)
+        measured = self.costs.counts["measured"]
+        statefile.save(self.config.state_path, self.devices, self.costs)
+        self._saved_measured = measured
 
     def status_document(self, now: float) -> dict[str, Any]:
         """The status document at `now` (format in `status`)."""
@@ -284,7 +311,7 @@ class Controller:
             now, namespace=self.config.namespace, embedded=self.embedded, policy=self.policy,
             counts=self.counts, rounds=self.rounds, workers=self.slots.workers.values(),
             devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
-            lags=self.slots.lags, changes=self.changes)
+            lags=self.slots.lags, changes=self.changes, costs=self.costs)
 
     def _publish_status(self, now: float) -> None:
         self._next_status = now + self.config.status_interval_seconds

@@ -124,6 +124,11 @@ class _Collector:
         padding = GaugeMetricFamily(
             "gearshift_padding_ratio", "Decayed mean pad ratio of the requests", labels=dim
         )
+        measured = CounterMetricFamily(
+            "gearshift_measurements", "Graph measurements kept (records of the workers)"
+        )
+        measured.add_metric([], doc["events"].get("measured", 0))
+        costs = _CostFamilies(GaugeMetricFamily, dim)
         for dev in doc["devices"]:
             device = str(dev["device"])
             version.add_metric([device], dev["version"])
@@ -132,4 +137,38 @@ class _Collector:
                 for d in p["dims"]:
                     gears.add_metric([device, p["name"], d["name"]], len(d["gears"]))
                     padding.add_metric([device, p["name"], d["name"]], d["padding"])
-        yield from (consumed, dropped, rejected, reclaimed, rounds, version, lag, gears, padding)
+                    costs.add([device, p["name"], d["name"]], d.get("costs"))
+        yield from (consumed, dropped, rejected, reclaimed, rounds, version, lag, gears, padding,
+                    measured, *costs.families)
+
+
+class _CostFamilies:
+    """The measured costs of each dim (the status document's `costs`) as gauges."""
+
+    def __init__(self, gauge: Any, labels: list[str]) -> None:
+        self.count = gauge("gearshift_cost_measurements", "Measurements the fits rest on",
+                           labels=labels)
+        self.replay = gauge("gearshift_replay_seconds", "Median measured replay seconds, per"
+                            " measured gear", labels=[*labels, "gear"])
+        self.fit = gauge("gearshift_replay_fit_seconds", "Fitted (monotone) replay seconds, per"
+                         " measured gear", labels=[*labels, "gear"])
+        self.capture = gauge("gearshift_capture_cost_seconds", "Capture seconds fitted as"
+                             " a + b*gear (term a: seconds, b: seconds per gear unit)",
+                             labels=[*labels, "term"])
+        self.bytes = gauge("gearshift_graph_cost_bytes", "Graph bytes fitted as a + b*gear"
+                           " (term a: bytes, b: bytes per gear unit)", labels=[*labels, "term"])
+        self.families = (self.count, self.replay, self.fit, self.capture, self.bytes)
+
+    def add(self, labels: list[str], costs: dict[str, Any] | None) -> None:
+        if not costs:
+            return
+        self.count.add_metric(labels, costs["measurements"])
+        fits = costs["replay_fit"] or [None] * len(costs["gears"])
+        for gear, seconds, fitted in zip(costs["gears"], costs["replay_seconds"], fits,
+                                         strict=True):
+            self.replay.add_metric([*labels, str(gear)], seconds)
+            if fitted is not None:
+                self.fit.add_metric([*labels, str(gear)], fitted)
+        for term in ("a", "b"):
+            self.capture.add_metric([*labels, term], costs["capture_seconds"][term])
+            self.bytes.add_metric([*labels, term], costs["graph_bytes"][term])

@@ -218,9 +218,10 @@ class Registrations:
     """The controller's Registrar over its `slots`, `devices` and profile `keys`.
 
     `rescan(now)` reads the slot table again (a request may come before the scan that sees its
-    slot); a new profile is published (`publish(device, now)`) and saved (`save()`); then
-    `registered(now)` publishes the status document, before the reply, so that a successor
-    maps the worker's id even if this controller dies right after answering.
+    slot); a new profile is published (`publish(device, now)`) and saved (`save()`), and what
+    was learned of a profile declared anew is forgotten (`reset(device, name)`: its measured
+    costs); then `registered(now)` publishes the status document, before the reply, so that a
+    successor maps the worker's id even if this controller dies right after answering.
     """
 
     def __init__(
@@ -235,6 +236,7 @@ class Registrations:
         publish: Callable[[int, float], None],
         save: Callable[[], None],
         registered: Callable[[float], None],
+        reset: Callable[[int, str], None] = lambda device, name: None,
     ) -> None:
         self.slots = slots
         self.devices = devices
@@ -245,6 +247,7 @@ class Registrations:
         self.publish = publish
         self.save = save
         self.registered = registered
+        self.reset = reset
 
     def claimant(self, slot: int, now: float) -> tuple[int, int]:
         w = self._live(slot)
@@ -281,6 +284,7 @@ class Registrations:
         if new and name not in dev.profiles and len(dev.profiles) >= MAX_PROFILES:
             raise NamespaceBusy(f"device {device} holds {MAX_PROFILES} profiles: no more")
         if new:
+            self.reset(device, name)
             dev.profiles[name] = new_profile(
                 device, name, request.dims, now, self.policy, self.initial_gears
             )

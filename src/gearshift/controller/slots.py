@@ -66,7 +66,8 @@ class Slots:
 
     `guard(what, fn, *args)` runs one slot's handling so that its failure stays its own;
     `on_new(worker)` is called for each new claim before its ring is read (the controller maps
-    the profile ids a predecessor knew); drained records go to `batch`.
+    the profile ids a predecessor knew); drained records go to `batch`, and to
+    `measured(events, keys)` (the cost book's, guarded apart: its failure loses no sample).
     """
 
     def __init__(
@@ -76,12 +77,14 @@ class Slots:
         batch: ingest.Batch,
         guard: Callable[..., None],
         on_new: Callable[[Worker], None],
+        measured: Callable[[np.ndarray, np.ndarray], None] | None = None,
     ) -> None:
         self.registry = registry
         self.config = config
         self.batch = batch
         self.guard = guard
         self.on_new = on_new
+        self.measured = measured
         self.workers: dict[int, Worker] = {}
         self.lags: dict[int, Lag] = {}
         self.reclaimed = 0  # workers whose slot was reclaimed
@@ -119,7 +122,10 @@ class Slots:
         reading = ingest.memory_reading(events)
         if reading is not None:
             w.memory = reading
-        self.batch.add(events, w.keys(events), now)
+        keys = w.keys(events)
+        self.batch.add(events, keys, now)
+        if self.measured is not None:
+            self.guard(f"measurements of slot {w.info.slot}", self.measured, events, keys)
 
     def published(self, device: int, version: int, now: float) -> None:
         """`version` of `device` was published at `now`: time its propagation."""

@@ -14,7 +14,10 @@ Nothing in the file is trusted: it is restored through the checks of a registrat
 rebuilt from its fields, `dims.check_profile`, every dim's gears within its bounds), devices
 within [0, MAX_DEVICE], versions within [0, MAX_VERSION], times finite; anything else is a
 StateError. Statistics that do not read back sane (values outside the dim's bounds, weights not
-finite) start empty, with a warning.
+finite) start empty, with a warning. A profile's `costs`, the cost book's measurements
+(`costbook`: rows per dim), are checked as the workers' records are (a row that is not is a
+StateError); they carry no time, so they survive a reboot, and a file without them restores
+with none.
 
 One controller process at a time: `StateLock` holds an exclusive POSIX lock on
 `<state_dir>/gearshift-state.lock` for the controller's life (NamespaceBusy naming the holder's
@@ -40,7 +43,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from gearshift.controller.costbook import CostBook, from_state
 from gearshift.core.config import PolicyConfig
+from gearshift.core.costs import Measurement
 from gearshift.core.dims import Dim, check_profile
 from gearshift.core.gears import DimGears
 from gearshift.core.round import DeviceLedger, ProfileLedger
@@ -72,7 +77,7 @@ def _dim_state_to_dict(s: DimGears) -> dict[str, Any]:
             "initial": sorted(s.initial)}
 
 
-def encode(devices: dict[int, DeviceLedger]) -> bytes:
+def encode(devices: dict[int, DeviceLedger], costs: CostBook | None = None) -> bytes:
     return msgpack.packb({
         "format": STATE_FORMAT, "boot_id": boot_id(),
         "devices": {dev: {
@@ -82,13 +87,17 @@ def encode(devices: dict[int, DeviceLedger]) -> bytes:
                 "states": {k: _dim_state_to_dict(v) for k, v in p.gears.items()},
                 "stats": {k: v.to_state() for k, v in p.stats.items()},
                 "history": {k: v.to_state() for k, v in p.history.items()},
+                "costs": costs.state(dev, name) if costs is not None else {},
             } for name, p in d.profiles.items()},
         } for dev, d in devices.items()},
     }, use_bin_type=True)
 
 
-def decode(blob: bytes, now: float, config: PolicyConfig) -> dict[int, DeviceLedger]:
-    """Rebuild the devices from `encode()`'s bytes; StateError on anything malformed."""
+def decode(blob: bytes, now: float, config: PolicyConfig,
+           costs: CostBook | None = None) -> dict[int, DeviceLedger]:
+    """Rebuild the devices from `encode()`'s bytes, and their measurements into `costs` (only
+    once all of it is read); StateError on anything malformed."""
+    measured: list[tuple[int, str, dict[str, list[Measurement]]]] = []
     try:
         data = msgpack.unpackb(blob, raw=False, strict_map_key=False)
         fmt = data["format"]
@@ -98,7 +107,7 @@ def decode(blob: bytes, now: float, config: PolicyConfig) -> dict[int, DeviceLed
         same_boot = data["boot_id"] == boot_id()
         devices = {}
         for dev, d in data["devices"].items():
-            profiles = {}
+            profiles, costed = {}, []
             for name, p in d["profiles"].items():
                 dims = check_profile(name, {k: dim_from_dict(v) for k, v in p["dims"].items()})
                 profile = ProfileLedger.new(dims, now, config)
@@ -119,15 +128,21 @@ def decode(blob: bytes, now: float, config: PolicyConfig) -> dict[int, DeviceLed
                         profile.stats[k] = _restore_stats(p["stats"][k], config, name, dims[k],
                                                           now, history)
                 profiles[name] = profile
+                costed.append((name, from_state(name, dims, p.get("costs", {}))))
             device, version = _bounded("device", dev, MAX_DEVICE), d["version"]
+            measured += [(device, name, by_dim) for name, by_dim in costed]
             last = _time(d["last_update"]) if same_boot and d["last_update"] is not None else None
             devices[device] = DeviceLedger(_bounded("version", version, MAX_VERSION), last,
                                            profiles)
-        return devices
     except StateError:
         raise
     except Exception as e:  # any malformed structure: one clear error, never a crash loop
         raise StateError(f"corrupt state: {type(e).__name__}: {str(e)[:200]}") from None
+    for device, name, by_dim in measured if costs is not None else ():
+        for dim, ms in by_dim.items():
+            for m in ms:
+                costs.add(device, name, dim, m)
+    return devices
 
 
 def _gears(dim: Dim, gears: Any) -> tuple[int, ...]:
@@ -176,14 +191,15 @@ def _restore_stats(saved: dict[str, Any], config: PolicyConfig, profile: str, di
         return DimStats(config, history)
 
 
-def save(directory: Path, devices: dict[int, DeviceLedger]) -> Path:
-    """Write the state file atomically; returns its path."""
+def save(directory: Path, devices: dict[int, DeviceLedger],
+         costs: CostBook | None = None) -> Path:
+    """Write the state file (and `costs`' measurements) atomically; returns its path."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / STATE_FILE
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(encode(devices))
+            f.write(encode(devices, costs))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -238,26 +254,29 @@ class StateLock:
             self._fd = -1
 
 
-def load(directory: Path, now: float, config: PolicyConfig) -> dict[int, DeviceLedger]:
-    """The saved devices, or {} when there is no state file yet."""
+def load(directory: Path, now: float, config: PolicyConfig,
+         costs: CostBook | None = None) -> dict[int, DeviceLedger]:
+    """The saved devices (their measurements into `costs`), or {} when there is no state
+    file yet."""
     path = directory / STATE_FILE
     try:
         blob = path.read_bytes()
     except FileNotFoundError:
         return {}
     try:
-        return decode(blob, now, config)
+        return decode(blob, now, config, costs)
     except StateError as e:
         raise StateError(f"{path}: {e}") from None
 
 
 def restore(
-    directory: Path, now: float, config: PolicyConfig, fresh_on_corrupt: bool
+    directory: Path, now: float, config: PolicyConfig, fresh_on_corrupt: bool,
+    costs: CostBook | None = None,
 ) -> dict[int, DeviceLedger]:
     """`load`; with `fresh_on_corrupt` a file that does not load (StateError) is renamed
-    `<file>.corrupt`, with a warning, and the devices start empty."""
+    `<file>.corrupt`, with a warning, and the devices (and `costs`) start empty."""
     try:
-        return load(directory, now, config)
+        return load(directory, now, config, costs)
     except StateError as e:
         if not fresh_on_corrupt:
             raise

@@ -6,7 +6,8 @@ in another process never sees it torn). msgpack, so JSON-compatible except that 
 NaN-free floats only:
 
     {"format": 1, "namespace", "pid", "embedded", "time": controller monotonic seconds,
-     "events": {"consumed", "folded", "unknown", "invalid", "reclaimed_workers", "errors"},
+     "events": {"consumed", "folded", "unknown", "invalid", "reclaimed_workers", "errors",
+                "corrupt_slots", "measured"},
      "rounds": {"count", "seconds_sum", "last_seconds"},
      "workers": [{"slot", "generation", "pid", "device", "alive", "consumed", "dropped",
                   "applied", "profiles": [[local id, name], ...]}],
@@ -15,11 +16,15 @@ NaN-free floats only:
                   "profiles": [{"name", "changes": [[dim, gear, action, reason], ...],
                                 "dims": [{"name", "gears", "hit_rate", "avg_pad",
                                           "padding", "samples", "history_samples",
-                                          "cost"}]}]}]}
+                                          "cost", "costs"}]}]}]}
 
 `hit_rate` and `avg_pad` are per gear (decayed, as the policy sees them); `padding` is the
 decayed mean pad ratio of the dim's requests; `samples` the events in the window,
-`history_samples` those in the plan's history (`PolicyConfig.history`). A restarted
+`history_samples` those in the plan's history (`PolicyConfig.history`); `costs` what the
+workers measured of the dim's graphs (`CostBook.view`: measurements, per measured gear its
+count, median and fitted replay seconds, capture seconds and graph bytes as {a, b} of
+a + b·gear), None before any; `measured` counts the measurement records kept (`unknown` and
+`invalid` count the refused ones with the samples). A restarted
 controller reads the last document to map the live workers' profile ids again before they
 re-register (events in their rings are then folded, not counted as unknown).
 
@@ -34,6 +39,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gearshift.controller.costbook import CostBook
 from gearshift.controller.slots import Lag, Worker
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger, ProfileLedger
@@ -67,9 +73,11 @@ def read(namespace: str) -> dict[str, Any] | None:
 
 
 def profile_view(
-    name: str, profile: ProfileLedger, changes: list[list[Any]], now: float, policy: PolicyConfig
+    name: str, profile: ProfileLedger, changes: list[list[Any]], now: float, policy: PolicyConfig,
+    costs: Mapping[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One profile's entry: per dim its gears with their decayed statistics at `now`."""
+    """One profile's entry: per dim its gears with their decayed statistics at `now`, and
+    its measured `costs` (`CostBook.view`)."""
     dims = []
     for dim_name, dim in profile.dims.items():
         stats = profile.stats[dim_name]
@@ -86,6 +94,7 @@ def profile_view(
                 "history_samples": (stats.history.view(now).total_count
                                     if stats.history is not None else 0),
                 "cost": list(dim.cost),
+                "costs": (costs or {}).get(dim_name),
             }
         )
     return {"name": name, "changes": changes, "dims": dims}
@@ -104,9 +113,11 @@ def document(
     memory_usage: Mapping[int, float | None],
     lags: Mapping[int, Lag],
     changes: Mapping[int, Mapping[str, list[list[Any]]]],
+    costs: CostBook | None = None,
 ) -> dict[str, Any]:
     """The status document at `now`: the event `counts`, decision `rounds`, the `workers`,
-    and per device of `devices` its `memory_usage`, `lags` and last round's `changes`."""
+    and per device of `devices` its `memory_usage`, `lags`, last round's `changes` and the
+    measured `costs` of its profiles."""
     worker_entries = [
         {
             "slot": w.info.slot,
@@ -135,7 +146,8 @@ def document(
                 if lag
                 else {"last_seconds": None, "count": 0, "seconds_sum": 0.0},
                 "profiles": [
-                    profile_view(name, p, last.get(name, []), now, policy)
+                    profile_view(name, p, last.get(name, []), now, policy,
+                                 costs.view(device, name) if costs is not None else None)
                     for name, p in dev.profiles.items()
                 ],
             }

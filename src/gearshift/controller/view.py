@@ -6,6 +6,8 @@ The view is the slot table as it is now, then each device's snapshot version rea
 it (a worker acks only versions it has read, so no slot's applied version is ahead of its
 device's there), then the controller's last status document, published every status interval,
 whose versions may lag both. The text gives ratios in percent; the JSON keeps fractions.
+Measured costs (a dim's `costs`) show as their fits, then per measured gear the median and
+fitted replay times.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ def render(view: dict[str, Any]) -> str:
     if doc:
         e, r = doc["events"], doc["rounds"]
         lines.append(
-            f"events: {e['consumed']} consumed, {e['folded']} folded, {e['unknown']} "
+            f"events: {e['consumed']} consumed, {e['folded']} folded, "
+            f"{e.get('measured', 0)} measurements, {e['unknown']} "
             f"unknown profile, {e['invalid']} invalid; {e['reclaimed_workers']} dead "
             f"workers reclaimed; {r['count']} rounds, last "
             f"{_ms(r['last_seconds'])}; {e['errors']} loop errors"
@@ -130,9 +133,37 @@ def render(view: dict[str, Any]) -> str:
                 lines.append("    gear " + " ".join(f"{g:>6}" for g in d["gears"]))
                 lines.append("    hit  " + " ".join(f"{h:>6.1%}" for h in d["hit_rate"]))
                 lines.append("    pad  " + " ".join(f"{a:>6.1%}" for a in d["avg_pad"]))
+                lines += _costs(d.get("costs"))
             for dim, gear, action, reason in p["changes"]:
                 lines.append(f"  {p['name']}/{dim} last round: {action} {gear}: {reason}")
     return "\n".join(lines)
+
+
+def _costs(c: dict[str, Any] | None) -> list[str]:
+    """A dim's measured costs: the fits, then per measured gear its replay times."""
+    if not c:
+        return []
+    capture, held = c["capture_seconds"], c["graph_bytes"]
+    lines = [
+        f"    measured: {c['measurements']} graphs; capture {capture['a']:.3g} s + "
+        f"{capture['b']:.3g} s·gear, graph {_bytes(held['a'])} + {_bytes(held['b'])}·gear",
+        "    at gear    " + " ".join(f"{g:>7}" for g in c["gears"]),
+        "    replay     " + " ".join(f"{_seconds(t):>7}" for t in c["replay_seconds"]),
+    ]
+    if c["replay_fit"] is not None:
+        lines.append("    replay fit " + " ".join(f"{_seconds(t):>7}" for t in c["replay_fit"]))
+    return lines
+
+
+def _seconds(t: float) -> str:
+    return (f"{t * 1e6:.0f}us" if t < 1e-3 else f"{t * 1e3:.3g}ms" if t < 1 else f"{t:.3g}s")
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
 
 
 def _ms(seconds: float | None) -> str:

@@ -32,6 +32,7 @@ HISTORY_SLICES = 60  # as many as the plan window's (600 s / 10 s): 3x the span,
 MAX_SECONDS = 1e8  # every duration (about 3 years)
 MAX_SLICES = 1024  # window_seconds / slice_seconds
 MAX_SLICE_HALF_LIVES = 64  # slice_seconds / half_life_seconds
+MAX_BYTES = float(1 << 50)  # graph_memory_budget_bytes: a petabyte
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,10 @@ class PolicyConfig:
     `policy_mode` "plan" (default) places gears at the padded-work optimum (docs/policy.md);
     "seed" is the original rules one by one. The `plan_*` keys only apply to "plan";
     `plan_history_seconds` is the horizon of a second, slower histogram of the same events,
-    which the plan reads beside the window's at `plan_history_weight` of its weight.
+    which the plan reads beside the window's at `plan_history_weight` of its weight. Priced
+    (measured costs given), a gear added must save its captures within `plan_payback_seconds`
+    of device time at the traffic's rate, and the graphs of a device stay within
+    `graph_memory_budget_bytes` (None: no budget; the ratio threshold applies either way).
     """
 
     window_seconds: float | None = None
@@ -69,6 +73,8 @@ class PolicyConfig:
     plan_max_moves: int = 4
     plan_history_seconds: float = 1800.0
     plan_history_weight: float = 0.5
+    plan_payback_seconds: float = 1800.0
+    graph_memory_budget_bytes: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy_mode not in POLICY_MODES:
@@ -78,7 +84,8 @@ class PolicyConfig:
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
         positive = ("window_seconds", "half_life_seconds", "slice_seconds",
-                    "update_interval_seconds", "check_interval_seconds", "plan_history_seconds")
+                    "update_interval_seconds", "check_interval_seconds", "plan_history_seconds",
+                    "plan_payback_seconds")
         for key in positive:
             check_value(key, getattr(self, key), 0.0, MAX_SECONDS, low_open=True)
         for key in ("w_h", "w_p", "w_sp", "replace_loss_threshold",
@@ -94,6 +101,9 @@ class PolicyConfig:
                               f"{self.plan_gear_gain} (a gear just added would be dropped)")
         check_value("recent_use_protect_seconds", self.recent_use_protect_seconds, 0.0,
                     MAX_SECONDS)
+        if self.graph_memory_budget_bytes is not None:
+            check_value("graph_memory_budget_bytes", self.graph_memory_budget_bytes, 0.0,
+                        MAX_BYTES, low_open=True)
         if self.device_memory_usage_threshold_ratio is not None:
             check_value("device_memory_usage_threshold_ratio",
                    self.device_memory_usage_threshold_ratio, 0.0, 1.0, low_open=True)

@@ -27,6 +27,16 @@ window's total weight (`blend`); the cover rule reads the window alone. Traffic 
 let go of, a burst that recurs less often than the window, keeps weight, and the placements
 rest on more events.
 
+Priced (`Prices` given: measured costs as data), work is device seconds per chunk (the
+measured replay curve, else the Dim's cost read as seconds), and a gear must pay its capture
+back (`payback.Payback`): a saving counts as the device seconds it saves over `plan_payback_seconds`
+at the window's traffic rate, and an addition (step 3's one more gear, step 4's add or swap)
+is made only when that exceeds its capture on every worker of the device; the best move is the
+one with most net seconds. Step 3 then grows K while that holds (and the gear saves at least
+`plan_move_gain`) and lowers it only under memory pressure (a gear held costs only its bytes),
+step 2 releases only under pressure (a gear released is captured again if it is needed), and
+graphs that would not fit the bytes headroom are not added (a negative headroom is pressure).
+
 Creation protection (`recent_use_protect_seconds`, and any `protected_until`) holds except in
 step 2's floor case, and for an initial gear (`DimGears.initial`: there from the start, never
 chosen on evidence) only while all traffic (window and history) lies below it, a ramp-up it
@@ -44,9 +54,11 @@ from collections.abc import Callable
 import numpy as np
 
 from gearshift.core.config import PolicyConfig
+from gearshift.core.costs import Prices
 from gearshift.core.dims import Dim
 from gearshift.core.gears import DimGears
 from gearshift.core.optimal import OptimalSets, optimal_sets
+from gearshift.core.payback import Payback, net_worth, strict
 from gearshift.core.stats import Histogram
 
 K_STEP = 2
@@ -57,15 +69,21 @@ Step = tuple[str, int, str]  # (action "add" | "evict", gear, reason)
 
 
 def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: float,
-         config: PolicyConfig, history: Histogram | None = None) -> list[Step]:
+         config: PolicyConfig, history: Histogram | None = None,
+         prices: Prices | None = None) -> list[Step]:
     """One plan-mode round of one dim against the window's `hist` blended with the `history`
-    (a longer horizon of the same events, `blend`): its steps, in order."""
+    (a longer horizon of the same events, `blend`): its steps, in order. With `prices`, work
+    is device seconds (`Prices.work`) and every addition pays its captures back (`Payback`)."""
     if not hist.values.size:
         return []
     seen = hist  # the window alone decides the cover
     hist = blend(hist, history, config.plan_history_weight)
     v, w = hist.values, hist.weights
-    raw = float((w * dim.work(v)).sum())
+    cost = dim.work if prices is None else strict(prices.work(dim), int(v[-1]))
+    raw = float((w * cost(v)).sum())
+    pay = None if prices is None or raw <= 0 else Payback(prices, seen, cost, raw, now, config)
+    if pay is not None and pay.headroom is not None and pay.headroom < 0:
+        pressure = True
     window = config.recent_use_protect_seconds
     top = int(v[-1])
 
@@ -80,16 +98,17 @@ def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: 
     gears = list(state.gears)
     steps = _cover(dim, gears, seen, pressure, cooling, config)
     inside = v <= gears[-1]
-    work = _Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside], dim.work)
-    steps += _release(gears, work, int(v[0]), protected, config)
+    work = _Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside], cost)
+    if pay is None or pressure:  # priced, a gear held costs only its bytes, and a capture
+        steps += _release(gears, work, int(v[0]), protected, config)  # if it is needed back
     if not work.values.size:  # all traffic over the largest gear, too little to cover yet
         return steps
     stuck = {g for g in gears if protected(g)} | {gears[-1]}
     sets = _optimal(dim, gears, work, stuck, cooling, config)
-    size, why = _count(gears, sets.costs, raw, len(stuck), pressure, config)
+    size, why = _count(gears, sets, raw, len(stuck), pressure, config, pay)
     target = sets.gears(size)
     assert stuck <= set(target), (stuck, target)
-    steps += _moves(gears, size, target, work, raw, why, pressure, config)
+    steps += _moves(gears, size, target, work, raw, why, pressure, config, pay)
     return steps
 
 
@@ -162,18 +181,21 @@ def _optimal(dim: Dim, gears: list[int], work: _Work, stuck: set[int], cooling: 
     forced = np.array(sorted(stuck - {top}), np.int64)
     weight = np.bincount(np.searchsorted(cand, work.values), work.w, cand.size)
     # Leaving a forced gear out moves its weight up at least one position, which costs at
-    # least work(1) - work(0) per unit (an increasing polynomial with non-negative terms);
-    # no plan saves more than all the weight padded up to the top.
-    step = float(dim.work(np.array([1]))[0] - dim.work(np.array([0]))[0])
+    # least the least cost step between adjacent candidates per unit (the cost is strictly
+    # increasing, a measured curve too, but flat stretches make that step small); no plan
+    # saves more than all the weight padded up to the top.
+    step = float(np.diff(work.cost(cand)).min(initial=np.inf))
     weight[np.searchsorted(cand, forced)] += 4.0 * (weight.sum() + 1.0) * float(
-        dim.work(np.array([top]))[0]) / step
+        work.cost(np.array([top]))[0]) / step
     k = min(max(config.max_gears_per_type, len(stuck)), len(gears) + K_STEP)
-    return optimal_sets(cand, k, weight, cost=dim.work)
+    return optimal_sets(cand, k, weight, cost=work.cost)
 
 
-def _count(gears: list[int], costs: np.ndarray, raw: float, stuck: int, pressure: bool,
-           config: PolicyConfig) -> tuple[int, str]:
-    """How many gears the plan holds (step 3), and why."""
+def _count(gears: list[int], sets: OptimalSets, raw: float, stuck: int, pressure: bool,
+           config: PolicyConfig, pay: Payback | None = None) -> tuple[int, str]:
+    """How many gears the plan holds (step 3), and why; priced, one more gear must also save
+    over the payback horizon more than the captures its plan adds."""
+    costs = sets.costs
     n = len(gears)
     low = max(stuck, config.min_gear_count_per_type, n - K_STEP)
     size = min(n, costs.size)
@@ -182,24 +204,37 @@ def _count(gears: list[int], costs: np.ndarray, raw: float, stuck: int, pressure
     def gain(k: int) -> float:  # what the k-th gear saves, in points of the raw work
         return (costs[k - 2] - costs[k - 1]) / raw
 
+    def captures(k: int) -> float:  # device seconds to capture plan k's gears not held
+        return float(pay.capture([g for g in sets.gears(k) if g not in gears]).sum()) if pay \
+            else 0.0
+
+    def pays(k: int) -> bool:
+        return pay is None or float(pay.seconds(gain(k) * raw)) > captures(k) - captures(k - 1)
+
+    least = config.plan_move_gain if pay else config.plan_gear_gain
+    keep = 0.0 if pay else config.plan_gear_keep  # priced, a gear held costs only its bytes
     while (not pressure and size < costs.size and size < n + K_STEP
-           and gain(size + 1) >= config.plan_gear_gain):
+           and gain(size + 1) >= least and pays(size + 1)):
         size += 1
         why = (f"plan of {size} gears (one more saves {gain(size):.2%} >= "
-               f"{config.plan_gear_gain:.2%} of the work)")
-    while size > max(low, 1) and (gain(size) < config.plan_gear_keep or (pressure and size >= n)):
+               f"{least:.2%} of the work"
+               + (f", {float(pay.seconds(gain(size) * raw)):.3g} s over "
+                  f"{pay.horizon:g} s)" if pay else ")"))
+    while size > max(low, 1) and (gain(size) < keep or (pressure and size >= n)):
         why = (f"plan of {size - 1} gears (one fewer costs {gain(size):.2%}"
-               + (f" < {config.plan_gear_keep:.2%} of the work)" if not pressure
+               + (f" < {keep:.2%} of the work)" if not pressure
                   else " of the work; memory pressure)"))
         size -= 1
     return size, why
 
 
 def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, raw: float,
-           why: str, pressure: bool, config: PolicyConfig) -> list[Step]:
+           why: str, pressure: bool, config: PolicyConfig,
+           pay: Payback | None = None) -> list[Step]:
     """Exact steps toward `size` gears, taken from `target` (which may hold fewer when more
     gears save nothing, and always holds the largest gear) (step 4); `gears` is updated in
-    place."""
+    place. Priced, the best move is the one that saves most net of its capture, and none is
+    made that does not pay it back within the horizon or whose graph does not fit."""
     steps: list[Step] = []
     adds = evicts = 0
     limit = config.plan_max_moves
@@ -211,25 +246,37 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
         if len(gears) > size and evicts < limit and e.size:
             loss, _ = _evictions(g, e, work)
             i = int(np.argmin(loss))
-            steps.append(("evict", gears.pop(int(e[i])), f"{why}: padding +{_pts(loss[i], raw)}"))
+            gone = gears.pop(int(e[i]))
+            steps.append(("evict", gone, f"{why}: padding +{_pts(loss[i], raw)}"))
+            if pay:
+                pay.give(gone)
             evicts += 1
         elif len(gears) < size and adds < limit and a.size and not pressure:
             gain, _ = _additions(g, a, work)
-            j = int(np.argmax(gain))
-            if gain[j] < least:
+            net = net_worth(gain, a, least, pay)
+            j = int(np.argmax(net))
+            if net[j] <= 0:
                 return steps
-            steps.append(("add", int(a[j]), f"{why}: padding -{_pts(gain[j], raw)}"))
+            paid = f", {pay.why(float(pay.seconds(gain[j])), int(a[j]))}" if pay else ""
+            steps.append(("add", int(a[j]), f"{why}: padding -{_pts(gain[j], raw)}{paid}"))
             gears.append(int(a[j]))
             gears.sort()
+            if pay:
+                pay.take(int(a[j]))
             adds += 1
         elif len(gears) == size and adds < limit and evicts < limit and a.size and e.size:
             gain, sd = _swaps(g, e, a, work)
             score = gain - config.plan_confidence * sd
-            i, j = np.unravel_index(int(np.argmax(score)), score.shape)
-            if score[i, j] < least:
+            net = net_worth(score, a, least, pay, g[e])
+            i, j = np.unravel_index(int(np.argmax(net)), net.shape)
+            if net[i, j] <= 0:
                 return steps
             old, new = int(g[e[i]]), int(a[j])
-            saved = f"padding -{_pts(gain[i, j], raw)} ± {_pts(sd[i, j], raw)}"
+            saved = f"padding -{_pts(gain[i, j], raw)} ± {_pts(sd[i, j], raw)}" + (
+                f", {pay.why(float(pay.seconds(score[i, j])), new)}" if pay else "")
+            if pay:
+                pay.give(old)
+                pay.take(new)
             steps += [("evict", old, f"{why}: moves to {new}, {saved}"),
                       ("add", new, f"{why}: replaces {old}, {saved}")]
             gears.remove(old)

@@ -10,8 +10,10 @@ where they come from.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from gearshift.core.config import PolicyConfig
+from gearshift.core.costs import Prices, spent
 from gearshift.core.dims import Dim
 from gearshift.core.gears import Decision, DimGears, GearChange, apply
 from gearshift.core.planner import plan_steps
@@ -36,22 +38,30 @@ def should_update(last_update: float | None, now: float, memory_usage: float | N
 
 def decide(dims: Mapping[str, Dim], gears: Mapping[str, DimGears],
            stats: Mapping[str, Histogram], memory_usage: float | None, now: float,
-           config: PolicyConfig, history: Mapping[str, Histogram] | None = None) -> Decision:
+           config: PolicyConfig, history: Mapping[str, Histogram] | None = None,
+           prices: Mapping[str, Prices] | None = None) -> Decision:
     """One decision round for one profile; dims are decided independently.
     `history` holds the plan's longer horizon of each dim (`PolicyConfig.history`), which plan
-    mode blends into the window's; without it, plan mode reads the window alone."""
+    mode blends into the window's; without it, plan mode reads the window alone. A dim with
+    `prices` is decided priced in plan mode (`planner.plan_steps`); seed mode ignores them.
+    The bytes headroom is the profile's: each dim gets what the dims before it left."""
     pressure = memory_pressure(memory_usage, config)
     new_gears: dict[str, DimGears] = {}
     changes: list[GearChange] = []
     note = (f"; memory pressure {memory_usage:.2f} >= "
             f"{config.device_memory_usage_threshold_ratio}" if pressure else "")
+    prices = dict(prices or {})
     for name, dim in dims.items():
         state, hist = gears[name], stats.get(name, Histogram.empty())
         if config.policy_mode == "plan":
+            priced = prices.get(name)
             out = [GearChange(name, g, action, why + note)
                    for action, g, why in plan_steps(dim, state, hist, pressure, now, config,
-                                              (history or {}).get(name))]
+                                                    (history or {}).get(name), priced)]
             new_gears[name] = apply(state, out, now, config, cooling=True)
+            if priced is not None and priced.headroom is not None:  # the next dims get less
+                left = priced.headroom - spent({name: priced}, gears, new_gears)
+                prices = {d: replace(p, headroom=left) for d, p in prices.items()}
         else:
             out = seed_round(name, dim, state, hist, pressure, note, now, config)
             new_gears[name] = apply(state, out, now, config)

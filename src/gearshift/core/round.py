@@ -11,9 +11,10 @@ that must outlive a failing profile passes `on_error`, and that profile keeps it
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gearshift.core.config import PolicyConfig
+from gearshift.core.costs import Prices, spent
 from gearshift.core.dims import Dim
 from gearshift.core.gears import DimGears, GearChange, starting_gears
 from gearshift.core.policy import decide, should_update
@@ -76,20 +77,32 @@ class DeviceLedger:
 
 def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
                  config: PolicyConfig,
-                 on_error: Callable[[str, Exception], None] | None = None) -> Round | None:
+                 on_error: Callable[[str, Exception], None] | None = None,
+                 prices: Mapping[str, Mapping[str, Prices]] | None = None) -> Round | None:
     """The round due on `device` at `now` (`should_update`), or None when none is due or no
     profile was decided. Reads the ledger, never changes it. A profile whose decision raises
     propagates the error, or with `on_error` is reported to it (name, error) and left out of
-    the round: it keeps its gears, the others are decided."""
+    the round: it keeps its gears, the others are decided. `prices` (per profile, per dim:
+    measured costs as data) price plan mode's moves; under `graph_memory_budget_bytes` they
+    share the device's headroom (the budget less the bytes of every priced dim's gears): each
+    profile, and each dim, gets what those decided before it left."""
     trigger = should_update(device.last_update, now, memory_usage, config)
     if trigger is None:
         return None
+    budget = config.graph_memory_budget_bytes
+    prices = _with_headroom(device, prices or {}, budget)
     gears, changes = {}, {}
     for name, p in device.profiles.items():
         try:
             window = {d: s.view(now) for d, s in p.stats.items()}
             history = {d: s.view(now) for d, s in p.history.items()}
-            decision = decide(p.dims, p.gears, window, memory_usage, now, config, history)
+            mine = prices.get(name)
+            decision = decide(p.dims, p.gears, window, memory_usage, now, config, history,
+                              mine)
+            if mine and budget is not None:  # the next profiles get what this one left
+                left = next(iter(mine.values())).headroom - spent(mine, p.gears, decision.gears)
+                prices = {n: {d: replace(pr, headroom=left) for d, pr in ds.items()}
+                          for n, ds in prices.items()}
         except Exception as e:
             if on_error is None:
                 raise
@@ -97,3 +110,14 @@ def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
             continue
         gears[name], changes[name] = decision.gears, decision.changes
     return Round(now, trigger, gears, changes) if gears else None
+
+
+def _with_headroom(device: DeviceLedger, prices: Mapping[str, Mapping[str, Prices]],
+                   budget: float | None) -> Mapping[str, Mapping[str, Prices]]:
+    if budget is None:
+        return prices
+    held = sum(pr.held_bytes(device.profiles[name].gears[d].gears)
+               for name, dims in prices.items() if name in device.profiles
+               for d, pr in dims.items() if d in device.profiles[name].gears)
+    return {name: {d: replace(pr, headroom=budget - held) for d, pr in dims.items()}
+            for name, dims in prices.items()}

@@ -33,13 +33,16 @@ class Histogram:
 
     `values` are sorted and distinct; `weights[i]` is the sum of `exp(−λ·(now − t_e))` over
     the events of `values[i]` inside the window, `counts[i]` their number (> 0), and
-    `last_seen[i]` the latest of their times.
+    `last_seen[i]` the latest of their times; `since` the start of the oldest slice holding
+    any of them (-inf: unknown), so `now - since` bounds the span the weights were gathered
+    over (a rate: `total_weight` against that span's decayed length).
     """
 
     values: np.ndarray
     weights: np.ndarray
     counts: np.ndarray
     last_seen: np.ndarray
+    since: float = -math.inf
 
     @staticmethod
     def empty() -> Histogram:
@@ -136,7 +139,9 @@ class DimStats:
         counts = self._cnt[live, :n].sum(axis=0)
         weights = scale @ self._acc[live, :n]
         cols = self._order[counts[self._order] > 0]  # seen in the window, by value
-        return Histogram(self._values[cols], weights[cols], counts[cols], self._last[cols])
+        held = self._keys[live][self._cnt[live, :n].any(axis=1)]
+        since = float(held.min()) * self._slice if held.size else -math.inf
+        return Histogram(self._values[cols], weights[cols], counts[cols], self._last[cols], since)
 
     def _claim(self, k: int) -> int:
         """The row of slice k; recycling a row drops its old slice, and the columns no row uses

@@ -8,12 +8,16 @@ keep theirs until released). Every graph is registered in the device's
 GraphResourcePool, and its keys are attached to every gear of its variant.
 
 The request path never captures: a chunk whose variant is not ready runs on the
-smallest ready variant that covers it, else eagerly. Replays are serialised
+smallest ready variant that covers it, else eagerly, and its variant is remembered as wanted
+(one dict lookup a chunk, no lock; at most MAX_WANTED, the rest forgotten) until the warm-up
+thread takes them (`take_wanted`) to capture those it means to. Replays are serialised
 (the variants share the buffers and their outputs) under the runner's lock;
 eager chunks run outside it. Every input must have the example's dtype, on
 both paths (one dtype rule: a graph cannot return another). Captures run on the
 caller's thread, meant to be a warm-up thread; a failed one leaves nothing
-behind (its graph is reset) and is counted.
+behind (its graph is reset) and is counted. Every graph captured is measured there
+(`graphs.measure`: capture and replay seconds, bytes) before any request replays it, and its
+cost waits in `measured` (bounded) for `take_measurements`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import functools
 import math
 import operator
 import threading
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,13 +34,17 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_unflatten
 
+from gearshift.clock import Clock
 from gearshift.core.dims import Gears, gear_for
 from gearshift.errors import ShapeError
 from gearshift.graphs.backends import Graph, backend_for
+from gearshift.graphs.measure import GraphCost, Meter, replays_for
 from gearshift.graphs.pool import GraphResourcePool, KeyGearIndex
 from gearshift.graphs.transform import Chunk, Span, Transform
 
 Variant = tuple[int, ...]
+MAX_MEASURED = 4096  # graph costs kept until taken (the oldest go first)
+MAX_WANTED = 4096  # variants wanted by requests kept until taken (once full, no more kept)
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,9 @@ class AdaptiveRunner:
 
     `gears` (dim -> sorted gears) is what calls are tiled on; replace it whole
     to adopt a new gear set. `stats`: replays, eager (calls or chunks), captures, capture
-    failures. `pool` (default: the device's) gives the backend.
+    failures (`meter.failures`: graphs left unmeasured). `pool` (default: the device's) gives
+    the backend; `clock` times the measurements, `replays` of each graph timed (default: the
+    backend's, `measure.replays_for`; 0: none measured).
     """
 
     def __init__(
@@ -59,6 +70,8 @@ class AdaptiveRunner:
         transform: Transform,
         example: Mapping[str, torch.Tensor],
         pool: GraphResourcePool | None = None,
+        clock: Clock | None = None,
+        replays: int | None = None,
     ) -> None:
         transform.check(example)
         self.transform = transform
@@ -71,6 +84,10 @@ class AdaptiveRunner:
         self.index = KeyGearIndex()
         self.gears: dict[str, Gears] = {d: s.initial_gears for d, s in transform.dims.items()}
         self.stats = {"replays": 0, "eager": 0, "captures": 0, "capture_failures": 0}
+        self.meter = Meter(self.backend, clock,
+                           replays_for(self.backend) if replays is None else replays)
+        self.measured: deque[tuple[dict[str, int], GraphCost]] = deque(maxlen=MAX_MEASURED)
+        self._wanted: dict[Variant, None] = {}  # written by request threads, swapped by take
         self._shapes = {  # per input: its static sizes, None on bound axes
             n: tuple(None if d else s for d, s in zip(axes, example[n].shape, strict=True))
             for n, axes in transform.inputs.items()
@@ -119,9 +136,24 @@ class AdaptiveRunner:
                 done += 1
         return done
 
+    def take_measurements(self) -> list[tuple[dict[str, int], GraphCost]]:
+        """The costs of the graphs captured since the last call, oldest first (per graph:
+        its variant, dim -> gear)."""
+        out = []
+        while self.measured:
+            out.append(self.measured.popleft())
+        return out
+
+    def take_wanted(self) -> list[Variant]:
+        """The variants (gears in dim order, as `ready`) that chunks wanted and found not ready
+        since the last call, first wanted first; some may be ready by now."""
+        wanted, self._wanted = self._wanted, {}
+        return list(wanted.copy())  # one C call: a request may still be adding to it
+
     def _capture(self, gears: Variant) -> _Captured:
         inputs = self._views(gears)
         graph = self.backend.graph(functools.partial(self._body, inputs))
+        began = self.meter.now()
         try:
             leaves, spec = self.transform.leaves(graph.capture())
         except BaseException:
@@ -130,9 +162,18 @@ class AdaptiveRunner:
             graph.reset()  # a captured graph of unexpected outputs holds memory too
             self.backend.collect()
             raise
+        ended = self.meter.now()
         self.pool.register(graph)
         self.index.attach(self.pool.consume_recent_keys(), zip(self.names, gears, strict=True))
+        self._measure(gears, graph, began, ended, [*inputs.values(), *leaves])
         return _Captured(inputs, graph, leaves, spec)
+
+    def _measure(self, gears: Variant, graph: Graph, began: float | None, ended: float | None,
+                 buffers: list[torch.Tensor]) -> None:
+        """Time `graph`'s replays (before any request runs it) and keep its cost."""
+        cost = self.meter.cost(graph, began, ended, buffers)
+        if cost is not None:
+            self.measured.append((dict(zip(self.names, gears, strict=True)), cost))
 
     def run(self, tensors: Mapping[str, torch.Tensor],
             sizes: Mapping[str, int] | None = None) -> Any:
@@ -154,7 +195,7 @@ class AdaptiveRunner:
             spans = {d: Span(0, sizes[d], g) for d, g in zip(self.names, gears, strict=True)}
             chunks = [(spans, tuple(gears))]
         parts: list[Any] = [None] * len(chunks)
-        ready = [self._ready(variant) is not None for _, variant in chunks]
+        ready = [self._ready(variant, want=True) is not None for _, variant in chunks]
         if any(ready):
             with self._lock:
                 for name, buffer in self._unbound.items():
@@ -198,10 +239,14 @@ class AdaptiveRunner:
             self._variants = {g: c for g, c in self._variants.items() if g[i] != gear}
         return self.pool.remove_by_keys(self.index.detach((dim, gear)))
 
-    def _ready(self, gears: Variant) -> _Captured | None:
+    def _ready(self, gears: Variant, want: bool = False) -> _Captured | None:
+        """The graph of `gears`, else of the smallest ready variant covering it, else None;
+        `want`: remember `gears` as wanted when it is not ready itself (the request path)."""
         variants = self._variants
         if gears in variants:
             return variants[gears]
+        if want and len(wanted := self._wanted) < MAX_WANTED:
+            wanted[gears] = None
         covering = [g for g in variants if all(map(operator.ge, g, gears))]
         best = min(covering, key=lambda g: (math.prod(g), g), default=None)
         return None if best is None else variants[best]

@@ -43,10 +43,11 @@ class DeviceApi:
     """What a device backend uses of `torch.cuda` / `torch.npu` (or of a fake of them).
 
     `module`: `device`, `Stream`, `stream`, `current_stream`, `synchronize`, `empty_cache`,
-    `mem_get_info`, `graph_pool_handle`; `graph_cls`: `capture_begin(pool=, capture_error_mode=)`,
-    `capture_end`, `replay`, `reset`, `pool`. `end_allocate` and `release_pool(index, pool)` are
-    the allocator's own `endAllocateToPool` / `releasePool` (what `torch.cuda.use_mem_pool`
-    calls on exit), used only to give back the pool of a capture whose end failed."""
+    `mem_get_info`, `memory_reserved`, `graph_pool_handle`; `graph_cls`:
+    `capture_begin(pool=, capture_error_mode=)`, `capture_end`, `replay`, `reset`, `pool`.
+    `end_allocate` and `release_pool(index, pool)` are the allocator's own `endAllocateToPool` /
+    `releasePool` (what `torch.cuda.use_mem_pool` calls on exit), used only to give back the
+    pool of a capture whose end failed."""
 
     kind: str
     module: Any
@@ -101,15 +102,24 @@ class DeviceBackend:
         free, total = self.api.module.mem_get_info(self.index)
         return int(free), int(total)
 
+    def reserved(self) -> int | None:
+        """Bytes this process's allocator holds on the device; None if it cannot tell."""
+        try:
+            return int(self.api.module.memory_reserved(self.index))
+        except Exception:
+            return None
+
     def new_pool(self) -> Any:
         """The pool of the next capture: a fresh one (a subclass may share one)."""
         with self.api.module.device(self.index):
             return self.api.module.graph_pool_handle()
 
-    def record(self, graph: Any, pool: Any, fn: Callable[[], Any]) -> Any:
-        """Capture `fn()` into `graph` and `pool` on the current stream; returns its outputs.
+    def record(self, graph: Any, pool: Any, fn: Callable[[], Any]) -> tuple[Any, int | None]:
+        """Capture `fn()` into `graph` and `pool` on the current stream; returns its outputs
+        and the bytes the allocator reserved meanwhile (the pool's; None if it cannot tell).
         On failure the graph and its pool are given back (`abandon`) and the error raised."""
         with CAPTURE_LOCK:
+            before = self.reserved()
             try:
                 graph.capture_begin(pool=pool, capture_error_mode=CAPTURE_MODE)
             except BaseException:
@@ -126,7 +136,9 @@ class DeviceBackend:
                 self.abandon(graph, pool, began=False)
                 raise
             self.stats["captures"] += 1
-            return outputs
+            after = self.reserved()
+            held = None if before is None or after is None else max(after - before, 0)
+            return outputs, held
 
     def abandon(self, graph: Any, pool: Any, began: bool) -> None:
         """After a failed capture: end it (`began`: it is still recording), reset the graph
@@ -156,13 +168,16 @@ class DeviceBackend:
 
 class DeviceGraph:
     """One graph of a device backend: `capture()` warms `fn` up on the backend's stream, then
-    records it into a pool of its own; `replay()` runs on the caller's current stream."""
+    records it into a pool of its own (`pool_bytes`: what the allocator reserved while it
+    recorded, None before or when it cannot tell); `replay()` runs on the caller's current
+    stream."""
 
     def __init__(self, backend: DeviceBackend, fn: Callable[[], Any]) -> None:
         self.backend = backend
         self.fn: Callable[[], Any] | None = fn
         self.graph = backend.api.graph_cls()
         self.outputs: Any = None
+        self.pool_bytes: int | None = None
 
     @torch.no_grad()
     def capture(self) -> Any:
@@ -174,7 +189,8 @@ class DeviceGraph:
             with mod.stream(backend.stream):
                 for _ in range(backend.warmup):
                     self.fn()
-                self.outputs = backend.record(self.graph, backend.new_pool(), self.fn)
+                self.outputs, self.pool_bytes = backend.record(self.graph, backend.new_pool(),
+                                                               self.fn)
             caller.wait_stream(backend.stream)
         return self.outputs
 

@@ -14,12 +14,12 @@ Record (EVENT_DTYPE, little-endian; written by the producer before head moves pa
 
     offset  size  field    meaning
     0       8     t_ns     CLOCK_MONOTONIC time of the event, ns (int64)
-    8       32    values   raw dim values in the profile's dim order; MEMORY: free, total bytes
+    8       32    values   raw dim values in dim order; MEMORY: free, total bytes; MEASURED below
     40      4     version  snapshot version the request was routed with (uint32)
     44      2     profile  the worker's profile id (uint16)
-    46      1     kind     Kind: SHAPE, EAGER, MEMORY, RECORDED; 0 never
-    47      1     ndim     dims used, 1..4 (the others are 0)
-    48      8     chunks   graph runs per dim (uint16 each)
+    46      1     kind     Kind: SHAPE, EAGER, MEMORY, RECORDED, MEASURED; 0 never
+    47      1     ndim     dims used, 1..4 (the others are 0); MEASURED: 4
+    48      8     chunks   graph runs per dim (uint16 each); MEASURED: the dim's index
     56      8     (pad)    one record per cache line
 
 `head` and `tail` count records since creation and never wrap; the ring holds [tail, head).
@@ -39,6 +39,13 @@ reaches the last reading + capacity. Callers pass validated ints (the client che
 a malformed call raises before anything is published.
 Consumer (controller): `drain(max_events)` returns a copy of [tail, head) as an EVENT_DTYPE array,
 oldest first, then publishes tail.
+
+A MEASURED record reports one graph the worker captured, one record per dim of its profile
+(`measured`): values = (the dim's gear, capture ns, graph bytes, replay ns), version = the
+profile's snapshot version when it is written, chunks = the dim's index in its dim order. The
+worker's swap thread writes it through the same `write` (and producer lock) as requests, never
+a request thread, so it is published and read exactly as they are; the controller checks every
+field of it as it checks a request's.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ class Kind(enum.IntEnum):
     EAGER = 2  # a request ran eagerly (over a non-splittable dim's largest gear, or no graph)
     MEMORY = 3  # a device memory reading: values = (free bytes, total bytes)
     RECORDED = 4  # a request only recorded (`record()`): it ran on an engine's own graphs
+    MEASURED = 5  # one dim of a graph the worker captured: gear, capture ns, bytes, replay ns
 
 
 EVENT_DTYPE = np.dtype(
@@ -108,6 +116,16 @@ def counts(chunks: Sequence[int]) -> int:
     for i, count in enumerate(chunks):
         word |= count << 16 * i
     return word
+
+
+def measured(
+    profile: int, version: int, dim: int, gear: int, capture_seconds: float, graph_bytes: int,
+    replay_seconds: float,
+) -> tuple[int, int, int, int, int, int]:
+    """`write`'s arguments after `t_ns` for a MEASURED record (module docstring): v0..v3,
+    meta and counts. Seconds go as whole nanoseconds."""
+    return (gear, round(capture_seconds * 1e9), graph_bytes, round(replay_seconds * 1e9),
+            meta(profile, version, Kind.MEASURED, MAX_DIMS), dim)
 
 
 class EventRing:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gearshift.core.config import PolicyConfig
+from gearshift.core.costs import Line, Prices
 from gearshift.core.dims import Dim, Gears, ladder, padded_cost, padded_work
 from gearshift.core.optimal import optimal_sets
 from gearshift.core.round import DeviceLedger, ProfileLedger, decide_round
@@ -29,6 +30,7 @@ POLICIES = ("adaptive", "static", "pow2", "optimal")
 SPLITTABLE = frozenset({"BATCHSIZE"})
 MAX_CHECKS = 10**7  # decision checks of one replay: its segments are arrays of this length
 PROFILE = "trace"  # the one profile of a replay: every trace column is one of its dims
+ZERO = Line()  # captures free
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class DimResult:
     gears: tuple[Gears, ...]
     segment_raw: np.ndarray
     segment_padded: np.ndarray
+    captures: int = 0
+    capture_seconds: float = 0.0
 
     @property
     def padding_overhead(self) -> float:
@@ -68,6 +72,12 @@ class DimResult:
     def cost_overhead(self) -> float:
         """Padded over raw cost (`Dim.work`) - 1: padding_overhead with the default cost."""
         return self.padded_cost / self.raw_cost - 1.0
+
+    @property
+    def device_overhead(self) -> float:
+        """(Padded cost + capture seconds) / raw cost - 1: with the cost in device seconds, what
+        padding and captures together add to the raw device time."""
+        return (self.padded_cost + self.capture_seconds) / self.raw_cost - 1.0
 
     @property
     def final_gears(self) -> Gears:
@@ -97,6 +107,9 @@ class SimulationResult:
                 name: {
                     "padding_overhead": d.padding_overhead,
                     "cost_overhead": d.cost_overhead,
+                    "device_overhead": d.device_overhead,
+                    "captures": d.captures,
+                    "capture_seconds": d.capture_seconds,
                     "mean_gears": d.mean_gears,
                     "final_gears": list(d.final_gears),
                     "adds": d.adds,
@@ -157,10 +170,35 @@ def policy_dims(
     return out
 
 
+@dataclass(frozen=True)
+class Device:
+    """The device a replay runs on: a capture costs `capture` seconds (A + B·gear) on each of
+    `workers` workers; `priced` tells the policy so (`Prices`: the dims' `cost` then reads
+    as device seconds). Every gear captured counts once per worker: each added, and the
+    initial ones at the start, or with `lazy` only those that traffic reaches (a worker
+    captures a start-up gear the first time a request needs it)."""
+
+    capture: Line = ZERO
+    workers: int = 1
+    priced: bool = False
+    lazy: bool = False
+
+    def prices(self, dims: Mapping[str, Dim]) -> dict[str, dict[str, Prices]] | None:
+        return {PROFILE: {d: Prices(self.capture, self.workers) for d in dims}} \
+            if self.priced else None
+
+    def seconds(self, gears: Sequence[int]) -> float:
+        return float(self.capture(np.asarray(gears, float)).sum()) * self.workers
+
+
 def simulate(
-    trace: Trace, dims: Mapping[str, Dim], config: PolicyConfig, *, adaptive: bool = True
+    trace: Trace, dims: Mapping[str, Dim], config: PolicyConfig, *, adaptive: bool = True,
+    device: Device | None = None,
 ) -> SimulationResult:
-    """Replay `trace` (every column a dim of `dims`) through the policy, or static gears."""
+    """Replay `trace` (every column a dim of `dims`) through the policy, or static gears, on
+    `device` (default: captures free, unpriced)."""
+    device = device or Device()
+    prices = device.prices(dims)
     t = trace.t - trace.t[0]
     end = float(t[-1])
     interval = config.check_interval_seconds
@@ -192,7 +230,7 @@ def simulate(
             continue
         now = float(checks[seg])
         mem = None if trace.mem_usage is None or hi == 0 else float(trace.mem_usage[hi - 1])
-        round = decide_round(ledger, now, mem, config)
+        round = decide_round(ledger, now, mem, config, prices=prices)
         if round is None:
             continue
         ledger.apply(round)
@@ -213,6 +251,10 @@ def simulate(
             padded[name],
             float(costs[name].sum()),
             [c.action for c in changes if c.dim == name],
+            [c.gear for c in changes if c.dim == name and c.action == "add"],
+            device,
+            _reached(dim, trace.dims[name], tuple(gears[name]), sizes) if device.lazy
+            else dict.fromkeys(dim.initial_gears, 0),
         )
         for name, dim in dims.items()
     }
@@ -229,15 +271,25 @@ def _dim_result(
     padded: np.ndarray,
     padded_cost: float,
     actions: list[str],
+    added: list[int],
+    device: Device,
+    start: dict[int, int],
 ) -> DimResult:
-    """Totals of one dim from its per-segment gears (`sizes` events each) and work."""
+    """Totals of one dim from its per-segment gears (`sizes` events each) and work; the gears
+    `added` and the initial ones (`start`: gear -> the segment it was captured in) each
+    captured once per worker. Mean gears count graphs held: an initial gear from its capture
+    on (with lazy captures, one never reached counts for nothing)."""
     over = int((values > np.repeat([g[-1] for g in gears], sizes)).sum())
+    waiting = set(dim.initial_gears) - set(start)  # never captured
+    held = [len(g) - sum(1 for x in g if x in waiting or start.get(x, -1) > i)
+            for i, g in enumerate(gears)]
+    captured = [*start, *added]
     return DimResult(
         raw_work=int(raw.sum()),
         padded_work=int(padded.sum()),
         raw_cost=float(dim.work(values).sum()),
         padded_cost=padded_cost,
-        mean_gears=float(np.average([len(g) for g in gears], weights=weights)),
+        mean_gears=float(np.average(held, weights=weights)),
         split_events=over if dim.splittable else 0,
         eager_events=0 if dim.splittable else over,
         adds=actions.count("add"),
@@ -245,4 +297,28 @@ def _dim_result(
         gears=gears,
         segment_raw=raw,
         segment_padded=padded,
+        captures=len(captured),
+        capture_seconds=device.seconds(captured),
     )
+
+
+def _reached(dim: Dim, values: np.ndarray, gears: tuple[Gears, ...],
+             sizes: np.ndarray) -> dict[int, int]:
+    """The initial gears some event ran on while they were held since the start, each with
+    the segment where that first happened."""
+    initial, reached = set(dim.initial_gears), {}
+    for i, (held, run) in enumerate(zip(gears, np.split(values, np.cumsum(sizes)[:-1]),
+                                        strict=True)):
+        initial &= set(held)
+        if not initial or not run.size:
+            if not initial:
+                break
+            continue
+        g = np.asarray(held, np.int64)
+        used = g[np.unique(np.searchsorted(g, run[run <= g[-1]]))]  # over the top: eager
+        if dim.splittable and (run > g[-1]).any():  # or split: top chunks and a tail
+            rest = run[run > g[-1]] % g[-1]
+            used = np.r_[used, g[-1], g[np.searchsorted(g, rest[rest > 0])]]
+        for g in initial & set(used.tolist()):
+            reached.setdefault(g, i)
+    return reached

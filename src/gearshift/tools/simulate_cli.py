@@ -12,6 +12,8 @@ import click
 
 from gearshift.clikit import EXIT_ERROR, EXIT_USAGE, config_options, json_option
 from gearshift.configfile import load_policy_config
+from gearshift.core.config import check_value
+from gearshift.core.costs import MAX_MEASURED_SECONDS, Line
 from gearshift.core.dims import Gears, normalize_gears
 from gearshift.errors import ConfigError, GearshiftError, TraceError
 from gearshift.tools import simulate as replay
@@ -62,6 +64,34 @@ from gearshift.tools.trace import Trace, load_trace
     "(Dim.cost): the policy and the optimum minimise padded cost, reported as "
     "cost_overhead. Default 0,1: the size itself.",
 )
+@click.option(
+    "--capture-seconds",
+    "capture",
+    metavar="A[,B]",
+    help="What capturing a gear costs, A + B x gear seconds on each worker: reported as "
+    "device_overhead = (padded cost + captures) / raw cost - 1, with --cost in seconds, and the "
+    "adaptive policy prices its moves by it (--unpriced: not). The static policies capture "
+    "their gears once, at the start.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 4096),
+    default=1,
+    show_default=True,
+    help="Workers of the device: each captures every gear added.",
+)
+@click.option(
+    "--unpriced",
+    is_flag=True,
+    help="With --capture-seconds: the policy decides on padding alone (as without it), and "
+    "captures are only counted.",
+)
+@click.option(
+    "--eager-start",
+    is_flag=True,
+    help="With --capture-seconds: the adaptive policy's initial gears are all captured at the "
+    "start (default: each the first time traffic reaches it, as a worker does).",
+)
 @config_options("policy", "at top level or under [policy]")
 @json_option()
 @click.option(
@@ -77,6 +107,10 @@ def simulate(
     k: tuple[str, ...],
     splittable: tuple[str, ...],
     cost: tuple[str, ...],
+    capture: str | None,
+    workers: int,
+    unpriced: bool,
+    eager_start: bool,
     config_path: str | None,
     overrides: tuple[str, ...],
     as_json: bool,
@@ -104,11 +138,13 @@ def simulate(
         dims = replay.policy_dims(
             data, policy, _gears(gears), _counts(k, data), _split(splittable), _costs(cost)
         )
+        adaptive = policy == "adaptive"
+        device = _device(capture, workers, adaptive and not unpriced, adaptive and not eager_start)
     except TraceError as e:
         _fail(e, EXIT_ERROR)
     except GearshiftError as e:
         _fail(e, EXIT_USAGE)
-    result = replay.simulate(data, dims, config, adaptive=policy == "adaptive")
+    result = replay.simulate(data, dims, config, adaptive=adaptive, device=device)
     wall = time.perf_counter() - began
     summary = result.summary()
     if as_json:
@@ -121,7 +157,8 @@ def simulate(
         }
         click.echo(json.dumps({**head, **summary}))
     else:
-        click.echo(_table(result, summary["dims"], policy, wall, priced=bool(cost)))
+        click.echo(_table(result, summary["dims"], policy, wall, priced=bool(cost),
+                          captured=capture is not None))
     if plot:
         _plot(result, plot)
         click.echo(f"wrote gears and padding over time to {plot}", err=True)
@@ -175,6 +212,23 @@ def _costs(items: Iterable[str]) -> dict[str, tuple[float, ...]]:
     return out
 
 
+def _device(capture: str | None, workers: int, priced: bool, lazy: bool) -> replay.Device:
+    """The device of --capture-seconds and --workers (captures free without them)."""
+    if capture is None:
+        return replay.Device(workers=workers)
+    try:
+        a, b = ([float(x) for x in capture.split(",")] + [0.0])[:2]
+        if capture.count(",") > 1:
+            raise ValueError(capture)
+        line = Line(a, b)
+    except ValueError:
+        raise ConfigError("--capture-seconds", f"expected A or A,B seconds, got {capture!r}") \
+            from None
+    for key, value in (("A", a), ("B", b)):
+        check_value(f"--capture-seconds {key}", value, 0.0, MAX_MEASURED_SECONDS)
+    return replay.Device(line, workers, priced=priced, lazy=lazy)
+
+
 def _split(items: Iterable[str]) -> dict[str, bool]:
     choices = {"yes": True, "no": False}
     out = {}
@@ -186,16 +240,21 @@ def _split(items: Iterable[str]) -> dict[str, bool]:
 
 
 def _table(
-    result: replay.SimulationResult, dims: dict, policy: str, wall: float, priced: bool
+    result: replay.SimulationResult, dims: dict, policy: str, wall: float, priced: bool,
+    captured: bool = False,
 ) -> str:
     lines = [
         f"{result.trace}: {policy}, {result.events} events over {result.duration / 60:.1f} min, "
         f"{result.updates} updates, {len(result.changes)} changes, {wall:.2f} s",
-        f"{'dim':<12}{'padding':>9}{'cost pad' if priced else '':>9}{'mean gears':>12}{'adds':>6}"
+        f"{'dim':<12}{'padding':>9}{'cost pad' if priced else '':>9}"
+        + (f"{'device':>9}{'captures':>10}" if captured else "")
+        + f"{'mean gears':>12}{'adds':>6}"
         f"{'evicts':>8}{'churn/h':>9}{'split':>7}{'eager':>7}  final gears",
     ]
     for name, d in dims.items():
         cost = f"{d['cost_overhead']:>9.2%}" if priced else f"{'':>9}"
+        if captured:
+            cost += f"{d['device_overhead']:>9.2%}{d['capture_seconds']:>9.1f}s"
         lines.append(
             f"{name:<12}{d['padding_overhead']:>9.2%}{cost}{d['mean_gears']:>12.2f}{d['adds']:>6}"
             f"{d['evictions']:>8}{d['churn_per_hour']:>9.1f}{d['split_events']:>7}"

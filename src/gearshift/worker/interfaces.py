@@ -19,7 +19,9 @@ class Runner(Protocol):
     `capture` captures the given variants that are not ready and returns how many (a failure
     raises, leaving nothing behind); `release` drops every variant of one gear and gives its
     memory back to the device; `room` says how many more graphs the device may hold (None: no
-    cap) and why it is capped."""
+    cap) and why it is capped. A runner that measures its graphs also has
+    `take_measurements() -> [(variant as dim -> gear, cost)]` (`graphs.measure.GraphCost`),
+    which the profile reports to the controller."""
 
     gears: dict[str, Gears]
     transform: Any  # .check(tensors) -> raw size per dim

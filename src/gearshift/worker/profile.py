@@ -15,7 +15,8 @@ outside it (`beyond`), a few captures and a bounded walk per call; until a varia
 runner routes its chunks to the next larger ready one, or eagerly. A failed capture is retried
 later (backing off, a few times); a device that holds all the graphs it may (GraphLimit) stops
 the plan, logged once with its reason, and the state counts as warmed (its other combinations
-run on larger graphs or eagerly).
+run on larger graphs or eagerly). What the runner measured of each graph it captured goes to
+the controller from the same thread, once the profile is registered (`worker.measured`).
 
 Invariants: a request counts itself in its `_InUse`'s `active` under `_lock`, where the swap
 also happens, so once gears in use are replaced no request can join them; a removal made by the
@@ -37,6 +38,7 @@ from gearshift import protocol
 from gearshift.core.dims import Dim, Gears, normalize_gears
 from gearshift.errors import ShapeError, StateError
 from gearshift.worker.interfaces import Host, Runner
+from gearshift.worker.measured import Measured
 from gearshift.worker.routing import Route, Router, _InUse
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,7 @@ class Profile(Router):
         self._limited: _InUse | None = None  # the gears in use a GraphLimit stopped
         self.stats = {"capture_failures": 0, "capture_retries": 0, "graph_limits": 0}
         super().__init__(host, pid, name, dims)  # the request path, last: it generates `route`
+        self.measured = Measured(self.dims)  # graphs measured, on their way to the controller
 
     def request(self, **sizes: int) -> _Request:
         """`route`, and count the request in flight until the block ends: graphs of gears a
@@ -215,6 +218,18 @@ class Profile(Router):
             self._warm_up(runner, in_use)
         elif self._retry:
             self._retry_failed(runner, in_use)
+        self._report(runner, in_use)
+
+    def _report(self, runner: Runner, in_use: _InUse) -> None:
+        """Send what the runner measured to the controller (once registered); never raises."""
+        try:
+            self.measured.collect(runner)
+            if self.registered and self.measured.pending:
+                self.measured.flush(self._write, self._now_ns(), self.id, in_use.version)
+        except Exception:
+            self.measured.failures += 1
+            if self.measured.failures == 1:  # once: the swap thread ticks 20 times a second
+                log.exception("profile %r: reporting measurements failed", self.name)
 
     def _release_due(self, runner: Runner) -> int:
         """Release the removals whose grace is over; returns how many graphs went."""

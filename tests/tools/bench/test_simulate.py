@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pytest
 from click.testing import CliRunner
 
+from gearshift.tools.bench import simulate as bench
+from gearshift.tools.bench.priced import bench_priced
 from gearshift.tools.bench.simulate import command, markdown, pow2_ceil_gears
-from gearshift.tools.trace import load_trace
+from gearshift.tools.trace import Trace, load_trace
 
 # The dims where plan mode misses issue 7's goal (plan / optimum <= 1.25 at the rounded gear
 # count), as docs/policy.md ("Report") names them: exactly these, no others.
@@ -20,7 +24,15 @@ def test_the_old_ladder_ends_at_the_power_of_two_above_the_largest_value() -> No
     assert gears["SEQLEN"][-2:] == (4096, 8192) and gears["BATCHSIZE"][-1] == 32  # M: 7437, 20
 
 
-def test_plan_mode_on_every_shipped_trace() -> None:
+def _priced_on_three_minutes(trace: Trace) -> dict:
+    """The priced part on the first three minutes only (test_priced.py checks its figures;
+    on whole traces it takes a minute)."""
+    n = int(np.searchsorted(trace.t, trace.t[0] + 180.0))
+    return bench_priced(Trace(trace.name, trace.t[:n], {k: v[:n] for k, v in trace.dims.items()}))
+
+
+def test_plan_mode_on_every_shipped_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "bench_priced", _priced_on_three_minutes)
     result = CliRunner().invoke(command, ["--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
@@ -49,3 +61,7 @@ def test_plan_mode_on_every_shipped_trace() -> None:
                                       for r in d.values())
     table = markdown(data)
     assert table.count("\n") == 2 + 8 - 1 and "| code_prefill | SEQLEN |" in table
+    assert set(data["priced"]) == set(data["traces"])
+    assert all(set(data["priced"][t]) == set(dims) for t, dims in data["traces"].items())
+    text = CliRunner().invoke(command, ["--trace", "azure_code_decode"]).output
+    assert "| code_decode | BATCHSIZE | 5 |" in text and "priced / optimal" in text

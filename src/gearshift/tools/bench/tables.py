@@ -227,6 +227,28 @@ def _simulate(r: dict[str, Any]) -> list[Row]:
                  f"{o['mean_gears']:.2f}: {o['interpolated_padding_overhead']:.1%}",
                  f"{d['ratio']:.2f} (interpolated {d['interpolated_ratio']:.2f})"),
             ]
+    return rows + _priced(r.get("priced", {}))
+
+
+def _priced(traces: dict[str, Any]) -> list[Row]:
+    """Per trace, dim and capture cost: priced plan mode's device overhead against unpriced
+    plan mode, pow2 and the hindsight optimum at equal mean gears (priced / baseline)."""
+
+    def mode(m: dict[str, Any]) -> str:
+        return (f"{m['device_overhead']:.1%} device, {m['mean_gears']:.1f} gears, "
+                f"{m['changes_per_hour']:.0f} changes/h")
+
+    rows = []
+    for trace, dims in traces.items():
+        for dim, levels in dims.items():
+            for level, d in levels.items():
+                rows.append((
+                    f"{trace.removeprefix('azure_')} {dim} at {level} s a capture, priced",
+                    mode(d["priced"]),
+                    f"unpriced plan {d['plan']['device_overhead']:.1%}; pow2 "
+                    f"{d['pow2']['device_overhead']:.1%}; optimal "
+                    f"{d['optimal']['device_overhead']:.1%}",
+                    f"{d['vs_plan']:.2f}x; {d['vs_pow2']:.2f}x; {d['ratio']:.2f}x"))
     return rows
 
 

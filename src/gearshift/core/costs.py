@@ -1,0 +1,197 @@
+"""What a gear costs on a device: replay seconds per chunk, capture seconds and graph bytes.
+
+Workers measure every graph they capture (`Measurement`); `fit` turns one dim's measurements
+into `DimCosts`: a replay-cost `Curve` monotone in the gear (isotonic over the per-gear medians,
+linear in between and beyond), and capture seconds and graph bytes as `Line`s, A + B·gear
+(least squares over the per-gear medians, A and B never negative). `Prices` is what plan mode
+prices one dim's moves with (docs/policy.md, "Priced decisions"). Pure: data in, fits out; no
+clock, I/O or torch. Every measured value is bounded on construction, so a broken worker's
+figures are refused (`ShapeError`), never fitted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gearshift.core.dims import MAX_VALUE, Dim
+from gearshift.errors import ShapeError
+
+MAX_MEASURED_SECONDS = 3600.0  # one capture or replay: an hour is already a broken device
+MAX_GRAPH_BYTES = 1 << 44  # 16 TiB: no device holds a larger graph
+MIN_GEARS = 2  # distinct gears measured before a dim's replay curve replaces Dim.cost
+MAX_POINTS = 256  # per-gear medians a fit keeps (the largest gears)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One graph, measured by the worker that captured it: `gear` on one dim, the seconds
+    its warm-up and capture took, the device memory it holds, and a replay's seconds (the
+    median of a few, synchronised)."""
+
+    gear: int
+    capture_seconds: float
+    graph_bytes: int
+    replay_seconds: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gear, bool) or not isinstance(self.gear, (int, np.integer)) or not (
+                1 <= self.gear <= MAX_VALUE):
+            raise ShapeError(f"measurement gear must be an int in [1, 2**63 - 1], "
+                             f"got {self.gear!r}")
+        object.__setattr__(self, "gear", int(self.gear))
+        for key in ("capture_seconds", "replay_seconds"):
+            object.__setattr__(self, key, _bounded(key, getattr(self, key), MAX_MEASURED_SECONDS))
+        object.__setattr__(self, "graph_bytes",
+                           int(_bounded("graph_bytes", self.graph_bytes, MAX_GRAPH_BYTES)))
+
+
+def _bounded(key: str, value: Any, high: float) -> float:
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or not 0 <= value <= high:
+        raise ShapeError(f"measurement {key} must be a number in [0, {high:g}], got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Line:
+    """a + b·x, a and b >= 0."""
+
+    a: float = 0.0
+    b: float = 0.0
+
+    def __call__(self, x: np.ndarray | int) -> np.ndarray:
+        return self.a + self.b * np.asarray(x, dtype=float)
+
+    @staticmethod
+    def fit(x: np.ndarray, y: np.ndarray) -> Line:
+        """Least squares over (x, y), then b and a clipped at 0; a constant for one x."""
+        if x.size == 0:
+            return Line()
+        if np.unique(x).size < 2:
+            return Line(max(float(np.mean(y)), 0.0))
+        b, a = (float(c) for c in np.polyfit(x.astype(float), y, 1))
+        if b < 0:  # falling with the gear: a constant
+            return Line(max(float(np.mean(y)), 0.0))
+        return Line(max(a, 0.0), b)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Seconds per chunk of each size: monotone non-decreasing through (`gears`, `seconds`),
+    linear between them and beyond the ends (the end segments' slopes), never negative."""
+
+    gears: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __call__(self, x: np.ndarray | int) -> np.ndarray:
+        g, s = np.asarray(self.gears, float), np.asarray(self.seconds, float)
+        x = np.asarray(x, dtype=float)
+        y = np.interp(x, g, s)
+        if g.size >= 2:
+            lo = (s[1] - s[0]) / (g[1] - g[0])
+            hi = (s[-1] - s[-2]) / (g[-1] - g[-2])
+            y = np.where(x < g[0], s[0] - lo * (g[0] - x), y)
+            y = np.where(x > g[-1], s[-1] + hi * (x - g[-1]), y)
+        return np.maximum(y, 0.0)
+
+
+@dataclass(frozen=True)
+class DimCosts:
+    """One dim's fitted costs: `replay` (None until MIN_GEARS distinct gears are measured),
+    `capture` seconds and graph `bytes` per gear, and how many measurements they rest on."""
+
+    replay: Curve | None
+    capture: Line
+    bytes: Line
+    measurements: int
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: the fits' figures (the curve as its points)."""
+        curve = None if self.replay is None else dict(zip(self.replay.gears, self.replay.seconds,
+                                                          strict=True))
+        return {"measurements": self.measurements, "replay_seconds": curve,
+                "capture_seconds": {"a": self.capture.a, "b": self.capture.b},
+                "graph_bytes": {"a": self.bytes.a, "b": self.bytes.b}}
+
+
+def fit(measurements: Iterable[Measurement]) -> DimCosts:
+    """The costs of one dim from its measurements (any order, any number)."""
+    ms = list(measurements)
+    if not ms:
+        return DimCosts(None, Line(), Line(), 0)
+    gear = np.array([m.gear for m in ms], np.int64)
+    gears = np.unique(gear)[-MAX_POINTS:]
+
+    def medians(values: list[float]) -> np.ndarray:
+        v = np.asarray(values, float)
+        return np.array([np.median(v[gear == g]) for g in gears])
+
+    counts = np.array([(gear == g).sum() for g in gears], float)
+    replay = medians([m.replay_seconds for m in ms])
+    curve = (Curve(tuple(int(g) for g in gears), tuple(map(float, isotonic(replay, counts))))
+             if gears.size >= MIN_GEARS else None)
+    return DimCosts(curve, Line.fit(gears, medians([m.capture_seconds for m in ms])),
+                    Line.fit(gears, medians([float(m.graph_bytes) for m in ms])), len(ms))
+
+
+def isotonic(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence nearest `y` in weighted least squares (pool adjacent
+    violators): each pooled block takes its weighted mean."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for value, weight in zip(y.tolist(), w.tolist(), strict=True):
+        blocks.append([value, weight, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            total = w1 + w2
+            blocks.append([(m1 * w1 + m2 * w2) / total if total else (m1 + m2) / 2, total,
+                           n1 + n2])
+    return np.repeat([b[0] for b in blocks], [b[2] for b in blocks])
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What plan mode prices one dim's moves with: `replay` seconds per chunk (None: the Dim's
+    own `cost` is in seconds), `capture` seconds per gear and per worker, `workers` that each
+    capture a gear added, graph `bytes` per gear and worker, and the device's `headroom` in
+    bytes under its budget (None: no budget)."""
+
+    capture: Line
+    workers: int = 1
+    replay: Curve | None = None
+    bytes: Line = Line()
+    headroom: float | None = None
+
+    def work(self, dim: Dim) -> Any:
+        """Seconds of a chunk of each size: the measured curve, else the Dim's cost."""
+        return self.replay if self.replay is not None else dim.work
+
+    def capture_cost(self, gears: Iterable[int] | np.ndarray) -> float:
+        """Device seconds to capture `gears` on every worker."""
+        g = np.asarray(list(gears) if not isinstance(gears, np.ndarray) else gears, float)
+        return float(self.capture(g).sum()) * self.workers if g.size else 0.0
+
+    def held_bytes(self, gears: Iterable[int]) -> float:
+        g = np.asarray(list(gears), float)
+        return float(self.bytes(g).sum()) * self.workers if g.size else 0.0
+
+
+def prices_for(costs: Mapping[str, DimCosts], workers: int,
+               headroom: float | None = None) -> dict[str, Prices]:
+    """Per dim, the Prices of its fitted costs once its replay curve exists (a dim without
+    one is decided unpriced)."""
+    return {d: Prices(c.capture, max(workers, 1), c.replay, c.bytes, headroom)
+            for d, c in costs.items() if c.replay is not None}
+
+
+def spent(prices: Mapping[str, Prices], before: Mapping[str, Any],
+          after: Mapping[str, Any]) -> float:
+    """Bytes a decision takes from the headroom: per priced dim, its graphs' bytes on `after`'s
+    gears less on `before`'s (each a `DimGears`), on every worker."""
+    return sum(p.held_bytes(after[d].gears) - p.held_bytes(before[d].gears)
+               for d, p in prices.items() if d in before and d in after)

@@ -1,0 +1,100 @@
+"""Measuring each graph as it is captured, on the capturing (warm-up) thread, never a request's.
+
+A graph's cost (`GraphCost`) is what `core.costs.Measurement` holds for each of its gears:
+- capture seconds: `graph.capture()` (its warm-up runs and the recording) between two
+  synchronizes of the backend, so the device's work is in it on cuda and npu;
+- graph bytes: what the allocator reserved for the graph's own pool while recording
+  (`DeviceGraph.pool_bytes`, cuda and npu; another thread's allocation in that window counts
+  too), else (cpu) the bytes of the graph's static buffers: its inputs' views and its outputs;
+- replay seconds: the median of `replays` replays, each synchronised, made before the graph
+  serves any request (its outputs are its own; it reads the shared static inputs only):
+  REPLAYS on a device, CPU_REPLAYS on the cpu, where a replay re-runs the function and so
+  costs a capture.
+
+Measuring never raises: a synchronize or a timed replay that fails leaves the graph unmeasured
+(`Meter.failures`, logged once) and the capture stands.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gearshift.clock import Clock, MonotonicClock
+
+log = logging.getLogger(__name__)
+REPLAYS = 3  # timed replays per device graph: the median of three, cheap beside a capture
+CPU_REPLAYS = 1  # per cpu graph: each re-runs the function, as long as the capture itself
+
+
+def replays_for(backend: Any) -> int:
+    """How many replays of a graph of `backend` are timed by default."""
+    return CPU_REPLAYS if getattr(backend, "kind", "") == "cpu" else REPLAYS
+
+
+@dataclass(frozen=True)
+class GraphCost:
+    """One captured graph, measured: seconds to warm up and capture it, device bytes it
+    holds, seconds of one replay."""
+
+    capture_seconds: float
+    graph_bytes: int
+    replay_seconds: float
+
+
+class Meter:
+    """Times captures and replays on one backend (`synchronize()`) with `clock`."""
+
+    def __init__(self, backend: Any, clock: Clock | None = None, replays: int = REPLAYS) -> None:
+        self.backend, self.clock, self.replays = backend, clock or MonotonicClock(), replays
+        self.failures = 0
+
+    def now(self) -> float | None:
+        """The clock once the device is idle; None (counted) if it could not synchronize."""
+        try:
+            self.backend.synchronize()
+        except Exception as e:
+            self._failed("synchronize", e)
+            return None
+        return self.clock.now()
+
+    def cost(self, graph: Any, began: float | None, ended: float | None,
+             buffers: Iterable[Any]) -> GraphCost | None:
+        """The cost of `graph`, captured from `began` to `ended` (None: untimed), its bytes
+        (its pool's, else those of `buffers`) and its replays timed now; None if unmeasured."""
+        if began is None or ended is None or self.replays < 1:
+            return None
+        times = []
+        try:
+            for _ in range(self.replays):
+                start = self.now()
+                if start is None:
+                    return None
+                graph.replay()
+                end = self.now()
+                if end is None:
+                    return None
+                times.append(end - start)
+        except Exception as e:
+            self._failed("replay", e)
+            return None
+        held = getattr(graph, "pool_bytes", None)
+        nbytes = held if held is not None else static_bytes(buffers)
+        return GraphCost(max(ended - began, 0.0), max(int(nbytes), 0),
+                         max(statistics.median(times), 0.0))
+
+    def _failed(self, what: str, error: Exception) -> None:
+        self.failures += 1
+        if self.failures == 1:
+            log.warning("measuring a graph failed (%s: %r); it is kept, unmeasured, and later"
+                        " failures are not logged", what, error)
+
+
+def static_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the tensors among `tensors` (views count their own elements)."""
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))

@@ -1,0 +1,160 @@
+"""The priced part of `gearshift bench simulate`: every shipped trace in device seconds, at
+capture costs of CAPTURE_LEVELS seconds per gear, against pow2, seed mode, today's unpriced
+plan mode and the hindsight-optimal static set at equal mean gears.
+
+Device time (`device_costs`) is a roofline model of Llama-3-8B in bf16 on one H100 SXM, its
+constants in docs/policy.md ("The device-time model"). A replay's `device_overhead` is
+(padded device seconds + capture seconds) / raw device seconds - 1; a static set (pow2, the
+optimum) captures its gears once at the start, the adaptive modes each gear they add and each
+start-up gear the first time traffic reaches it. Unpriced runs do not depend on the capture
+cost, so they run once, with their captures counted and priced per level afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gearshift.core.config import PolicyConfig
+from gearshift.core.costs import Line
+from gearshift.core.dims import Dim, padded_cost
+from gearshift.core.optimal import optimal_sets
+from gearshift.tools.simulate import Device, DimResult, SimulationResult, policy_dims, simulate
+from gearshift.tools.trace import Trace
+
+CAPTURE_LEVELS = (0.0, 0.05, 0.5, 5.0)  # seconds per gear captured
+WORKERS = 1  # one worker per device, as vLLM and SGLang run
+
+# Llama-3-8B (32 layers, hidden 4096, 8 KV heads of 128, 8.03e9 parameters) in bf16 on one
+# H100 SXM (989 TFLOPS dense bf16, 3.35 TB/s HBM3), at 50 % of peak compute and 70 % of
+# peak bandwidth:
+WEIGHTS_S = 16.06e9 / (0.7 * 3.35e12)  # reading the weights once: every step's floor
+TOKEN_S = 2 * 8.03e9 / (0.5 * 989e12)  # the linear layers' FLOPs per token
+ATTENTION_S = 2 * 32 * 4096 / (0.5 * 989e12)  # causal attention's FLOPs per token^2
+KV_ROW_S = 2 * 32 * 8 * 128 * 2 * 1500 / (0.7 * 3.35e12)  # a decode row's KV cache (1,500 tokens)
+PREFILL = (WEIGHTS_S, TOKEN_S, ATTENTION_S)  # seconds of a prefill of S tokens, in S
+DECODE = (WEIGHTS_S, KV_ROW_S)  # seconds of a decode step of B rows, in B
+
+
+def device_costs(trace: Trace) -> dict[str, tuple[float, ...]]:
+    """Each dim's `Dim.cost` in device seconds: SEQLEN a prefill of that many tokens; BATCHSIZE
+    a decode step of that many rows, or in a batched prefill trace that many prompts of the
+    trace's median length."""
+    out = {}
+    for name in trace.dims:
+        if name == "SEQLEN":
+            out[name] = PREFILL
+        elif "SEQLEN" in trace.dims:
+            s = float(np.median(trace.dims["SEQLEN"]))
+            out[name] = (WEIGHTS_S, TOKEN_S * s + ATTENTION_S * s * s)
+        else:
+            out[name] = DECODE
+    return out
+
+
+def _figures(d: DimResult, hours: float, capture: float, per: float | None = None) -> dict:
+    """A run's figures at `capture` seconds per gear; `per` (unpriced runs): it was replayed
+    at 1 s per gear, so its capture seconds are its captures x `capture`."""
+    seconds = d.capture_seconds if per is None else d.captures * capture * WORKERS
+    return {"device_overhead": (d.padded_cost + seconds) / d.raw_cost - 1.0,
+            "padding_overhead": d.cost_overhead, "mean_gears": d.mean_gears,
+            "captures": d.captures, "capture_seconds": seconds,
+            "changes_per_hour": (d.adds + d.evictions) / hours}
+
+
+def bench_priced(trace: Trace) -> dict[str, dict[str, dict]]:
+    """Per dim, per capture level (its str): every mode's figures, and the priced mode's
+    device overhead over the optimum's (`ratio`), pow2's and unpriced plan's."""
+    cost, hours = device_costs(trace), trace.duration / 3600.0
+    once = Device(Line(1.0), WORKERS, lazy=True)
+    static = Device(Line(1.0), WORKERS)
+    adaptive = policy_dims(trace, "adaptive", cost=cost)
+    fixed = {
+        "pow2": simulate(trace, policy_dims(trace, "pow2", cost=cost), PolicyConfig(),
+                         adaptive=False, device=static),
+        "seed": simulate(trace, adaptive, PolicyConfig(policy_mode="seed"), device=once),
+        "plan": simulate(trace, adaptive, PolicyConfig(), device=once),
+    }
+    out: dict[str, dict[str, dict]] = {d: {} for d in trace.dims}
+    for level in CAPTURE_LEVELS:
+        device = Device(Line(level), WORKERS, priced=True, lazy=True)
+        priced = simulate(trace, adaptive, PolicyConfig(), device=device)
+        for dim in trace.dims:
+            row = {m: _figures(r.dims[dim], hours, level, per=1.0) for m, r in fixed.items()}
+            row["priced"] = p = _figures(priced.dims[dim], hours, level)
+            row["optimal"] = o = _optimal(trace, dim, cost, p["mean_gears"], level)
+            row["ratio"] = _ratio(p["device_overhead"], o["device_overhead"])
+            row["held_out_ratio"] = _held_out(trace, priced, dim, adaptive[dim], level)
+            row["vs_pow2"] = _ratio(p["device_overhead"], row["pow2"]["device_overhead"])
+            row["vs_plan"] = _ratio(p["device_overhead"], row["plan"]["device_overhead"])
+            out[dim][f"{level:g}"] = row
+    return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else (1.0 if a <= 0 else math.inf)
+
+
+def _optimal(trace: Trace, dim: str, cost: dict, mean_gears: float, level: float) -> dict:
+    """The hindsight-optimal static set of `dim` at `mean_gears`, interpolated between the two
+    nearest counts, each with its captures once."""
+    low = max(math.floor(mean_gears), 1)
+    share = mean_gears - low
+    found = []
+    for k in (low, low + 1):
+        dims = policy_dims(trace, "optimal", k={dim: k}, cost=cost)
+        d = simulate(trace, dims, PolicyConfig(), adaptive=False,
+                     device=Device(Line(level), WORKERS)).dims[dim]
+        found.append((d.device_overhead, d.cost_overhead))
+    mix = [a * (1 - share) + b * share for a, b in zip(*found, strict=True)]
+    return {"device_overhead": mix[0], "padding_overhead": mix[1], "mean_gears": mean_gears}
+
+
+def _held_out(trace: Trace, run: SimulationResult, dim: str, priced: Dim, level: float) -> float:
+    """Priced over optimal device overhead, both scored on the odd events, the optimum of as
+    many gears (interpolated) fitted on the even ones, its largest raised to the trace's
+    largest value (a static set chosen in advance); captures count in the odd events' share of
+    the raw seconds."""
+    values = trace.dims[dim]
+    odd = np.arange(1, values.size, 2)
+    share = float(priced.work(values[odd]).sum() / priced.work(values).sum())
+    d = run.dims[dim]
+    seg = np.searchsorted(run.starts, trace.t - trace.t[0], "right") - 1
+    runs = np.split(values[odd], np.searchsorted(seg[odd], np.arange(1, len(run.starts))))
+    mine = sum(float(padded_cost(priced, g, v).sum()) for g, v in zip(d.gears, runs, strict=True))
+    raw = float(priced.work(values[odd]).sum())
+    ours = (mine + d.capture_seconds * share) / raw - 1.0
+    low, frac = max(math.floor(d.mean_gears), 1), d.mean_gears - max(math.floor(d.mean_gears), 1)
+    best = []
+    for k in (low, low + 1):
+        lower = optimal_sets(values[::2], k, cost=priced.work).gears(k)[:-1]
+        gears = (*lower, max(int(values.max()), *lower))
+        padded = float(padded_cost(priced, gears, values[odd]).sum())
+        best.append((padded + level * WORKERS * len(gears) * share) / raw - 1.0)
+    theirs = best[0] * (1 - frac) + best[1] * frac
+    return _ratio(ours, theirs)
+
+
+def markdown(traces: dict[str, dict[str, dict[str, dict]]]) -> str:
+    """The priced table of docs/policy.md: per trace, dim and capture level, device overhead
+    (padding, mean gears, changes per hour) of each mode."""
+    lines = ["| trace | dim | capture s | pow2 | seed | plan (unpriced) | priced | optimal at "
+             "priced's gears | priced / optimal | priced / held-out | priced / pow2 | priced / "
+             "plan |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def cell(m: dict) -> str:
+        return (f"{m['device_overhead']:.3f} ({m['padding_overhead']:.3f}, "
+                f"{m['mean_gears']:.1f}, {m.get('changes_per_hour', 0.0):.0f})")
+
+    for trace, dims in traces.items():
+        for dim, levels in dims.items():
+            for level, r in levels.items():
+                lines.append(
+                    f"| {trace.removeprefix('azure_')} | {dim} | {level} | {cell(r['pow2'])} "
+                    f"| {cell(r['seed'])} | {cell(r['plan'])} | {cell(r['priced'])} "
+                    f"| {r['optimal']['device_overhead']:.3f} | {r['ratio']:.2f} "
+                    f"| {r['held_out_ratio']:.2f} "
+                    f"| {r['vs_pow2']:.2f} | {r['vs_plan']:.2f} |")
+    return "\n".join(lines)

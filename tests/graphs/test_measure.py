@@ -1,0 +1,121 @@
+"""Every graph the adaptive runner captures is measured on the capturing thread: capture and
+replay seconds on the injected clock, bytes (the pool's on a device, the static buffers' on
+the cpu); a measurement that fails leaves the capture standing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import gearshift as gs
+from gearshift.clock import FakeClock
+from gearshift.graphs import device as device_module
+from gearshift.graphs.backends import CpuBackend
+from gearshift.graphs.measure import Meter, static_bytes
+from gearshift.graphs.pool import GraphResourcePool
+from graphs.fake_device import FakeCuda, MiB
+
+H = 8
+DIMS = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=64), "SEQLEN": gs.Dim(gears=[16], max=64)}
+INPUTS = {"x": ("B", "S", None)}
+
+
+def runner(backend: Any, clock: FakeClock, op: Callable[..., torch.Tensor] | None = None,
+           seconds: float = 0.01, replays: int | None = None) -> gs.AdaptiveRunner:
+    """A runner of a function that takes `seconds` of `clock` per run (through `op`, the
+    fake device's kernel, when given)."""
+
+    @torch.no_grad()
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        clock.advance(seconds)
+        return op(torch.tanh, x) if op is not None else torch.tanh(x)
+
+    transform = gs.Transform(fn, DIMS, INPUTS, outputs=("B", "S", None))
+    return gs.AdaptiveRunner(transform, {"x": torch.zeros(1, 1, H)},
+                             pool=GraphResourcePool(backend), clock=clock, replays=replays)
+
+
+def test_a_cpu_graph_is_measured_in_the_clock_and_its_static_buffers() -> None:
+    clock = FakeClock()
+    r = runner(CpuBackend(), clock)
+    assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16}]) == 2
+    (first, a), (second, b) = r.take_measurements()
+    assert (first, second) == ({"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16})
+    assert a.capture_seconds == pytest.approx(0.01)  # a cpu capture is one run of fn
+    assert a.replay_seconds == pytest.approx(0.01)  # one timed replay (CPU_REPLAYS)
+    assert a.graph_bytes == 2 * 4 * 16 * H * 4  # input view and output, float32
+    assert b.graph_bytes == 2 * 2 * 16 * H * 4
+    assert r.take_measurements() == []  # taken once
+    assert r.stats["replays"] == 0  # timed replays are not requests' replays
+
+
+def test_a_device_graph_counts_its_warm_up_and_its_pool() -> None:
+    fake, clock = FakeCuda(), FakeClock()
+    backend = fake.backend()
+    r = runner(backend, clock, fake.op)
+    assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}]) == 1
+    ((_, cost),) = r.take_measurements()
+    assert cost.capture_seconds == pytest.approx(0.03)  # two warm-up runs and the recording
+    assert cost.replay_seconds == 0.0  # a replay runs the recorded kernels, not fn's Python
+    graph = r._variants[(4, 16)].graph
+    assert cost.graph_bytes == fake.pool_bytes(graph.graph.pool()) == 2 * MiB
+    assert fake.calls["synchronize"] >= 2 * 4  # each timed replay between two synchronizes
+    device_module._STUCK.clear()
+
+
+def test_replays_zero_measures_nothing_and_a_failed_replay_keeps_the_graph() -> None:
+    clock = FakeClock()
+    quiet = runner(CpuBackend(), clock, replays=0)
+    assert quiet.capture([{"BATCHSIZE": 2, "SEQLEN": 16}]) == 1 and quiet.take_measurements() == []
+
+    class Flaky(CpuBackend):
+        calls = 0
+
+        def synchronize(self) -> None:
+            self.calls += 1
+            if self.calls == 3:  # the first timed replay's
+                raise RuntimeError("device lost")
+
+    r = runner(Flaky(), clock)
+    assert r.capture([{"BATCHSIZE": 2, "SEQLEN": 16}]) == 1 and r.ready() == [(2, 16)]
+    assert r.take_measurements() == [] and r.meter.failures == 1
+    x = torch.randn(2, 10, H)
+    torch.testing.assert_close(r.run({"x": x}), torch.tanh(x))  # the graph serves requests
+
+
+def test_a_meter_never_raises_and_static_bytes_counts_tensors_only() -> None:
+    class Broken:
+        def synchronize(self) -> None:
+            raise RuntimeError("no device")
+
+    meter = Meter(Broken(), FakeClock())
+    assert meter.now() is None and meter.failures == 1
+    assert meter.cost(object(), 0.0, 1.0, []) is None  # its replays cannot be timed
+    assert meter.failures == 2  # the synchronize before the first replay, which never ran
+    assert Meter(CpuBackend(), FakeClock()).cost(object(), 0.0, 1.0, []) is None  # no replay
+    assert static_bytes([torch.zeros(3, 5), torch.zeros(10)[:4], "not a tensor"]) == 76
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_cuda_graph_is_measured_on_the_device() -> None:
+    from gearshift.graphs.backends import cuda_backend
+
+    weight = torch.randn(H, 1024, device="cuda")
+
+    @torch.no_grad()
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ weight)[..., :H]
+
+    transform = gs.Transform(fn, DIMS, INPUTS, outputs=("B", "S", None))
+    r = gs.AdaptiveRunner(transform, {"x": torch.zeros(1, 1, H, device="cuda")},
+                          pool=GraphResourcePool(cuda_backend(0)))
+    assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16}]) == 2
+    costs = [c for _, c in r.take_measurements()]
+    assert len(costs) == 2 and r.meter.failures == 0
+    for c in costs:
+        assert 0 < c.replay_seconds < c.capture_seconds < 60
+        assert c.graph_bytes > 0 and c.graph_bytes % (2 << 20) == 0  # the pool's segments
+    r.release("SEQLEN", 16)

@@ -1,0 +1,97 @@
+"""The priced part of `gearshift bench simulate`: the device-time model per dim, every mode at
+every capture level on a short slice of a shipped trace, and its table."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gearshift.tools.bench.priced import (
+    ATTENTION_S,
+    CAPTURE_LEVELS,
+    DECODE,
+    PREFILL,
+    TOKEN_S,
+    WEIGHTS_S,
+    bench_priced,
+    device_costs,
+    markdown,
+)
+from gearshift.tools.trace import Trace, load_trace
+
+MODES = ("pow2", "seed", "plan", "priced", "optimal")
+
+
+def slice_of(name: str, minutes: float) -> Trace:
+    trace = load_trace(name)
+    n = int(np.searchsorted(trace.t, trace.t[0] + 60 * minutes))
+    return Trace(name, trace.t[:n], {k: v[:n] for k, v in trace.dims.items()})
+
+
+def test_device_costs_model_a_prefill_a_decode_step_and_a_batch_of_prompts() -> None:
+    assert device_costs(load_trace("azure_code_prefill")) == {"SEQLEN": PREFILL}
+    assert device_costs(load_trace("azure_conv_decode")) == {"BATCHSIZE": DECODE}
+    batched = load_trace("azure_code_batched")
+    costs = device_costs(batched)
+    s = float(np.median(batched.dims["SEQLEN"]))
+    assert costs["SEQLEN"] == PREFILL
+    assert costs["BATCHSIZE"] == (WEIGHTS_S, pytest.approx(TOKEN_S * s + ATTENTION_S * s * s))
+    # every step reads the weights once (milliseconds), a token costs far less
+    assert 1e-3 < WEIGHTS_S < 1e-2 and 0 < TOKEN_S < WEIGHTS_S / 100 and DECODE[1] > 0
+
+
+@pytest.fixture(scope="module")
+def priced() -> dict:
+    return bench_priced(slice_of("azure_code_batched", 4))
+
+
+def test_every_dim_level_and_mode_is_reported(priced: dict) -> None:
+    assert set(priced) == {"BATCHSIZE", "SEQLEN"}
+    for levels in priced.values():
+        assert list(levels) == [f"{level:g}" for level in CAPTURE_LEVELS] == ["0", "0.05", "0.5",
+                                                                              "5"]
+        for row in levels.values():
+            assert set(row) == {*MODES, "ratio", "held_out_ratio", "vs_pow2", "vs_plan"}
+            assert 0 < row["held_out_ratio"] < math.inf
+            p = row["priced"]
+            assert row["ratio"] == pytest.approx(p["device_overhead"]
+                                                 / row["optimal"]["device_overhead"])
+            assert row["vs_pow2"] == pytest.approx(p["device_overhead"]
+                                                   / row["pow2"]["device_overhead"])
+            assert row["vs_plan"] == pytest.approx(p["device_overhead"]
+                                                   / row["plan"]["device_overhead"])
+            assert row["optimal"]["mean_gears"] == p["mean_gears"]  # at equal mean gears
+
+
+def test_captures_are_priced_at_each_level(priced: dict) -> None:
+    for levels in priced.values():
+        for level, row in levels.items():
+            seconds = float(level)
+            for mode in ("pow2", "seed", "plan", "priced"):
+                m = row[mode]
+                assert m["capture_seconds"] == pytest.approx(m["captures"] * seconds), mode
+                assert m["device_overhead"] >= m["padding_overhead"] - 1e-12
+            if seconds == 0:  # free captures: device time is padding alone
+                assert all(row[m]["device_overhead"] == pytest.approx(row[m]["padding_overhead"])
+                           for m in MODES)
+            pow2 = row["pow2"]  # a static set: its gears once, never a change
+            assert pow2["captures"] == round(pow2["mean_gears"]) and pow2["changes_per_hour"] == 0
+        # the unpriced modes decide alike at every level: only their capture seconds differ
+        plans = [row["plan"] for row in levels.values()]
+        assert len({(p["captures"], p["padding_overhead"]) for p in plans}) == 1
+        # a dearer capture never buys more changes
+        churn = [row["priced"]["changes_per_hour"] for row in levels.values()]
+        assert churn[-1] <= churn[0]
+
+
+def test_the_table_has_a_row_per_dim_and_level(priced: dict) -> None:
+    table = markdown({"azure_code_batched": priced})
+    lines = table.splitlines()
+    assert len(lines) == 2 + 2 * len(CAPTURE_LEVELS)
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 13
+    row = priced["SEQLEN"]["5"]
+    assert lines[-1].startswith("| code_batched | SEQLEN | 5 | ")
+    assert lines[-1].endswith(f"| {row['ratio']:.2f} | {row['held_out_ratio']:.2f} "
+                              f"| {row['vs_pow2']:.2f} | {row['vs_plan']:.2f} |")

@@ -1,0 +1,113 @@
+"""A profile's measured graphs go to the controller as MEASURED ring records from the swap
+thread, one per dim of each graph, only once the profile is registered; nothing about it
+raises into a request or stops a capture."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import gearshift as gs
+from gearshift.clock import FakeClock
+from gearshift.graphs.measure import GraphCost
+from gearshift.shm import Kind, Registry
+from gearshift.worker import measured as measured_module
+from gearshift.worker.measured import Measured
+from worker.fake_controller import FakeController
+
+DIMS = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=64), "SEQLEN": gs.Dim(gears=[16, 32], max=64)}
+
+
+class MeasuringRunner:
+    """The Runner protocol; each capture is "measured" at (capture 0.1 s, bytes = the product
+    of its gears, replay = that many microseconds); `broken` makes take_measurements raise."""
+
+    def __init__(self, dims: Mapping[str, gs.Dim]) -> None:
+        self.gears = {d: s.initial_gears for d, s in dims.items()}
+        self.transform: Any = None
+        self.captured: list[dict[str, int]] = []
+        self.costs: list[tuple[dict[str, int], GraphCost]] = []
+        self.broken = False
+
+    def ready(self) -> list[tuple[int, ...]]:
+        return sorted(tuple(v.values()) for v in self.captured)
+
+    def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
+        for v in variants:
+            size = v["BATCHSIZE"] * v["SEQLEN"]
+            self.captured.append(dict(v))
+            self.costs.append((dict(v), GraphCost(0.1, size, size * 1e-6)))
+        return 1
+
+    def take_measurements(self) -> list[tuple[dict[str, int], GraphCost]]:
+        if self.broken:
+            raise RuntimeError("broken meter")
+        out, self.costs = self.costs, []
+        return out
+
+    def release(self, dim: str, gear: int) -> int:
+        return 0
+
+    def room(self) -> tuple[int | None, str]:
+        return None, ""
+
+    def run(self, tensors: Mapping[str, Any], sizes: Mapping[str, int] | None = None) -> Any:
+        return None
+
+
+def test_reports_wait_for_the_registration_then_go_one_record_per_dim(
+    fake: FakeController,
+) -> None:
+    client = gs.Client(Registry.attach(fake.namespace), 0, clock=FakeClock(),
+                       background=False, register_timeout=0)
+    try:
+        prof = client.profile("decode", DIMS)  # posted; the fake controller has not answered
+        runner = prof.attach(MeasuringRunner(DIMS))
+        client.tick()
+        assert len(runner.captured) == 4 and not prof.registered
+        assert len(prof.measured.pending) == 8  # two dims per graph, held back
+        assert Kind.MEASURED not in fake.drain(client.slot)["kind"]
+        fake.serve()
+        client.tick()  # takes the reply, then reports
+        assert prof.registered and prof.measured.written == 8 and not prof.measured.pending
+        records = fake.drain(client.slot)
+        records = records[records["kind"] == Kind.MEASURED]
+        assert set(records["profile"]) == {prof.id} and set(records["ndim"]) == {4}
+        got = sorted((int(r["chunks"][0]), *r["values"].tolist()) for r in records)
+        want = sorted((i, v[d], 100_000_000, v["BATCHSIZE"] * v["SEQLEN"],
+                       v["BATCHSIZE"] * v["SEQLEN"] * 1000)
+                      for v in runner.captured for i, d in enumerate(DIMS))
+        assert got == want
+    finally:
+        client.close()
+
+
+def test_a_failing_report_stops_neither_the_warm_up_nor_requests(
+    fake: FakeController, client: gs.Client
+) -> None:
+    prof = client.profile("decode", DIMS)
+    runner = prof.attach(MeasuringRunner(DIMS))
+    runner.broken = True
+    client.tick()
+    client.tick()
+    assert len(runner.captured) == 4 and prof.settled and prof.measured.failures == 2
+    assert prof.route(BATCHSIZE=3, SEQLEN=20).gears == {"BATCHSIZE": 4, "SEQLEN": 32}
+
+
+def test_pending_is_bounded_and_out_of_bounds_costs_and_full_rings_drop() -> None:
+    measured = Measured(["B"])
+    runner = MeasuringRunner({"B": gs.Dim(), "SEQLEN": gs.Dim()})
+    runner.costs = [({"B": 8}, GraphCost(5000.0, 1, 1e-3)),  # over an hour: dropped
+                    ({"SEQLEN": 8}, GraphCost(0.1, 1, 1e-3))]  # not this profile's dim
+    measured.collect(runner)
+    assert measured.dropped == 2 and not measured.pending
+    runner.costs = [({"B": g}, GraphCost(0.1, 1, 1e-3))
+                    for g in range(1, measured_module.MAX_PENDING + 6)]
+    measured.collect(runner)
+    assert len(measured.pending) == measured_module.MAX_PENDING and measured.dropped == 7
+    assert measured.pending[0][1].gear == 6  # the oldest went
+    writes: list[tuple[int, ...]] = []
+    room = iter([True, True, False])
+    assert measured.flush(lambda *a: writes.append(a) or next(room), 5, 3, 9) == 2
+    assert measured.dropped == 8 and len(measured.pending) == measured_module.MAX_PENDING - 3
+    assert writes[0][:2] == (5, 6)  # t_ns, the gear
