@@ -167,7 +167,8 @@ def test_measurements_reach_status_the_state_file_and_a_successor(
 
     controller = serve()
     with gs.connect(namespace) as client:
-        prof = client.profile("prefill", {"SEQLEN": gs.Dim(gears=[8, 16, 32], max=64)})
+        prof = client.profile("prefill", {"SEQLEN": gs.Dim(gears=[8, 16, 32], max=64)},
+                              lazy_start=False)  # every gear captured, so measured, at once
         prof.runner(torch.tanh, {"x": ("S", None)}, {"x": torch.zeros(1, 4)}, outputs=("S", None))
         wait_for(lambda: (c := costs()) is not None and c["measurements"] == 3, "3 measurements")
         c = costs()

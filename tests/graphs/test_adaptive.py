@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import gearshift as gs
+from gearshift.graphs import adaptive
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 
@@ -102,6 +103,27 @@ def test_not_ready_variant_routes_to_smallest_ready_cover_else_eager() -> None:
     r.release("BATCHSIZE", 2)
     check(r, 3, 3)  # nothing ready: eager chunk
     assert r.stats["eager"] == 1 and r.stats["replays"] == 1
+
+
+def test_chunks_remember_the_variants_they_wanted_until_taken() -> None:
+    r = make(s_splittable=True)
+    assert r.take_wanted() == []
+    check(r, 3, 9)  # nothing ready: eager, and (4, 16) is wanted
+    r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}])
+    for b, s in [(1, 3), (4, 16), (1, 5), (4, 40)]:  # (4, 16) ready: not wanted again
+        check(r, b, s)  # 40 = 16 + 16 + 8: the (4, 8) chunk runs on (4, 16), wanted
+    assert r.take_wanted() == [(4, 16), (1, 8), (4, 8)]  # first wanted first, each once
+    assert r.take_wanted() == [] and r.stats["eager"] == 1 and r.stats["replays"] == 6
+
+
+def test_wanted_variants_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(adaptive, "MAX_WANTED", 2)
+    r = make()
+    for b, s in [(1, 1), (2, 1), (3, 1), (1, 1)]:
+        check(r, b, s)
+    assert r.take_wanted() == [(1, 8), (2, 8)] and r.stats["eager"] == 4  # (4, 8) not kept
+    check(r, 3, 1)
+    assert r.take_wanted() == [(4, 8)]  # room again once taken
 
 
 def test_one_dtype_rule_on_the_graph_and_the_eager_paths() -> None:

@@ -42,7 +42,7 @@ def check(prof: gs.Profile, b: int, s: int) -> None:
 
 @pytest.fixture
 def prof(client: gs.Client) -> gs.Profile:
-    return client.profile("decode", DIMS)
+    return client.profile("decode", DIMS, lazy_start=False)  # start-up gears: test_startup
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_a_gear_added_back_during_its_grace_is_kept(
 def test_grace_holds_across_threads(fake: FakeController, namespace: str) -> None:
     """A request thread inside `request()` while the swap thread adopts a removal."""
     with gs.Client(Registry.attach(namespace), 0, register_timeout=0) as client:
-        prof = client.profile("decode", DIMS)
+        prof = client.profile("decode", DIMS, lazy_start=False)
         pool = GraphResourcePool(CpuBackend())
         transform = gs.Transform(model, prof.dims, INPUTS)
         runner = prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=pool))
@@ -228,7 +228,7 @@ def test_cuda_graphs_warm_up_on_the_swap_thread_while_requests_run(
         return {k: v.cuda() for k, v in call(b, s).items()}
 
     with gs.Client(Registry.attach(namespace), 0, register_timeout=0) as client:
-        prof = client.profile("decode", DIMS)
+        prof = client.profile("decode", DIMS, lazy_start=False)
         runner = prof.runner(cuda_model, inputs=INPUTS, example=cuda_call(1, 1))
 
         def request() -> None:

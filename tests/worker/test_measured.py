@@ -61,7 +61,8 @@ def test_reports_wait_for_the_registration_then_go_one_record_per_dim(
     client = gs.Client(Registry.attach(fake.namespace), 0, clock=FakeClock(),
                        background=False, register_timeout=0)
     try:
-        prof = client.profile("decode", DIMS)  # posted; the fake controller has not answered
+        # posted; the fake controller has not answered
+        prof = client.profile("decode", DIMS, lazy_start=False)
         runner = prof.attach(MeasuringRunner(DIMS))
         client.tick()
         assert len(runner.captured) == 4 and not prof.registered
@@ -85,7 +86,7 @@ def test_reports_wait_for_the_registration_then_go_one_record_per_dim(
 def test_a_failing_report_stops_neither_the_warm_up_nor_requests(
     fake: FakeController, client: gs.Client
 ) -> None:
-    prof = client.profile("decode", DIMS)
+    prof = client.profile("decode", DIMS, lazy_start=False)
     runner = prof.attach(MeasuringRunner(DIMS))
     runner.broken = True
     client.tick()

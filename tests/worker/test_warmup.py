@@ -87,7 +87,7 @@ def test_beyond_yields_each_new_combination_once_larger_first() -> None:
 
 
 def test_a_new_gear_plans_only_its_combinations(client: gs.Client, fake: FakeController) -> None:
-    prof = client.profile("p", DIMS)
+    prof = client.profile("p", DIMS, lazy_start=False)
     runner = prof.attach(ScriptedRunner(DIMS))
     ticks = settle(client, prof)
     assert len(runner.captured) == 1000 and len(runner.asked) == 1000
@@ -113,7 +113,7 @@ def test_a_failed_capture_is_retried_later_and_counted(
     client: gs.Client, fake: FakeController
 ) -> None:
     dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=8)}
-    prof = client.profile("p", dims)
+    prof = client.profile("p", dims, lazy_start=False)
     runner = prof.attach(ScriptedRunner(dims))
     runner.fail = {(2,)}
     settle(client, prof)  # settled: the failed gear runs on a larger graph meanwhile
@@ -132,7 +132,7 @@ def test_a_full_device_stops_the_plan_once_and_still_settles(
     client: gs.Client, fake: FakeController, caplog: pytest.LogCaptureFixture
 ) -> None:
     dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8], max=8), "SEQLEN": gs.Dim(gears=[1, 2], max=8)}
-    prof = client.profile("p", dims)
+    prof = client.profile("p", dims, lazy_start=False)
     runner = prof.attach(ScriptedRunner(dims, cap=6))
     settle(client, prof)
     assert len(runner.captured) == 6 and prof.stats["graph_limits"] == 1
@@ -185,7 +185,7 @@ def test_a_plan_the_cap_stopped_resumes_when_a_release_after_its_grace_makes_roo
     client: gs.Client, fake: FakeController
 ) -> None:
     dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8], max=8), "SEQLEN": gs.Dim(gears=[1, 2], max=8)}
-    prof = client.profile("p", dims)
+    prof = client.profile("p", dims, lazy_start=False)
     runner = prof.attach(ScriptedRunner(dims, cap=6))
     settle(client, prof)
     with prof.request(BATCHSIZE=8, SEQLEN=1):  # in flight on 8: its graphs stay meanwhile

@@ -15,8 +15,12 @@ outside it (`beyond`), a few captures and a bounded walk per call; until a varia
 runner routes its chunks to the next larger ready one, or eagerly. A failed capture is retried
 later (backing off, a few times); a device that holds all the graphs it may (GraphLimit) stops
 the plan, logged once with its reason, and the state counts as warmed (its other combinations
-run on larger graphs or eagerly). What the runner measured of each graph it captured goes to
-the controller from the same thread, once the profile is registered (`worker.measured`).
+run on larger graphs or eagerly). Start-up gears are captured lazily (`worker.startup`; off
+with `lazy_start=False`): a plan defers each variant that holds a start-up gear other than its
+dim's largest, and once the plan is done each call captures, a few at a time, the variants
+requests wanted (`take_wanted`) that the gears in use hold, neither ready nor failed (those
+retry). What the runner measured of each graph it captured goes to the controller from the
+same thread, once the profile is registered (`worker.measured`).
 
 Invariants: a request counts itself in its `_InUse`'s `active` under `_lock`, where the swap
 also happens, so once gears in use are replaced no request can join them; a removal made by the
@@ -40,6 +44,7 @@ from gearshift.errors import ShapeError, StateError
 from gearshift.worker.interfaces import Host, Runner
 from gearshift.worker.measured import Measured
 from gearshift.worker.routing import Route, Router, _InUse
+from gearshift.worker.startup import Deferred, StartupGears, defers, undeferred
 
 log = logging.getLogger(__name__)
 WARM_BATCH = 8  # variants captured per maintain() call: the swap thread stays responsive
@@ -98,9 +103,12 @@ class _Request:
 
 
 class Profile(Router):
-    """One named graph-compiled function of a client's device; made by `Client.profile`."""
+    """One named graph-compiled function of a client's device; made by `Client.profile`.
+    `lazy_start` (default on): capture the start-up gears a request needs when it first does,
+    not at once (`worker.startup`); off, every combination of the gears in use is captured."""
 
-    def __init__(self, host: Host, pid: int, name: str, dims: Mapping[str, Dim]) -> None:
+    def __init__(self, host: Host, pid: int, name: str, dims: Mapping[str, Dim], *,
+                 lazy_start: bool = True) -> None:
         self.registered = False
         self.rejected: Exception | None = None  # a registration the controller refused
         self._lock = threading.Lock()
@@ -108,13 +116,15 @@ class Profile(Router):
         self._releases: list[tuple[int, str, int]] = []  # (epoch that removed it, dim, gear)
         self._runner: Runner | None = None
         self._warm: _InUse | None = None  # the gears in use whose plan is done
-        self._plan: tuple[_InUse, Iterator[Variant]] | None = None  # the plan under way
-        self._base: dict[str, Gears] = {}  # every combination of these was captured or tried
+        self._plan: tuple[_InUse, Iterator[Variant], Deferred] | None = None  # under way
+        self._base: dict[str, Gears] = {}  # every combination of these was captured or tried,
+        self._deferred: Deferred = ()  # ... or holds one of these per dim (`worker.startup`)
         self._retry: dict[Variant, tuple[int, int]] = {}  # failed: (attempts, due ns)
         self._limited: _InUse | None = None  # the gears in use a GraphLimit stopped
         self.stats = {"capture_failures": 0, "capture_retries": 0, "graph_limits": 0}
         super().__init__(host, pid, name, dims)  # the request path, last: it generates `route`
         self.measured = Measured(self.dims)  # graphs measured, on their way to the controller
+        self._startup = StartupGears(self.dims, lazy_start)
 
     def request(self, **sizes: int) -> _Request:
         """`route`, and count the request in flight until the block ends: graphs of gears a
@@ -173,6 +183,7 @@ class Profile(Router):
             removed = [
                 (new.epoch, d, g) for d in self.dims for g in set(old.gears[d]) - set(new.gears[d])
             ]
+            self._startup.adopted(new.gears)  # idempotent: a raced pass may apply it again
             with self._lock:
                 if self._in_use is not old:
                     continue
@@ -203,8 +214,11 @@ class Profile(Router):
 
     @property
     def settled(self) -> bool:
-        """The gears in use are warmed up and every removal is released."""
-        return self._runner is None or (self._warm is self._in_use and not self._releases)
+        """The gears in use are warmed up, every removal is released and every wanted variant
+        taken from the runner is captured (or failed: it retries)."""
+        return self._runner is None or (
+            self._warm is self._in_use and not self._releases and not self._startup.wanted
+        )
 
     def maintain(self) -> None:
         """One release and warm-up step (the client's swap thread): removed gears whose grace
@@ -216,8 +230,10 @@ class Profile(Router):
             self._limited = self._warm = None  # room again: plan what the cap stopped
         if self._warm is not in_use:
             self._warm_up(runner, in_use)
-        elif self._retry:
-            self._retry_failed(runner, in_use)
+        else:
+            if self._retry:
+                self._retry_failed(runner, in_use)
+            self._capture_wanted(runner, in_use)
         self._report(runner, in_use)
 
     def _report(self, runner: Runner, in_use: _InUse) -> None:
@@ -252,22 +268,44 @@ class Profile(Router):
 
     def _warm_up(self, runner: Runner, in_use: _InUse) -> None:
         """The next captures of the plan of `in_use` (made on its first call): at most
-        WARM_BATCH captured, WARM_WALK looked at."""
+        WARM_BATCH captured, WARM_WALK looked at; deferred variants are walked, not captured.
+        The gears an earlier plan deferred and this one does not leave the base: replanned."""
         if self._plan is None or self._plan[0] is not in_use:
-            base = {d: tuple(g for g in self._base.get(d, ()) if g in in_use.gears[d])
+            deferred = self._startup.deferred(in_use.gears, runner)
+            left = dict(zip(self.dims, undeferred(self._deferred, deferred), strict=False))
+            base = {d: tuple(g for g in self._base.get(d, ())
+                             if g in in_use.gears[d] and g not in left.get(d, ()))
                     for d in self.dims}
-            self._plan = (in_use, beyond(base, in_use.gears))
+            self._plan = (in_use, beyond(base, in_use.gears), deferred)
             self._retry = {v: (0, 0) for v in self._retry if self._holds(in_use, v)}
-        plan, captured = self._plan[1], 0
+        _, plan, deferred = self._plan
+        captured = 0
         for walked, variant in enumerate(plan, 1):
-            captured += self._capture(runner, in_use, variant)
+            if not defers(variant, deferred):
+                captured += self._capture(runner, in_use, variant)
             if self._limited is in_use:
                 break
             if captured >= WARM_BATCH or walked >= WARM_WALK:
                 return
         self._warm, self._plan = in_use, None
         if self._limited is not in_use:
-            self._base = dict(in_use.gears)
+            self._base, self._deferred = dict(in_use.gears), deferred
+
+    def _capture_wanted(self, runner: Runner, in_use: _InUse) -> None:
+        """Capture the variants requests wanted that `in_use` holds, neither ready nor failed
+        (those retry): at most WARM_BATCH captured, WARM_WALK looked at; a full device drops
+        them (they run on larger graphs or eagerly)."""
+        wanted = self._startup.collect(runner)
+        ready, captured = set(runner.ready()) if wanted else set(), 0
+        for walked, variant in enumerate(list(wanted), 1):
+            if self._limited is in_use:  # a full device: they run on larger graphs or eagerly
+                wanted.clear()
+                return
+            del wanted[variant]
+            if variant not in ready and variant not in self._retry and self._holds(in_use, variant):
+                captured += self._capture(runner, in_use, variant)
+            if captured >= WARM_BATCH or walked >= WARM_WALK:
+                return
 
     def _retry_failed(self, runner: Runner, in_use: _InUse) -> None:
         now = self._host.clock.now_ns()
@@ -310,4 +348,5 @@ class Profile(Router):
         return done
 
     def _holds(self, in_use: _InUse, variant: Variant) -> bool:
-        return all(g in in_use.gears[d] for d, g in zip(self.dims, variant, strict=True))
+        return len(variant) == len(self.dims) and all(
+            g in in_use.gears[d] for d, g in zip(self.dims, variant, strict=True))

@@ -134,14 +134,14 @@ class Client:
 
     # profiles
 
-    def profile(self, name: str, dims: Mapping[str, Dim]) -> Profile:
-        """The profile `name` with these dims (in record order), registered with the controller;
-        ProfileMismatch if it or the controller knows `name` with other dims."""
+    def profile(self, name: str, dims: Mapping[str, Dim], *, lazy_start: bool = True) -> Profile:
+        """The profile `name` with these dims (in record order; `lazy_start`: see `Profile`),
+        registered; ProfileMismatch if it or the controller knows `name` with other dims."""
         dims = checked_dims(name, dims)
         with self._adopting:  # one profile per name, even when threads race to make it
             known = self._profiles.get(name)
             if known is None:
-                prof = Profile(self, next(self._ids), name, dims)
+                prof = Profile(self, next(self._ids), name, dims, lazy_start=lazy_start)
                 if prof.id > protocol.MAX_PROFILE_ID:
                     raise ConfigError(
                         "profile", f"at most {protocol.MAX_PROFILE_ID + 1} per client"
