@@ -162,3 +162,14 @@ def test_command_writes_the_report_and_fails_when_a_benchmark_fails(
     assert "| put, median | 450 ns | Queue.put (per event): 540 ns | 1.20x |" in text
     assert "boom" in text and "Not run: `snapshot`" in text
     assert json.dumps(RING) in text
+
+
+def test_the_hand_written_tail_of_a_report_is_kept(tmp_path: Path) -> None:
+    out = tmp_path / "benchmarks.md"
+    assert report.kept_tail(out) == ""  # no report yet
+    out.write_text("# Benchmarks\n\ngenerated\n")
+    assert report.kept_tail(out) == ""  # no marker: nothing is kept
+    out.write_text(f"# Benchmarks\n\ngenerated\n\n{report.KEPT}\n\n## By hand\n\nthree runs\n")
+    tail = report.kept_tail(out)
+    assert tail.startswith("\n" + report.KEPT) and tail.endswith("three runs\n")
+    assert "generated" not in tail

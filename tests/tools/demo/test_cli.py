@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from gearshift.cli import main
@@ -26,6 +27,7 @@ FIGURES = {
     "padded_tokens",
     "padding_overhead",
     "model_seconds",
+    "useful_model_seconds",
     "compute_overhead",
     "replayed_tokens",
     "captured_tokens",
@@ -101,6 +103,12 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
     )
     assert result["compute_ratio"] == static["model_seconds"] / adaptive["model_seconds"]
     assert set(adaptive["dims"]) == {"SEQLEN"} and adaptive["snapshot_version"] >= 1
+    # one profile: its figures are the run's (but for the arm-wide ones)
+    (name, one), = result["profiles"].items()
+    assert name == "demo" and one["trace"] == "azure_conv_prefill"
+    assert set(one["adaptive"]) == FIGURES - {"demo_cpu_seconds", "decision_rounds"}
+    assert one["adaptive"]["useful_tokens"] == adaptive["useful_tokens"]
+    assert one["speedup"] == pytest.approx(result["speedup"])
     assert adaptive["decision_rounds"]["count"] >= 1 and adaptive["controller_cpu_seconds"] > 0
     assert static["adds"] == static["evictions"] == static["captures"] == 0
     assert static["snapshot_version"] is static["decision_rounds"] is None
@@ -139,58 +147,61 @@ def test_bad_options_fail_before_starting_anything() -> None:
     assert runner.invoke(main, ["demo", "--workers", "0"]).exit_code == EXIT_USAGE
 
 
+RUN = {
+    "seconds": 10.0,
+    "useful_tokens": 1000,
+    "useful_tokens_per_second": 100.0,
+    "useful_tokens_per_cpu_second": 50.0,
+    "padding_overhead": 0.5,
+    "compute_overhead": 0.8,
+    "replayed_tokens": 1500,
+    "captured_tokens": 0,
+    "worker_cpu_seconds": 19.0,
+    "capture_cpu_seconds": 0.0,
+    "controller_cpu_seconds": 0.0,
+    "demo_cpu_seconds": 0.1,
+    "worker_peak_rss_mb": 400.0,
+    "adds": 0,
+    "evictions": 0,
+    "captures": 0,
+    "eager": 0,
+    "snapshot_version": None,
+    "decision_rounds": None,
+    "propagation_lag": None,
+    "dims": {"SEQLEN": {"padding_overhead": 0.5, "mean_gears": 15.0,
+                        "final_gears": list(range(15))}},
+}
+ADAPTIVE = {
+    **RUN,
+    "seconds": 8.0,
+    "useful_tokens_per_second": 125.0,
+    "adds": 3,
+    "evictions": 4,
+    "snapshot_version": 7,
+    "decision_rounds": {"count": 58},
+    "propagation_lag": {"mean_ms": 42.0, "last_ms": 40.0, "count": 3},
+    "dims": {"SEQLEN": {"padding_overhead": 0.2, "mean_gears": 9.5, "final_gears": [3, 9]}},
+}
+RESULT = {
+    "adaptive": ADAPTIVE,
+    "static": RUN,
+    "speedup": 1.25,
+    "cpu_speedup": 1.1,
+    "compute_ratio": 1.3,
+    "trace": "t",
+    "model": {"about": "a block"},
+    "requests": 500,
+    "stride": 2,
+    "rows": 1000,
+    "workers": 4,
+    "time_compression": 100.0,
+    "round_interval": 18.7,
+    "seconds": 30.0,
+}
+
+
 def test_table_puts_the_runs_side_by_side() -> None:
-    run = {
-        "seconds": 10.0,
-        "useful_tokens": 1000,
-        "useful_tokens_per_second": 100.0,
-        "useful_tokens_per_cpu_second": 50.0,
-        "padding_overhead": 0.5,
-        "compute_overhead": 0.8,
-        "replayed_tokens": 1500,
-        "captured_tokens": 0,
-        "worker_cpu_seconds": 19.0,
-        "capture_cpu_seconds": 0.0,
-        "controller_cpu_seconds": 0.0,
-        "demo_cpu_seconds": 0.1,
-        "worker_peak_rss_mb": 400.0,
-        "adds": 0,
-        "evictions": 0,
-        "captures": 0,
-        "eager": 0,
-        "snapshot_version": None,
-        "decision_rounds": None,
-        "propagation_lag": None,
-        "dims": {"SEQLEN": {"padding_overhead": 0.5, "mean_gears": 15.0}},
-    }
-    adaptive = {
-        **run,
-        "seconds": 8.0,
-        "useful_tokens_per_second": 125.0,
-        "adds": 3,
-        "evictions": 4,
-        "snapshot_version": 7,
-        "decision_rounds": {"count": 58},
-        "propagation_lag": {"mean_ms": 42.0, "last_ms": 40.0, "count": 3},
-    }
-    text = table(
-        {
-            "adaptive": adaptive,
-            "static": run,
-            "speedup": 1.25,
-            "cpu_speedup": 1.1,
-            "compute_ratio": 1.3,
-            "trace": "t",
-            "model": {"about": "a block"},
-            "requests": 500,
-            "stride": 2,
-            "rows": 1000,
-            "workers": 4,
-            "time_compression": 100.0,
-            "round_interval": 18.7,
-            "seconds": 30.0,
-        }
-    )
+    text = table(RESULT)
     assert "1 row in 2 of 1,000" in text and "model: a block" in text
     assert "decision rounds 19 s of trace apart or more" in text
     assert "1.25x" in text and "1.10x" in text and "1.30x" in text
@@ -198,3 +209,30 @@ def test_table_puts_the_runs_side_by_side() -> None:
     assert lines["adds / evictions"][-6:] == ["3", "/", "4", "0", "/", "0"]
     assert lines["decision rounds"][-2:] == ["58", "-"]
     assert lines["propagation lag (trace time), mean (n)"][-4:] == ["42", "ms", "(3)", "-"]
+    gears = [line.split() for line in text.splitlines() if "SEQLEN gears" in line]
+    assert gears == [["SEQLEN", "gears,", "mean", "/", "final", "9.5", "/", "2", "15.0", "/",
+                      "15"]]
+    assert "profile" not in text  # one profile: no section of its own
+
+
+def test_table_of_two_profiles_gives_each_then_both() -> None:
+    rows = {"padding_overhead": 0.1, "mean_gears": 6.0, "final_gears": [1, 8, 32]}
+    decode = {"adaptive": {**ADAPTIVE, "dims": {"BATCHSIZE": rows}, "adds": 1},
+              "static": {**RUN, "dims": {"BATCHSIZE": {**rows, "mean_gears": 7.0}}},
+              "speedup": 0.97, "cpu_speedup": 1.01, "compute_ratio": 1.02, "trace": "t_decode",
+              "requests": 400, "speedup_slices": {"median": 0.99, "min": 0.9, "max": 1.1,
+                                                  "slices": [0.9, 0.99, 1.1]}}
+    prefill = {"adaptive": ADAPTIVE, "static": RUN, "speedup": 1.4, "cpu_speedup": 1.35,
+               "compute_ratio": 1.6, "trace": "t_prefill", "requests": 100}
+    text = table({**RESULT, "trace": "t", "profiles": {"prefill": prefill, "decode": decode}})
+    assert "t (prefill: t_prefill, decode: t_decode, one timeline)" in text
+    sections = text.split("\nprofile ")
+    assert sections[1].startswith("prefill (SEQLEN): t_prefill, 100 requests")
+    assert sections[2].startswith("decode (BATCHSIZE): t_decode, 400 requests")
+    assert "1.40x" in sections[1] and "decision rounds" not in sections[1]
+    decode_part, every = sections[2].split("\nevery profile\n")
+    assert "0.97x; over 3 interleaved slices: median 0.99x (0.90-1.10)" in decode_part
+    lines = {line.strip().split("  ")[0]: line.split() for line in decode_part.splitlines()}
+    assert lines["BATCHSIZE gears, mean / final"][-6:] == ["6.0", "/", "3", "7.0", "/", "3"]
+    assert lines["adds / evictions"][-6:] == ["1", "/", "4", "0", "/", "0"]
+    assert "decision rounds" in every and "SEQLEN" not in every and "1.25x" in every

@@ -1,5 +1,6 @@
 """The demo's Llama: both steps through the adaptive runner against the eager model on the
-unpadded request, both profiles on one client of one controller, and `demo --model llama`.
+unpadded request, both profiles on one client of one controller, and `demo --model llama` on
+both profiles of a source, and on one trace.
 
 Tolerance: float32, `atol = rtol = 1e-5` (observed: at most 2e-7; a padded token or row that
 leaked into a real one changes its logits by far more, see the tests' counter-checks)."""
@@ -7,7 +8,9 @@ leaked into a real one changes its logits by far more, see the tests' counter-ch
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -23,8 +26,9 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
+from gearshift.tools.demo import arm, worker
 from gearshift.tools.demo import llama as ll
-from gearshift.tools.demo import worker
+from gearshift.tools.demo.mix import load_mix
 
 from .test_cli import WAIT, assert_all_gone
 from .test_cli import demo as demo_process
@@ -107,7 +111,7 @@ def test_decode_rows_are_apart_and_the_cache_is_what_prefill_computes(model: ll.
 
 
 def test_shipped_sources_give_one_trace_per_profile() -> None:
-    loads = ll.workloads("azure_conv")
+    loads = load_mix("azure_conv").profiles
     assert list(loads[ll.PREFILL].dims) == ["SEQLEN"]
     assert list(loads[ll.DECODE].dims) == ["BATCHSIZE"]
     with pytest.raises(ValueError, match="SEQLEN only"):
@@ -117,7 +121,7 @@ def test_shipped_sources_give_one_trace_per_profile() -> None:
 def test_both_profiles_run_through_one_client_of_one_controller(
     model: ll.Llama, namespace: str, tmp_path: object
 ) -> None:
-    loads = ll.workloads("azure_conv")
+    loads = load_mix("azure_conv").profiles
     prefill = loads[ll.PREFILL].sizes["SEQLEN"]
     rows = {
         ll.PREFILL: [int(n) for n in prefill[prefill <= 512][:4]],
@@ -147,9 +151,9 @@ def test_the_demo_worker_runs_llama_prefill_and_decode_as_the_eager_model() -> N
     assert "LlamaForCausalLM" in about["about"] and about["width"] == ll.LlamaShape.hidden
     demo = make()
     for dims, rows in ((PREFILL_DIMS, (5, 100)), (DECODE_DIMS, (3, 11))):
-        r = worker.runner_for(demo, dims)
-        r.capture(worker.variants(r.gears))
-        for x in worker._inputs(demo, dims, [(n,) for n in rows]):
+        r = arm.runner_for(demo, dims)
+        r.capture(arm.variants(r.gears))
+        for x in arm.inputs(demo, dims, [(n,) for n in rows]):
             torch.testing.assert_close(r.run(x), demo(**x), **TOL)
         assert r.stats["eager"] == 0
     x = torch.randn(3, 1, demo.width)
@@ -175,4 +179,54 @@ def test_short_llama_decode_demo_reports_both_arms_and_leaves_nothing(namespace:
     assert adaptive["requests"] == static["requests"] > 0
     assert set(adaptive["dims"]) == {"BATCHSIZE"} and adaptive["snapshot_version"] >= 1
     assert static["replayed_tokens"] == static["padded_tokens"] > static["useful_tokens"]
+    assert_all_gone(proc, namespace)
+
+
+def small_source(directory: Path) -> str:
+    """A source of both profiles, `DIR/conv`: the shipped conversation traces' first five
+    minutes, prefills of at most 512 tokens and one decode step in 20, so that a short demo
+    replays every row (stride 1) and the policy gets its rounds."""
+    full = load_mix("azure_conv").profiles
+    for profile, dim, keep in ((ll.PREFILL, "SEQLEN", lambda v, i: v <= 512),
+                               (ll.DECODE, "BATCHSIZE", lambda v, i: i % 20 == 0)):
+        w = full[profile]
+        v, t = w.sizes[dim], w.times
+        rows = (t < 300) & keep(v, np.arange(len(v)))
+        lines = [f"{a:.4f},{b}" for a, b in zip(t[rows], v[rows], strict=True)]
+        (directory / f"conv_{profile}.csv").write_text("\n".join([f"t,{dim}", *lines]) + "\n")
+    return str(directory / "conv")
+
+
+def test_short_llama_demo_runs_both_profiles_in_every_worker_and_leaves_nothing(
+    namespace: str, tmp_path: Path
+) -> None:
+    # rounds every 5 s of trace, not 15: some even when a loaded machine makes the stride large
+    proc = demo_process(namespace, "--model", "llama", "--trace", small_source(tmp_path),
+                        "--seconds", "8", "--workers", "2", "--json",
+                        "--set", "update_interval_seconds=5", "--set", "check_interval_seconds=5")
+    out, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0, err
+    result = json.loads(out)
+    profiles = result["profiles"]
+    assert list(profiles) == [ll.PREFILL, ll.DECODE] and result["trace"] == "conv"
+    assert result["requests"] == sum(p["requests"] for p in profiles.values())
+    for name, dim in ((ll.PREFILL, "SEQLEN"), (ll.DECODE, "BATCHSIZE")):
+        p = profiles[name]
+        adaptive, static = p["adaptive"], p["static"]
+        assert p["trace"] == f"conv_{name}" and p["requests"] > 0
+        assert adaptive["requests"] == static["requests"] == p["requests"]
+        assert adaptive["useful_tokens"] == static["useful_tokens"] > 0
+        assert set(adaptive["dims"]) == {dim} and adaptive["captures"] > 0
+        assert adaptive["captured_tokens"] > 0 and adaptive["adds"] > 0
+        assert static["replayed_tokens"] == static["padded_tokens"] > static["useful_tokens"]
+        assert static["captures"] == 0 and 0 < adaptive["seconds"] < result["adaptive"]["seconds"]
+        assert p["speedup"] == adaptive["useful_tokens_per_second"] / static[
+            "useful_tokens_per_second"]
+    for arm_ in ("adaptive", "static"):  # the profiles' shares add up to the arm's
+        whole = result[arm_]
+        assert sum(p[arm_]["seconds"] for p in profiles.values()) == pytest.approx(
+            whole["seconds"])
+        assert sum(p[arm_]["useful_tokens"] for p in profiles.values()) == whole["useful_tokens"]
+        assert set(whole["dims"]) == {"SEQLEN", "BATCHSIZE"}
+    assert result["adaptive"]["decision_rounds"]["count"] >= 2
     assert_all_gone(proc, namespace)

@@ -53,7 +53,7 @@ def test_a_version_skipped_between_looks_is_counted_and_its_changes_netted(
     watch.close()
 
 
-def test_waits_for_the_region_and_ignores_other_profiles(namespace: str) -> None:
+def test_waits_for_the_region_and_follows_its_own_profile_only(namespace: str) -> None:
     watch = GearWatch(namespace, {"SEQLEN": (8,)}, now=0.0)
     watch.poll(1.0)  # no region yet
     assert watch.version == 0 and watch.mean() == {"SEQLEN": 1.0}
@@ -62,6 +62,10 @@ def test_waits_for_the_region_and_ignores_other_profiles(namespace: str) -> None
         publish(region, [2, 8], name="other")
         watch.poll(2.0)
         assert watch.version == 0 and watch.gears == {"SEQLEN": (8,)}
+        other = GearWatch(namespace, {"SEQLEN": (8,)}, now=0.0, profile="other")
+        other.poll(1.0)
+        assert (other.version, other.gears, other.adds) == (1, {"SEQLEN": (2, 8)}, 1)
+        other.close()
     finally:
         watch.close()
         region.close()

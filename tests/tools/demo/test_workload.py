@@ -1,5 +1,5 @@
 """The demo's workload: rows and their times, useful and padded tokens and pairs, the cost
-model and the stride."""
+model (the stride of a run: test_mix)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from gearshift.tools.demo.workload import (
     load_workload,
     padded_pairs,
     padded_tokens,
-    stride_for,
     useful_tokens,
 )
 from gearshift.tools.trace import shipped_traces
@@ -103,12 +102,3 @@ def test_priced_dims_give_seqlen_the_models_cost() -> None:
     assert Cost(1e-4, 2e-6, 1e-9).priced({"BATCHSIZE": dims["BATCHSIZE"]}) == {
         "BATCHSIZE": dims["BATCHSIZE"]}
 
-
-def test_stride_makes_the_static_run_take_the_budget_on_the_cores() -> None:
-    w = workload()  # 5 requests, 192 padded tokens
-    per_token = Cost(per_call=0.0, per_token=0.01, per_pair=0.0)
-    assert stride_for(w, per_token, budget=4.0, parallel=1) == 1.0  # never below one
-    assert stride_for(w, per_token, budget=1.0, parallel=1) == pytest.approx(1.92)
-    assert stride_for(w, per_token, budget=0.48, parallel=2) == pytest.approx(2.0)
-    calls = Cost(per_call=1.0, per_token=0.0, per_pair=0.0)
-    assert stride_for(w, calls, budget=1.0, parallel=1) == pytest.approx(5.0)

@@ -126,6 +126,20 @@ def render(
     return "\n".join(lines) + "\n"
 
 
+KEPT = "<!-- written by hand: `gearshift bench all` keeps what follows -->"
+
+
+def kept_tail(path: Path) -> str:
+    """What follows the KEPT line in the report at `path` (the line included), written by hand
+    from runs `bench all` does not make; empty without it."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    at = text.find(KEPT)
+    return "" if at < 0 else "\n" + text[at:]
+
+
 @click.command()
 @click.option("--quick", is_flag=True, help="Smaller sizes and shorter runs (about a minute).")
 @click.option(
@@ -148,7 +162,7 @@ def command(quick: bool, output: str) -> None:
         sections.append((name, result, command_line, seconds))
     invocation = "gearshift bench all" + (" --quick" if quick else "")
     Path(output).parent.mkdir(parents=True, exist_ok=True)
-    Path(output).write_text(render(sections, invocation, skipped))
+    Path(output).write_text(render(sections, invocation, skipped) + kept_tail(Path(output)))
     click.echo(f"wrote {output}", err=True)
     if any(result is None for _, result, _, _ in sections):
         sys.exit(1)

@@ -15,7 +15,8 @@ import click
 from gearshift.clikit import EXIT_ERROR, EXIT_USAGE, json_option, namespace_option
 from gearshift.configfile import load_policy_config
 from gearshift.errors import ConfigError, GearshiftError
-from gearshift.tools.demo.workload import DEFAULT_TRACE, load_workload
+from gearshift.tools.demo.mix import Mix, load_mix
+from gearshift.tools.demo.workload import DEFAULT_TRACE, LLAMA_TRACE
 
 EXIT_INTERRUPTED = 130  # the shell's code for a run ended by SIGINT
 
@@ -33,10 +34,12 @@ EXIT_INTERRUPTED = 130  # the shell's code for a run ended by SIGINT
 )
 @click.option(
     "--trace",
-    default=DEFAULT_TRACE,
-    show_default=True,
-    metavar="NAME|PATH",
-    help="A shipped trace name or a trace CSV.",
+    default=None,
+    metavar="NAME|PATH|SOURCE",
+    help=f"A shipped trace name or a trace CSV (one profile), or a source of two: azure_conv or"
+    f" conv, azure_code or code, or DIR/NAME for NAME_prefill.csv and NAME_decode.csv (its"
+    f" prefill and decode traces, replayed on one timeline)."
+    f"  [default: {DEFAULT_TRACE}; with --model llama: {LLAMA_TRACE}]",
 )
 @click.option(
     "--seconds",
@@ -52,7 +55,8 @@ EXIT_INTERRUPTED = 130  # the shell's code for a run ended by SIGINT
     default="block",
     show_default=True,
     help="block: the hand-written block below; llama: transformers' LlamaForCausalLM, small and"
-    " random (the demo extra), on a prefill (SEQLEN) or a decode (BATCHSIZE) trace.",
+    " random (the demo extra): prefills (SEQLEN) and decode steps (BATCHSIZE) of a source, in"
+    " each worker, or one trace of either.",
 )
 @namespace_option("Shared-memory namespace of its controller [default: demo-<pid>].")
 @click.option(
@@ -62,10 +66,11 @@ EXIT_INTERRUPTED = 130  # the shell's code for a run ended by SIGINT
     metavar="KEY=VALUE",
     help="A policy key, in trace seconds (scaled with the time compression).",
 )
-@json_option('Print one JSON object: {"adaptive", "static", "speedup", ...}.')
+@json_option('Print one JSON object: {"adaptive", "static", "speedup", ..., "profiles": {NAME:'
+             ' the same per profile}}.')
 def demo(
     workers: int,
-    trace: str,
+    trace: str | None,
     seconds: float,
     model: str,
     namespace: str | None,
@@ -91,20 +96,27 @@ def demo(
     included) and per CPU second (workers and controller), padding in tokens and in model
     compute, mean gears, adds and evictions, graph captures, decision rounds, propagation lag
     (in trace time). The table gives padding in percent, --json as ratios (0.25 is 25 %).
+
+    --model llama runs transformers' LlamaForCausalLM (small, random weights, the demo extra)
+    on both profiles of a source in each worker, under one controller (default azure_conv):
+    prefills on SEQLEN from its _prefill trace, decode steps of B sequences on BATCHSIZE from
+    its _decode trace (a static KV cache per batch size), both traces replayed on one
+    timeline, each subsampled by the same k. The table then gives each profile's figures
+    against static gears, and the figures over both. A source works with the block too.
     """
     try:
         policy = load_policy_config(None, overrides)
-        workload = load_workload(trace)
+        mix = load_mix(trace or (LLAMA_TRACE if model == "llama" else DEFAULT_TRACE))
     except ConfigError as e:
         _fail(EXIT_USAGE, str(e))
     except GearshiftError as e:
         _fail(EXIT_ERROR, str(e))
     if model == "llama":
-        _check_llama(list(workload.dims))
+        _check_llama(mix)
     from gearshift.tools.demo.run import Demo  # the controller: not needed for --help
 
     progress = _Progress(sys.stderr)
-    run = Demo(workload, workers, seconds, namespace or f"demo-{os.getpid()}", policy, progress,
+    run = Demo(mix, workers, seconds, namespace or f"demo-{os.getpid()}", policy, progress,
                model)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -119,12 +131,16 @@ def demo(
     click.echo(json.dumps(result) if as_json else table(result))
 
 
-def _check_llama(dims: list[str]) -> None:
-    """A usage error unless `--model llama` can run: the demo extra, a trace of one profile."""
+def _check_llama(mix: Mix) -> None:
+    """A usage error unless `--model llama` can run: the demo extra, every profile's trace of
+    one dim, SEQLEN (prefill) or BATCHSIZE (decode steps)."""
     if importlib.util.find_spec("transformers") is None:
         _fail(EXIT_USAGE, "--model llama needs transformers: pip install 'gearshift[demo]'")
-    if dims not in (["SEQLEN"], ["BATCHSIZE"]):
-        _fail(EXIT_USAGE, f"--model llama runs a SEQLEN or a BATCHSIZE trace, not {dims}")
+    for w in mix.profiles.values():
+        dims = list(w.dims)
+        if dims not in (["SEQLEN"], ["BATCHSIZE"]):
+            _fail(EXIT_USAGE, f"--model llama runs a SEQLEN or a BATCHSIZE trace, or a source of"
+                  f" both; {w.trace} has {dims}")
 
 
 def _interrupt(signum: int, frame: object) -> NoReturn:
@@ -174,7 +190,35 @@ def _si(x: float) -> str:
 
 
 def table(r: dict[str, Any]) -> str:
-    """The side-by-side table of `Demo.run()`'s result."""
+    """The side-by-side table of `Demo.run()`'s result: per profile when it has more than one,
+    then over every profile."""
+    profiles = r.get("profiles") or {}
+    traces = ""
+    if len(profiles) > 1:
+        traces = " (" + ", ".join(f"{p}: {f['trace']}" for p, f in profiles.items()) + \
+            ", one timeline)"
+    lines = [
+        f"gearshift demo: {r['trace']}{traces}, {r['requests']:,} requests (1 row in "
+        f"{r['stride']:.3g} of {r['rows']:,}), {r['workers']} workers; time compressed "
+        f"{r['time_compression']:.0f}x (policy windows and intervals x{r['stride']:.3g}, divided "
+        f"by it: decision rounds {r['round_interval']:.0f} s of trace apart or more); "
+        f"{r['seconds']:.0f} s in all",
+        f"model: {r['model']['about']}",
+    ]
+    if len(profiles) > 1:
+        for p, f in profiles.items():
+            dims = ", ".join(f["adaptive"]["dims"])
+            lines += ["", f"profile {p} ({dims}): {f['trace']}, {f['requests']:,} requests",
+                      *_arms(f, dims=True, device=False)]
+        lines += ["", "every profile", *_arms(r, dims=False, device=True)]
+    else:
+        lines += _arms(r, dims=True, device=True)
+    return "\n".join(lines)
+
+
+def _arms(r: dict[str, Any], dims: bool, device: bool) -> list[str]:
+    """The rows of `r`'s two arms (per dim if `dims`; the device's and the controller's if
+    `device`), and its speedups."""
     a, s = r["adaptive"], r["static"]
 
     def row(name: str, fmt: Callable[[dict[str, Any]], str]) -> tuple[str, str, str]:
@@ -186,10 +230,12 @@ def table(r: dict[str, Any]) -> str:
         row("useful tokens per CPU second", lambda x: _si(x["useful_tokens_per_cpu_second"])),
         row("padding overhead (tokens)", lambda x: f"{x['padding_overhead']:.1%}"),
     ]
-    for d in a["dims"]:
+    for d in a["dims"] if dims else ():
         rows += [
             row(f"  {d} padding", lambda x, d=d: f"{x['dims'][d]['padding_overhead']:.1%}"),
-            row(f"  {d} mean gears", lambda x, d=d: f"{x['dims'][d]['mean_gears']:.1f}"),
+            row(f"  {d} gears, mean / final",
+                lambda x, d=d: f"{x['dims'][d]['mean_gears']:.1f} / "
+                f"{len(x['dims'][d]['final_gears'])}"),
         ]
     rows += [
         row("padding overhead (model compute)", lambda x: f"{x['compute_overhead']:.1%}"),
@@ -203,42 +249,39 @@ def table(r: dict[str, Any]) -> str:
         row("adds / evictions", lambda x: f"{x['adds']} / {x['evictions']}"),
         row("graph captures (new gears)", lambda x: f"{x['captures']:,}"),
         row("eager runs (no graph ready)", lambda x: f"{x['eager']:,}"),
-        row(
-            "snapshot version",
-            lambda x: f"v{x['snapshot_version']}" if x["snapshot_version"] else "-",
-        ),
-        row("decision rounds", lambda x: _rounds(x["decision_rounds"])),
-        row("propagation lag (trace time), mean (n)", lambda x: _lag(x["propagation_lag"])),
-        row("peak memory per worker", lambda x: f"{x['worker_peak_rss_mb']:.0f} MB"),
-        row("demo process CPU s (not counted)", lambda x: f"{x['demo_cpu_seconds']:.1f}"),
     ]
-    head = [
-        f"gearshift demo: {r['trace']}, {r['requests']:,} requests (1 row in {r['stride']:.3g} of "
-        f"{r['rows']:,}), {r['workers']} workers; time compressed {r['time_compression']:.0f}x "
-        f"(policy windows and intervals x{r['stride']:.3g}, divided by it: decision rounds "
-        f"{r['round_interval']:.0f} s of trace apart or more); {r['seconds']:.0f} s in all",
-        f"model: {r['model']['about']}",
-    ]
+    if device:
+        rows += [
+            row(
+                "snapshot version",
+                lambda x: f"v{x['snapshot_version']}" if x["snapshot_version"] else "-",
+            ),
+            row("decision rounds", lambda x: _rounds(x["decision_rounds"])),
+            row("propagation lag (trace time), mean (n)", lambda x: _lag(x["propagation_lag"])),
+            row("peak memory per worker", lambda x: f"{x['worker_peak_rss_mb']:.0f} MB"),
+            row("demo process CPU s (not counted)", lambda x: f"{x['demo_cpu_seconds']:.1f}"),
+        ]
     width = max(len(name) for name, *_ in rows) + 2
-    lines = [*head, "", f"{'':{width}}{'adaptive':>14}{'static':>16}"]
+    lines = ["", f"{'':{width}}{'adaptive':>14}{'static':>16}"]
     lines += [f"{name:{width}}{x:>14}{y:>16}" for name, x, y in rows]
-    lines += [
+    return [
+        *lines,
         "",
         f"speedup (useful tokens per second, adaptive / static): {r['speedup']:.2f}x"
-        + _slices(r.get("speedup_slices"), r.get("slices")),
+        + _slices(r.get("speedup_slices")),
         f"per CPU second (workers and controller; robust to other load): {r['cpu_speedup']:.2f}x"
-        + _slices(r.get("cpu_speedup_slices"), r.get("slices")),
+        + _slices(r.get("cpu_speedup_slices")),
         f"compute-bound ceiling (model cost of the padded work, static / adaptive): "
         f"{r['compute_ratio']:.2f}x",
     ]
-    return "\n".join(lines)
 
 
-def _slices(spread: dict[str, Any] | None, count: int | None) -> str:
-    """`; over N interleaved slices: median M (min-max)`, or nothing without slices."""
-    if not spread:
+def _slices(spread: dict[str, Any] | None) -> str:
+    """`; over N interleaved slices: median M (min-max)`, or nothing without slices (a slice
+    holds a profile's requests in both arms, or it has no ratio)."""
+    if not spread or spread["median"] is None:
         return ""
-    return (f"; over {count} interleaved slices: median {spread['median']:.2f}x "
+    return (f"; over {len(spread['slices'])} interleaved slices: median {spread['median']:.2f}x "
             f"({spread['min']:.2f}-{spread['max']:.2f})")
 
 

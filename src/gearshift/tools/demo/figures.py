@@ -1,19 +1,21 @@
 """What a demo run measures: the `Progress` it reports as it goes, and each arm's figures.
 
-An arm's figures add up the workers' replies over its slices (`worker.Arm.replay`); its wall
-time and CPU time are what `run` measured slice by slice (a slice's wall time is from the first
-worker's start to the last one's end, the adaptive arm's captures after it included); model
-seconds are the calibrated `Cost` of the padded work. How the demo measures: docs/tools.md.
+An arm's figures per profile add up its lanes' reports over the slices (`arm.Lane.figures`);
+its wall time and CPU time are what `run` measured slice by slice (a slice's wall time is from
+the first worker's start to the last one's end, the adaptive arm's captures after it
+included), shared among the profiles by what each one's requests took (`split`); model seconds
+are each profile's calibrated `Cost` of its padded work. `overall` adds the profiles up. How
+the demo measures: docs/tools.md.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gearshift.controller.slots import Lag
-from gearshift.core.dims import Gears
 from gearshift.tools.demo.watch import GearWatch
 from gearshift.tools.demo.workload import Cost, Workload
 
@@ -39,23 +41,16 @@ def progress(
     name: str,
     seconds: float,
     counts: Sequence[int],
-    workload: Workload,
-    watch: GearWatch | None,
-    gears: dict[str, Gears],
+    total: int,
+    gears: dict[str, int],
+    version: int | None,
 ) -> Progress:
     """The Progress of run `name` from the workers' shared counts: [requests done, useful
-    tokens, padded tokens] per worker, one after another."""
+    tokens, padded tokens] per worker, one after another, of `total` requests."""
     p = list(counts)
     useful, padded = sum(p[1::3]), sum(p[2::3])
-    return Progress(
-        name,
-        seconds,
-        sum(p[0::3]),
-        workload.events,
-        padded / useful - 1.0 if useful else 0.0,
-        {d: len(g) for d, g in (watch.gears if watch else gears).items()},
-        watch.version if watch else None,
-    )
+    return Progress(name, seconds, sum(p[0::3]), total,
+                    padded / useful - 1.0 if useful else 0.0, gears, version)
 
 
 def propagation_lag(found: Lag | None) -> dict[str, float] | None:
@@ -78,16 +73,19 @@ def run_figures(
     watch: GearWatch | None,
     cost: Cost,
     lag: dict[str, float] | None,
+    peak_rss_mb: float,
 ) -> dict[str, Any]:
-    """An arm's figures from the workers' `results` (every slice's), its wall `seconds` and
-    the CPU seconds of its workers and of the controller, the gears `watch` saw (None: the
-    static arm's initial gears) and the controller's propagation `lag`."""
+    """One profile's figures in one arm from its lanes' `results` (`arm.Lane.figures`, every
+    worker's, every slice's), its share of the arm's wall `seconds` and of the CPU seconds of
+    the workers and of the controller (`split`), the gears `watch` saw (None: the static arm's
+    initial gears), the controller's propagation `lag` and the workers' peak memory."""
 
     def total(key: str) -> int:
         return sum(r[key] for r in results)
 
     useful = total("useful")
     model = cost.seconds(0, total("padded"), total("padded_pairs"))
+    useful_model = cost.seconds(0, useful, total("useful_pairs"))
     dims = {}
     for d, dim in workload.dims.items():
         raw = sum(r["dims"][d][0] for r in results)
@@ -105,14 +103,15 @@ def run_figures(
         "padded_tokens": total("padded"),
         "padding_overhead": total("padded") / useful - 1.0,
         "model_seconds": model,
-        "compute_overhead": model / cost.seconds(0, useful, total("useful_pairs")) - 1.0,
+        "useful_model_seconds": useful_model,
+        "compute_overhead": model / useful_model - 1.0,
         "replayed_tokens": total("computed") - total("capture_tokens"),
         "captured_tokens": total("capture_tokens"),
         "worker_cpu_seconds": worker_cpu,
         "controller_cpu_seconds": controller_cpu,
         "useful_tokens_per_cpu_second": useful / (worker_cpu + controller_cpu),
         "capture_cpu_seconds": total("capture_cpu"),
-        "worker_peak_rss_mb": max(r["rss_mb"] for r in results),
+        "worker_peak_rss_mb": peak_rss_mb,
         "dims": dims,
         "adds": watch.adds if watch else 0,
         "evictions": watch.evictions if watch else 0,
@@ -122,4 +121,76 @@ def run_figures(
         "snapshot_version": watch.version if watch else None,
         "versions_missed": watch.missed if watch else None,
         "propagation_lag": lag,
+    }
+
+
+SUMMED = ("requests", "useful_tokens", "padded_tokens", "model_seconds", "useful_model_seconds",
+          "replayed_tokens", "captured_tokens", "capture_cpu_seconds", "adds", "evictions",
+          "captures", "replays", "eager")
+
+
+def overall(profiles: dict[str, dict[str, Any]], seconds: float, worker_cpu: float,
+            controller_cpu: float) -> dict[str, Any]:
+    """One arm's figures over every profile (`run_figures` of each): counts and model seconds
+    added up, the arm's wall and CPU seconds, their ratios; one profile's own figures for one.
+    A dim two profiles share is named `profile.dim`."""
+    figures = list(profiles.values())
+    out = {k: sum(f[k] for f in figures) for k in SUMMED}
+    names = [d for f in figures for d in f["dims"]]
+    dims = {}
+    for p, f in profiles.items():
+        dims.update({d if names.count(d) == 1 else f"{p}.{d}": v for d, v in f["dims"].items()})
+    useful = out["useful_tokens"]
+    versions = [f["snapshot_version"] for f in figures]
+    missed = [f["versions_missed"] for f in figures]
+    out.update(
+        seconds=seconds,
+        useful_tokens_per_second=useful / seconds,
+        padding_overhead=out["padded_tokens"] / useful - 1.0,
+        compute_overhead=out["model_seconds"] / out["useful_model_seconds"] - 1.0,
+        worker_cpu_seconds=worker_cpu,
+        controller_cpu_seconds=controller_cpu,
+        useful_tokens_per_cpu_second=useful / (worker_cpu + controller_cpu),
+        worker_peak_rss_mb=max(f["worker_peak_rss_mb"] for f in figures),
+        dims=dims,
+        snapshot_version=None if None in versions else max(versions),
+        versions_missed=None if None in missed else max(missed),
+        propagation_lag=figures[0]["propagation_lag"],
+    )
+    return {k: out[k] for k in figures[0]}  # in run_figures' order
+
+
+def split(wall: float, workers: float, controller: float,
+          lanes: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[float, float, float]]:
+    """One arm's slice shared among its profiles (`lanes`: each one's `arm.Lane.figures`):
+    its wall seconds by the wall time of each one's requests and captures, the workers' CPU
+    seconds by their CPU time, the controller's by their count of requests (what it folds).
+    Per profile `(wall, workers, controller)`; they add up to the slice's."""
+
+    def shares(key: str, *more: str) -> dict[str, float]:
+        weight = {p: sum(r[k] for r in rs for k in (key, *more)) for p, rs in lanes.items()}
+        whole = sum(weight.values())
+        return {p: w / whole if whole else 1 / len(weight) for p, w in weight.items()}
+
+    by_wall = shares("busy_seconds", "capture_cpu")
+    by_cpu = shares("busy_cpu", "capture_cpu")
+    by_count = shares("requests")
+    return {p: (wall * by_wall[p], workers * by_cpu[p], controller * by_count[p]) for p in lanes}
+
+
+def spreads(seconds: dict[str, list[float]], cpu: dict[str, list[float]]) -> dict[str, Any]:
+    """The speedups slice by slice (the same rows for both arms; a slice where an arm spent
+    nothing, no ratio): median, min and max."""
+
+    def spread(static: list[float], adaptive: list[float]) -> dict[str, Any]:
+        ratios = [s / a for s, a in zip(static, adaptive, strict=True) if s > 0 and a > 0]
+        if not ratios:
+            return {"median": None, "min": None, "max": None, "slices": []}
+        return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                "slices": ratios}
+
+    return {
+        "slices": len(seconds["static"]),
+        "speedup_slices": spread(seconds["static"], seconds["adaptive"]),
+        "cpu_speedup_slices": spread(cpu["static"], cpu["adaptive"]),
     }

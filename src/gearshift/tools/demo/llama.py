@@ -11,7 +11,7 @@ one client: `profiles`):
   each other, so padded rows (zero cache, token 0) do not change the real rows' logits.
 
 The eager reference of either step is the same function on the unpadded request. `DemoLlama`
-is the model as `gearshift demo --model llama` runs it, one trace (one profile) at a time.
+is the model as `gearshift demo --model llama` runs it: each worker runs both profiles on it.
 Needs the `demo` extra (`pip install 'gearshift[demo]'`); nothing is downloaded.
 """
 
@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gearshift.core.dims import Dim
-from gearshift.tools.demo.workload import SEQ, Workload, load_workload
+from gearshift.tools.demo.mix import DECODE, PREFILL
+from gearshift.tools.demo.workload import SEQ
 
 if TYPE_CHECKING:
     from gearshift.worker.profile import Profile
     from gearshift.worker.session import Client
 
-PREFILL, DECODE = "prefill", "decode"  # the demo's profile names
 BATCH = "BATCHSIZE"
 
 
@@ -146,12 +146,6 @@ def dims_for(profile: str, dims: Mapping[str, Dim]) -> dict[str, Dim]:
     return dict(dims)
 
 
-def workloads(source: str) -> dict[str, Workload]:
-    """Per profile, the workload of a shipped source's trace: `azure_conv` gives
-    `azure_conv_prefill` and `azure_conv_decode` (TraceError if one is unreadable)."""
-    return {p: load_workload(f"{source}_{p}") for p in (PREFILL, DECODE)}
-
-
 def profiles(client: Client, llama: Llama,
              dims: Mapping[str, Mapping[str, Dim]]) -> dict[str, Profile]:
     """Per profile (`dims`: profile -> its dims), its `Profile` on `client` (one device, one
@@ -166,7 +160,7 @@ def profiles(client: Client, llama: Llama,
 
 
 class DemoLlama:
-    """The Llama as the demo's worker runs a model (`worker.Model`'s interface), on a trace of
+    """The Llama as the demo's worker runs a model (`arm.Model`), one runner per profile of
     one dim: `x` holds token embeddings (`inputs_embeds`, so the worker's random inputs serve).
     SEQLEN: `x = [S, hidden]`, one causal prefill. BATCHSIZE: `x = [B, 1, hidden]`, a decode
     step, each row the next token of a sequence that continues one shared context (a fixed

@@ -1,15 +1,16 @@
 """The demo run: calibration, then the static and the adaptive arm in alternating slices.
 
-`Demo.run()` starts the workers (`processes`), fits the model's `Cost` and the stride, starts
-the controller embedded in this process on the trace's compressed time (`clock`), prepares both
-arms in every worker (each captures its initial gears), then replays the rows in slices: each
-slice's rows by one arm, then the same rows by the other (which goes first alternates), so
-that both arms run the same requests at nearly the same time and a neighbour's load falls on
-both alike. After each adaptive slice the controller folds it and decides, and the workers
-capture the new gears (`settle`, counted in the adaptive slice), so that no adaptive work runs
-in a static slice. The figures (`figures`) add the slices up per arm; the speedup comes with
-its spread over the slices. Everything started is ended, also on Ctrl-C, SIGTERM or an
-error. The steps, the scaling and what is timed: docs/tools.md.
+`Demo.run()` starts the workers (`processes`), fits each profile's `Cost` and the stride of the
+`Mix`, starts the controller embedded in this process on the trace's compressed time (`clock`),
+prepares both arms in every worker (each captures its initial gears, every profile's), then
+replays the merged rows in slices: each slice's rows by one arm, then the same rows by the
+other (which goes first alternates), so that both arms run the same requests at nearly the
+same time and a neighbour's load falls on both alike. After each adaptive slice the controller
+folds it and decides, and the workers capture the new gears (`settle`, counted in the adaptive
+slice), so that no adaptive work runs in a static slice. The figures (`figures`) add the
+slices up per arm and profile, and over the profiles; each speedup comes with its spread over
+the slices. Everything started is ended, also on Ctrl-C, SIGTERM or an error. The steps, the
+scaling and what is timed: docs/tools.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import statistics
 import tempfile
 import time
 from contextlib import ExitStack
@@ -33,18 +33,19 @@ from gearshift.core.config import PolicyConfig
 from gearshift.errors import GearshiftError
 from gearshift.shm import cleanup
 from gearshift.tools.demo.clock import TraceClock
-from gearshift.tools.demo.figures import Report, progress, propagation_lag, run_figures
+from gearshift.tools.demo.figures import (
+    Report,
+    overall,
+    progress,
+    propagation_lag,
+    run_figures,
+    split,
+    spreads,
+)
+from gearshift.tools.demo.mix import Mix, slice_ends, stride_for
 from gearshift.tools.demo.processes import READY_TIMEOUT, WorkerProcesses
 from gearshift.tools.demo.watch import GearWatch
-from gearshift.tools.demo.workload import (
-    HEADS,
-    MODEL,
-    WIDTH,
-    Cost,
-    Workload,
-    padded_pairs,
-    stride_for,
-)
+from gearshift.tools.demo.workload import HEADS, MODEL, WIDTH, Cost
 
 log = logging.getLogger(__name__)
 REPORT_SECONDS = 0.5
@@ -59,11 +60,12 @@ ARMS = ("static", "adaptive")  # worker.ARMS: the order of the progress array an
 
 
 class Demo:
-    """One demo: `run()` returns the figures (see `cli`); everything it starts it ends."""
+    """One demo of the merged rows of `mix` (one profile or more): `run()` returns the figures
+    (see `cli`); everything it starts it ends."""
 
     def __init__(
         self,
-        workload: Workload,
+        mix: Mix,
         workers: int,
         seconds: float,
         namespace: str,
@@ -71,7 +73,7 @@ class Demo:
         report: Report,
         model: str = "block",
     ) -> None:
-        self.full, self.workers, self.seconds = workload, workers, seconds
+        self.full, self.workers, self.seconds = mix, workers, seconds
         self.model = model  # worker.model_for's name
         self.namespace, self.policy, self.report = namespace, policy, report
         self.ctx = multiprocessing.get_context("spawn")
@@ -91,15 +93,16 @@ class Demo:
             about = {"width": WIDTH, "heads": HEADS, "about": MODEL}
             if self.model != "block":
                 about = self.processes.ask(every, "model", self.model)[0]
-            timed = self.processes.ask(every, "calibrate", self.full.dims)
-            cost = Cost.fit([sample for samples in timed for sample in samples])
+            dims = {p: w.dims for p, w in self.full.profiles.items()}
+            timed = self.processes.ask(every, "calibrate", dims)
+            costs = {p: Cost.fit([s for samples in timed for s in samples[p]]) for p in dims}
             left = self.seconds - (time.monotonic() - began)
             count = int(np.clip(round(left * RUN_SHARE / SLICE_SECONDS), *SLICES))
             budget = max(1.0, (left - count * SETTLE_WAIT) * RUN_SHARE)
             parallel = min(self.workers, len(os.sched_getaffinity(0)))
-            workload = self.full.every(stride_for(self.full, cost, budget, parallel))
-            factor = workload.duration / budget
-            times = workload.times / factor
+            mix = self.full.every(stride_for(self.full, costs, budget, parallel))
+            factor = mix.duration / budget
+            times = mix.times / factor
             config = ControllerConfig(  # on trace time: the sidecar's wall-clock cadences
                 namespace=self.namespace,
                 state_dir=state_dir,
@@ -108,103 +111,130 @@ class Demo:
                 status_interval_seconds=ControllerConfig.status_interval_seconds * factor,
             )
             clock = TraceClock(times, self.origin, self.queues[ARMS.index("adaptive")])
-            policy = self.policy.scaled(factor / workload.stride)
+            policy = self.policy.scaled(factor / mix.stride)
             self.controller = Controller.start_embedded(config, policy, clock=clock)
-            priced = cost.priced(workload.dims)
-            self.processes.ask(every, "prepare", self.namespace, workload.dims, priced,
-                               workload.sizes, times)
-            arms, slices = self._interleave(workload, cost, slice_ends(workload, cost, count))
+            profiles = {p: (w.dims, costs[p].priced(w.dims), w.sizes)
+                        for p, w in mix.profiles.items()}
+            self.processes.ask(every, "prepare", self.namespace, profiles, mix.which, mix.local,
+                               times)
+            arms, per_profile = self._interleave(mix, costs, slice_ends(mix, costs, count))
             self.processes.ask(every, "finish")
             self._stop_controller()
-        static, adaptive = arms["static"], arms["adaptive"]
         return {
-            "trace": workload.trace,
-            "model": {**about, "cost": asdict(cost)},
+            "trace": mix.name,
+            "model": about,
             "workers": self.workers,
-            "rows": workload.rows,
-            "stride": workload.stride,
-            "requests": workload.events,
+            "rows": mix.rows,
+            "stride": mix.stride,
+            "requests": mix.events,
             "time_compression": factor,
-            "round_interval": self.policy.update_interval_seconds * workload.stride,
+            "round_interval": self.policy.update_interval_seconds * mix.stride,
             "seconds": time.monotonic() - began,
-            "static": static,
-            "adaptive": adaptive,
-            "speedup": adaptive["useful_tokens_per_second"] / static["useful_tokens_per_second"],
-            "cpu_speedup": adaptive["useful_tokens_per_cpu_second"]
-            / static["useful_tokens_per_cpu_second"],
-            "compute_ratio": static["model_seconds"] / adaptive["model_seconds"],
-            **slices,
+            **arms,
+            "profiles": {
+                p: {"trace": w.trace, "rows": w.rows, "requests": w.events,
+                    "cost": asdict(costs[p]), **per_profile[p]}
+                for p, w in mix.profiles.items()
+            },
         }
 
     # the slices
 
     def _interleave(
-        self, workload: Workload, cost: Cost, ends: list[int]
-    ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-        """Both arms over the rows, slice by slice; each arm's figures, and the slices'."""
-        every = range(self.workers)
-        gears = {d: dim.initial_gears for d, dim in workload.dims.items()}
+        self, mix: Mix, costs: dict[str, Cost], ends: list[int]
+    ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """Both arms over the merged rows, slice by slice: each arm's figures over every
+        profile, with the speedups and their spreads, and the same per profile."""
+        every, names = range(self.workers), mix.names
+        gears = {p: {d: dim.initial_gears for d, dim in w.dims.items()}
+                 for p, w in mix.profiles.items()}
         rounds = dict(self.controller.controller.rounds) if self.controller else None
         self.origin.value = time.monotonic()  # the TraceClock starts: still while static runs
-        watch = GearWatch(self.namespace, gears, 0.0)  # in adaptive seconds
-        results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
-        seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}  # per slice
-        cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}  # per slice, all it cost
-        spent = {arm: dict.fromkeys(("workers", "controller", "demo"), 0.0) for arm in ARMS}
+        watches = {p: GearWatch(self.namespace, gears[p], 0.0, p) for p in names}  # adaptive s
+        # per arm, per slice: wall seconds, workers' and controller's CPU, the lanes' reports
+        done: dict[str, list[tuple[float, float, float, dict[str, list[Any]]]]] = {
+            arm: [] for arm in ARMS}
+        demo, rss = dict.fromkeys(ARMS, 0.0), dict.fromkeys(ARMS, 0.0)
         began = time.monotonic()
-        elapsed = 0.0  # adaptive seconds so far: the watch's clock
+        elapsed = 0.0  # adaptive seconds so far: the watches' clock
         try:
             for k, end in enumerate(ends):
-                extra = 0.0  # the adaptive arm's CPU outside its own slice
+                outside = [0.0, 0.0]  # the adaptive arm's workers' and controller's CPU, all
+                this = {}
                 for arm in ARMS if k % 2 == 0 else ARMS[::-1]:
                     process, thread = time.process_time(), time.thread_time()
-                    # the watch's clock in this slice: adaptive seconds at its start, on
+                    # the watches' clock in this slice: adaptive seconds at its start, on
                     shift = elapsed - time.monotonic() if arm == "adaptive" else None
-                    replies = self._slice(arm, end, workload, watch, shift, gears, began)
+                    replies = self._slice(arm, end, mix, watches, shift, gears, began)
                     wall = max(r["ended"] for r in replies) - min(r["began"] for r in replies)
+                    reports = [r["profiles"] for r in replies]
                     if arm == "adaptive":
                         time.sleep(SETTLE_WAIT)  # the controller folds the slice and decides
                         settled = self.processes.ask(every, "settle")
                         wall += max(s["seconds"] for s in settled)
                         work = sum(r["cpu"] for r in replies) + sum(s["cpu"] for s in settled)
+                        reports += [s["profiles"] for s in settled]
                         elapsed += wall
-                        watch.poll(elapsed)
+                        for watch in watches.values():
+                            watch.poll(elapsed)
                     else:  # its request threads; the adaptive client's swap threads apart
                         work = sum(r["thread_cpu"] for r in replies)
-                        swap = sum(r["cpu"] - r["thread_cpu"] for r in replies)
-                        spent["adaptive"]["workers"] += swap
-                        extra += swap
+                        outside[0] += sum(r["cpu"] - r["thread_cpu"] for r in replies)
                     main = time.thread_time() - thread
-                    controller = time.process_time() - process - main
-                    spent[arm]["workers"] += work
-                    spent[arm]["demo"] += main
-                    spent["adaptive"]["controller"] += controller
-                    extra += controller
-                    results[arm] += replies
-                    seconds[arm].append(wall)
-                    cpu[arm].append(work)
-                cpu["adaptive"][-1] += extra
+                    demo[arm] += main
+                    outside[1] += time.process_time() - process - main
+                    rss[arm] = max(rss[arm], *(r["rss_mb"] for r in replies))
+                    this[arm] = wall, work, {p: [r[p] for r in reports] for p in names}
+                for arm in ARMS:
+                    wall, work, lanes = this[arm]
+                    extra = outside if arm == "adaptive" else [0.0, 0.0]
+                    done[arm].append((wall, work + extra[0], extra[1], lanes))
             lag = None
             if self.controller is not None:  # read before the controller stops
                 lag = propagation_lag(self.controller.controller.lags.get(0))
-            arms = {}
-            for arm in ARMS:
-                adaptive = arm == "adaptive"
-                figures = run_figures(results[arm], sum(seconds[arm]), spent[arm]["workers"],
-                                      spent[arm]["controller"], workload,
-                                      watch if adaptive else None, cost, lag if adaptive else None)
-                figures["demo_cpu_seconds"] = spent[arm]["demo"]
-                figures["decision_rounds"] = self._rounds(rounds) if adaptive else None
-                arms[arm] = figures
-            return arms, _spreads(seconds, cpu)
+            return self._figures(mix, costs, done, watches, lag, rss, demo, rounds)
         finally:
-            watch.close()
+            for watch in watches.values():
+                watch.close()
 
-    def _slice(self, arm: str, end: int, workload: Workload, watch: GearWatch,
-               shift: float | None, gears: dict[str, Any],
+    def _figures(self, mix: Mix, costs: dict[str, Cost], done: dict[str, list[Any]],
+                 watches: dict[str, GearWatch], lag: dict[str, float] | None,
+                 rss: dict[str, float], demo: dict[str, float],
+                 rounds: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The figures of `_interleave` from its slices `done`."""
+        names = mix.names
+        arms: dict[str, Any] = {}
+        profiles: dict[str, dict[str, Any]] = {p: {} for p in names}
+        # per arm, per slice: (wall, CPU seconds) of each profile, and of all (None)
+        slices: dict[str, list[dict[str | None, tuple[float, float]]]] = {}
+        for arm in ARMS:
+            adaptive = arm == "adaptive"
+            parts = [split(*s) for s in done[arm]]
+            figures = {}
+            for p in names:
+                results = [r for *_, lanes in done[arm] for r in lanes[p]]
+                wall, workers, controller = (sum(part[p][i] for part in parts) for i in range(3))
+                figures[p] = profiles[p][arm] = run_figures(
+                    results, wall, workers, controller, mix.profiles[p],
+                    watches[p] if adaptive else None, costs[p], lag if adaptive else None,
+                    rss[arm])
+            arms[arm] = overall(figures, *(sum(s[i] for s in done[arm]) for i in range(3)))
+            arms[arm]["demo_cpu_seconds"] = demo[arm]
+            arms[arm]["decision_rounds"] = self._rounds(rounds) if adaptive else None
+            slices[arm] = [{None: (s[0], s[1] + s[2]),
+                            **{p: (part[p][0], part[p][1] + part[p][2]) for p in names}}
+                           for s, part in zip(done[arm], parts, strict=True)]
+        for key, out in [*profiles.items(), (None, arms)]:
+            wall = {arm: [s[key][0] for s in slices[arm]] for arm in ARMS}
+            cpu = {arm: [s[key][1] for s in slices[arm]] for arm in ARMS}
+            out.update(_speedups(out["static"], out["adaptive"]), **spreads(wall, cpu))
+        return arms, profiles
+
+    def _slice(self, arm: str, end: int, mix: Mix, watches: dict[str, GearWatch],
+               shift: float | None, gears: dict[str, dict[str, Any]],
                began: float) -> list[dict[str, Any]]:
-        """One arm's slice up to row `end`, in every worker; their replies. The adaptive arm's
-        slice polls `watch` at CLOCK_MONOTONIC + `shift` (adaptive seconds)."""
+        """One arm's slice up to merged row `end`, in every worker; their replies. The adaptive
+        arm's slice polls `watches` at CLOCK_MONOTONIC + `shift` (adaptive seconds)."""
         self.processes.send("slice", arm, end)
         every = range(self.workers)
         at = ARMS.index(arm) * 3 * self.workers
@@ -214,12 +244,15 @@ class Demo:
             nonlocal next_report
             now = time.monotonic()
             if shift is not None:
-                watch.poll(now + shift)
+                for watch in watches.values():
+                    watch.poll(now + shift)
             if now >= next_report:
                 next_report = now + REPORT_SECONDS
                 counts = self.progress[at : at + 3 * self.workers]
-                self.report(progress(arm, now - began, counts, workload,
-                                     watch if shift is not None else None, gears))
+                seen = {p: w.gears for p, w in watches.items()} if shift is not None else gears
+                version = next(iter(watches.values())).version if shift is not None else None
+                self.report(progress(arm, now - began, counts, mix.events, _counts(seen),
+                                     version))
 
         deadline = time.monotonic() + max(READY_TIMEOUT, 20 * self.seconds)
         replies = self.processes.collect(every, "slice", deadline, tick)
@@ -257,27 +290,17 @@ class Demo:
             log.warning("demo: namespace %r not removed: %s", self.namespace, e)
 
 
-def slice_ends(workload: Workload, cost: Cost, count: int) -> list[int]:
-    """The rows where `count` slices end, cut where the static arm's expected time is shared
-    equally (consecutive rows, in trace order; the last ends at the last row)."""
-    seconds = cost.seconds(1.0, workload.padded().astype(np.float64),
-                           padded_pairs(workload.dims, workload.sizes).astype(np.float64))
-    share = np.cumsum(seconds) / float(np.sum(seconds))
-    ends = np.searchsorted(share, np.arange(1, count + 1) / count, "left") + 1
-    ends[-1] = workload.events
-    return sorted({int(e) for e in np.minimum(ends, workload.events)})
-
-
-def _spreads(seconds: dict[str, list[float]], cpu: dict[str, list[float]]) -> dict[str, Any]:
-    """The speedups slice by slice (the same rows for both arms): median, min and max."""
-
-    def spread(static: list[float], adaptive: list[float]) -> dict[str, Any]:
-        ratios = [s / a for s, a in zip(static, adaptive, strict=True)]
-        return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-                "slices": ratios}
-
+def _speedups(static: dict[str, Any], adaptive: dict[str, Any]) -> dict[str, float]:
     return {
-        "slices": len(seconds["static"]),
-        "speedup_slices": spread(seconds["static"], seconds["adaptive"]),
-        "cpu_speedup_slices": spread(cpu["static"], cpu["adaptive"]),
+        "speedup": adaptive["useful_tokens_per_second"] / static["useful_tokens_per_second"],
+        "cpu_speedup": adaptive["useful_tokens_per_cpu_second"]
+        / static["useful_tokens_per_cpu_second"],
+        "compute_ratio": static["model_seconds"] / adaptive["model_seconds"],
     }
+
+
+def _counts(gears: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Gears per dim of every profile (`profile.dim` for a dim two profiles share)."""
+    names = [d for g in gears.values() for d in g]
+    return {d if names.count(d) == 1 else f"{p}.{d}": len(v)
+            for p, g in gears.items() for d, v in g.items()}

@@ -16,10 +16,12 @@ from gearshift.tools.demo.workload import PROFILE
 
 
 class GearWatch:
-    """The demo profile's gears on device 0 as the snapshot region publishes them."""
+    """One profile's gears (default: the demo's of one trace) on device 0 as the snapshot
+    region publishes them."""
 
-    def __init__(self, namespace: str, gears: Mapping[str, Gears], now: float) -> None:
-        self.namespace = namespace
+    def __init__(self, namespace: str, gears: Mapping[str, Gears], now: float,
+                 profile: str = PROFILE) -> None:
+        self.namespace, self.profile = namespace, profile
         self.gears = dict(gears)
         self.region: SnapshotRegion | None = None
         self.version = 0
@@ -39,7 +41,7 @@ class GearWatch:
         if self.region.version() == self.version:
             return
         snapshot = self.region.read()
-        gears = protocol.profile_gears(snapshot.payload, PROFILE) if snapshot else None
+        gears = protocol.profile_gears(snapshot.payload, self.profile) if snapshot else None
         if snapshot is None or gears is None:
             return
         if self.version:

@@ -1,12 +1,13 @@
 """The demo's workload: a trace's rows as requests (numpy, no torch).
 
-Each row is one prefill request whose raw sizes are the row's dims; the model (`MODEL`) gets
-`x = [*sizes, WIDTH]` and attends over SEQLEN, the last dim (a trace without SEQLEN runs every
-row as sequences of one token). A request carries `prod(sizes)` useful tokens and runs its
-padded chunks: `padded_tokens` tokens, and `padded_pairs` (tokens x sequence length), which
-attention's cost follows. The dims are the simulator's static ones (`simulate.policy_dims`);
-the adaptive run prices SEQLEN with the calibrated model (`Cost.priced`). A run replays one
-row in `stride` (`Workload.every`); how the demo sizes and scales its runs: docs/tools.md.
+Each row is one request of one profile (a prefill, or a decode step of a trace without SEQLEN)
+whose raw sizes are the row's dims; the block (`MODEL`) gets `x = [*sizes, WIDTH]` and attends
+over SEQLEN, the last dim (a trace without SEQLEN runs every row as sequences of one token). A
+request carries `prod(sizes)` useful tokens and runs its padded chunks: `padded_tokens` tokens,
+and `padded_pairs` (tokens x sequence length), which attention's cost follows. The dims are
+the simulator's static ones (`simulate.policy_dims`); the adaptive run prices SEQLEN with the
+calibrated model (`Cost.priced`). A run replays one row in `stride` (`Workload.every`; the
+profiles of a run together: `mix.Mix`); how the demo sizes and scales its runs: docs/tools.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from gearshift.tools.trace import load_trace
 # most (`gearshift bench simulate`). One dim, so a new gear costs one capture per worker, and
 # the most rows of the prefill traces.
 DEFAULT_TRACE = "azure_conv_prefill"
-PROFILE = "demo"
+LLAMA_TRACE = "azure_conv"  # --model llama's default: a source, both profiles (`mix.load_mix`)
+PROFILE = "demo"  # the profile of a run of one trace
 SEQ = "SEQLEN"  # the dim attention runs over
 WIDTH, HEADS = 16, 1  # the model's features per token, and its attention heads
 HEAD = "one head" if HEADS == 1 else f"{HEADS} heads"
@@ -143,11 +145,3 @@ def padded_pairs(
     gears = gears or {d: dim.initial_gears for d, dim in dims.items()}
     tokens = padded_tokens(dims, sizes, gears)
     return tokens * padded_work(gears[SEQ], sizes[SEQ], False) if SEQ in dims else tokens
-
-
-def stride_for(workload: Workload, cost: Cost, budget: float, parallel: int) -> float:
-    """The stride (>= 1) whose static run, at `cost` on `parallel` cores, takes `budget`
-    seconds."""
-    pairs = padded_pairs(workload.dims, workload.sizes)
-    seconds = cost.seconds(workload.events, float(workload.padded().sum()), float(pairs.sum()))
-    return max(1.0, seconds / parallel / budget)

@@ -1,0 +1,282 @@
+"""One arm of the comparison in a demo worker: a lane per profile, replaying merged rows (torch).
+
+A `Lane` is one profile of one arm: its own model, a `Runner` of it and its `route`, over the
+profile's rows. `Lane.figures()` gives what the lane did since the last call (requests, tokens,
+pairs, raw and padded sizes per dim, the wall and CPU time of its requests, its captures, its
+runner's counts) and starts anew, so captures made between slices (`AdaptiveArm.settle`) count
+in the next report. An `Arm` replays the merged rows (`mix.Mix`) a slice at a time: row j on
+lane `which[j]`, that lane's row `local[j]`. The static arm (`static_arm`) keeps the runners'
+initial gears, with no client; the adaptive arm (`AdaptiveArm`) routes every request through
+its profile on a client of the controller, and waits before it until the gears of a new
+snapshot are captured (why: docs/tools.md), a wait its lanes' request times leave out.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import resource
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+import gearshift as gs
+from gearshift.core.dims import Dim, Gears, padded_work
+from gearshift.graphs.backends import CpuBackend
+from gearshift.graphs.pool import GraphResourcePool
+from gearshift.tools.demo import block
+from gearshift.tools.demo.workload import SEQ
+
+SETTLE_POLL = 0.001  # seconds between looks at whether the swap thread has captured new gears
+
+
+class Model(Protocol):
+    """A demo model (`block.Model`, `llama.DemoLlama`): `x = [..., width]` in and out of the
+    same leading shape as its runner binds it; `tokens` counts every token it computed."""
+
+    width: int
+    tokens: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class Counted:
+    """`model`, counting the tokens it computes on each thread apart (`here`)."""
+
+    def __init__(self, model: Model) -> None:
+        self.model, self._local = model, threading.local()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self._local.tokens = self.here() + x.numel() // self.model.width
+        return self.model(x)
+
+    def here(self) -> int:
+        """Tokens computed on this thread so far."""
+        return getattr(self._local, "tokens", 0)
+
+
+class Runner(gs.AdaptiveRunner):
+    """An AdaptiveRunner of a `Counted` model that adds up the CPU seconds and the tokens of
+    its captures, their runs to time the new graphs included (captures and releases run on
+    one thread at a time: the caller's, then the swap thread; requests may run meanwhile)."""
+
+    capture_seconds = 0.0
+    capture_tokens = 0
+
+    def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
+        began, tokens = time.thread_time(), self.transform.fn.here()
+        try:
+            return super().capture(variants)
+        finally:
+            self.capture_seconds += time.thread_time() - began
+            self.capture_tokens += self.transform.fn.here() - tokens
+
+
+def features(model: Model, dims: Mapping[str, Dim]) -> tuple[int, ...]:
+    """x's static trailing sizes: the features, after a sequence axis of 1 without SEQLEN."""
+    return (model.width,) if SEQ in dims else (1, model.width)
+
+
+def runner_for(model: Model, dims: Mapping[str, Dim]) -> Runner:
+    """A Runner of `model` with `x` = [*dims, *features], in a pool of its own."""
+    tail = features(model, dims)
+    axes = (*dims, *(None for _ in tail))
+    transform = gs.Transform(Counted(model), dims, {"x": axes}, outputs=axes)
+    example = {"x": torch.zeros(*(1 for _ in dims), *tail)}
+    return Runner(transform, example, pool=GraphResourcePool(CpuBackend()))
+
+
+def variants(gears: Mapping[str, Gears]) -> list[dict[str, int]]:
+    return [dict(zip(gears, v, strict=True)) for v in itertools.product(*gears.values())]
+
+
+def pairs(dims: Mapping[str, Dim], sizes: Sequence[int]) -> int:
+    """Tokens times sequence length (the last size with SEQLEN, else 1)."""
+    return math.prod(sizes) * (sizes[-1] if SEQ in dims else 1)
+
+
+def inputs(model: Model, dims: Mapping[str, Dim],
+           rows: Sequence[Sequence[int]]) -> list[dict[str, torch.Tensor]]:
+    """Each row's input: the leading `row` block of one random tensor."""
+    source = torch.randn(*np.max(rows, axis=0).tolist(), *features(model, dims))
+    return [{"x": source[tuple(slice(0, n) for n in row)]} for row in rows]
+
+
+# route(i, request) brackets the run of the lane's row i, entered as its padded work per dim
+Route = Callable[[int, dict[str, int]], AbstractContextManager[Sequence[int]]]
+
+
+class Lane:
+    """One profile of an arm over the rows of `sizes` (module docstring); it captures the
+    runner's gears first."""
+
+    def __init__(self, model: Model, runner: Runner, route: Route,
+                 sizes: Mapping[str, np.ndarray]) -> None:
+        self.model, self.runner, self.route = model, runner, route
+        self.names = list(sizes)
+        self.rows = list(zip(*(v.tolist() for v in sizes.values()), strict=True))
+        self.inputs = inputs(model, runner.transform.dims, self.rows)
+        runner.capture(variants(runner.gears))
+        self._base = self._counters()
+        self._clear()
+
+    def _counters(self) -> dict[str, Any]:
+        r = self.runner
+        return {"computed": self.model.tokens, "capture_cpu": r.capture_seconds,
+                "capture_tokens": r.capture_tokens, **r.stats}
+
+    def _clear(self) -> None:
+        self.raw, self.work = [0] * len(self.names), [0] * len(self.names)
+        self.requests = self.useful = self.padded = self.useful_pairs = self.padded_pairs = 0
+        self.busy = self.busy_cpu = 0.0
+
+    def run(self, i: int) -> tuple[int, int]:
+        """Route and run row i; its useful and padded tokens."""
+        row, dims = self.rows[i], self.runner.transform.dims
+        began, cpu = time.monotonic(), time.thread_time()
+        with self.route(i, dict(zip(self.names, row, strict=True))) as work:
+            self.runner.run(self.inputs[i])
+        self.busy += time.monotonic() - began
+        self.busy_cpu += time.thread_time() - cpu
+        self.raw = [a + b for a, b in zip(self.raw, row, strict=True)]
+        self.work = [a + b for a, b in zip(self.work, work, strict=True)]
+        useful, padded = math.prod(row), math.prod(work)
+        self.requests += 1
+        self.useful += useful
+        self.padded += padded
+        self.useful_pairs += pairs(dims, row)
+        self.padded_pairs += pairs(dims, work)
+        return useful, padded
+
+    def figures(self) -> dict[str, Any]:
+        """What the lane did since the last call: its requests and their wall and CPU seconds
+        (`busy_seconds`, `busy_cpu`), tokens computed, captures and the runner's counts."""
+        now = self._counters()
+        out = {
+            "requests": self.requests,
+            "useful": self.useful,
+            "padded": self.padded,
+            "useful_pairs": self.useful_pairs,
+            "padded_pairs": self.padded_pairs,
+            "busy_seconds": self.busy,
+            "busy_cpu": self.busy_cpu,
+            "dims": {d: [r, p] for d, r, p in zip(self.names, self.raw, self.work, strict=True)},
+            **{k: v - self._base[k] for k, v in now.items()},
+        }
+        self._base = now
+        self._clear()
+        return out
+
+
+class Arm:
+    """Lanes over the merged rows (module docstring); `report(requests, useful, padded)` gets
+    the arm's progress so far, every profile's together."""
+
+    def __init__(self, lanes: Mapping[str, Lane], which: np.ndarray, local: np.ndarray,
+                 report: Callable[[int, int, int], None] = lambda *_: None) -> None:
+        self.lanes, self.report = dict(lanes), report
+        order = list(self.lanes.values())
+        self.order = [(order[p], i) for p, i in zip(which.tolist(), local.tolist(), strict=True)]
+        self.done = self.useful = self.padded = 0
+
+    def ready(self) -> None:
+        """Before each request (the static arm: nothing)."""
+
+    def figures(self) -> dict[str, dict[str, Any]]:
+        return {name: lane.figures() for name, lane in self.lanes.items()}
+
+    def replay(self, take: Callable[[int], int], end: int) -> dict[str, Any]:
+        """Run the merged rows `take(end)` gives (the next one, `end` when none is left before
+        it); the slice's figures: its times and each lane's (`profiles`)."""
+        parent = os.getppid()
+        began, cpu, thread = time.monotonic(), time.process_time(), time.thread_time()
+        while (j := take(end)) < end:
+            if os.getppid() != parent:
+                raise SystemExit("the demo process is gone")
+            self.ready()
+            lane, i = self.order[j]
+            useful, padded = lane.run(i)
+            self.done, self.useful, self.padded = (self.done + 1, self.useful + useful,
+                                                   self.padded + padded)
+            self.report(self.done, self.useful, self.padded)
+        return {
+            "began": began,
+            "ended": time.monotonic(),
+            "cpu": time.process_time() - cpu,
+            "thread_cpu": time.thread_time() - thread,
+            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "profiles": self.figures(),
+        }
+
+
+class _Routed:
+    """The adaptive run's bracket of one request (`Profile.request`), entered as its padded
+    work per dim: its chunks' gears summed, the raw size when eager."""
+
+    __slots__ = ("request", "sizes")
+
+    def __init__(self, request: AbstractContextManager[gs.Route], sizes: dict[str, int]) -> None:
+        self.request, self.sizes = request, sizes
+
+    def __enter__(self) -> list[int]:
+        plan = self.request.__enter__()
+        return [sum(plan.chunks[d]) or n for d, n in self.sizes.items()]
+
+    def __exit__(self, *exc: Any) -> None:
+        self.request.__exit__(*exc)
+
+
+def _static_route(runner: Runner, sizes: Mapping[str, np.ndarray]) -> Route:
+    dims = runner.transform.dims
+    work = [padded_work(runner.gears[d], sizes[d], dim.splittable) for d, dim in dims.items()]
+    per_request = np.stack(work, axis=1).tolist()
+    return lambda i, _: nullcontext(per_request[i])
+
+
+def static_arm(lanes: Mapping[str, tuple[Model, Runner, Mapping[str, np.ndarray]]],
+               which: np.ndarray, local: np.ndarray,
+               report: Callable[[int, int, int], None] = lambda *_: None) -> Arm:
+    """The arm on each runner's initial gears, kept (`lanes`: profile -> model, runner, its
+    rows' sizes): no client, no controller."""
+    made = {p: Lane(model, runner, _static_route(runner, sizes), sizes)
+            for p, (model, runner, sizes) in lanes.items()}
+    return Arm(made, which, local, report)
+
+
+class AdaptiveArm(Arm):
+    """The arm through `client` (connected to the controller serving its namespace): per
+    profile (`profiles`: name -> its dims and its rows' sizes) a profile of the client and a
+    runner of a model of its own (`make`)."""
+
+    def __init__(self, client: gs.Client,
+                 profiles: Mapping[str, tuple[Mapping[str, Dim], Mapping[str, np.ndarray]]],
+                 which: np.ndarray, local: np.ndarray,
+                 report: Callable[[int, int, int], None] = lambda *_: None,
+                 make: Callable[[], Model] = block.Model) -> None:
+        self.client, self.profiles = client, {}
+        lanes = {}
+        for name, (dims, sizes) in profiles.items():
+            model = make()
+            self.profiles[name] = profile = client.profile(name, dims)
+            runner = profile.attach(runner_for(model, dims))
+            lanes[name] = Lane(model, runner, _routed(profile), sizes)
+        super().__init__(lanes, which, local, report)
+
+    def ready(self) -> None:
+        self.settle()  # a new snapshot's gears are captured before the request
+
+    def settle(self) -> None:
+        """Adopt the newest snapshot and wait until every profile's gears are captured."""
+        self.client.refresh()
+        while not all(p.settled for p in self.profiles.values()):
+            time.sleep(SETTLE_POLL)
+
+
+def _routed(profile: gs.Profile) -> Route:
+    return lambda _, request: _Routed(profile.request(**request), request)
