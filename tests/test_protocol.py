@@ -74,3 +74,13 @@ def test_refusals_are_short_whatever_was_sent(change: dict) -> None:
     with pytest.raises((PayloadError, ShapeError)) as info:
         protocol.parse_register(msg)
     assert len(str(info.value)) < 300
+
+
+def test_profile_changes_keeps_only_well_formed_rows() -> None:
+    payload = protocol.snapshot_payload(0, {"p": {"S": [1, 2]}}, {"p": [
+        ["S", 2, "add", "why"], ["S", True, "add", "bool gear"], ["S", 2, "add"],
+        "not a row", [1, 2, "add", "dim not a str"]]})
+    assert protocol.profile_changes(payload, "p") == [("S", 2, "add", "why")]
+    assert protocol.profile_changes(payload, "other") == []
+    assert protocol.profile_changes({"profiles": {"p": {"changes": "x"}}}, "p") == []
+    assert protocol.profile_changes(None, "p") == []

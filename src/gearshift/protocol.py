@@ -106,3 +106,19 @@ def profile_gears(payload: Any, name: str) -> dict[str, Gears] | None:
         return {d: tuple(int(g) for g in gs) for d, gs in dims.items()}
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
+
+
+def profile_changes(payload: Any, name: str) -> list[tuple[str, int, str, str]]:
+    """The last round's changes of profile `name` in a snapshot payload, (dim, gear, action,
+    reason) each; the malformed ones left out, none when it is absent."""
+    try:
+        changes = payload["profiles"][name]["changes"]
+        rows = list(changes) if isinstance(changes, list) else []
+    except (AttributeError, KeyError, TypeError):
+        return []
+    out = []
+    for c in rows:
+        if (isinstance(c, list) and len(c) == 4 and isinstance(c[0], str) and isinstance(c[2], str)
+                and isinstance(c[3], str) and isinstance(c[1], int) and not isinstance(c[1], bool)):
+            out.append((c[0], c[1], c[2], c[3]))
+    return out

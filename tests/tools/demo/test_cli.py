@@ -46,6 +46,9 @@ FIGURES = {
     "versions_missed",
     "decision_rounds",
     "propagation_lag",
+    "priced_adds",
+    "priced_reasons",
+    "capture_share",
 }
 
 
@@ -106,7 +109,10 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
     # one profile: its figures are the run's (but for the arm-wide ones)
     (name, one), = result["profiles"].items()
     assert name == "demo" and one["trace"] == "azure_conv_prefill"
-    assert set(one["adaptive"]) == FIGURES - {"demo_cpu_seconds", "decision_rounds"}
+    assert set(one["adaptive"]) == (FIGURES - {"demo_cpu_seconds", "decision_rounds"}
+                                    | {"measured_costs"})
+    measured = one["adaptive"]["measured_costs"]["SEQLEN"]  # the workers' graphs, fitted
+    assert measured["measurements"] >= 2 and len(measured["replay_seconds"]) >= 2
     assert one["adaptive"]["useful_tokens"] == adaptive["useful_tokens"]
     assert one["speedup"] == pytest.approx(result["speedup"])
     assert adaptive["decision_rounds"]["count"] >= 1 and adaptive["controller_cpu_seconds"] > 0
@@ -163,6 +169,9 @@ RUN = {
     "worker_peak_rss_mb": 400.0,
     "adds": 0,
     "evictions": 0,
+    "priced_adds": 0,
+    "priced_reasons": [],
+    "capture_share": 0.0,
     "captures": 0,
     "eager": 0,
     "snapshot_version": None,
@@ -236,3 +245,22 @@ def test_table_of_two_profiles_gives_each_then_both() -> None:
     assert lines["BATCHSIZE gears, mean / final"][-6:] == ["6.0", "/", "3", "7.0", "/", "3"]
     assert lines["adds / evictions"][-6:] == ["1", "/", "4", "0", "/", "0"]
     assert "decision rounds" in every and "SEQLEN" not in every and "1.25x" in every
+
+
+def test_table_shows_the_measured_costs_and_the_priced_decisions() -> None:
+    costs = {"measurements": 12, "replay_seconds": {8: 0.001, 64: 0.004, 512: 0.02, 4096: 0.3,
+                                                    8192: 0.7},
+             "capture_seconds": {"a": 0.002, "b": 1.5e-5}, "graph_bytes": {"a": 0, "b": 64}}
+    reasons = ["SEQLEN 900: plan of 9 gears: padding -1 pts, saves 2 s over 19 s for 0.4 s of "
+               "capture"]
+    adaptive = {**ADAPTIVE, "priced_adds": 5, "capture_share": 0.058, "priced_reasons": reasons,
+                "measured_costs": {"SEQLEN": costs}}
+    text = table({**RESULT, "adaptive": adaptive,
+                  "profiles": {"demo": {"adaptive": adaptive, "static": RUN}}})
+    lines = {line.strip().split("  ")[0]: line.split() for line in text.splitlines()}
+    assert lines["adds priced in measured seconds"][-2:] == ["5", "0"]
+    assert lines["captures' share of workers' CPU"][-2:] == ["5.8%", "0.0%"]
+    measured = [line for line in text.splitlines() if line.startswith("measured demo/SEQLEN")]
+    assert measured == ["measured demo/SEQLEN (12 graphs): replay 8: 1.00 ms, 512: 20.00 ms, "
+                        "8192: 700.00 ms; capture 0.002 s + 1.5e-05 s·gear"]
+    assert f"priced demo: {reasons[0]}" in text.splitlines()

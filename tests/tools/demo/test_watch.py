@@ -70,3 +70,21 @@ def test_waits_for_the_region_and_follows_its_own_profile_only(namespace: str) -
         watch.close()
         region.close()
         region.unlink()
+
+
+def test_counts_the_priced_additions_and_keeps_their_last_reasons(
+    namespace: str, region: SnapshotRegion
+) -> None:
+    watch = GearWatch(namespace, {"SEQLEN": (1, 4)}, now=0.0)
+    priced = "plan of 3 gears: padding -2 pts, saves 3 s over 1800 s for 1 s of capture"
+    for version, gear in enumerate((2, 3, 5, 6), 1):
+        changes = {PROFILE: [["SEQLEN", gear, "add", f"{priced} ({gear})"],
+                             ["SEQLEN", 1, "evict", "unused"],  # not an addition
+                             ["SEQLEN", 7, "add", "cover: 5 samples over 4"],  # not priced
+                             ["SEQLEN", "x", "add", priced]]}  # malformed: left out
+        region.publish(protocol.snapshot_payload(0, {PROFILE: {"SEQLEN": [1, 4, gear]}},
+                                                 changes))
+        watch.poll(float(version))
+    assert watch.priced == 4
+    assert watch.priced_reasons == [f"SEQLEN {g}: {priced} ({g})" for g in (3, 5, 6)]
+    watch.close()

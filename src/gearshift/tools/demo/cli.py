@@ -213,7 +213,26 @@ def table(r: dict[str, Any]) -> str:
         lines += ["", "every profile", *_arms(r, dims=False, device=True)]
     else:
         lines += _arms(r, dims=True, device=True)
-    return "\n".join(lines)
+    return "\n".join(lines + _measured(profiles))
+
+
+def _measured(profiles: dict[str, Any]) -> list[str]:
+    """What the workers measured of the adaptive arm's graphs, per profile and dim, as the
+    controller fitted it, and the last priced decisions' reasons."""
+    lines = []
+    for p, f in profiles.items():
+        a = f.get("adaptive", {})
+        for d, c in (a.get("measured_costs") or {}).items():
+            curve = c["replay_seconds"] or {}
+            points = list(curve.items())
+            shown = points if len(points) <= 4 else [points[0], points[len(points) // 2],
+                                                     points[-1]]
+            replay = ", ".join(f"{g}: {s * 1e3:.2f} ms" for g, s in shown) or "too few gears"
+            cap = c["capture_seconds"]
+            lines.append(f"measured {p}/{d} ({c['measurements']} graphs): replay {replay}; "
+                         f"capture {cap['a']:.3g} s + {cap['b']:.3g} s·gear")
+        lines += [f"priced {p}: {why}" for why in a.get("priced_reasons", [])[-2:]]
+    return ["", *lines] if lines else []
 
 
 def _arms(r: dict[str, Any], dims: bool, device: bool) -> list[str]:
@@ -246,7 +265,9 @@ def _arms(r: dict[str, Any], dims: bool, device: bool) -> list[str]:
             lambda x: f"{x['worker_cpu_seconds']:.1f} / {x['controller_cpu_seconds']:.1f}",
         ),
         row("  workers' captures", lambda x: f"{x['capture_cpu_seconds']:.1f}"),
+        row("  captures' share of workers' CPU", lambda x: f"{x['capture_share']:.1%}"),
         row("adds / evictions", lambda x: f"{x['adds']} / {x['evictions']}"),
+        row("  adds priced in measured seconds", lambda x: f"{x['priced_adds']}"),
         row("graph captures (new gears)", lambda x: f"{x['captures']:,}"),
         row("eager runs (no graph ready)", lambda x: f"{x['eager']:,}"),
     ]

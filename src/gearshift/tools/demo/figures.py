@@ -118,6 +118,9 @@ def run_figures(
         "captures": total("captures"),
         "replays": total("replays"),
         "eager": total("eager"),
+        "priced_adds": watch.priced if watch else 0,
+        "priced_reasons": list(watch.priced_reasons) if watch else [],
+        "capture_share": total("capture_cpu") / worker_cpu if worker_cpu else 0.0,
         "snapshot_version": watch.version if watch else None,
         "versions_missed": watch.missed if watch else None,
         "propagation_lag": lag,
@@ -126,7 +129,7 @@ def run_figures(
 
 SUMMED = ("requests", "useful_tokens", "padded_tokens", "model_seconds", "useful_model_seconds",
           "replayed_tokens", "captured_tokens", "capture_cpu_seconds", "adds", "evictions",
-          "captures", "replays", "eager")
+          "captures", "replays", "eager", "priced_adds")
 
 
 def overall(profiles: dict[str, dict[str, Any]], seconds: float, worker_cpu: float,
@@ -156,6 +159,8 @@ def overall(profiles: dict[str, dict[str, Any]], seconds: float, worker_cpu: flo
         snapshot_version=None if None in versions else max(versions),
         versions_missed=None if None in missed else max(missed),
         propagation_lag=figures[0]["propagation_lag"],
+        priced_reasons=[r for f in figures for r in f["priced_reasons"]],
+        capture_share=out["capture_cpu_seconds"] / worker_cpu if worker_cpu else 0.0,
     )
     return {k: out[k] for k in figures[0]}  # in run_figures' order
 

@@ -189,10 +189,16 @@ class Demo:
                     wall, work, lanes = this[arm]
                     extra = outside if arm == "adaptive" else [0.0, 0.0]
                     done[arm].append((wall, work + extra[0], extra[1], lanes))
-            lag = None
+            lag, measured = None, {}
             if self.controller is not None:  # read before the controller stops
                 lag = propagation_lag(self.controller.controller.lags.get(0))
-            return self._figures(mix, costs, done, watches, lag, rss, demo, rounds)
+                book = self.controller.controller.costs
+                measured = {p: {d: c.summary() for d, c in book.costs(0, p).items()}
+                            for p in mix.names}
+            arms, profiles = self._figures(mix, costs, done, watches, lag, rss, demo, rounds)
+            for p, dims in measured.items():
+                profiles[p]["adaptive"]["measured_costs"] = dims
+            return arms, profiles
         finally:
             for watch in watches.values():
                 watch.close()

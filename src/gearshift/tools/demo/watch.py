@@ -2,6 +2,8 @@
 
 Every version seen gives the time-weighted mean gears, the adds and the evictions; a version
 published and replaced between two looks is counted as missed, its changes netted into the next.
+The changes' reasons tell the priced ones (measured costs decided them: `PRICED` in the reason);
+the last PRICED_KEPT are kept as examples.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from gearshift.core.dims import Gears
 from gearshift.shm import SnapshotRegion
 from gearshift.tools.demo.workload import PROFILE
 
+PRICED = " s of capture"  # in the reason of every priced addition (core.payback.Payback.why)
+PRICED_KEPT = 3
+
 
 class GearWatch:
     """One profile's gears (default: the demo's of one trace) on device 0 as the snapshot
@@ -25,7 +30,8 @@ class GearWatch:
         self.gears = dict(gears)
         self.region: SnapshotRegion | None = None
         self.version = 0
-        self.adds = self.evictions = self.missed = 0
+        self.adds = self.evictions = self.missed = self.priced = 0
+        self.priced_reasons: list[str] = []
         self.began = self.since = now
         self.area = dict.fromkeys(gears, 0.0)  # gear count x seconds
 
@@ -46,6 +52,11 @@ class GearWatch:
             return
         if self.version:
             self.missed += snapshot.version - self.version - 1
+        for dim, gear, action, reason in protocol.profile_changes(snapshot.payload, self.profile):
+            if action == "add" and PRICED in reason:
+                self.priced += 1
+                self.priced_reasons = [*self.priced_reasons, f"{dim} {gear}: {reason}"][
+                    -PRICED_KEPT:]
         for d, new in gears.items():
             self.adds += len(set(new) - set(self.gears[d]))
             self.evictions += len(set(self.gears[d]) - set(new))
