@@ -8,7 +8,6 @@ from collections.abc import Iterator, Mapping
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 import gearshift as gs
 from gearshift.graphs.backends import CpuBackend
@@ -18,32 +17,11 @@ from gearshift.worker import startup
 from gearshift.worker.profile import RETRY_SECONDS, WARM_BATCH
 from gearshift.worker.startup import StartupGears, defers, undeferred
 from worker.fake_controller import FakeController
+from worker.test_adoption import DIMS, INPUTS, call, check, model
 from worker.test_warmup import ScriptedRunner, settle
 
-H = 4
-torch.manual_seed(0)
-LAYER = torch.nn.Linear(H, H)
-DIMS = {
-    "BATCHSIZE": gs.Dim(gears=[2, 4, 8], max=64, splittable=True),
-    "SEQLEN": gs.Dim(gears=[8, 16], max=16),
-}
-INPUTS = {"x": ("B", "S", None), "mask": ("B", "S")}
 LADDER = {"B": gs.Dim(max=64)}  # 1, 2, 4, ..., 64
 WANTING = SimpleNamespace(take_wanted=list)  # a runner that says what requests wanted
-
-
-@torch.no_grad()
-def model(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.tanh(LAYER(x)) * mask.unsqueeze(-1)
-
-
-def call(b: int, s: int) -> dict[str, torch.Tensor]:
-    return {"x": torch.randn(b, s, H), "mask": torch.ones(b, s)}
-
-
-def check(prof: gs.Profile, b: int, s: int) -> None:
-    tensors = call(b, s)
-    torch.testing.assert_close(prof.run(**tensors), model(**tensors))
 
 
 def attach(prof: gs.Profile) -> gs.AdaptiveRunner:

@@ -263,7 +263,8 @@ class AdaptiveArm(Arm):
         lanes = {}
         for name, (dims, sizes) in profiles.items():
             model = make()
-            self.profiles[name] = profile = client.profile(name, dims)
+            # Start-up gears captured at once, as the static arm's: the arms differ in gears only
+            self.profiles[name] = profile = client.profile(name, dims, lazy_start=False)
             runner = profile.attach(runner_for(model, dims))
             lanes[name] = Lane(model, runner, _routed(profile), sizes)
         super().__init__(lanes, which, local, report)
