@@ -35,5 +35,18 @@ def test_report_per_family() -> None:
     assert r["mean_gears_mean"] > 1 and r["padding_overhead_mean"] > 0
     # a set fitted on another draw pads at least the hindsight optimum of as many gears
     assert 0.5 < r["ratio_held_out_worst"] <= r["ratio_worst"] * (1 + 1e-9)
-    table = CliRunner().invoke(command, ["--seeds", "1", "--family", "bimodal"]).output
+    table = CliRunner().invoke(command, ["--seeds", "1", "--family", "bimodal",
+                                         "--no-priced"]).output
     assert table.count("\n") == 3 and table.splitlines()[2].startswith("| bimodal | ")
+
+
+def test_priced_part_replays_each_family_in_device_seconds() -> None:
+    result = CliRunner().invoke(command, ["--seeds", "1", "--family", "zipf batch", "--json"])
+    assert result.exit_code == 0, result.output
+    levels = json.loads(result.output)["priced"]["zipf batch"]["BATCHSIZE"]
+    assert set(levels) == {"0", "5"}
+    for r in levels.values():  # never above pow2 or unpriced plan on this family
+        assert r["vs_pow2"] <= 1.0 + 1e-9 and r["vs_plan"] <= 1.0
+        assert r["ratio"] == r["priced"]["device_overhead"] / r["optimal"]["device_overhead"]
+    text = CliRunner().invoke(command, ["--seeds", "1", "--family", "zipf batch"]).output
+    assert "| zipf batch | BATCHSIZE | 5 |" in text

@@ -63,9 +63,10 @@ def _figures(d: DimResult, hours: float, capture: float, per: float | None = Non
             "changes_per_hour": (d.adds + d.evictions) / hours}
 
 
-def bench_priced(trace: Trace) -> dict[str, dict[str, dict]]:
-    """Per dim, per capture level (its str): every mode's figures, and the priced mode's
-    device overhead over the optimum's (`ratio`), pow2's and unpriced plan's."""
+def bench_priced(trace: Trace, levels: tuple[float, ...] = CAPTURE_LEVELS
+                 ) -> dict[str, dict[str, dict]]:
+    """Per dim, per capture level of `levels` (its str): every mode's figures, and the priced
+    mode's device overhead over the optimum's (`ratio`), pow2's and unpriced plan's."""
     cost, hours = device_costs(trace), trace.duration / 3600.0
     once = Device(Line(1.0), WORKERS, lazy=True)
     static = Device(Line(1.0), WORKERS)
@@ -77,7 +78,7 @@ def bench_priced(trace: Trace) -> dict[str, dict[str, dict]]:
         "plan": simulate(trace, adaptive, PolicyConfig(), device=once),
     }
     out: dict[str, dict[str, dict]] = {d: {} for d in trace.dims}
-    for level in CAPTURE_LEVELS:
+    for level in levels:
         device = Device(Line(level), WORKERS, priced=True, lazy=True)
         priced = simulate(trace, adaptive, PolicyConfig(), device=device)
         for dim in trace.dims:

@@ -23,12 +23,15 @@ import numpy as np
 from gearshift.clikit import json_option
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import padded_work
+from gearshift.tools.bench.priced import bench_priced
+from gearshift.tools.bench.priced import markdown as priced_markdown
 from gearshift.tools.bench.simulate import held_out_gears, optimal_at
 from gearshift.tools.simulate import policy_dims, simulate
 from gearshift.tools.trace import Trace
 
 HOUR = 3600.0
 HELD_OUT = 1000  # the held-out optimum of seed s is fitted on seed s + HELD_OUT
+PRICED_LEVELS = (0.0, 5.0)  # capture seconds of the priced part: the ends of bench simulate's
 Draw = Callable[[np.random.Generator, np.ndarray], np.ndarray]
 
 # family -> (dim, requests per second, sizes at times t)
@@ -137,13 +140,18 @@ def run_trace(trace: Trace, config: PolicyConfig,
     type=click.Choice(list(FAMILIES)),
     help="A family (default: all).",
 )
+@click.option("--priced/--no-priced", default=True, show_default=True,
+              help="Also each family's first trace in device seconds (`bench simulate`'s "
+              "model), at 0 and 5 s a capture: priced plan mode against the baselines.")
 @json_option()
-def command(seeds: int, families: tuple[str, ...], as_json: bool) -> None:
+def command(seeds: int, families: tuple[str, ...], priced: bool, as_json: bool) -> None:
     """Plan mode on synthetic one-hour traces against the hindsight optimum at equal gear
-    count (goal: ratio <= 1.25)."""
+    count (goal: ratio <= 1.25); priced, on traces the policy was not tuned on."""
     config = PolicyConfig()
+    chosen = families or tuple(FAMILIES)
+    costs = {f: bench_priced(synthetic(f, 0), PRICED_LEVELS) for f in chosen} if priced else {}
     out: dict[str, dict[str, float]] = {}
-    for family in families or FAMILIES:
+    for family in chosen:
         runs = [run_trace(synthetic(family, seed), config, synthetic(family, seed + HELD_OUT))
                 for seed in range(seeds)]
         out[family] = {f"{key}_mean": statistics.fmean(r[key] for r in runs) for key in runs[0]}
@@ -152,7 +160,7 @@ def command(seeds: int, families: tuple[str, ...], as_json: bool) -> None:
             for key in ("ratio", "ratio_interpolated", "ratio_held_out")
         }
     if as_json:
-        click.echo(json.dumps({"seeds": seeds, "families": out}))
+        click.echo(json.dumps({"seeds": seeds, "families": out, "priced": costs}))
         return
     click.echo(
         "| family | worst ratio | mean ratio | worst, interpolated | worst, held out | padding "
@@ -165,3 +173,5 @@ def command(seeds: int, families: tuple[str, ...], as_json: bool) -> None:
             f"{r['padding_overhead_mean']:.3f} | {r['mean_gears_mean']:.1f} | "
             f"{r['churn_per_hour_mean']:.0f} |"
         )
+    if costs:
+        click.echo("\n" + priced_markdown(costs))

@@ -264,7 +264,7 @@ def _synthetic(r: dict[str, Any]) -> list[Row]:
             f"{f['ratio_worst']:.2f}",
         )
         for family, f in r["families"].items()
-    ]
+    ] + _priced(r.get("priced", {}))
 
 
 TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
