@@ -232,7 +232,8 @@ def _simulate(r: dict[str, Any]) -> list[Row]:
 
 def _priced(traces: dict[str, Any]) -> list[Row]:
     """Per trace, dim and capture cost: priced plan mode's device overhead against unpriced
-    plan mode, pow2 and the hindsight optimum at equal mean gears (priced / baseline)."""
+    plan mode, pow2 and the hindsight optimum at equal mean gears (priced / baseline, as the
+    "vs hindsight" rows: over 1 worse)."""
 
     def mode(m: dict[str, Any]) -> str:
         return (f"{m['device_overhead']:.1%} device, {m['mean_gears']:.1f} gears, "
@@ -243,7 +244,8 @@ def _priced(traces: dict[str, Any]) -> list[Row]:
         for dim, levels in dims.items():
             for level, d in levels.items():
                 rows.append((
-                    f"{trace.removeprefix('azure_')} {dim} at {level} s a capture, priced",
+                    f"{trace.removeprefix('azure_')} {dim} at {level} s a capture, priced vs "
+                    "hindsight (priced / unpriced plan; / pow2; / optimum)",
                     mode(d["priced"]),
                     f"unpriced plan {d['plan']['device_overhead']:.1%}; pow2 "
                     f"{d['pow2']['device_overhead']:.1%}; optimal "
