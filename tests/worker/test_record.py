@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from controller.test_processes import FAST
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,16 +25,6 @@ DIMS = {
     "BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8, 16, 32, 64], max=256),
     "SEQLEN": gs.Dim(min=1, max=8192, align=16),
 }
-FAST = (  # a decision round every half second of a real `gearshift serve`
-    "check_interval_seconds=0.2",
-    "update_interval_seconds=0.5",
-    "recent_use_protect_seconds=0.5",
-    "window_seconds=10",
-    "half_life_seconds=5",
-    "slice_seconds=0.5",
-    "scan_interval_seconds=0.1",
-    "status_interval_seconds=0.1",
-)
 
 
 @pytest.fixture
@@ -148,7 +139,7 @@ def test_the_controller_learns_the_gears_of_a_worker_that_only_records(
     namespace: str, mp, spawn, tmp_path: Path
 ) -> None:
     command = [sys.executable, "-m", "gearshift", "serve", "-n", namespace, "--state-dir",
-               str(tmp_path), "--log-level", "WARNING", *(f"--set={kv}" for kv in FAST)]
+               str(tmp_path), "--log-level", "WARNING", *FAST]
     controller = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         results, stop = mp.Queue(), mp.Event()

@@ -285,12 +285,7 @@ class Router:
             raise self._mismatch(sizes)
         values = [0] * MAX_DIMS
         for i, (name, spec) in enumerate(self.dims.items()):
-            raw = sizes.get(name)
-            if type(raw) is not int:
-                raw = self._coerce(name, sizes)
-            if raw < spec.min or raw > spec.max:
-                raise ShapeError(f"{self.name}: {name}={raw} is outside [{spec.min}, {spec.max}]")
-            values[i] = raw
+            values[i] = self._checked(name, spec, sizes)
         self._write(self._now_ns(), *values, self._in_use.record_meta, 0)
 
     def _route(self, in_use: _InUse, sizes: Mapping[str, int]) -> Route:
@@ -314,12 +309,7 @@ class Router:
             raise self._mismatch(sizes)
         chunks, values, runs, kind = {}, [0] * MAX_DIMS, [], _SHAPE
         for i, (name, spec) in enumerate(self.dims.items()):
-            raw = sizes.get(name)
-            if type(raw) is not int:
-                raw = self._coerce(name, sizes)
-            if raw < spec.min or raw > spec.max:
-                raise ShapeError(f"{self.name}: {name}={raw} is outside [{spec.min}, {spec.max}]")
-            values[i] = raw
+            values[i] = raw = self._checked(name, spec, sizes)
             gears = in_use.gears[name]
             if spec.splittable and -(-raw // gears[-1]) > MAX_CHUNKS:
                 c = ()  # more chunks than a record counts: eager, recorded as such
@@ -333,6 +323,15 @@ class Router:
             meta = ring.meta(self.id, in_use.version, kind, self._ndim)
         self._write(self._now_ns(), *values, meta, ring.counts(runs))
         return _new_route(Route, (in_use.version, MappingProxyType(chunks)))
+
+    def _checked(self, name: str, spec: Dim, sizes: Mapping[str, object]) -> int:
+        """`sizes[name]` as an int within the dim's bounds; ShapeError otherwise."""
+        raw = sizes.get(name)
+        if type(raw) is not int:
+            raw = self._coerce(name, sizes)
+        if raw < spec.min or raw > spec.max:
+            raise ShapeError(f"{self.name}: {name}={raw} is outside [{spec.min}, {spec.max}]")
+        return raw
 
     def _coerce(self, name: str, sizes: Mapping[str, object]) -> int:
         if name not in sizes:
