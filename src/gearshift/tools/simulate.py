@@ -322,3 +322,13 @@ def _reached(dim: Dim, values: np.ndarray, gears: tuple[Gears, ...],
         for g in initial & set(used.tolist()):
             reached.setdefault(g, i)
     return reached
+
+
+def odd_runs(trace: Trace, result: SimulationResult, dim: str) -> tuple[np.ndarray,
+                                                                         list[np.ndarray]]:
+    """The odd events' indices, and their values of `dim` cut by `result`'s segments (one run
+    per segment: each ran on that segment's gears)."""
+    seg = np.searchsorted(result.starts, trace.t - trace.t[0], "right") - 1
+    odd = np.arange(1, trace.dims[dim].size, 2)
+    values = trace.dims[dim][odd]
+    return odd, np.split(values, np.searchsorted(seg[odd], np.arange(1, len(result.starts))))

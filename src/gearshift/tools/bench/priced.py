@@ -20,7 +20,14 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Line
 from gearshift.core.dims import Dim, padded_cost
 from gearshift.core.optimal import optimal_sets
-from gearshift.tools.simulate import Device, DimResult, SimulationResult, policy_dims, simulate
+from gearshift.tools.simulate import (
+    Device,
+    DimResult,
+    SimulationResult,
+    odd_runs,
+    policy_dims,
+    simulate,
+)
 from gearshift.tools.trace import Trace
 
 CAPTURE_LEVELS = (0.0, 0.05, 0.5, 5.0)  # seconds per gear captured
@@ -118,11 +125,9 @@ def _held_out(trace: Trace, run: SimulationResult, dim: str, priced: Dim, level:
     largest value (a static set chosen in advance); captures count in the odd events' share of
     the raw seconds."""
     values = trace.dims[dim]
-    odd = np.arange(1, values.size, 2)
+    odd, runs = odd_runs(trace, run, dim)
     share = float(priced.work(values[odd]).sum() / priced.work(values).sum())
     d = run.dims[dim]
-    seg = np.searchsorted(run.starts, trace.t - trace.t[0], "right") - 1
-    runs = np.split(values[odd], np.searchsorted(seg[odd], np.arange(1, len(run.starts))))
     mine = sum(float(padded_cost(priced, g, v).sum()) for g, v in zip(d.gears, runs, strict=True))
     raw = float(priced.work(values[odd]).sum())
     ours = (mine + d.capture_seconds * share) / raw - 1.0

@@ -31,7 +31,14 @@ from gearshift.core.dims import Gears, ladder, padded_work
 from gearshift.core.optimal import optimal_gears
 from gearshift.tools.bench.priced import bench_priced
 from gearshift.tools.bench.priced import markdown as priced_markdown
-from gearshift.tools.simulate import SPLITTABLE, DimResult, SimulationResult, policy_dims, simulate
+from gearshift.tools.simulate import (
+    SPLITTABLE,
+    DimResult,
+    SimulationResult,
+    odd_runs,
+    policy_dims,
+    simulate,
+)
 from gearshift.tools.trace import Trace, load_trace, shipped_traces
 
 
@@ -67,9 +74,7 @@ def _held_out(trace: Trace, result: SimulationResult, dim: str, k: int) -> float
     """Plan mode's padding over that of the optimal `k` gears of the even events (the largest
     raised to the trace's largest value), both on the odd events."""
     values, split = trace.dims[dim], dim in SPLITTABLE
-    seg = np.searchsorted(result.starts, trace.t - trace.t[0], "right") - 1
-    odd = np.arange(1, values.size, 2)
-    runs = np.split(values[odd], np.searchsorted(seg[odd], np.arange(1, len(result.starts))))
+    odd, runs = odd_runs(trace, result, dim)
     gears = result.dims[dim].gears
     plan = sum(int(padded_work(g, v, split).sum()) for g, v in zip(gears, runs, strict=True))
     best = padded_work(held_out_gears(values[::2], k, int(values.max())), values[odd], split).sum()
