@@ -31,6 +31,20 @@ class MonotonicClock:
             time.sleep(seconds)
 
 
+class ThreadCpuClock:
+    """The calling thread's CPU seconds (`time.thread_time`): what a graph costs on the cpu,
+    where wall time would also count the other processes' share of the cores. Torch's
+    intra-op pool threads are not the caller: exact with one intra-op thread, as the demo's
+    workers run. `sleep` is the wall clock's (CPU time does not pass while asleep)."""
+
+    now = staticmethod(time.thread_time)
+    now_ns = staticmethod(time.thread_time_ns)
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+
 class FakeClock:
     """Virtual time for tests: `sleep` advances `now` instantly; thread-safe."""
 

@@ -112,12 +112,14 @@ def test_fits_are_cached_until_measured_again_and_priced_from_two_gears() -> Non
     book.add(0, "p", "B", Measurement(64, 0.05 + 64e-3, 8000, 5e-3))
     costs = book.costs(0, "p")["B"]
     assert costs is not fitted and costs.measurements == 2
-    assert (costs.capture.a, costs.capture.b) == pytest.approx((0.05, 1e-3))
+    assert costs.capture is not None and costs.capture.seconds == pytest.approx((0.058, 0.114))
     prices = book.prices(0, "p", 3)["B"]
     assert prices.workers == 3 and prices.capture_cost([8]) == pytest.approx(3 * 0.058)
+    assert prices.capture_cost([36]) == pytest.approx(3 * 0.086)  # between measured gears
     view = book.view(0, "p")["B"]
     assert view["gears"] == [8, 64] and view["counts"] == [1, 1]
     assert view["replay_seconds"] == view["replay_fit"] == pytest.approx([1e-3, 5e-3])
+    assert view["capture_seconds"] == view["capture_fit"] == pytest.approx([0.058, 0.114])
     assert view["graph_bytes"] == pytest.approx({"a": 0.0, "b": 125.0})
 
 
@@ -160,9 +162,8 @@ def test_a_controller_keeps_shows_saves_and_restores_what_workers_measured(
     text = render({"namespace": "n", "controller": {"pid": 1, "alive": True,
                                                     "heartbeat_age_seconds": None},
                    "slots": [], "versions": {}, "status": doc})
-    assert "2 measurements" in text and "measured: 2 graphs; capture 0.186 s + 0.00179 s·gear, " \
-        "graph 1 MiB + 128 KiB·gear" in text
-    assert "replay fit     1ms     6ms" in text
+    assert "2 measurements" in text and "measured: 2 graphs; graph 1 MiB + 128 KiB·gear" in text
+    assert "replay fit      1ms     6ms" in text and "capture fit   200ms   300ms" in text
     _run(controller, clock, 1.5, good)  # a decision round saves what was measured
     book = CostBook()
     statefile.load(controller.config.state_path, clock.now(), POLICY, book)

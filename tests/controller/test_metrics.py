@@ -50,7 +50,8 @@ def test_metrics_endpoint_serves_the_status_document(namespace: str, tmp_path: P
     assert "gearshift_measurements_total 1.0" in lines
     assert f'gearshift_cost_measurements{{{dim},profile="decode"}} 1.0' in lines
     assert f'gearshift_replay_seconds{{{dim},gear="8",profile="decode"}} 0.001' in lines
-    assert f'gearshift_capture_cost_seconds{{{dim},profile="decode",term="a"}} 0.25' in lines
+    assert f'gearshift_capture_seconds{{{dim},gear="8",profile="decode"}} 0.25' in lines
+    assert f'gearshift_capture_fit_seconds{{{dim},gear="8",profile="decode"}} 0.25' in lines
     assert f'gearshift_graph_cost_bytes{{{dim},profile="decode",term="b"}} 0.0' in lines
     assert not any(line.startswith("gearshift_replay_fit_seconds{") for line in lines)  # 1 gear
 

@@ -141,14 +141,15 @@ def test_isotonic_pools_a_violation_into_its_weighted_mean() -> None:
 
 
 def test_fit_of_nothing_costs_nothing_and_has_no_curve() -> None:
-    assert fit([]) == DimCosts(None, Line(), Line(), 0)
+    assert fit([]) == DimCosts(None, None, Line(), 0)
     assert fit(iter([])).measurements == 0
 
 
-def test_fit_of_one_gear_has_constant_lines_and_no_curve_yet() -> None:
+def test_fit_of_one_gear_has_constant_captures_and_bytes_and_no_replay_curve_yet() -> None:
     costs = fit([m(64, 0.2, 1000, 1e-3), m(64, 0.4, 3000, 2e-3), m(64, 0.9, 2000, 9e-3)])
     assert MIN_GEARS == 2 and costs.replay is None and costs.measurements == 3
-    assert costs.capture == Line(0.4, 0.0) and costs.bytes == Line(2000.0, 0.0)  # medians
+    assert costs.capture == Curve((64,), (0.4,)) and costs.bytes == Line(2000.0, 0.0)  # medians
+    assert costs.capture(np.array([1, 64, 8192])).tolist() == [0.4, 0.4, 0.4]
 
 
 def test_fit_of_many_gears_reads_per_gear_medians_in_any_order() -> None:
@@ -162,12 +163,30 @@ def test_fit_of_many_gears_reads_per_gear_medians_in_any_order() -> None:
     assert costs.replay is not None and costs.replay.gears == (64, 256, 1024, 4096)
     # 256 (4 ms, one) and 1024 (3 ms, three) pool into their weighted mean 3.25 ms
     assert costs.replay.seconds == pytest.approx((1e-3, 3.25e-3, 3.25e-3, 1.6e-2))
-    assert (costs.capture.a, costs.capture.b) == (pytest.approx(0.1), pytest.approx(1e-3))
+    # capture seconds: the per-gear medians (1024's outlier of 9 s is outvoted), monotone
+    assert costs.capture is not None and costs.capture.gears == costs.replay.gears
+    assert costs.capture.seconds == pytest.approx([0.1 + 1e-3 * g for g in (64, 256, 1024, 4096)])
     assert (costs.bytes.a, costs.bytes.b) == (pytest.approx(1000), pytest.approx(10))
     summary = costs.summary()
     assert summary["replay_seconds"] == dict(zip(costs.replay.gears, costs.replay.seconds,
                                                  strict=True))
-    assert summary["measurements"] == 6 and summary["capture_seconds"]["b"] == costs.capture.b
+    assert summary["capture_seconds"] == dict(zip(costs.capture.gears, costs.capture.seconds,
+                                                  strict=True))
+    assert summary["measurements"] == 6
+
+
+def test_a_convex_capture_cost_is_fitted_as_measured_not_as_a_line_through_it() -> None:
+    # on the cpu a capture runs the model, so it grows like the work: quadratic here; a
+    # straight line through these points would put gear 1024 at several times its cost
+    gears = (64, 256, 1024, 4096, 16384)
+    costs = fit([m(g, 1e-9 * g * g, 1000, 1e-9 * g * g) for g in gears])
+    assert costs.capture is not None
+    assert float(costs.capture(1024)) == pytest.approx(1e-9 * 1024**2)
+    line = Line.fit(np.array(gears), np.array([1e-9 * g * g for g in gears]))
+    assert float(line(1024)) > 5 * float(costs.capture(1024))
+    # a capture cost that falls with the gear is noise: pooled flat
+    flat = fit([m(64, 0.3, 1, 1e-3), m(128, 0.1, 1, 2e-3)])
+    assert flat.capture is not None and flat.capture.seconds == pytest.approx((0.2, 0.2))
 
 
 def test_prices_capture_cost_and_held_bytes_count_every_worker() -> None:

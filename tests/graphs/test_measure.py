@@ -4,6 +4,7 @@ the cpu); a measurement that fails leaves the capture standing."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,10 +12,10 @@ import pytest
 import torch
 
 import gearshift as gs
-from gearshift.clock import FakeClock
+from gearshift.clock import FakeClock, MonotonicClock, ThreadCpuClock
 from gearshift.graphs import device as device_module
 from gearshift.graphs.backends import CpuBackend
-from gearshift.graphs.measure import Meter, static_bytes
+from gearshift.graphs.measure import Meter, clock_for, static_bytes
 from gearshift.graphs.pool import GraphResourcePool
 from graphs.fake_device import FakeCuda, MiB
 
@@ -50,6 +51,22 @@ def test_a_cpu_graph_is_measured_in_the_clock_and_its_static_buffers() -> None:
     assert b.graph_bytes == 2 * 2 * 16 * H * 4
     assert r.take_measurements() == []  # taken once
     assert r.stats["replays"] == 0  # timed replays are not requests' replays
+
+
+def test_a_cpu_graph_is_timed_in_cpu_seconds_by_default_a_device_graph_on_the_wall() -> None:
+    fake = FakeCuda()
+    assert isinstance(clock_for(CpuBackend()), ThreadCpuClock)
+    assert isinstance(clock_for(fake.backend()), MonotonicClock)
+    assert isinstance(Meter(CpuBackend()).clock, ThreadCpuClock)
+    # a thread's CPU seconds do not pass while it waits (as while other processes run)
+    cpu = ThreadCpuClock()
+    began = cpu.now()
+    time.sleep(0.05)
+    assert cpu.now() - began < 0.02 and cpu.now_ns() >= int(began * 1e9)
+    deadline = time.monotonic() + 10.0  # ... and do while it computes
+    while cpu.now() - began < 0.03 and time.monotonic() < deadline:
+        sum(range(1000))
+    assert cpu.now() - began >= 0.03
 
 
 def test_a_device_graph_counts_its_warm_up_and_its_pool() -> None:

@@ -27,6 +27,7 @@ import numpy as np
 from gearshift.core.costs import (
     MAX_GRAPH_BYTES,
     MAX_MEASURED_SECONDS,
+    Curve,
     DimCosts,
     Measurement,
     Prices,
@@ -144,21 +145,22 @@ class CostBook:
 
     def view(self, device: int, profile: str) -> dict[str, dict[str, Any]]:
         """Per measured dim, the status document's figures: measurements, per gear measured
-        (ascending; the VIEW_GEARS measured last) how many and their median replay seconds, the
-        fitted replay curve at those gears (None below two gears), capture seconds and graph
-        bytes as a + b·gear."""
+        (ascending; the VIEW_GEARS measured last) how many, their median replay and capture
+        seconds and the fitted curves at those gears (the replay's None below two gears), and
+        graph bytes as a + b·gear."""
         out = {}
         book = self._book.get((device, profile), {})
         for dim, c in self.costs(device, profile).items():
             gears = sorted(list(book[dim])[-VIEW_GEARS:])
-            replays = [[m.replay_seconds for m in book[dim][g]] for g in gears]
+            ms = [book[dim][g] for g in gears]
             out[dim] = {
                 "measurements": c.measurements,
                 "gears": gears,
-                "counts": [len(r) for r in replays],
-                "replay_seconds": [float(np.median(r)) for r in replays],
-                "replay_fit": None if c.replay is None else [float(c.replay(g)) for g in gears],
-                "capture_seconds": {"a": c.capture.a, "b": c.capture.b},
+                "counts": [len(m) for m in ms],
+                "replay_seconds": [float(np.median([x.replay_seconds for x in m])) for m in ms],
+                "replay_fit": _at(c.replay, gears),
+                "capture_seconds": [float(np.median([x.capture_seconds for x in m])) for m in ms],
+                "capture_fit": _at(c.capture, gears),
                 "graph_bytes": {"a": c.bytes.a, "b": c.bytes.b},
             }
         return out
@@ -167,6 +169,10 @@ class CostBook:
         """The state file's rows of a profile (module docstring)."""
         return {d: [[m.gear, m.capture_seconds, m.graph_bytes, m.replay_seconds] for m in ms]
                 for d, ms in self.measurements(device, profile).items()}
+
+
+def _at(curve: Curve | None, gears: list[int]) -> list[float] | None:
+    return None if curve is None else [float(curve(g)) for g in gears]
 
 
 def from_state(profile: str, dims: Mapping[str, Dim],

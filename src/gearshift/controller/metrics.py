@@ -152,23 +152,23 @@ class _CostFamilies:
                             " measured gear", labels=[*labels, "gear"])
         self.fit = gauge("gearshift_replay_fit_seconds", "Fitted (monotone) replay seconds, per"
                          " measured gear", labels=[*labels, "gear"])
-        self.capture = gauge("gearshift_capture_cost_seconds", "Capture seconds fitted as"
-                             " a + b*gear (term a: seconds, b: seconds per gear unit)",
-                             labels=[*labels, "term"])
+        self.capture = gauge("gearshift_capture_seconds", "Median measured capture seconds,"
+                             " per measured gear", labels=[*labels, "gear"])
+        self.capture_fit = gauge("gearshift_capture_fit_seconds", "Fitted (monotone) capture"
+                                 " seconds, per measured gear", labels=[*labels, "gear"])
         self.bytes = gauge("gearshift_graph_cost_bytes", "Graph bytes fitted as a + b*gear"
                            " (term a: bytes, b: bytes per gear unit)", labels=[*labels, "term"])
-        self.families = (self.count, self.replay, self.fit, self.capture, self.bytes)
+        self.families = (self.count, self.replay, self.fit, self.capture, self.capture_fit,
+                         self.bytes)
 
     def add(self, labels: list[str], costs: dict[str, Any] | None) -> None:
         if not costs:
             return
         self.count.add_metric(labels, costs["measurements"])
-        fits = costs["replay_fit"] or [None] * len(costs["gears"])
-        for gear, seconds, fitted in zip(costs["gears"], costs["replay_seconds"], fits,
-                                         strict=True):
-            self.replay.add_metric([*labels, str(gear)], seconds)
-            if fitted is not None:
-                self.fit.add_metric([*labels, str(gear)], fitted)
+        for family, key in ((self.replay, "replay_seconds"), (self.fit, "replay_fit"),
+                            (self.capture, "capture_seconds"),
+                            (self.capture_fit, "capture_fit")):
+            for gear, seconds in zip(costs["gears"], costs.get(key) or (), strict=False):
+                family.add_metric([*labels, str(gear)], seconds)
         for term in ("a", "b"):
-            self.capture.add_metric([*labels, term], costs["capture_seconds"][term])
             self.bytes.add_metric([*labels, term], costs["graph_bytes"][term])

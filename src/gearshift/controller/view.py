@@ -143,15 +143,16 @@ def _costs(c: dict[str, Any] | None) -> list[str]:
     """A dim's measured costs: the fits, then per measured gear its replay times."""
     if not c:
         return []
-    capture, held = c["capture_seconds"], c["graph_bytes"]
+    held = c["graph_bytes"]
     lines = [
-        f"    measured: {c['measurements']} graphs; capture {capture['a']:.3g} s + "
-        f"{capture['b']:.3g} s·gear, graph {_bytes(held['a'])} + {_bytes(held['b'])}·gear",
-        "    at gear    " + " ".join(f"{g:>7}" for g in c["gears"]),
-        "    replay     " + " ".join(f"{_seconds(t):>7}" for t in c["replay_seconds"]),
+        f"    measured: {c['measurements']} graphs; graph {_bytes(held['a'])} + "
+        f"{_bytes(held['b'])}·gear",
+        "    at gear     " + " ".join(f"{g:>7}" for g in c["gears"]),
     ]
-    if c["replay_fit"] is not None:
-        lines.append("    replay fit " + " ".join(f"{_seconds(t):>7}" for t in c["replay_fit"]))
+    for key, label in (("replay_seconds", "replay"), ("replay_fit", "replay fit"),
+                       ("capture_seconds", "capture"), ("capture_fit", "capture fit")):
+        if c.get(key) is not None:
+            lines.append(f"    {label:<11} " + " ".join(f"{_seconds(t):>7}" for t in c[key]))
     return lines
 
 

@@ -1,8 +1,10 @@
 """What a gear costs on a device: replay seconds per chunk, capture seconds and graph bytes.
 
 Workers measure every graph they capture (`Measurement`); `fit` turns one dim's measurements
-into `DimCosts`: a replay-cost `Curve` monotone in the gear (isotonic over the per-gear medians,
-linear in between and beyond), and capture seconds and graph bytes as `Line`s, A + B·gear
+into `DimCosts`: replay seconds and capture seconds per gear, each a `Curve` monotone in the
+gear (isotonic over the per-gear medians, linear in between and beyond: a capture runs the
+graph's work, convex in the gear where that work is, as on the cpu, nearly flat where launch
+overheads dominate, so no straight line fits both), and graph bytes as a `Line`, A + B·gear
 (least squares over the per-gear medians, A and B never negative). `Prices` is what plan mode
 prices one dim's moves with (docs/policy.md, "Priced decisions"). Pure: data in, fits out; no
 clock, I/O or torch. Every measured value is bounded on construction, so a broken worker's
@@ -102,28 +104,31 @@ class Curve:
 
 @dataclass(frozen=True)
 class DimCosts:
-    """One dim's fitted costs: `replay` (None until MIN_GEARS distinct gears are measured),
-    `capture` seconds and graph `bytes` per gear, and how many measurements they rest on."""
+    """One dim's fitted costs: `replay` seconds per chunk (None until MIN_GEARS distinct gears
+    are measured), `capture` seconds per gear (None without a measurement), graph `bytes` per
+    gear, and how many measurements they rest on."""
 
     replay: Curve | None
-    capture: Line
+    capture: Curve | None
     bytes: Line
     measurements: int
 
     def summary(self) -> dict[str, Any]:
-        """JSON-ready: the fits' figures (the curve as its points)."""
-        curve = None if self.replay is None else dict(zip(self.replay.gears, self.replay.seconds,
-                                                          strict=True))
-        return {"measurements": self.measurements, "replay_seconds": curve,
-                "capture_seconds": {"a": self.capture.a, "b": self.capture.b},
+        """JSON-ready: the fits' figures (each curve as its points, gear -> seconds)."""
+        return {"measurements": self.measurements, "replay_seconds": _points(self.replay),
+                "capture_seconds": _points(self.capture),
                 "graph_bytes": {"a": self.bytes.a, "b": self.bytes.b}}
+
+
+def _points(curve: Curve | None) -> dict[int, float] | None:
+    return None if curve is None else dict(zip(curve.gears, curve.seconds, strict=True))
 
 
 def fit(measurements: Iterable[Measurement]) -> DimCosts:
     """The costs of one dim from its measurements (any order, any number)."""
     ms = list(measurements)
     if not ms:
-        return DimCosts(None, Line(), Line(), 0)
+        return DimCosts(None, None, Line(), 0)
     gear = np.array([m.gear for m in ms], np.int64)
     gears = np.unique(gear)[-MAX_POINTS:]
 
@@ -132,10 +137,13 @@ def fit(measurements: Iterable[Measurement]) -> DimCosts:
         return np.array([np.median(v[gear == g]) for g in gears])
 
     counts = np.array([(gear == g).sum() for g in gears], float)
-    replay = medians([m.replay_seconds for m in ms])
-    curve = (Curve(tuple(int(g) for g in gears), tuple(map(float, isotonic(replay, counts))))
-             if gears.size >= MIN_GEARS else None)
-    return DimCosts(curve, Line.fit(gears, medians([m.capture_seconds for m in ms])),
+    points = tuple(int(g) for g in gears)
+
+    def curve(values: list[float]) -> Curve:
+        return Curve(points, tuple(map(float, isotonic(medians(values), counts))))
+
+    replay = curve([m.replay_seconds for m in ms]) if gears.size >= MIN_GEARS else None
+    return DimCosts(replay, curve([m.capture_seconds for m in ms]),
                     Line.fit(gears, medians([float(m.graph_bytes) for m in ms])), len(ms))
 
 
@@ -157,11 +165,11 @@ def isotonic(y: np.ndarray, w: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class Prices:
     """What plan mode prices one dim's moves with: `replay` seconds per chunk (None: the Dim's
-    own `cost` is in seconds), `capture` seconds per gear and per worker, `workers` that each
-    capture a gear added, graph `bytes` per gear and worker, and the device's `headroom` in
-    bytes under its budget (None: no budget)."""
+    own `cost` is in seconds), `capture` seconds per gear and per worker (measured: a Curve; a
+    model: a Line), `workers` that each capture a gear added, graph `bytes` per gear and
+    worker, and the device's `headroom` in bytes under its budget (None: no budget)."""
 
-    capture: Line
+    capture: Line | Curve
     workers: int = 1
     replay: Curve | None = None
     bytes: Line = Line()
@@ -186,7 +194,7 @@ def prices_for(costs: Mapping[str, DimCosts], workers: int,
     """Per dim, the Prices of its fitted costs once its replay curve exists (a dim without
     one is decided unpriced)."""
     return {d: Prices(c.capture, max(workers, 1), c.replay, c.bytes, headroom)
-            for d, c in costs.items() if c.replay is not None}
+            for d, c in costs.items() if c.replay is not None and c.capture is not None}
 
 
 def spent(prices: Mapping[str, Prices], before: Mapping[str, Any],

@@ -11,8 +11,10 @@ A graph's cost (`GraphCost`) is what `core.costs.Measurement` holds for each of 
   REPLAYS on a device, CPU_REPLAYS on the cpu, where a replay re-runs the function and so
   costs a capture.
 
-Measuring never raises: a synchronize or a timed replay that fails leaves the graph unmeasured
-(`Meter.failures`, logged once) and the capture stands.
+Seconds are the meter's clock (`clock_for`): on a device the monotonic clock, on the cpu the
+measuring thread's CPU time, so that what other processes run meanwhile does not bend the
+fitted curves. Measuring never raises: a synchronize or a timed replay that fails leaves the
+graph unmeasured (`Meter.failures`, logged once) and the capture stands.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gearshift.clock import Clock, MonotonicClock
+from gearshift.clock import Clock, MonotonicClock, ThreadCpuClock
 
 log = logging.getLogger(__name__)
 REPLAYS = 3  # timed replays per device graph: the median of three, cheap beside a capture
@@ -35,6 +37,14 @@ CPU_REPLAYS = 1  # per cpu graph: each re-runs the function, as long as the capt
 def replays_for(backend: Any) -> int:
     """How many replays of a graph of `backend` are timed by default."""
     return CPU_REPLAYS if getattr(backend, "kind", "") == "cpu" else REPLAYS
+
+
+def clock_for(backend: Any) -> Clock:
+    """What times a graph of `backend` by default: on the cpu the measuring thread's CPU
+    seconds (a graph's cost there is the CPU it takes; the wall clock would count other
+    load, which differs between a start-up capture and one made while requests run), on a
+    device the monotonic clock between two synchronizes."""
+    return ThreadCpuClock() if getattr(backend, "kind", "") == "cpu" else MonotonicClock()
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,7 @@ class Meter:
     """Times captures and replays on one backend (`synchronize()`) with `clock`."""
 
     def __init__(self, backend: Any, clock: Clock | None = None, replays: int = REPLAYS) -> None:
-        self.backend, self.clock, self.replays = backend, clock or MonotonicClock(), replays
+        self.backend, self.clock, self.replays = backend, clock or clock_for(backend), replays
         self.failures = 0
 
     def now(self) -> float | None:

@@ -250,7 +250,8 @@ def test_table_of_two_profiles_gives_each_then_both() -> None:
 def test_table_shows_the_measured_costs_and_the_priced_decisions() -> None:
     costs = {"measurements": 12, "replay_seconds": {8: 0.001, 64: 0.004, 512: 0.02, 4096: 0.3,
                                                     8192: 0.7},
-             "capture_seconds": {"a": 0.002, "b": 1.5e-5}, "graph_bytes": {"a": 0, "b": 64}}
+             "capture_seconds": {8: 0.002, 64: 0.003, 512: 0.01, 4096: 0.2, 8192: 0.5},
+             "graph_bytes": {"a": 0, "b": 64}}
     reasons = ["SEQLEN 900: plan of 9 gears: padding -1 pts, saves 2 s over 19 s for 0.4 s of "
                "capture"]
     adaptive = {**ADAPTIVE, "priced_adds": 5, "capture_share": 0.058, "priced_reasons": reasons,
@@ -262,5 +263,5 @@ def test_table_shows_the_measured_costs_and_the_priced_decisions() -> None:
     assert lines["captures' share of workers' CPU"][-2:] == ["5.8%", "0.0%"]
     measured = [line for line in text.splitlines() if line.startswith("measured demo/SEQLEN")]
     assert measured == ["measured demo/SEQLEN (12 graphs): replay 8: 1.00 ms, 512: 20.00 ms, "
-                        "8192: 700.00 ms; capture 0.002 s + 1.5e-05 s·gear"]
+                        "8192: 700.00 ms; capture 8: 2.00 ms, 512: 10.00 ms, 8192: 500.00 ms"]
     assert f"priced demo: {reasons[0]}" in text.splitlines()

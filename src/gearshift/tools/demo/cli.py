@@ -223,16 +223,17 @@ def _measured(profiles: dict[str, Any]) -> list[str]:
     for p, f in profiles.items():
         a = f.get("adaptive", {})
         for d, c in (a.get("measured_costs") or {}).items():
-            curve = c["replay_seconds"] or {}
-            points = list(curve.items())
-            shown = points if len(points) <= 4 else [points[0], points[len(points) // 2],
-                                                     points[-1]]
-            replay = ", ".join(f"{g}: {s * 1e3:.2f} ms" for g, s in shown) or "too few gears"
-            cap = c["capture_seconds"]
-            lines.append(f"measured {p}/{d} ({c['measurements']} graphs): replay {replay}; "
-                         f"capture {cap['a']:.3g} s + {cap['b']:.3g} s·gear")
+            lines.append(f"measured {p}/{d} ({c['measurements']} graphs): replay "
+                         f"{_curve(c['replay_seconds'])}; capture {_curve(c['capture_seconds'])}")
         lines += [f"priced {p}: {why}" for why in a.get("priced_reasons", [])[-2:]]
     return ["", *lines] if lines else []
+
+
+def _curve(points: dict[Any, float] | None) -> str:
+    """A fitted curve's first, middle and last points (all of them up to four), in ms."""
+    items = list((points or {}).items())
+    shown = items if len(items) <= 4 else [items[0], items[len(items) // 2], items[-1]]
+    return ", ".join(f"{g}: {s * 1e3:.2f} ms" for g, s in shown) or "too few gears"
 
 
 def _arms(r: dict[str, Any], dims: bool, device: bool) -> list[str]:
