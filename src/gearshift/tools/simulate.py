@@ -253,7 +253,7 @@ def simulate(
             [c.action for c in changes if c.dim == name],
             [c.gear for c in changes if c.dim == name and c.action == "add"],
             device,
-            _reached(dim, trace.dims[name], tuple(gears[name]), sizes) if device.lazy
+            reached(dim, trace.dims[name], tuple(gears[name]), sizes) if device.lazy
             else dict.fromkeys(dim.initial_gears, 0),
         )
         for name, dim in dims.items()
@@ -302,7 +302,7 @@ def _dim_result(
     )
 
 
-def _reached(dim: Dim, values: np.ndarray, gears: tuple[Gears, ...],
+def reached(dim: Dim, values: np.ndarray, gears: tuple[Gears, ...],
              sizes: np.ndarray) -> dict[int, int]:
     """The initial gears some event ran on while they were held since the start, each with
     the segment where that first happened."""

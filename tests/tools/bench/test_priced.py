@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from gearshift.core.dims import Dim
 from gearshift.tools.bench.priced import (
     ATTENTION_S,
     CAPTURE_LEVELS,
@@ -15,6 +16,7 @@ from gearshift.tools.bench.priced import (
     PREFILL,
     TOKEN_S,
     WEIGHTS_S,
+    _after_start,
     bench_priced,
     device_costs,
     markdown,
@@ -53,9 +55,12 @@ def test_every_dim_level_and_mode_is_reported(priced: dict) -> None:
         assert list(levels) == [f"{level:g}" for level in CAPTURE_LEVELS] == ["0", "0.05", "0.5",
                                                                               "5"]
         for row in levels.values():
-            assert set(row) == {*MODES, "ratio", "held_out_ratio", "vs_pow2", "vs_plan"}
+            assert set(row) == {*MODES, "ratio", "held_out_ratio", "after_start",
+                                "vs_after_start", "vs_pow2", "vs_plan"}
             assert 0 < row["held_out_ratio"] < math.inf
             p = row["priced"]
+            assert row["vs_after_start"] == pytest.approx(p["device_overhead"]
+                                                          / row["after_start"])
             assert row["ratio"] == pytest.approx(p["device_overhead"]
                                                  / row["optimal"]["device_overhead"])
             assert row["vs_pow2"] == pytest.approx(p["device_overhead"]
@@ -90,8 +95,20 @@ def test_the_table_has_a_row_per_dim_and_level(priced: dict) -> None:
     table = markdown({"azure_code_batched": priced})
     lines = table.splitlines()
     assert len(lines) == 2 + 2 * len(CAPTURE_LEVELS)
-    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 13
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 14
     row = priced["SEQLEN"]["5"]
     assert lines[-1].startswith("| code_batched | SEQLEN | 5 | ")
     assert lines[-1].endswith(f"| {row['ratio']:.2f} | {row['held_out_ratio']:.2f} "
+                              f"| {row['vs_after_start']:.2f} "
                               f"| {row['vs_pow2']:.2f} | {row['vs_plan']:.2f} |")
+
+
+def test_after_start_runs_the_start_up_gears_until_the_first_round_then_the_optimum() -> None:
+    # two requests of 3 before the first round (at 15 s), then 5 and 7; start-up gears
+    # 1, 2, 4, 7: the early ones pad to 4 (captured), the optimum of two gears is {3, 7}
+    trace = Trace("t", np.array([0.0, 1.0, 20.0, 21.0]), {"SEQLEN": np.array([3, 3, 5, 7])})
+    dim = Dim(gears=(1, 2, 4, 7), max=7)
+    got = _after_start(trace, "SEQLEN", dim, 2.0, 1.0)
+    # padded 4 + 4 early and 7 + 7 late, over 18 raw; captures 4, 7 (the largest) and 3
+    assert got == pytest.approx((8 + 14 + 3) / 18 - 1)
+    assert _after_start(trace, "SEQLEN", dim, 2.0, 0.0) == pytest.approx(22 / 18 - 1)
