@@ -1,8 +1,9 @@
 """Measuring each graph as it is captured, on the capturing (warm-up) thread, never a request's.
 
 A graph's cost (`GraphCost`) is what `core.costs.Measurement` holds for each of its gears:
-- capture seconds: `graph.capture()` (its warm-up runs and the recording) between two
-  synchronizes of the backend, so the device's work is in it on cuda and npu;
+- capture seconds: what adding the graph took its worker: `graph.capture()` (its warm-up runs
+  and the recording) between two synchronizes of the backend, so the device's work is in it on
+  cuda and npu, and the timed replays below (on the cpu one replay is as long as the capture);
 - graph bytes: what the allocator reserved for the graph's own pool while recording
   (`DeviceGraph.pool_bytes`, cuda and npu; another thread's allocation in that window counts
   too), else (cpu) the bytes of the graph's static buffers: its inputs' views and its outputs;
@@ -49,7 +50,7 @@ def clock_for(backend: Any) -> Clock:
 
 @dataclass(frozen=True)
 class GraphCost:
-    """One captured graph, measured: seconds to warm up and capture it, device bytes it
+    """One captured graph, measured: seconds to warm up, capture and time it, device bytes it
     holds, seconds of one replay."""
 
     capture_seconds: float
@@ -95,7 +96,7 @@ class Meter:
             return None
         held = getattr(graph, "pool_bytes", None)
         nbytes = held if held is not None else static_bytes(buffers)
-        return GraphCost(max(ended - began, 0.0), max(int(nbytes), 0),
+        return GraphCost(max(ended - began, 0.0) + max(sum(times), 0.0), max(int(nbytes), 0),
                          max(statistics.median(times), 0.0))
 
     def _failed(self, what: str, error: Exception) -> None:
