@@ -8,9 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.errors import TraceError
-from gearshift.tools.demo.mix import DECODE, PREFILL, Mix, load_mix, slice_ends, stride_for
+from gearshift.tools.demo.mix import (
+    DECODE,
+    PREFILL,
+    Mix,
+    load_mix,
+    paced,
+    slice_ends,
+    stride_for,
+)
 from gearshift.tools.demo.workload import PROFILE, Cost, Workload, padded_tokens
 
 PREFILLS = Workload("p", {"SEQLEN": Dim(max=16)}, {"SEQLEN": np.array([16, 5, 9, 3])},
@@ -96,3 +105,14 @@ def test_a_source_by_path_and_errors(tmp_path: Path) -> None:
     (tmp_path / "half_prefill.csv").write_text("t,SEQLEN\n0.0,7\n")
     with pytest.raises(TraceError, match=r"trace not found.*source of both profiles: azure_code"):
         load_mix(str(tmp_path / "half"))  # no decode trace
+
+
+def test_paced_windows_hold_the_full_rates_requests_and_the_payback_the_runs_own() -> None:
+    policy = PolicyConfig()
+    got = paced(policy, factor=200.0, stride=25.0)
+    # one row in 25, 200x faster: a window of 600 s holds as many rows in 75 s of the run
+    assert got.window_seconds == pytest.approx(policy.window_seconds * 25 / 200)
+    assert got.update_interval_seconds == pytest.approx(policy.update_interval_seconds / 8)
+    # a capture's seconds are real and savings accrue on the rows replayed: compressed only
+    assert got.plan_payback_seconds == pytest.approx(policy.plan_payback_seconds / 200)
+    assert paced(policy, 3.0, 1.0) == policy.scaled(3.0)  # no stride: one scaling

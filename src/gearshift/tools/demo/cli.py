@@ -88,7 +88,8 @@ def demo(
     shipped Azure conversation trace's prefills, SEQLEN) is replayed with time compressed so
     the demo takes about --seconds: one row in k (k >= 1, maybe fractional) if needed, and
     the policy's windows and intervals stretched by k and divided by the same factor, so that
-    a window and a decision round hold as many requests as at the trace's full rate; the
+    a window and a decision round hold as many requests as at the trace's full rate (its
+    payback horizon only divided: it prices captures against the rows replayed); the
     controller and the workers' clients run on trace time, and new gears are captured before
     the next request, as if captures took no trace time. The static run keeps the initial
     gears (powers of two below the largest request, and it); the adaptive run starts on them.

@@ -7,17 +7,19 @@ first, then row order). A single trace is one profile, `PROFILE`; a source (`azu
 `conv`; or a path prefix of two CSV files) is two, `prefill` (its `_prefill` trace, SEQLEN)
 and `decode` (its `_decode` trace, BATCHSIZE). A run replays one row in `stride` of every
 profile (`Mix.every`): one stride for all, so the profiles keep their rates' ratio, and one
-scaling of the policy holds for both.
+scaling of the policy holds for both (`paced`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from gearshift.core.config import PolicyConfig
 from gearshift.errors import TraceError
 from gearshift.tools.demo.workload import (
     PROFILE,
@@ -114,6 +116,16 @@ def load_mix(source: str) -> Mix:
         raise TraceError(f"{e}; or a source of both profiles: {', '.join(sources)}") from None
     workload = load_workload(source)
     return Mix.of(workload.trace, {PROFILE: workload})
+
+
+def paced(policy: PolicyConfig, factor: float, stride: float) -> PolicyConfig:
+    """`policy` on a run that replays one row in `stride` with time compressed `factor` times:
+    windows and intervals stretched by the stride, then compressed, so a window holds as many
+    requests as at the trace's full rate; the payback horizon compressed only, for it weighs a
+    capture's real seconds against the seconds it saves on the rows replayed (stretched, it
+    would count savings over `stride` times more requests than the run replays)."""
+    paced = policy.scaled(factor / stride)
+    return dataclasses.replace(paced, plan_payback_seconds=policy.plan_payback_seconds / factor)
 
 
 def stride_for(mix: Mix, costs: Mapping[str, Cost], budget: float, parallel: int) -> float:

@@ -42,7 +42,7 @@ from gearshift.tools.demo.figures import (
     split,
     spreads,
 )
-from gearshift.tools.demo.mix import Mix, slice_ends, stride_for
+from gearshift.tools.demo.mix import Mix, paced, slice_ends, stride_for
 from gearshift.tools.demo.processes import READY_TIMEOUT, WorkerProcesses
 from gearshift.tools.demo.watch import GearWatch
 from gearshift.tools.demo.workload import HEADS, MODEL, WIDTH, Cost
@@ -111,7 +111,7 @@ class Demo:
                 status_interval_seconds=ControllerConfig.status_interval_seconds * factor,
             )
             clock = TraceClock(times, self.origin, self.queues[ARMS.index("adaptive")])
-            policy = self.policy.scaled(factor / mix.stride)
+            policy = paced(self.policy, factor, mix.stride)
             self.controller = Controller.start_embedded(config, policy, clock=clock)
             profiles = {p: (w.dims, costs[p].priced(w.dims), w.sizes)
                         for p, w in mix.profiles.items()}
