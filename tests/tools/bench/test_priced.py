@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from gearshift.core.config import PolicyConfig
+from gearshift.core.costs import Line
 from gearshift.core.dims import Dim
 from gearshift.tools.bench.priced import (
     ATTENTION_S,
@@ -17,10 +19,12 @@ from gearshift.tools.bench.priced import (
     TOKEN_S,
     WEIGHTS_S,
     _after_start,
+    _past,
     bench_priced,
     device_costs,
     markdown,
 )
+from gearshift.tools.simulate import Device, policy_dims, simulate
 from gearshift.tools.trace import Trace, load_trace
 
 MODES = ("pow2", "seed", "plan", "priced", "optimal")
@@ -56,7 +60,8 @@ def test_every_dim_level_and_mode_is_reported(priced: dict) -> None:
                                                                               "5"]
         for row in levels.values():
             assert set(row) == {*MODES, "ratio", "held_out_ratio", "after_start",
-                                "vs_after_start", "vs_pow2", "vs_plan"}
+                                "vs_after_start", "vs_past", "vs_pow2", "vs_plan"}
+            assert 0 <= row["vs_past"] < math.inf
             assert 0 < row["held_out_ratio"] < math.inf
             p = row["priced"]
             assert row["vs_after_start"] == pytest.approx(p["device_overhead"]
@@ -95,11 +100,11 @@ def test_the_table_has_a_row_per_dim_and_level(priced: dict) -> None:
     table = markdown({"azure_code_batched": priced})
     lines = table.splitlines()
     assert len(lines) == 2 + 2 * len(CAPTURE_LEVELS)
-    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 14
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 15
     row = priced["SEQLEN"]["5"]
     assert lines[-1].startswith("| code_batched | SEQLEN | 5 | ")
     assert lines[-1].endswith(f"| {row['ratio']:.2f} | {row['held_out_ratio']:.2f} "
-                              f"| {row['vs_after_start']:.2f} "
+                              f"| {row['vs_after_start']:.2f} | {row['vs_past']:.2f} "
                               f"| {row['vs_pow2']:.2f} | {row['vs_plan']:.2f} |")
 
 
@@ -112,3 +117,15 @@ def test_after_start_runs_the_start_up_gears_until_the_first_round_then_the_opti
     # padded 4 + 4 early and 7 + 7 late, over 18 raw; captures 4, 7 (the largest) and 3
     assert got == pytest.approx((8 + 14 + 3) / 18 - 1)
     assert _after_start(trace, "SEQLEN", dim, 2.0, 0.0) == pytest.approx(22 / 18 - 1)
+
+
+def test_past_compares_the_second_half_with_the_set_the_first_half_would_have_chosen() -> None:
+    # traffic at 100 for two minutes, then at 3000: the first half's best set pads the second
+    # half's requests to the largest value, priced mode follows them
+    rng = np.random.default_rng(0)
+    t = np.sort(rng.uniform(0.0, 240.0, 720))
+    values = np.where(t < 120.0, rng.integers(90, 110, t.size), rng.integers(2900, 3100, t.size))
+    trace = Trace("shift", t, {"SEQLEN": values.astype(np.int64)})
+    dims = policy_dims(trace, "adaptive", cost={"SEQLEN": PREFILL})
+    run = simulate(trace, dims, PolicyConfig(), device=Device(Line(0.0), priced=True, lazy=True))
+    assert _past(trace, run, "SEQLEN", dims["SEQLEN"]) < 0.5

@@ -97,6 +97,7 @@ def bench_priced(trace: Trace, levels: tuple[float, ...] = CAPTURE_LEVELS
             row["held_out_ratio"] = _held_out(trace, priced, dim, adaptive[dim], level)
             row["after_start"] = a = _after_start(trace, dim, adaptive[dim], p["mean_gears"], level)
             row["vs_after_start"] = _ratio(p["device_overhead"], a)
+            row["vs_past"] = _past(trace, priced, dim, adaptive[dim])
             row["vs_pow2"] = _ratio(p["device_overhead"], row["pow2"]["device_overhead"])
             row["vs_plan"] = _ratio(p["device_overhead"], row["plan"]["device_overhead"])
             out[dim][f"{level:g}"] = row
@@ -143,6 +144,27 @@ def _after_start(trace: Trace, dim: str, priced: Dim, mean_gears: float, level: 
     return found[0] * (1 - share) + found[1] * share
 
 
+def _past(trace: Trace, run: SimulationResult, dim: str, priced: Dim) -> float:
+    """Priced mode's padding (device seconds) on the trace's second half over that of the
+    optimal static set fitted on the first half, of as many gears as priced mode held there
+    (rounded), its largest raised to the trace's largest value: against the best set chosen on
+    past traffic, where `ratio` compares with one that knows the traffic to come."""
+    values, t = trace.dims[dim], trace.t - trace.t[0]
+    late = t >= t[-1] / 2
+    if late.all():
+        return math.nan
+    seg = np.searchsorted(run.starts, t, "right") - 1
+    held = run.dims[dim].gears
+    mine = sum(float(padded_cost(priced, held[s], values[late & (seg == s)]).sum())
+               for s in np.unique(seg[late]))
+    k = max(1, round(float(np.mean([len(held[s]) for s in np.unique(seg[late])]))))
+    best = optimal_sets(values[~late], k, cost=priced.work).gears(k)
+    gears = (*best[:-1], max(best[-1], int(values.max())))
+    raw = float(priced.work(values[late]).sum())
+    theirs = float(padded_cost(priced, gears, values[late]).sum())
+    return _ratio(mine / raw - 1.0, theirs / raw - 1.0)
+
+
 def _held_out(trace: Trace, run: SimulationResult, dim: str, priced: Dim, level: float) -> float:
     """Priced over optimal device overhead, both scored on the odd events, the optimum of as
     many gears (interpolated) fitted on the even ones, its largest raised to the trace's
@@ -171,8 +193,9 @@ def markdown(traces: dict[str, dict[str, dict[str, dict]]]) -> str:
     (padding, mean gears, changes per hour) of each mode."""
     lines = ["| trace | dim | capture s | pow2 | seed | plan (unpriced) | priced | optimal at "
              "priced's gears | priced / optimal | priced / held-out | priced / after start-up | "
-             "priced / pow2 | priced / plan |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "priced / past (2nd half) | priced / pow2 | priced / plan |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+             "| --- |"]
 
     def cell(m: dict) -> str:
         return (f"{m['device_overhead']:.3f} ({m['padding_overhead']:.3f}, "
@@ -186,5 +209,6 @@ def markdown(traces: dict[str, dict[str, dict[str, dict]]]) -> str:
                     f"| {cell(r['seed'])} | {cell(r['plan'])} | {cell(r['priced'])} "
                     f"| {r['optimal']['device_overhead']:.3f} | {r['ratio']:.2f} "
                     f"| {r['held_out_ratio']:.2f} | {r['vs_after_start']:.2f} "
+                    f"| {r['vs_past']:.2f} "
                     f"| {r['vs_pow2']:.2f} | {r['vs_plan']:.2f} |")
     return "\n".join(lines)

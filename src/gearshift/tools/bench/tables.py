@@ -245,14 +245,15 @@ def _priced(traces: dict[str, Any]) -> list[Row]:
             for level, d in levels.items():
                 rows.append((
                     f"{trace.removeprefix('azure_')} {dim} at {level} s a capture, priced vs "
-                    "hindsight (priced / unpriced plan; / pow2; / optimum; / after start-up)",
+                    "hindsight (priced / unpriced plan; / pow2; / optimum; / after start-up; "
+                    "/ past, 2nd half)",
                     mode(d["priced"]),
                     f"unpriced plan {d['plan']['device_overhead']:.1%}; pow2 "
                     f"{d['pow2']['device_overhead']:.1%}; optimal "
                     f"{d['optimal']['device_overhead']:.1%}; after start-up "
                     f"{d['after_start']:.1%}",
                     f"{d['vs_plan']:.2f}x; {d['vs_pow2']:.2f}x; {d['ratio']:.2f}x; "
-                    f"{d['vs_after_start']:.2f}x"))
+                    f"{d['vs_after_start']:.2f}x; {d['vs_past']:.2f}x"))
     return rows
 
 
