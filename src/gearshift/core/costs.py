@@ -32,8 +32,8 @@ MAX_POINTS = 256  # per-gear medians a fit keeps (the largest gears)
 @dataclass(frozen=True)
 class Measurement:
     """One graph, measured by the worker that captured it: `gear` on one dim, the seconds
-    its warm-up and capture took, the device memory it holds, and a replay's seconds (the
-    median of a few, synchronised)."""
+    adding it took (warm-up, capture and the timed replays), the device memory it holds, and
+    a replay's seconds (the median of a few, synchronised)."""
 
     gear: int
     capture_seconds: float
