@@ -130,14 +130,21 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
     assert_all_gone(proc, namespace)
 
 
-def test_ctrl_c_ends_every_process_and_segment_it_started(namespace: str) -> None:
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm twice"])
+def test_an_interrupt_ends_every_process_and_segment_it_started(namespace: str,
+                                                                how: str) -> None:
     proc = demo(namespace, "--seconds", "30", "--workers", "2")
     assert proc.stderr is not None
     deadline = time.monotonic() + WAIT
     while "adaptive" not in proc.stderr.readline():  # the controller and workers are up
         assert time.monotonic() < deadline and proc.poll() is None
     assert [n for n in os.listdir("/dev/shm") if namespace in n]
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    else:  # as `pkill` and a `timeout` around it send, the second during the cleanup
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_INTERRUPTED, err
     assert "interrupted" in err and "Traceback" not in err

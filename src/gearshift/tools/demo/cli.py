@@ -145,6 +145,9 @@ def _check_llama(mix: Mix) -> None:
 
 
 def _interrupt(signum: int, frame: object) -> NoReturn:
+    """SIGTERM as Ctrl-C; a second one (a supervisor's kill after `timeout`'s) waits for the
+    cleanup instead of cutting it short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 

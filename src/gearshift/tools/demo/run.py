@@ -281,11 +281,13 @@ class Demo:
             log.warning("demo: the embedded controller did not stop in time")
 
     def _cleanup(self) -> None:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C waits
+        # a second Ctrl-C or a SIGTERM waits: cut short, the cleanup would leave segments
+        previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._end_all()
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
     def _end_all(self) -> None:
         self.processes.end()
