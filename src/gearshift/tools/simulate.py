@@ -326,9 +326,15 @@ def reached(dim: Dim, values: np.ndarray, gears: tuple[Gears, ...],
 
 def odd_runs(trace: Trace, result: SimulationResult, dim: str) -> tuple[np.ndarray,
                                                                          list[np.ndarray]]:
-    """The odd events' indices, and their values of `dim` cut by `result`'s segments (one run
-    per segment: each ran on that segment's gears)."""
-    seg = np.searchsorted(result.starts, trace.t - trace.t[0], "right") - 1
+    """The odd events' indices, and their values of `dim` cut by `result`'s segments
+    (`segment_runs`)."""
     odd = np.arange(1, trace.dims[dim].size, 2)
-    values = trace.dims[dim][odd]
-    return odd, np.split(values, np.searchsorted(seg[odd], np.arange(1, len(result.starts))))
+    return odd, segment_runs(trace, result, dim, odd)
+
+
+def segment_runs(trace: Trace, result: SimulationResult, dim: str,
+                 picked: np.ndarray) -> list[np.ndarray]:
+    """The values of `dim` of the events `picked` (ascending indices) cut by `result`'s
+    segments: one run per segment, each ran on that segment's gears."""
+    seg = np.searchsorted(result.starts, trace.t[picked] - trace.t[0], "right") - 1
+    return np.split(trace.dims[dim][picked], np.searchsorted(seg, np.arange(1, len(result.starts))))

@@ -13,6 +13,8 @@ cost, so they run once, with their captures counted and priced per level afterwa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +29,7 @@ from gearshift.tools.simulate import (
     odd_runs,
     policy_dims,
     reached,
+    segment_runs,
     simulate,
 )
 from gearshift.tools.trace import Trace
@@ -111,16 +114,30 @@ def _ratio(a: float, b: float) -> float:
 def _optimal(trace: Trace, dim: str, cost: dict, mean_gears: float, level: float) -> dict:
     """The hindsight-optimal static set of `dim` at `mean_gears`, interpolated between the two
     nearest counts, each with its captures once."""
-    low = max(math.floor(mean_gears), 1)
-    share = mean_gears - low
-    found = []
-    for k in (low, low + 1):
+
+    def at(k: int) -> np.ndarray:
         dims = policy_dims(trace, "optimal", k={dim: k}, cost=cost)
         d = simulate(trace, dims, PolicyConfig(), adaptive=False,
                      device=Device(Line(level), WORKERS)).dims[dim]
-        found.append((d.device_overhead, d.cost_overhead))
-    mix = [a * (1 - share) + b * share for a, b in zip(*found, strict=True)]
-    return {"device_overhead": mix[0], "padding_overhead": mix[1], "mean_gears": mean_gears}
+        return np.array([d.device_overhead, d.cost_overhead])
+
+    mix = _between(mean_gears, at)
+    return {"device_overhead": float(mix[0]), "padding_overhead": float(mix[1]),
+            "mean_gears": mean_gears}
+
+
+def _between(mean_gears: float, at: Callable[[int], Any]) -> Any:
+    """`at(k)` at a fractional gear count: interpolated between the two nearest counts >= 1."""
+    low = max(math.floor(mean_gears), 1)
+    share = mean_gears - low
+    return at(low) * (1 - share) + at(low + 1) * share
+
+
+def _fitted(values: np.ndarray, k: int, priced: Dim, top: int) -> tuple[int, ...]:
+    """The optimal set of `k` gears for `values`, its largest raised to `top` (the trace's
+    largest value: a static set chosen on part of the trace must still cover all of it)."""
+    best = optimal_sets(values, k, cost=priced.work).gears(k)
+    return (*best[:-1], max(best[-1], top))
 
 
 def _after_start(trace: Trace, dim: str, priced: Dim, mean_gears: float, level: float) -> float:
@@ -135,13 +152,13 @@ def _after_start(trace: Trace, dim: str, priced: Dim, mean_gears: float, level: 
     held = {*reached(priced, values[early], (start,), np.array([early.sum()])), start[-1]}
     head = float(padded_cost(priced, start, values[early]).sum())
     raw = float(priced.work(values).sum())
-    low, share = max(math.floor(mean_gears), 1), mean_gears - max(math.floor(mean_gears), 1)
-    found = []
-    for k in (low, low + 1):
+
+    def at(k: int) -> float:
         best = optimal_sets(values, k, cost=priced.work).gears(k)
         tail = float(padded_cost(priced, best, values[~early]).sum())
-        found.append((head + tail + level * WORKERS * len(held | set(best))) / raw - 1.0)
-    return found[0] * (1 - share) + found[1] * share
+        return (head + tail + level * WORKERS * len(held | set(best))) / raw - 1.0
+
+    return float(_between(mean_gears, at))
 
 
 def _past(trace: Trace, run: SimulationResult, dim: str, priced: Dim) -> float:
@@ -153,13 +170,12 @@ def _past(trace: Trace, run: SimulationResult, dim: str, priced: Dim) -> float:
     late = t >= t[-1] / 2
     if late.all():
         return math.nan
-    seg = np.searchsorted(run.starts, t, "right") - 1
-    held = run.dims[dim].gears
-    mine = sum(float(padded_cost(priced, held[s], values[late & (seg == s)]).sum())
-               for s in np.unique(seg[late]))
-    k = max(1, round(float(np.mean([len(held[s]) for s in np.unique(seg[late])]))))
-    best = optimal_sets(values[~late], k, cost=priced.work).gears(k)
-    gears = (*best[:-1], max(best[-1], int(values.max())))
+    ran = [(g, v) for g, v in zip(run.dims[dim].gears, segment_runs(trace, run, dim,
+                                                                     np.flatnonzero(late)),
+                                   strict=True) if v.size]
+    mine = sum(float(padded_cost(priced, g, v).sum()) for g, v in ran)
+    k = max(1, round(float(np.mean([len(g) for g, _ in ran]))))
+    gears = _fitted(values[~late], k, priced, int(values.max()))
     raw = float(priced.work(values[late]).sum())
     theirs = float(padded_cost(priced, gears, values[late]).sum())
     return _ratio(mine / raw - 1.0, theirs / raw - 1.0)
@@ -177,15 +193,13 @@ def _held_out(trace: Trace, run: SimulationResult, dim: str, priced: Dim, level:
     mine = sum(float(padded_cost(priced, g, v).sum()) for g, v in zip(d.gears, runs, strict=True))
     raw = float(priced.work(values[odd]).sum())
     ours = (mine + d.capture_seconds * share) / raw - 1.0
-    low, frac = max(math.floor(d.mean_gears), 1), d.mean_gears - max(math.floor(d.mean_gears), 1)
-    best = []
-    for k in (low, low + 1):
-        lower = optimal_sets(values[::2], k, cost=priced.work).gears(k)[:-1]
-        gears = (*lower, max(int(values.max()), *lower))
+
+    def at(k: int) -> float:
+        gears = _fitted(values[::2], k, priced, int(values.max()))
         padded = float(padded_cost(priced, gears, values[odd]).sum())
-        best.append((padded + level * WORKERS * len(gears) * share) / raw - 1.0)
-    theirs = best[0] * (1 - frac) + best[1] * frac
-    return _ratio(ours, theirs)
+        return (padded + level * WORKERS * len(gears) * share) / raw - 1.0
+
+    return _ratio(ours, float(_between(d.mean_gears, at)))
 
 
 def markdown(traces: dict[str, dict[str, dict[str, dict]]]) -> str:
