@@ -35,9 +35,13 @@ REPLAYS = 3  # timed replays per device graph: the median of three, cheap beside
 CPU_REPLAYS = 1  # per cpu graph: each re-runs the function, as long as the capture itself
 
 
+def _on_cpu(backend: Any) -> bool:
+    return getattr(backend, "kind", "") == "cpu"
+
+
 def replays_for(backend: Any) -> int:
     """How many replays of a graph of `backend` are timed by default."""
-    return CPU_REPLAYS if getattr(backend, "kind", "") == "cpu" else REPLAYS
+    return CPU_REPLAYS if _on_cpu(backend) else REPLAYS
 
 
 def clock_for(backend: Any) -> Clock:
@@ -45,7 +49,7 @@ def clock_for(backend: Any) -> Clock:
     seconds (a graph's cost there is the CPU it takes; the wall clock would count other
     load, which differs between a start-up capture and one made while requests run), on a
     device the monotonic clock between two synchronizes."""
-    return ThreadCpuClock() if getattr(backend, "kind", "") == "cpu" else MonotonicClock()
+    return ThreadCpuClock() if _on_cpu(backend) else MonotonicClock()
 
 
 @dataclass(frozen=True)

@@ -124,8 +124,8 @@ def paced(policy: PolicyConfig, factor: float, stride: float) -> PolicyConfig:
     requests as at the trace's full rate; the payback horizon compressed only, for it weighs a
     capture's real seconds against the seconds it saves on the rows replayed (stretched, it
     would count savings over `stride` times more requests than the run replays)."""
-    paced = policy.scaled(factor / stride)
-    return dataclasses.replace(paced, plan_payback_seconds=policy.plan_payback_seconds / factor)
+    scaled = policy.scaled(factor / stride)
+    return dataclasses.replace(scaled, plan_payback_seconds=policy.plan_payback_seconds / factor)
 
 
 def stride_for(mix: Mix, costs: Mapping[str, Cost], budget: float, parallel: int) -> float:
