@@ -165,6 +165,13 @@ def test_bad_traces(tmp_path: Path, text: str | None, code: int, message: str) -
         (["--cost", "SEQLEN=0,x"], "error: --cost: expected DIM=C0,C1,... numbers"),
         (["--cost", "SEQLEN=1"], "error: Dim.cost must be finite non-negative"),
         (["--cost", "X=0,1"], "error: cost: unknown dim X"),
+        (["--capture-seconds", "x"], "error: --capture-seconds: expected A or A,B seconds, got"),
+        (["--capture-seconds", "1,2,3"], "error: --capture-seconds: expected A or A,B seconds"),
+        (["--capture-seconds", "1,"], "error: --capture-seconds: expected A or A,B seconds"),
+        (["--capture-seconds", "-1"], "error: --capture-seconds A: -1.0 is outside [0.0, 3600.0]"),
+        (["--capture-seconds", "0,inf"], "error: --capture-seconds B: inf is outside"),
+        (["--capture-seconds", "nan"], "error: --capture-seconds A: expected a number, got nan"),
+        (["--capture-seconds", "4000"], "error: --capture-seconds A: 4000.0 is outside"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(args: list[str], message: str) -> None:
@@ -253,24 +260,6 @@ def test_the_table_shows_device_time_only_with_capture_seconds() -> None:
     assert batch.split()[1:4] == [f"{d['padding_overhead']:.2%}", f"{d['device_overhead']:.2%}",
                                   "6.0s"]  # 6 gears of 1 s
     assert "device" not in run("azure_code_batched", "--policy", "pow2")[1].splitlines()[1]
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--capture-seconds", "x"], "error: --capture-seconds: expected A or A,B seconds, got"),
-        (["--capture-seconds", "1,2,3"], "error: --capture-seconds: expected A or A,B seconds"),
-        (["--capture-seconds", "1,"], "error: --capture-seconds: expected A or A,B seconds"),
-        (["--capture-seconds", "-1"], "error: --capture-seconds A: -1.0 is outside [0.0, 3600.0]"),
-        (["--capture-seconds", "0,inf"], "error: --capture-seconds B: inf is outside"),
-        (["--capture-seconds", "nan"], "error: --capture-seconds A: expected a number, got nan"),
-        (["--capture-seconds", "4000"], "error: --capture-seconds A: 4000.0 is outside"),
-    ],
-)
-def test_bad_capture_seconds_exit_2_naming_the_option(args: list[str], message: str) -> None:
-    code, out, err = run("azure_code_prefill", *args)
-    assert code == EXIT_USAGE and out == ""
-    assert err.startswith(message) and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("workers", ["0", "4097", "two"])
