@@ -59,6 +59,8 @@ def test_plan_is_the_default_mode_with_its_own_horizon_and_cadence():
     ("recent_use_protect_seconds", -5.0, "outside"),
     ("add_min_samples", 0, "outside"),
     ("add_min_samples", 2.5, "expected an integer"),
+    ("min_window_events", 0, "outside"),
+    ("min_window_events", 1.5, "expected an integer"),
     ("min_gear_count_per_type", True, "expected an integer"),
     ("max_gears_per_type", 0, "outside"),
     ("policy_mode", "fancy", "not one of plan, seed"),

@@ -18,7 +18,8 @@ from gearshift.core.policy import decide
 from gearshift.core.round import DeviceLedger, ProfileLedger, decide_round
 from gearshift.core.stats import DimStats, Histogram
 
-CFG = PolicyConfig(recent_use_protect_seconds=60.0, add_min_samples=2)
+# The rules one by one, on a handful of events: the evidence gate (min_window_events) is off.
+CFG = PolicyConfig(recent_use_protect_seconds=60.0, add_min_samples=2, min_window_events=1)
 NOW = 1000.0
 OLD = NOW - 250.0  # inside the window, long past the protection
 LAM = math.log(2) / CFG.half_life_seconds
@@ -117,7 +118,7 @@ def test_the_capture_counts_every_worker_and_grows_with_the_gear() -> None:
 def test_the_reasons_state_the_seconds_saved_and_captured() -> None:
     d = run((1024,), TWO, Prices(Line(1000.0)))
     first, second = (c.reason for c in d.changes)
-    assert first.endswith(f"padding -37.43 pts, saves {SAVES_500:.3g} s over 1800 s for "
+    assert first.endswith(f"padding down 37.43 pts, saves {SAVES_500:.3g} s over 1800 s for "
                           f"1e+03 s of capture")
     assert second.endswith(f"saves {SAVES_900:.3g} s over 1800 s for 1e+03 s of capture")
     assert first.startswith(f"plan of 3 gears (one more saves 8.86% >= 0.20% of the work, "

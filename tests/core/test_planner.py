@@ -20,7 +20,8 @@ from gearshift.tools.simulate import policy_dims, simulate
 from gearshift.tools.trace import Trace
 
 # Plan mode (the default); a short protection so tests can place times around it.
-CFG = PolicyConfig(recent_use_protect_seconds=60.0, add_min_samples=2)
+# The rules one by one, on a handful of events: the evidence gate (min_window_events) is off.
+CFG = PolicyConfig(recent_use_protect_seconds=60.0, add_min_samples=2, min_window_events=1)
 NOW = 1000.0
 OLD = NOW - 250.0  # inside the window, long past the protection
 
@@ -186,6 +187,19 @@ def test_a_noisy_swap_waits_for_its_standard_error(confidence: float, swapped: b
     gain, sd, least = _swap_gain(1)  # one request of 600: 0.46 +- 0.46 pts against 0.2
     assert gain > least > gain - sd
     assert _swapped(1, confidence) == swapped
+
+
+def test_reasons_say_which_way_padding_goes_and_print_no_error_wider_than_the_saving():
+    config = dataclasses.replace(SWAP, plan_confidence=0.0)
+    d = run((100, 700, 1000), at(OLD, 100, 10) + at(OLD, 600) + at(OLD, 1000, 20), config)
+    assert [c.reason.split(": ", 1)[1] for c in d.changes] == [  # 0.46 ± 0.46: no "±"
+        "moves to 600, padding down 0.46 pts (standard error 0.46 pts, as large)",
+        "replaces 700, padding down 0.46 pts (standard error 0.46 pts, as large)"]
+    added = run((1024,), at(OLD, 500, 5) + at(OLD, 900, 5)).changes[0].reason
+    assert added.endswith("): padding down 37.43 pts")
+    evicted = run((100, 990, 1000), at(OLD, 100, 10) + at(OLD, 990) + at(OLD, 1000, 20))
+    assert [c.reason for c in evicted.changes] == [
+        "plan of 2 gears (one fewer costs 0.05% < 1.25% of the work): padding up 0.05 pts"]
 
 
 @pytest.mark.parametrize(("factor", "swapped"), [(0.99, True), (1.01, False)])

@@ -20,7 +20,9 @@ from gearshift.core.seed import gear_stats
 from gearshift.core.stats import DimStats, Histogram
 
 # Short protection so tests can place hits before or after it; additions from 2 samples.
-CFG = PolicyConfig(policy_mode="seed", recent_use_protect_seconds=60.0, add_min_samples=2)
+# The rules one by one, on a handful of events: the evidence gate (min_window_events) is off.
+CFG = PolicyConfig(policy_mode="seed", recent_use_protect_seconds=60.0, add_min_samples=2,
+                   min_window_events=1)
 NOW = 1000.0
 OLD = NOW - 250.0  # inside the window, long past the protection
 
@@ -127,7 +129,8 @@ def test_a_recent_hit_protects(last_hit_age, evicted):
 
 @pytest.mark.parametrize(("age", "evicted"), [(0.0, []), (299.0, []), (300.0, [("evict", 16)])])
 def test_a_new_zero_use_gear_is_protected_for_the_window(age, evicted):
-    config = PolicyConfig(policy_mode="seed")  # recent-use protection 300 s = the window
+    # recent-use protection 300 s = the window
+    config = PolicyConfig(policy_mode="seed", min_window_events=1)
     state = DimGears((16, 64), {16: NOW - age, 64: 0.0})
     d = decide({"B": Dim(gears=(16, 64))}, {"B": state}, {"B": hist(at(OLD, 60, 60))}, None,
                NOW, config)
@@ -283,7 +286,8 @@ def test_duplicates_are_filtered():
     (0.0, 300.0, 0.99, None, "interval"),
 ])
 def test_should_update(last, now, usage, threshold, why):
-    config = PolicyConfig(policy_mode="seed", device_memory_usage_threshold_ratio=threshold)
+    config = PolicyConfig(policy_mode="seed", device_memory_usage_threshold_ratio=threshold,
+                          min_window_events=1)
     assert should_update(last, now, usage, config) == why
 
 

@@ -44,3 +44,33 @@ def test_a_round_in_which_every_profile_failed_is_none() -> None:
     device = _device()
     del device.profiles["good"]
     assert decide_round(device, 2.0, None, CONFIG, lambda n, e: None) is None
+
+
+LADDER = {"S": Dim(max=2048)}  # the start-up ladder 1, 2, 4, ..., 2048
+
+
+def _first_round(events: int, mode: str, memory: float | None = None):
+    """A new profile's first round, 12 ms after it registered, over `events` requests of 300."""
+    config = PolicyConfig(policy_mode=mode)
+    device = DeviceLedger(profiles={"p": ProfileLedger.new(LADDER, 0.0, config)})
+    device.profiles["p"].stats["S"].fold(np.linspace(0.001, 0.011, events), np.full(events, 300))
+    return decide_round(device, 0.012, memory, config)
+
+
+@pytest.mark.parametrize("mode", ["plan", "seed"])
+def test_a_round_changes_no_gear_before_the_window_holds_min_window_events(mode: str) -> None:
+    few = _first_round(CONFIG.min_window_events - 1, mode)
+    assert few is not None and few.changes == {"p": ()}
+    assert few.gears["p"]["S"].gears == LADDER["S"].initial_gears
+
+
+def test_the_round_acts_once_the_window_holds_min_window_events() -> None:
+    enough = _first_round(CONFIG.min_window_events, "plan")
+    assert enough is not None and enough.changed
+    assert 300 in enough.gears["p"]["S"].gears
+
+
+def test_memory_pressure_still_acts_on_a_handful_of_events() -> None:
+    pressed = _first_round(2, "plan", memory=0.95)
+    assert pressed is not None and pressed.changed
+    assert len(pressed.gears["p"]["S"].gears) < len(LADDER["S"].initial_gears)

@@ -47,6 +47,8 @@ class PolicyConfig:
     (measured costs given), a gear added must save its captures within `plan_payback_seconds`
     of device time at the traffic's rate, and the graphs of a device stay within
     `graph_memory_budget_bytes` (None: no budget; the ratio threshold applies either way).
+    A dim's gears change only once its window holds `min_window_events` events, or under
+    memory pressure.
     """
 
     window_seconds: float | None = None
@@ -63,6 +65,7 @@ class PolicyConfig:
     pad_add_threshold: float = 0.35
     split_add_threshold: float = 0.20
     add_min_samples: int = 5
+    min_window_events: int = 10
     min_gear_count_per_type: int = 1
     max_gears_per_type: int = 64
     policy_mode: str = "plan"
@@ -108,6 +111,7 @@ class PolicyConfig:
             check_value("device_memory_usage_threshold_ratio",
                    self.device_memory_usage_threshold_ratio, 0.0, 1.0, low_open=True)
         check_value("add_min_samples", self.add_min_samples, 1, 10**9, integer=True)
+        check_value("min_window_events", self.min_window_events, 1, 10**9, integer=True)
         check_value("min_gear_count_per_type", self.min_gear_count_per_type, 1, 10**6, integer=True)
         check_value("max_gears_per_type", self.max_gears_per_type, 1, 10**6, integer=True)
         if self.max_gears_per_type < self.min_gear_count_per_type:

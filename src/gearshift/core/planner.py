@@ -247,7 +247,7 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
             loss, _ = _evictions(g, e, work)
             i = int(np.argmin(loss))
             gone = gears.pop(int(e[i]))
-            steps.append(("evict", gone, f"{why}: padding +{_pts(loss[i], raw)}"))
+            steps.append(("evict", gone, f"{why}: {_padding(-loss[i], raw)}"))
             if pay:
                 pay.give(gone)
             evicts += 1
@@ -258,7 +258,7 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
             if net[j] <= 0:
                 return steps
             paid = f", {pay.why(float(pay.seconds(gain[j])), int(a[j]))}" if pay else ""
-            steps.append(("add", int(a[j]), f"{why}: padding -{_pts(gain[j], raw)}{paid}"))
+            steps.append(("add", int(a[j]), f"{why}: {_padding(gain[j], raw)}{paid}"))
             gears.append(int(a[j]))
             gears.sort()
             if pay:
@@ -272,7 +272,7 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
             if net[i, j] <= 0:
                 return steps
             old, new = int(g[e[i]]), int(a[j])
-            saved = f"padding -{_pts(gain[i, j], raw)} ± {_pts(sd[i, j], raw)}" + (
+            saved = _padding(gain[i, j], raw, sd[i, j]) + (
                 f", {pay.why(float(pay.seconds(score[i, j])), new)}" if pay else "")
             if pay:
                 pay.give(old)
@@ -287,8 +287,17 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
             return steps
 
 
-def _pts(x: float, raw: float) -> str:
-    return f"{100 * x / raw:.2f} pts"
+def _padding(saved: float, raw: float, sd: float | None = None) -> str:
+    """A move's effect on padding in words, in points of the raw work: "down" for a saving,
+    "up" for a loss (no signed figure to misread); a standard error `sd` is printed as ± only
+    when it is narrower than the saving, else named as what it is."""
+    pts, word = 100 * abs(float(saved)) / raw, "down" if saved >= 0 else "up"
+    if sd is None:
+        return f"padding {word} {pts:.2f} pts"
+    err = 100 * float(sd) / raw
+    if round(err, 2) < round(pts, 2):  # as printed
+        return f"padding {word} {pts:.2f} ± {err:.2f} pts"
+    return f"padding {word} {pts:.2f} pts (standard error {err:.2f} pts, as large)"
 
 
 def _additions(g: np.ndarray, a: np.ndarray, work: _Work) -> tuple[np.ndarray, np.ndarray]:

@@ -44,7 +44,9 @@ def decide(dims: Mapping[str, Dim], gears: Mapping[str, DimGears],
     `history` holds the plan's longer horizon of each dim (`PolicyConfig.history`), which plan
     mode blends into the window's; without it, plan mode reads the window alone. A dim with
     `prices` is decided priced in plan mode (`planner.plan_steps`); seed mode ignores them.
-    The bytes headroom is the profile's: each dim gets what the dims before it left."""
+    The bytes headroom is the profile's: each dim gets what the dims before it left.
+    A dim whose window holds fewer than `min_window_events` events keeps its gears (no
+    addition, eviction or protection) unless memory pressure calls for a round."""
     pressure = memory_pressure(memory_usage, config)
     new_gears: dict[str, DimGears] = {}
     changes: list[GearChange] = []
@@ -53,6 +55,9 @@ def decide(dims: Mapping[str, Dim], gears: Mapping[str, DimGears],
     prices = dict(prices or {})
     for name, dim in dims.items():
         state, hist = gears[name], stats.get(name, Histogram.empty())
+        if hist.total_count < config.min_window_events and not pressure:
+            new_gears[name] = state  # too little evidence yet: the gears stay as they are
+            continue
         if config.policy_mode == "plan":
             priced = prices.get(name)
             out = [GearChange(name, g, action, why + note)
