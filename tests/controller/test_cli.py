@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -24,7 +29,7 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.shm import SnapshotRegion
 
-from .workers import Worker
+from .workers import WAIT, Worker
 
 COMMANDS = ["serve", "status", "snapshot", "stop", "cleanup", "export"]
 
@@ -148,7 +153,9 @@ def test_status_shows_controller_workers_and_gears(live: tuple[Controller, Worke
     assert [s["slot"] for s in view["slots"]] == [worker.slot]
     text = gs("status", "-n", ns)
     assert text.exit_code == EXIT_OK
-    assert "running" in text.output and "decode/B" in text.output and "hit" in text.output
+    assert "running" in text.output and "decode/B" in text.output and "hit" not in text.output
+    assert "    gears 1 2 4 8 16 32 64" in text.output
+    assert "    hit  " in gs("status", "-n", ns, "-v").output  # the per-gear rates
     assert "samples in the window, 0 in the history" in text.output  # no events yet
 
 
@@ -179,8 +186,9 @@ def test_status_shows_a_priced_dims_cost(live: tuple[Controller, Worker]) -> Non
     lines = gs("status", "-n", controller.config.namespace).output.splitlines()
     [decode] = [line for line in lines if "decode/B: padding" in line]
     [prefill] = [line for line in lines if "prefill/S: padding" in line]
-    assert "cost" not in decode  # elements, the default: not shown
-    assert prefill.endswith("cost of a chunk of size x: 0.0002 + 2.35e-06 x + 1.15e-09 x^2")
+    assert "cost" not in lines[lines.index(decode) + 1]  # elements, the default: not shown
+    assert lines[lines.index(prefill) + 1] == (
+        "    cost of a chunk of size x: 0.0002 + 2.35e-06 x + 1.15e-09 x^2")
 
 
 def test_snapshot_and_export_print_the_gears_in_use(
@@ -273,3 +281,49 @@ def test_serve_names_a_misspelled_table_in_one_line(tmp_path: Path) -> None:
     assert result.output.strip().splitlines() == [
         f"error: controler: unknown table [controler] in {config} (known: [policy], [controller])"
     ]
+
+
+def test_status_watch_keeps_watching_across_a_stop_and_a_restart(
+    namespace: str, tmp_path: Path
+) -> None:
+    """Absent, running, stopped with a worker left (its last pid shown), running again: one
+    `status --watch` process sees it all, and Ctrl-C ends it (0: the last view was running)."""
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "gearshift", "status", "--watch", "-n", namespace],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    seen: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [seen.put(line) for line in watcher.stdout], daemon=True
+                     ).start()
+
+    def shows(text: str) -> None:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            with suppress(queue.Empty):
+                if text in seen.get(timeout=0.5):
+                    return
+            assert watcher.poll() is None, watcher.stderr.read()
+        raise AssertionError(f"status --watch never showed {text!r}")
+
+    config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))
+    opened: list[Controller | Worker] = []  # closed last first, whatever happens
+    try:
+        shows(f"namespace {namespace!r}: no controller running")
+        first = Controller.open(config, PolicyConfig(), clock=FakeClock(1.0))
+        opened.append(first)
+        worker = Worker(namespace, 0, first.clock)
+        opened.append(worker)
+        worker.register(0, "decode", serve=first.step)
+        shows(f"controller pid {os.getpid()} running")
+        first.close()  # the worker keeps the namespace
+        shows(f"controller NOT RUNNING (last pid {os.getpid()})")
+        opened.append(Controller.open(config, PolicyConfig(), clock=FakeClock(2.0)))
+        shows(f"controller pid {os.getpid()} running")
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(WAIT) == EXIT_OK
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait(WAIT)
+        for done in sorted(opened, key=lambda o: isinstance(o, Controller)):  # workers first
+            done.close()  # (a controller's close is idempotent)

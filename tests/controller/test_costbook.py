@@ -161,7 +161,7 @@ def test_a_controller_keeps_shows_saves_and_restores_what_workers_measured(
     assert dim["costs"]["replay_fit"] == pytest.approx([1e-3, 6e-3])
     text = render({"namespace": "n", "controller": {"pid": 1, "alive": True,
                                                     "heartbeat_age_seconds": None},
-                   "slots": [], "versions": {}, "status": doc})
+                   "slots": [], "versions": {}, "status": doc}, verbose=True)
     assert "2 measurements" in text and "measured: 2 graphs; graph 1 MiB + 128 KiB·gear" in text
     assert "replay fit      1ms     6ms" in text and "capture fit   200ms   300ms" in text
     _run(controller, clock, 1.5, good)  # a decision round saves what was measured

@@ -174,13 +174,21 @@ def serve(
 @click.command(epilog=EPILOG)
 @namespace_option
 @json_option
-@click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C.")
-def status(namespace: str | None, as_json: bool, watch: bool) -> None:
+@click.option("--watch", is_flag=True,
+              help="Refresh every second until Ctrl-C, across controller restarts.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Also each gear's hit and pad rates and the measured costs.")
+def status(namespace: str | None, as_json: bool, watch: bool, verbose: bool) -> None:
     """Show the controller, its workers and the gears they use.
 
-    The controller and its workers, and per device and profile the snapshot version, the
-    gears of each dim with their decayed hit rate and padding (in percent), dropped events,
-    propagation lag and the last round's decisions with their reasons.
+    The controller (a stopped one by its last pid) and its workers, and per device and
+    profile the snapshot version, the gears of each dim with the dim's padding (in percent),
+    dropped events, propagation lag and the last round's decisions with their reasons, in 80
+    columns; -v adds each gear's decayed hit and pad rates and the measured costs.
+
+    --watch keeps watching while the controller is stopped or its namespace is gone, and
+    shows it again when a controller comes back (with --json, one object per refresh;
+    `controller` is null while the namespace is gone).
 
     --json prints one object: `slots`, the slot table as it is now (applied_version: the
     snapshot each worker has fully adopted); `versions`, each device's snapshot version read
@@ -188,23 +196,32 @@ def status(namespace: str | None, as_json: bool, watch: bool) -> None:
     status document, published every status_interval_seconds (1 s), whose versions may
     therefore lag the slots'. Ratios (hit_rate, avg_pad, padding) are fractions there.
 
-    Exit status 3 when no live controller serves the namespace (what is known is shown).
+    Exit status 3 when no live controller serves the namespace (what is known is shown; with
+    --watch, when none did at the last refresh before Ctrl-C).
     """
     namespace = namespace or DEFAULT_NAMESPACE
     clock = MonotonicClock()
+    alive = False
     with _exits(), suppress(KeyboardInterrupt):
         while True:
-            shown = view.gather(namespace, clock)
+            try:
+                shown = view.gather(namespace, clock)
+            except ControllerNotFound:
+                if not watch:
+                    raise
+                shown = None
+            alive = shown is not None and shown["controller"]["alive"]
+            if watch and not as_json:
+                click.clear()
             if as_json:
-                click.echo(json.dumps(shown))
+                click.echo(json.dumps(shown or {"namespace": namespace, "controller": None}))
             else:
-                if watch:
-                    click.clear()
-                click.echo(view.render(shown))
+                click.echo(view.absent(namespace) if shown is None
+                           else view.render(shown, verbose=verbose))
             if not watch:
                 break
             clock.sleep(1.0)
-    if not shown["controller"]["alive"]:
+    if not alive:
         sys.exit(EXIT_NOT_RUNNING)
 
 

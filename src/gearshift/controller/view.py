@@ -5,14 +5,18 @@ that have a snapshot region, and the view `gearshift status` prints (`gather`, `
 The view is the slot table as it is now, then each device's snapshot version read just after
 it (a worker acks only versions it has read, so no slot's applied version is ahead of its
 device's there), then the controller's last status document, published every status interval,
-whose versions may lag both. The text gives ratios in percent; the JSON keeps fractions.
-Measured costs (a dim's `costs`) show as their fits, then per measured gear the median and
-fitted replay times.
+whose versions may lag both. A controller that is gone shows its last pid (the slot table's
+owner, else the document's). The text gives ratios in percent; the JSON keeps fractions. It
+fits `width` columns (80 by default): gear lists and reasons wrap, per-gear tables come in
+blocks of as many gears as fit. `verbose` adds the per-gear hit and pad rates and the
+measured costs (a dim's `costs`: their fits, then per measured gear the median and fitted
+replay and capture times).
 """
 
 from __future__ import annotations
 
 import os
+import textwrap
 from typing import Any
 
 from gearshift.clock import Clock
@@ -21,6 +25,8 @@ from gearshift.core.dims import Dim
 from gearshift.errors import ControllerNotFound, GearshiftError
 from gearshift.shm import Registry, SlotState, SnapshotRegion, names
 from gearshift.shm.segment import SHM_DIR
+
+NB = "\xa0"  # a space the text wraps at no line's end
 
 
 def not_running(namespace: str) -> ControllerNotFound:
@@ -72,33 +78,45 @@ def gather(namespace: str, clock: Clock) -> dict[str, Any]:
     for s in slots:
         s["state"] = SlotState(s["state"]).name.lower()
     beat = clock.now() - owner.heartbeat_ns / 1e9 if owner.heartbeat_ns else None
+    versions = _versions(namespace)
+    doc = status_doc.read(namespace)
+    last = owner.pid or (doc["pid"] if doc and isinstance(doc.get("pid"), int) else 0)
     return {
         "namespace": namespace,
-        "controller": {"pid": owner.pid, "alive": owner.alive, "heartbeat_age_seconds": beat},
+        "controller": {"pid": owner.pid, "last_pid": last, "alive": owner.alive,
+                       "heartbeat_age_seconds": beat},
         "slots": slots,
-        "versions": _versions(namespace),
-        "status": status_doc.read(namespace),
+        "versions": versions,
+        "status": doc,
     }
 
 
-def render(view: dict[str, Any]) -> str:
+def absent(namespace: str) -> str:
+    """What `status --watch` shows while the namespace does not exist."""
+    return (f"namespace {namespace!r}: no controller running (none since its namespace was "
+            f"removed); waiting for `gearshift serve -n {namespace}`")
+
+
+def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> str:
     owner, doc = view["controller"], view["status"]
     mode = " (embedded in a worker)" if doc and doc["embedded"] else ""
-    head = f"namespace {view['namespace']!r}: controller pid {owner['pid']}{mode} " + (
-        "running" if owner["alive"] else "NOT RUNNING"
-    )
+    last = owner.get("last_pid", owner["pid"])
+    if owner["alive"]:
+        head = f"namespace {view['namespace']!r}: controller pid {owner['pid']}{mode} running"
+    else:
+        head = f"namespace {view['namespace']!r}: controller NOT RUNNING" + (
+            f" (last pid {last}{mode})" if last else "")
     if owner["heartbeat_age_seconds"] is not None:
-        head += f", last heartbeat {owner['heartbeat_age_seconds']:.1f} s ago"
-    lines = [head]
+        head += f", last heartbeat {owner['heartbeat_age_seconds']:.1f}{NB}s ago"
+    lines = _wrap(head, width, "  ")
     if doc:
         e, r = doc["events"], doc["rounds"]
-        lines.append(
+        lines += _wrap(
             f"events: {e['consumed']} consumed, {e['folded']} folded, "
             f"{e.get('measured', 0)} measurements, {e['unknown']} "
             f"unknown profile, {e['invalid']} invalid; {e['reclaimed_workers']} dead "
             f"workers reclaimed; {r['count']} rounds, last "
-            f"{_ms(r['last_seconds'])}; {e['errors']} loop errors"
-        )
+            f"{_ms(r['last_seconds'])}; {e['errors']} loop errors", width, "  ")
     consumed = {(w["slot"], w["generation"]): w for w in (doc or {}).get("workers", [])}
     lines.append(
         f"{'slot':>4} {'pid':>8} {'device':>6} {'state':>8} {'applied':>7} "
@@ -106,54 +124,97 @@ def render(view: dict[str, Any]) -> str:
     )
     for s in view["slots"]:
         w = consumed.get((s["slot"], s["generation"]), {})
-        profiles = ", ".join(name for _, name in w.get("profiles", []))
         state = s["state"] if s["alive"] or s["state"] != "active" else "dead"
-        lines.append(
-            f"{s['slot']:>4} {s['pid']:>8} {s['device']:>6} {state:>8} "
-            f"{s['applied_version']:>7} {w.get('consumed', '-'):>10} "
-            f"{w.get('dropped', s['dropped']):>8}  {profiles}"
-        )
+        row = (f"{s['slot']:>4} {s['pid']:>8} {s['device']:>6} {state:>8} "
+               f"{s['applied_version']:>7} {w.get('consumed', '-'):>10} "
+               f"{w.get('dropped', s['dropped']):>8}  ")
+        names = [name for _, name in w.get("profiles", [])]
+        if verbose:  # every name, wrapped under the column
+            lines += textwrap.wrap(", ".join(names), width, initial_indent=row,
+                                   subsequent_indent=" " * len(row)) or [row]
+        else:
+            lines.append(row + _fit(names, width - len(row)))
     for dev in (doc or {}).get("devices", []):
         usage = dev["memory_usage"]
-        lines.append(
+        lines += _wrap(
             f"device {dev['device']}: version "
             f"{view['versions'].get(str(dev['device']), dev['version'])}, memory "
             + (f"{usage:.0%}" if usage is not None else "unknown")
-            + f", propagation lag {_ms(dev['lag']['last_seconds'])} (last)"
-        )
+            + f", propagation lag {_ms(dev['lag']['last_seconds'])} (last)", width, "  ")
         for p in dev["profiles"]:
             for d in p["dims"]:
-                priced = tuple(d["cost"]) != Dim.cost  # plan mode weighs padding by it
-                lines.append(
-                    f"  {p['name']}/{d['name']}: padding {d['padding']:.1%} over "
-                    f"{d['samples']} samples in the window"
-                    + (f", {d['history_samples']} in the history" if "history_samples" in d else "")
-                    + (f"; cost of a chunk of size x: {_polynomial(d['cost'])}" if priced else "")
-                )
-                lines.append("    gear " + " ".join(f"{g:>6}" for g in d["gears"]))
-                lines.append("    hit  " + " ".join(f"{h:>6.1%}" for h in d["hit_rate"]))
-                lines.append("    pad  " + " ".join(f"{a:>6.1%}" for a in d["avg_pad"]))
-                lines += _costs(d.get("costs"))
+                lines += _dim(p["name"], d, verbose, width)
             for dim, gear, action, reason in p["changes"]:
-                lines.append(f"  {p['name']}/{dim} last round: {action} {gear}: {reason}")
+                lines += _wrap(f"  {p['name']}/{dim} last round: {action} {gear}: {reason}",
+                               width, "      ")
     return "\n".join(lines)
 
 
-def _costs(c: dict[str, Any] | None) -> list[str]:
+def _dim(profile: str, d: dict[str, Any], verbose: bool, width: int) -> list[str]:
+    """One dim: its padding and samples, then its gears (verbose: with their hit and pad
+    rates, and the measured costs)."""
+    priced = tuple(d["cost"]) != Dim.cost  # plan mode weighs padding by it
+    lines = _wrap(
+        f"  {profile}/{d['name']}: padding {d['padding']:.1%} over "
+        f"{d['samples']} samples in the window"
+        + (f", {d['history_samples']} in the history" if "history_samples" in d else ""),
+        width, "      ")
+    if priced:
+        lines += _wrap(f"    cost of a chunk of size x: {_polynomial(d['cost'])}", width,
+                       "      ")
+    if not verbose:
+        return lines + _wrap("    gears " + " ".join(str(g) for g in d["gears"]), width,
+                             "          ")
+    lines += _table("    ", 5, 6, width, [
+        ("gear", [str(g) for g in d["gears"]]),
+        ("hit", [f"{h:.1%}" for h in d["hit_rate"]]),
+        ("pad", [f"{a:.1%}" for a in d["avg_pad"]])])
+    return lines + _costs(d.get("costs"), width)
+
+
+def _costs(c: dict[str, Any] | None, width: int = 80) -> list[str]:
     """A dim's measured costs: the fits, then per measured gear its replay times."""
     if not c:
         return []
     held = c["graph_bytes"]
-    lines = [
-        f"    measured: {c['measurements']} graphs; graph {_bytes(held['a'])} + "
-        f"{_bytes(held['b'])}·gear",
-        "    at gear     " + " ".join(f"{g:>7}" for g in c["gears"]),
-    ]
+    rows = [("at gear", [str(g) for g in c["gears"]])]
     for key, label in (("replay_seconds", "replay"), ("replay_fit", "replay fit"),
                        ("capture_seconds", "capture"), ("capture_fit", "capture fit")):
         if c.get(key) is not None:
-            lines.append(f"    {label:<11} " + " ".join(f"{_seconds(t):>7}" for t in c[key]))
+            rows.append((label, [_seconds(t) for t in c[key]]))
+    return [f"    measured: {c['measurements']} graphs; graph {_bytes(held['a'])} + "
+            f"{_bytes(held['b'])}·gear", *_table("    ", 11, 7, width, rows)]
+
+
+def _table(indent: str, label: int, cell: int, width: int,
+           rows: list[tuple[str, list[str]]]) -> list[str]:
+    """Rows of cells under one another, in blocks of as many columns as fit `width`."""
+    per = max(1, (width - len(indent) - label) // (cell + 1))
+    n = max((len(cells) for _, cells in rows), default=0)
+    lines = []
+    for i in range(0, n, per):
+        lines += [f"{indent}{name:<{label}}" + "".join(f" {c:>{cell}}" for c in cells[i:i + per])
+                  for name, cells in rows]
     return lines
+
+
+def _wrap(text: str, width: int, indent: str) -> list[str]:
+    """`text` in lines of `width`, never broken inside a figure and its unit (joined by NB)."""
+    lines = textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=False,
+                          break_on_hyphens=False) or [text]
+    return [line.replace(NB, " ") for line in lines]
+
+
+def _fit(names: list[str], room: int) -> str:
+    """Profile names joined, cut to `room` characters with the count of those left out."""
+    text = ", ".join(names)
+    if len(text) <= room:
+        return text
+    for k in range(len(names) - 1, 0, -1):
+        shown = ", ".join(names[:k]) + f", +{len(names) - k} more"
+        if len(shown) <= room:
+            return shown
+    return f"{len(names)} profiles"
 
 
 def _seconds(t: float) -> str:
@@ -168,7 +229,7 @@ def _bytes(n: float) -> str:
 
 
 def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}{NB}ms"
 
 
 def _polynomial(coefficients: list[float]) -> str:
