@@ -210,8 +210,8 @@ def test_export_writes_each_engines_form_and_serve_reads_it_back(
     live: tuple[Controller, Worker], tmp_path: Path, fmt: str
 ) -> None:
     ns = live[0].config.namespace
-    extra = {"json": [], "torchair": ["--fit"]}.get(fmt, ["--dim", "B"])  # BATCHSIZE's name
-    result = gs("export", "-n", ns, "--format", fmt, *extra)
+    extra = {"json": [], "torchair": ["--fit", "--axis", "B=0"]}.get(fmt, ["--dim", "B"])
+    result = gs("export", "-n", ns, "--format", fmt, *extra)  # B: BATCHSIZE's name
     assert result.exit_code == EXIT_OK, result.output
     (tmp_path / "gears.txt").write_text(result.stdout)
     gears = (1, 2, 4, 8, 16, 32, 64) if fmt != "torchair" else (2, 4, 8, 16, 32, 64)
@@ -225,6 +225,12 @@ def test_export_refuses_what_an_engine_cannot_take_and_notes_what_it_leaves_out(
     ns = live[0].config.namespace
     refused = gs("export", "-n", ns, "--format", "torchair")
     assert refused.exit_code == EXIT_USAGE and "takes no gear below 2" in refused.stderr
+    guess = gs("export", "-n", ns, "--format", "torchair", "--fit")
+    assert guess.exit_code == EXIT_USAGE and not guess.stdout
+    assert "the axis of decode/B is not known" in guess.stderr and "--axis B=1" in guess.stderr
+    given = gs("export", "-n", ns, "--format", "torchair", "--fit", "--axis", "B=1")
+    assert given.exit_code == EXIT_OK and "DIM_GEARS = {1: [2, 4, 8, 16, 32, 64]}" in given.stdout
+    assert "note: torchair: decode/B on tensor axis 1 (from --axis)" in given.stderr
     absent = gs("export", "-n", ns, "--format", "vllm")
     assert absent.exit_code == EXIT_USAGE and "has no BATCHSIZE (dims: B)" in absent.stderr
     controller, worker = live

@@ -43,8 +43,8 @@ def test_each_engine_gets_its_own_key() -> None:
     assert trtllm == {
         "cuda_graph_config": {"enable_padding": True, "batch_sizes": [1, 2, 8, 24, 40, 64]}
     }
-    torchair = engines.render(DOC, "torchair", profile="prefill").text
-    assert "\nDIM_GEARS = {0: [256, 1024, 4096]}\n" in torchair
+    torchair = engines.render(DOC, "torchair", profile="prefill", axes={"SEQLEN": 1}).text
+    assert "\nDIM_GEARS = {1: [256, 1024, 4096]}\n" in torchair
     assert "set_dim_gears(t, dim_gears=DIM_GEARS)" in torchair
 
 
@@ -60,12 +60,46 @@ def test_json_round_trips_every_device_and_profile_or_the_chosen_ones() -> None:
 
 def test_torchair_takes_every_dim_as_an_axis_in_product() -> None:
     doc = {0: {"batched": {"BATCHSIZE": (2, 4, 8), "SEQLEN": (128, 512, 2048, 8192)}}}
-    out = engines.render(doc, "torchair")
+    out = engines.render(doc, "torchair", axes={"BATCHSIZE": 0, "SEQLEN": 1})
     assert "DIM_GEARS = {0: [2, 4, 8], 1: [128, 512, 2048, 8192]}" in out.text
-    assert 'dynamic_gears_merge_policy = "product"' in out.text and out.notes == []
+    assert 'dynamic_gears_merge_policy = "product"' in out.text
     assert engines.parse(out.text) == doc
-    one = engines.render(doc, "torchair", dim="SEQLEN")
+    one = engines.render(doc, "torchair", dim="SEQLEN", axes={"SEQLEN": 1})
     assert engines.parse(one.text) == {0: {"batched": {"SEQLEN": (128, 512, 2048, 8192)}}}
+
+
+def test_torchair_keys_gears_by_the_axis_given_and_says_which_it_used() -> None:
+    doc = {0: {"prefill": {"SEQLEN": (256, 1024, 4096)}}}  # its tensor is (B, S)
+    out = engines.render(doc, "torchair", axes=engines.parse_axes(["SEQLEN=1"]))
+    assert "\nDIM_GEARS = {1: [256, 1024, 4096]}\n" in out.text and "(axis 1: SEQLEN)" in out.text
+    assert out.notes == ["torchair: prefill/SEQLEN on tensor axis 1 (from --axis)"]
+    assert engines.parse(out.text) == engines.parse(out.text, "torchair") == doc
+    both = {0: {"b": {"BATCHSIZE": (2, 4), "SEQLEN": (8, 16)}}}  # a (S, B) tensor: by axis
+    swapped = engines.render(both, "torchair", axes={"SEQLEN": 0, "BATCHSIZE": 1})
+    assert "DIM_GEARS = {0: [8, 16], 1: [2, 4]}" in swapped.text
+    assert engines.parse(swapped.text) == both
+    old = out.text.replace(', "axes": [1]', "").replace("{1: [", "{0: [")  # before --axis
+    assert engines.parse(old) == doc  # its keys were the dims' positions
+
+
+@pytest.mark.parametrize(
+    "axes, message",
+    [
+        ([], r"axis of prefill/SEQLEN is not known .* --axis SEQLEN=1"),
+        (["SEQLEN"], "expected DIM=N"),
+        (["SEQLEN=-1"], "expected DIM=N"),
+        (["SEQLEN=1", "SEQLEN=2"], "SEQLEN given twice"),
+        (["S=1"], r"prefill exports no dim S \(dims: SEQLEN\)"),
+    ],
+)
+def test_torchair_refuses_an_axis_not_given_rather_than_guess(axes: list, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as refused:
+        engines.render(DOC, "torchair", profile="prefill", axes=engines.parse_axes(axes))
+    assert refused.value.key == "axis"
+    with pytest.raises(ConfigError, match="both on axis 0"):
+        engines.render({0: {"b": {"B": (2, 4), "S": (8, 16)}}}, "torchair", axes={"B": 0, "S": 0})
+    with pytest.raises(ConfigError, match="--axis is torchair's"):
+        engines.render(DOC, "vllm", profile="decode", axes={"BATCHSIZE": 0})
 
 
 @pytest.mark.parametrize(
@@ -83,9 +117,9 @@ def test_torchair_refuses_gears_beyond_its_limits(doc: dict, message: str) -> No
 
 
 def test_fit_raises_torchairs_small_gears_and_says_so() -> None:
-    out = engines.render({0: {"decode": DECODE}}, "torchair", fit=True)
+    out = engines.render({0: {"decode": DECODE}}, "torchair", fit=True, axes={"BATCHSIZE": 0})
     assert engines.parse(out.text) == {0: {"decode": {"BATCHSIZE": (2, 8, 24, 40, 64)}}}
-    assert out.notes == ["torchair: decode/BATCHSIZE gear 1 raised to 2"]
+    assert out.notes[0] == "torchair: decode/BATCHSIZE gear 1 raised to 2"
     with pytest.raises(ConfigError, match="has 1 gears"):  # [1, 2] is one gear once raised
         engines.render({0: {"decode": {"BATCHSIZE": (1, 2)}}}, "torchair", fit=True)
 
@@ -175,7 +209,7 @@ def test_any_gears_an_engine_takes_read_back_the_same(
 ) -> None:
     doc = {device: {name: {"BATCHSIZE": tuple(sorted(gears))}}}
     try:
-        out = engines.render(doc, fmt)
+        out = engines.render(doc, fmt, axes={"BATCHSIZE": 0} if fmt == "torchair" else None)
     except ConfigError as e:  # only torchair has limits these gears can break
         assert fmt == "torchair" and e.key == "torchair"
         return

@@ -281,6 +281,14 @@ def snapshot(namespace: str | None, device: int | None, as_json: bool) -> None:
     is_flag=True,
     help="Raise gears below the engine's smallest to it (torchair: 1 to 2) instead of refusing.",
 )
+@click.option(
+    "--axis",
+    "axes",
+    metavar="DIM=N",
+    multiple=True,
+    help="torchair: the tensor axis of DIM in the input set_dim_gears is called on (S of a "
+    "(B, S) tensor: SEQLEN=1); one per dim exported, required.",
+)
 def export(
     namespace: str | None,
     fmt: str,
@@ -288,6 +296,7 @@ def export(
     dim: str | None,
     device: int | None,
     fit: bool,
+    axes: tuple[str, ...],
 ) -> None:
     """Print the gears in use, for an engine or another node.
 
@@ -306,7 +315,8 @@ def export(
             }
             for d, s in snapshots.items()
         }
-        out = engines.render(published, fmt, profile=profile, dim=dim, device=device, fit=fit)
+        out = engines.render(published, fmt, profile=profile, dim=dim, device=device, fit=fit,
+                             axes=engines.parse_axes(axes))
     for note in out.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(out.text, nl=False)

@@ -12,14 +12,19 @@ back from, one of `FORMATS`:
 - `trtllm`: YAML for `trtllm-serve --extra_llm_api_options` (`--config` in newer releases):
   `cuda_graph_config: {enable_padding: true, batch_sizes: [...]}`;
 - `torchair`: Python: `DIM_GEARS = {axis: [...]}`, the `dim_gears` of
-  `torchair.inference.set_dim_gears(tensor, dim_gears=DIM_GEARS)`.
+  `torchair.inference.set_dim_gears(tensor, dim_gears=DIM_GEARS)`, keyed by the tensor axis
+  of each dim: given (`axes`, `export --axis DIM=N`), never taken from the dim's position
+  in the profile (a SEQLEN profile's tensor is often (B, S)); the controller is not told the
+  runners' bindings, so an axis not given is refused.
 
 An engine's file holds one profile of one device. vLLM, SGLang and TensorRT-LLM capture batch
 sizes only: one dim (`BATCHSIZE` unless told), the others are left out and said so. torchair
-takes every dim as a tensor axis, in the profile's dim order, within its limits (2 to 100 gears
-a dim, no gear below 2, at most 100 combinations); gears beyond an engine's limits are refused,
-or with `fit` raised to its smallest gear. Each file starts with `# gearshift: {...}` (format,
-device, profile, dims) so that it reads back as the same gears; a file written by hand (or an
+takes every dim (or `dim`) at its tensor axis, within its limits (2 to 100 gears a dim, no
+gear below 2, at most 100 combinations); gears beyond an engine's limits are refused, or with
+`fit` raised to its smallest gear. Each file starts with `# gearshift: {...}` (format,
+device, profile, dims; torchair: their axes) so that it reads back as the same gears (a
+torchair header without axes is an older file's: its axes are the dims' positions); a
+file written by hand (or an
 engine's command line: `--cuda-graph-bs-decode 1 2 4`, `--compilation-config '{...}'`) reads as
 device 0, profile `decode`, dim `BATCHSIZE`.
 
@@ -67,9 +72,12 @@ def render(
     dim: str | None = None,
     device: int | None = None,
     fit: bool = False,
+    axes: Mapping[str, int] | None = None,
 ) -> Export:
     """`doc` written in format `fmt` (see the module docstring); `profile`, `dim` and
-    `device` choose what an engine's file holds (json: they filter, default everything)."""
+    `device` choose what an engine's file holds (json: they filter, default everything);
+    `axes` gives torchair the tensor axis of each dim exported (required there, refused
+    elsewhere)."""
     if fmt not in FORMATS:
         raise ConfigError("format", f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     try:
@@ -81,10 +89,18 @@ def render(
     notes: list[str] = []
     device, profile, dims = _choose(doc, fmt, profile, dim, device, notes)
     dims = _within_limits(fmt, profile, dims, fit, notes)
-    header = HEADER + json.dumps(
-        {"format": fmt, "device": device, "profile": profile, "dims": list(dims)}
-    )
-    body = _BODIES[fmt](f"{profile}/{next(iter(dims))}", device, profile, dims)
+    fields: dict[str, Any] = {"format": fmt, "device": device, "profile": profile,
+                              "dims": list(dims)}
+    if fmt == "torchair":
+        fields["axes"] = _axes(profile, dims, axes or {}, notes)
+        dims = {name: dims[name] for name in sorted(dims, key=fields["axes"].__getitem__)}
+        fields["dims"], fields["axes"] = list(dims), [fields["axes"][d] for d in dims]
+    elif axes:
+        raise ConfigError("axis", f"--axis is torchair's (tensor axes); {_NAMES[fmt]} takes "
+                          "batch sizes")
+    header = HEADER + json.dumps(fields)
+    body = _BODIES[fmt](f"{profile}/{next(iter(dims))}", device, profile, dims,
+                        *([fields["axes"]] if fmt == "torchair" else []))
     return Export("\n".join([header, *body]) + "\n", notes)
 
 
@@ -104,15 +120,16 @@ def parse(text: str, fmt: str = "auto") -> InitialGears:
         device = header["device"] if header else 0
         profile = header["profile"] if header else DEFAULT_PROFILE
         if fmt == "torchair":
-            axes = engine_text.torchair_axes(text)
+            gears = engine_text.torchair_axes(text)
             names = header["dims"] if header else None
-            if names is None or sorted(axes) != list(range(len(names))):
+            at = (header.get("axes") or list(range(len(names)))) if names else []
+            if names is None or sorted(gears) != sorted(at) or len(at) != len(names):
                 raise ConfigError(
                     "initial_gears",
-                    f"torchair's gears are per tensor axis ({sorted(axes)}): the dims they "
+                    f"torchair's gears are per tensor axis ({sorted(gears)}): the dims they "
                     f"are need the '{HEADER.strip()}' line of gearshift export",
                 )
-            dims = {name: axes[i] for i, name in enumerate(names)}
+            dims = {name: gears[axis] for name, axis in zip(names, at, strict=True)}
         else:
             names = header["dims"] if header else [DEFAULT_DIM]
             if len(names) != 1:
@@ -249,6 +266,49 @@ def _within_limits(fmt: str, profile: str, dims: dict[str, Gears], fit: bool,
     return out
 
 
+def parse_axes(items: Sequence[str]) -> dict[str, int]:
+    """`DIM=N` items (`export --axis`) as {dim: axis}; ConfigError naming a bad or repeated
+    one."""
+    out: dict[str, int] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not eq or not name or not value.isdigit():
+            raise ConfigError("axis", f"expected DIM=N (N: the tensor axis, an int >= 0), "
+                              f"got {item!r}")
+        if name in out:
+            raise ConfigError("axis", f"{name} given twice")
+        out[name] = int(value)
+    return out
+
+
+def _axes(profile: str, dims: dict[str, Gears], axes: Mapping[str, int],
+          notes: list[str]) -> dict[str, int]:
+    """The tensor axis of each of `dims` from `axes` (a note says which was used), or
+    ConfigError: one missing, one of another dim, or two dims on one axis."""
+    unknown = sorted(set(axes) - set(dims))
+    if unknown:
+        raise ConfigError("axis", f"{profile} exports no dim {unknown[0]} (dims: "
+                          f"{', '.join(dims)})")
+    missing = [d for d in dims if d not in axes]
+    if missing:
+        raise ConfigError("axis", f"torchair keys gears by tensor axis, and the axis of "
+                          f"{profile}/{missing[0]} is not known (the controller is not told "
+                          f"the runners' bindings): give it, e.g. --axis {missing[0]}=1 for "
+                          f"a dim at position 1 of the tensor set_dim_gears is called on")
+    taken: dict[int, str] = {}
+    for name in dims:
+        axis = axes[name]
+        if type(axis) is not int or axis < 0:
+            raise ConfigError("axis", f"{name}={axis!r}: an axis is an int >= 0")
+        if axis in taken:
+            raise ConfigError("axis", f"{taken[axis]} and {name} both on axis {axis}")
+        taken[axis] = name
+    notes.append("torchair: " + ", ".join(f"{profile}/{d} on tensor axis {axes[d]}"
+                                          for d in dims) + " (from --axis)")
+    return {d: axes[d] for d in dims}
+
+
 def _items(gears: Gears) -> str:
     return ", ".join(map(str, gears))
 
@@ -288,8 +348,9 @@ def _trtllm(what: str, device: int, profile: str, dims: dict[str, Gears]) -> lis
     ]
 
 
-def _torchair(what: str, device: int, profile: str, dims: dict[str, Gears]) -> list[str]:
-    axes = ", ".join(f"axis {i}: {name}" for i, name in enumerate(dims))
+def _torchair(what: str, device: int, profile: str, dims: dict[str, Gears],
+              at: list[int]) -> list[str]:
+    axes = ", ".join(f"axis {i}: {name}" for i, name in zip(at, dims, strict=True))
     lines = [
         f"# torchair's dim gears: the gears of {profile} ({axes}) on device {device}, for GE",
         "# graph mode under torch.compile(dynamic=True), set on the first call's input t:",
@@ -299,7 +360,7 @@ def _torchair(what: str, device: int, profile: str, dims: dict[str, Gears]) -> l
     if len(dims) > 1:
         lines.append('# two dims or more: config.inference_config.dynamic_gears_merge_policy = '
                      '"product"')
-    items = ", ".join(f"{i}: [{_items(g)}]" for i, g in enumerate(dims.values()))
+    items = ", ".join(f"{i}: [{_items(g)}]" for i, g in zip(at, dims.values(), strict=True))
     return [*lines, f"DIM_GEARS = {{{items}}}"]
 
 
@@ -314,16 +375,24 @@ def _header(text: str) -> dict[str, Any] | None:
     try:
         data = json.loads(found[1])
         header = {"format": data.get("format"), "device": data["device"],
-                  "profile": data["profile"], "dims": data["dims"]}
+                  "profile": data["profile"], "dims": data["dims"], "axes": data.get("axes")}
     except (ValueError, KeyError, AttributeError) as e:
         raise ConfigError("initial_gears", f"unreadable gearshift line: {e}") from None
     device, profile, dims = header["device"], header["profile"], header["dims"]
     if (type(device) is not int or device < 0 or not isinstance(profile, str) or not profile
             or not isinstance(dims, list) or not dims
             or not all(isinstance(d, str) and d for d in dims) or len(set(dims)) != len(dims)
-            or header["format"] not in (None, *FORMATS)):
+            or header["format"] not in (None, *FORMATS)
+            or not _axes_ok(header["axes"], dims)):
         raise ConfigError("initial_gears", f"gearshift line of unexpected fields: {found[1]}")
     return header
+
+
+def _axes_ok(axes: Any, dims: list[Any]) -> bool:
+    """A header's `axes`: absent, or one distinct int >= 0 per dim."""
+    return axes is None or (isinstance(axes, list) and len(axes) == len(dims)
+                            and all(type(a) is int and a >= 0 for a in axes)
+                            and len(set(axes)) == len(axes))
 
 
 _BATCH_PARSERS = {"vllm": engine_text.vllm_sizes, "sglang": engine_text.sglang_sizes,
