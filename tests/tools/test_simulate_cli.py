@@ -276,3 +276,28 @@ def test_help_documents_the_device_options() -> None:
                    "device_overhead = (padded cost + captures) / raw cost - 1",
                    "--workers", "[default: 1; 1<=x<=4096]", "--unpriced", "--eager-start"):
         assert phrase in text, phrase
+
+
+def test_plot_labels_every_gear_and_marks_segments_without_requests(tmp_path: Path) -> None:
+    from matplotlib.patches import Rectangle
+
+    from gearshift.tools import simulate as replay
+    from gearshift.tools.simulate_cli import figure, gear_ticks
+    from gearshift.tools.trace import load_trace
+
+    csv = tmp_path / "gap.csv"  # requests in the first minute and after the fifth: none between
+    times = [i * 2.0 for i in range(30)] + [300 + i * 2.0 for i in range(30)]
+    csv.write_text("t,B\n" + "".join(f"{t},{1 + i % 6}\n" for i, t in enumerate(times)))
+    data = load_trace(str(csv))
+    dims = replay.policy_dims(data, "static", {"B": (1, 2, 3, 6)}, {}, {}, {})
+    fig = figure(replay.simulate(data, dims, gs.PolicyConfig(), adaptive=False))
+    fig.canvas.draw()
+    top, bottom = fig.axes
+    labels = [t.get_text() for t in top.get_yticklabels() if t.get_text()]
+    assert labels == ["1", "2", "3", "6"]  # 3 and 6 too, not only the powers of two
+    for axis in (top, bottom):
+        [shade] = [p for p in axis.patches if isinstance(p, Rectangle)]
+        assert (shade.get_x(), shade.get_x() + shade.get_width()) == pytest.approx((1.0, 5.0))
+    assert "no requests" in [t.get_text() for t in bottom.get_legend().get_texts()]
+    many = gear_ticks([tuple(range(1, 4097))])
+    assert len(many) <= 25 and many[0] == 1 and many[-1] == 4096
