@@ -65,7 +65,7 @@ class PolicyConfig:
     pad_add_threshold: float = 0.35
     split_add_threshold: float = 0.20
     add_min_samples: int = 5
-    min_window_events: int = 10
+    min_window_events: int = 5
     min_gear_count_per_type: int = 1
     max_gears_per_type: int = 64
     policy_mode: str = "plan"
