@@ -254,21 +254,29 @@ def test_table_of_two_profiles_gives_each_then_both() -> None:
     assert "decision rounds" in every and "SEQLEN" not in every and "1.25x" in every
 
 
-def test_table_shows_the_measured_costs_and_the_priced_decisions() -> None:
+def test_table_ends_on_one_plain_sentence_of_what_was_measured_the_figures_in_json() -> None:
     costs = {"measurements": 12, "replay_seconds": {8: 0.001, 64: 0.004, 512: 0.02, 4096: 0.3,
                                                     8192: 0.7},
              "capture_seconds": {8: 0.002, 64: 0.003, 512: 0.01, 4096: 0.2, 8192: 0.5},
              "graph_bytes": {"a": 0, "b": 64}}
-    reasons = ["SEQLEN 900: plan of 9 gears: padding -1 pts, saves 2 s over 19 s for 0.4 s of "
-               "capture"]
-    adaptive = {**ADAPTIVE, "priced_adds": 5, "capture_share": 0.058, "priced_reasons": reasons,
+    reasons = ["SEQLEN 900: plan of 9 gears: padding down 1 pts, saves 2 s over 19 s for 0.4 s "
+               "of capture"]
+    adaptive = {**ADAPTIVE, "adds": 7, "priced_adds": 5, "capture_share": 0.058,
+                "priced_reasons": reasons,
                 "measured_costs": {"SEQLEN": costs}}
     text = table({**RESULT, "adaptive": adaptive,
                   "profiles": {"demo": {"adaptive": adaptive, "static": RUN}}})
     lines = {line.strip().split("  ")[0]: line.split() for line in text.splitlines()}
     assert lines["adds priced in measured seconds"][-2:] == ["5", "0"]
     assert lines["captures' share of workers' CPU"][-2:] == ["5.8%", "0.0%"]
-    measured = [line for line in text.splitlines() if line.startswith("measured demo/SEQLEN")]
-    assert measured == ["measured demo/SEQLEN (12 graphs): replay 8: 1.00 ms, 512: 20.00 ms, "
-                        "8192: 700.00 ms; capture 8: 2.00 ms, 512: 10.00 ms, 8192: 500.00 ms"]
-    assert f"priced demo: {reasons[0]}" in text.splitlines()
+    assert text.splitlines()[-2:] == [  # one plain sentence; the figures are --json's
+        "", "The workers timed the 12 graphs they captured; 5 of the 7 gears added went in "
+        "because the time they save pays for capturing them (--json has the details)."]
+    assert "plan of" not in text and "pts" not in text and " s over " not in text
+    unpriced = {**adaptive, "priced_adds": 0, "adds": 4}
+    none = table({**RESULT, "adaptive": unpriced,
+                  "profiles": {"demo": {"adaptive": unpriced, "static": RUN}}})
+    assert none.splitlines()[-1] == ("The workers timed the 12 graphs they captured; none of "
+                                     "the 4 gears added was decided on those timings (--json "
+                                     "has the details).")
+    assert "timed" not in table(RESULT)  # nothing measured: no sentence
