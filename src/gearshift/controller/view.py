@@ -93,8 +93,9 @@ def gather(namespace: str, clock: Clock) -> dict[str, Any]:
 
 def absent(namespace: str) -> str:
     """What `status --watch` shows while the namespace does not exist."""
-    return (f"namespace {namespace!r}: no controller running (none since its namespace was "
-            f"removed); waiting for `gearshift serve -n {namespace}`")
+    return "\n".join(_wrap(f"namespace {namespace!r}: no controller running (the namespace "
+                           f"does not exist); waiting for `gearshift serve -n {namespace}`",
+                           80, "  "))
 
 
 def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> str:
@@ -104,8 +105,9 @@ def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> s
     if owner["alive"]:
         head = f"namespace {view['namespace']!r}: controller pid {owner['pid']}{mode} running"
     else:
+        embedded = ", embedded in a worker" if mode else ""
         head = f"namespace {view['namespace']!r}: controller NOT RUNNING" + (
-            f" (last pid {last}{mode})" if last else "")
+            f" (last pid {last}{embedded})" if last else "")
     if owner["heartbeat_age_seconds"] is not None:
         head += f", last heartbeat {owner['heartbeat_age_seconds']:.1f}{NB}s ago"
     lines = _wrap(head, width, "  ")
