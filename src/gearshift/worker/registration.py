@@ -70,6 +70,13 @@ class Registrations:
             except GearshiftError as e:
                 self._warn("namespace %r: registration mailbox: %s", self.namespace, e)
 
+    def forked(self) -> None:
+        """In a forked child: unbound (the slot and its mailboxes are the parent's) until `bind`
+        gives it the child's own, with every profile not refused queued again."""
+        self._lock = threading.Lock()  # a parent's thread may have held it at the fork
+        self.registry, self.slot = None, -1
+        self.again()
+
     def again(self) -> None:
         """Register every profile not refused once more (a new controller knows none)."""
         with self._lock:

@@ -18,6 +18,10 @@ heartbeat in the slot (every `heartbeat_interval`, and at once when it changes) 
 memory reading every `memory_interval` (`memory`, else the first attached runner's backend).
 Nothing on the request path waits for it or for the controller, or raises because of them.
 
+A client whose ring cannot be created (no room in /dev/shm: SpaceError) serves unrecorded, says
+so once, and tries again every `retry_interval`. In a process forked from the client's, it
+never writes its parent's shared memory (`forking`).
+
 Threads: the ring serialises the process's producer threads itself; `_profiles` is
 copy-on-write; adoption runs under `_adopting`, which request threads only try; only the
 constructor and the swap thread attach the namespace.
@@ -40,9 +44,11 @@ from gearshift.errors import (
     ControllerNotFound,
     GearshiftError,
     ProfileMismatch,
+    SpaceError,
 )
 from gearshift.shm import EventRing, Registry, SnapshotRegion
 from gearshift.shm.ring import DEFAULT_CAPACITY
+from gearshift.worker import forking
 from gearshift.worker.interfaces import Runner
 from gearshift.worker.profile import Profile
 from gearshift.worker.registration import Registrations
@@ -75,6 +81,7 @@ class Client:
     memory_interval = 1.0
     poll_interval = 0.05
     warn_interval = 60.0
+    retry_interval = 5.0  # between tries to create a ring /dev/shm had no room for
 
     def __init__(
         self,
@@ -114,18 +121,16 @@ class Client:
         self._ring_capacity = ring_capacity
         self._registrations = Registrations(self.namespace, self._warn)
         self._closed = False
-        if isinstance(registry, str):
-            self._attach(strict=True)
-        else:
-            self._bind(registry)
+        self._no_room = False  # the last try to create the ring found no room in /dev/shm
+        self._retry_at = float("-inf")
+        self._attach(strict=True, given=None if isinstance(registry, str) else registry)
         self._watch_controller()
         self._attach_region()
         self.refresh()
-        self._thread = None
-        if background:
-            self._thread = threading.Thread(target=self._run, name="gearshift-swap", daemon=True)
-            self._thread.start()
+        self._background, self._thread = background, None
+        self._start()
         atexit.register(self.close)
+        forking.track(self)
 
     @property
     def unrecorded(self) -> int:
@@ -261,6 +266,12 @@ class Client:
             free, total = self.memory()
             ring.put_memory(self._now_ns(), free, total)
 
+    def _start(self) -> None:
+        """Start the swap thread (with `background`)."""
+        if self._background and self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._run, name="gearshift-swap", daemon=True)
+            self._thread.start()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -270,30 +281,47 @@ class Client:
             self._wake.wait(self.poll_interval)
             self._wake.clear()
 
-    def _attach(self, strict: bool) -> None:
-        """Attach the namespace if a controller has created it (`_bind`). Not yet: nothing
-        happens. Another failure raises if `strict` (the constructor), else it is logged and
-        the next tick tries again."""
-        try:
-            registry = Registry.attach(self.namespace)
-        except ControllerNotFound:  # no control segment yet, or one being cleaned up
+    def _attach(self, strict: bool, given: Registry | None = None) -> None:
+        """Attach the namespace (`given`: it is attached already, and the caller closes it if
+        this raises) if a controller has created it (`_bind`). Not yet: nothing happens. No
+        room for the ring: unrecorded until a try `retry_interval` later. Another failure
+        raises if `strict` (the constructor), else it is logged and the next tick tries again."""
+        now = self.clock.now()
+        if given is not None:
+            registry = given
+        elif now < self._retry_at:
             return
-        except (GearshiftError, OSError) as e:
-            if strict:
-                raise
-            self._warn("namespace %r: cannot attach its control segment: %s", self.namespace, e)
-            return
+        else:
+            try:
+                registry = Registry.attach(self.namespace)
+            except ControllerNotFound:  # no control segment yet, or one being cleaned up
+                return
+            except (GearshiftError, OSError) as e:
+                if strict:
+                    raise
+                self._warn("namespace %r: cannot attach its control segment: %s", self.namespace, e)
+                return
         try:
             self._bind(registry)
-        except ControllerNotFound:  # cleaned up meanwhile: the next controller creates it anew
+        except SpaceError as e:
             registry.close()
+            self._retry_at = now + self.retry_interval
+            if not self._no_room:
+                log.warning("namespace %r: %s; serving unrecorded, trying again every %g s",
+                            self.namespace, e, self.retry_interval)
+            self._no_room = True
         except (GearshiftError, OSError) as e:
+            if given is not None:
+                raise
             registry.close()
+            if isinstance(e, ControllerNotFound):  # cleaned up meanwhile: the next controller
+                return  # creates it anew
             if strict:
                 raise
             self._warn("namespace %r: cannot claim a worker slot: %s", self.namespace, e)
         else:
-            if not strict:
+            if not strict or self._no_room:
+                self._no_room = False
                 log.info(
                     "namespace %r: attached as slot %d; %d requests before were not recorded",
                     self.namespace,
@@ -321,6 +349,8 @@ class Client:
     def _watch_controller(self) -> None:
         registry = self.registry
         if registry is None:
+            if self._no_room:  # a controller runs: _attach said why there is no ring
+                return
             self._warn(
                 NO_CONTROLLER + ": serving on the initial gears, unrecorded, until one starts",
                 self.namespace,
@@ -368,6 +398,23 @@ class Client:
             log.warning(message, *args)
 
     # lifetime
+
+    def _forked(self) -> None:
+        """In a child forked from this client's process (`forking`): drop every handle of the
+        parent's (slot, ring, mailboxes, embedded controller) and serve unrecorded; the first
+        record starts the child's swap thread, which attaches as a worker of its own."""
+        if self._closed:
+            return
+        self._adopting = threading.Lock()  # a parent's thread may have held it at the fork
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._thread, self._embedded, self._leader = None, None, 0
+        self.registry, self.slot = None, None  # the parent's: closed with the child's mappings
+        self._unrecorded = Unrecorded(first_use=self._start)
+        self.ring = self._unrecorded
+        for prof in self._profiles.values():
+            prof.forked(self._unrecorded.write)
+        self._registrations.forked()
+        self._next_beat = self._next_memory = self._retry_at = float("-inf")
 
     def close(self) -> None:
         """Stop the swap thread, release the slot and close the ring (the controller drains and
