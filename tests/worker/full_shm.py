@@ -21,7 +21,8 @@ from gearshift.shm import Registry, SlotState
 
 WAIT = 20.0
 DIMS = {"SEQLEN": gs.Dim(max=4096)}
-ROUTES, MORE, B_ROUTES = 100_000, 10_000, 20_000  # A before the fill (the ring wraps), A after
+ROUTES, MORE = 100_000, 10_000  # by A before the fill (its ring wraps) and after it
+B_ROUTES, B_RECORDED = 20_000, 1_000  # by B with no room for its ring, and once it has one
 LEFT = 8 << 10  # bytes of /dev/shm the filler leaves: room for C's ring (2 pages), no more
 FAST = ["--set", "slots=4", "--set", "scan_interval_seconds=0.05",
         "--set", "status_interval_seconds=0.05"]
@@ -73,11 +74,19 @@ def route(prof: gs.Profile, count: int) -> None:
 
 
 def worker_b(namespace: str) -> dict:
-    """A worker of device 0 with no room for its ring: it serves, unrecorded."""
+    """A worker of device 0 with no room for its ring: it serves, unrecorded; once the filler
+    is gone it gets its ring at its next try and records."""
+    gs.Client.retry_interval = 0.1
     with gs.connect(namespace) as client:
         prof = client.profile("prefill", DIMS)
         route(prof, B_ROUTES)
-        return {"slot": client.slot, "unrecorded": client.unrecorded}
+        found = {"slot": client.slot, "unrecorded": client.unrecorded}
+        for name in os.listdir("/dev/shm"):
+            if name.startswith("filler."):
+                os.unlink(f"/dev/shm/{name}")
+        found["attached"] = wait(lambda: client.slot is not None and prof.registered)
+        route(prof, B_RECORDED)
+        return found
 
 
 def worker_c(namespace: str) -> dict:
@@ -113,7 +122,7 @@ def main(namespace: str, state_dir: str) -> dict:
         fill()  # what B took is free again once its slot is reclaimed
         c = child("c", namespace)
         route(prof, MORE)
-        all_consumed = wait(lambda: consumed(namespace) >= ROUTES + MORE)
+        all_consumed = wait(lambda: consumed(namespace) >= ROUTES + MORE + B_RECORDED)
         found = consumed(namespace)
         client.close()
     finally:
@@ -123,8 +132,10 @@ def main(namespace: str, state_dir: str) -> dict:
         except subprocess.TimeoutExpired:
             serve.kill()
             _, log = serve.communicate()
-    return {"serve_exit": serve.returncode, "serve_log": log[-4000:], "b": b, "c": c,
-            "routed": ROUTES + MORE, "consumed": found, "all_consumed": all_consumed}
+    warned = "less than 4 slots need" in log.split("\n", 1)[0]  # serve's start-up warning
+    return {"serve_exit": serve.returncode, "serve_warned": warned, "serve_log": log[-4000:],
+            "b": b, "c": c, "recorded": ROUTES + MORE + B_RECORDED, "consumed": found,
+            "all_consumed": all_consumed}
 
 
 if __name__ == "__main__":

@@ -15,11 +15,13 @@ import threading
 from collections.abc import Callable
 
 from gearshift import protocol
+from gearshift.clock import Clock
 from gearshift.errors import GearshiftError
 from gearshift.shm import Registry, mailbox
 from gearshift.worker.profile import Profile
 
 log = logging.getLogger(__name__)
+REGISTER_POLL = 0.001  # seconds between looks at the reply mailbox while waiting for a reply
 
 
 class Registrations:
@@ -76,6 +78,21 @@ class Registrations:
         self._lock = threading.Lock()  # a parent's thread may have held it at the fork
         self.registry, self.slot = None, -1
         self.again()
+
+    def wait(self, prof: Profile, clock: Clock, timeout: float) -> None:
+        """Pump until the controller answers `prof` (`registered`, or `rejected` set) or for
+        `timeout`; no answer is logged (the profile serves on its initial gears meanwhile)."""
+        deadline = clock.now() + timeout
+        while True:
+            self.pump()
+            if prof.rejected is not None or prof.registered:
+                return
+            if clock.now() >= deadline:
+                break
+            clock.sleep(REGISTER_POLL)
+        if timeout > 0:
+            log.warning("profile %r: no registration reply in %.1f s; serving on its initial "
+                        "gears until the controller answers", prof.name, timeout)
 
     def again(self) -> None:
         """Register every profile not refused once more (a new controller knows none)."""

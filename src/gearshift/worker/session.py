@@ -18,9 +18,8 @@ heartbeat in the slot (every `heartbeat_interval`, and at once when it changes) 
 memory reading every `memory_interval` (`memory`, else the first attached runner's backend).
 Nothing on the request path waits for it or for the controller, or raises because of them.
 
-A client whose ring cannot be created (no room in /dev/shm: SpaceError) serves unrecorded, says
-so once, and tries again every `retry_interval`. In a process forked from the client's, it
-never writes its parent's shared memory (`forking`).
+With no room in /dev/shm for its ring (SpaceError) a client serves unrecorded, says so once and
+tries again every `retry_interval`; in a forked child it never writes its parent's (`forking`).
 
 Threads: the ring serialises the process's producer threads itself; `_profiles` is
 copy-on-write; adoption runs under `_adopting`, which request threads only try; only the
@@ -57,7 +56,6 @@ from gearshift.worker.standins import NO_SNAPSHOT, NoSnapshot, Unrecorded
 
 log = logging.getLogger(__name__)
 MemoryReading = Callable[[], tuple[int, int]]
-REGISTER_POLL = 0.001  # seconds between looks at the reply mailbox while registering
 JOIN_TIMEOUT = 5.0
 NO_CONTROLLER = "no controller is running on namespace %r (start one with `gearshift serve -n %s`)"
 
@@ -158,29 +156,13 @@ class Client:
             return known
         self._registrations.add(prof)
         if self.registry is not None and self.registry.controller().alive:
-            self._await_registration(prof)
-        self._attach_region()
-        self.refresh(force=True)
-        return prof
-
-    def _await_registration(self, prof: Profile) -> None:
-        """Pump the mailbox until the live controller answers, or for `register_timeout`."""
-        deadline = self.clock.now() + self.register_timeout
-        while True:
-            self._registrations.pump()
+            self._registrations.wait(prof, self.clock, self.register_timeout)
             if prof.rejected is not None:
                 self._forget(prof)
                 raise prof.rejected
-            if prof.registered or self.clock.now() >= deadline:
-                break
-            self.clock.sleep(REGISTER_POLL)
-        if not prof.registered and self.register_timeout > 0:
-            log.warning(
-                "profile %r: no registration reply in %.1f s; serving on its initial "
-                "gears until the controller answers",
-                prof.name,
-                self.register_timeout,
-            )
+        self._attach_region()
+        self.refresh(force=True)
+        return prof
 
     def _forget(self, prof: Profile) -> None:
         self._registrations.forget(prof)
@@ -204,9 +186,8 @@ class Client:
             try:
                 snapshot = region.read()
             except Exception as e:  # shared memory is not trusted, nor is its decoder
-                self._warn(
-                    "namespace %r: unreadable snapshot v%d kept out: %r", self.namespace, version, e
-                )
+                self._warn("namespace %r: unreadable snapshot v%d kept out: %r", self.namespace,
+                           version, e)
                 self.seen = version
                 return
             if snapshot is not None:
@@ -215,13 +196,8 @@ class Client:
                     try:
                         prof.adopt(version, snapshot.payload)
                     except Exception as e:
-                        self._warn(
-                            "namespace %r: snapshot v%d kept out of profile %r: %r",
-                            self.namespace,
-                            version,
-                            prof.name,
-                            e,
-                        )
+                        self._warn("namespace %r: snapshot v%d kept out of profile %r: %r",
+                                   self.namespace, version, prof.name, e)
             self.seen = version
         finally:
             self._adopting.release()
@@ -282,10 +258,10 @@ class Client:
             self._wake.clear()
 
     def _attach(self, strict: bool, given: Registry | None = None) -> None:
-        """Attach the namespace (`given`: it is attached already, and the caller closes it if
-        this raises) if a controller has created it (`_bind`). Not yet: nothing happens. No
-        room for the ring: unrecorded until a try `retry_interval` later. Another failure
-        raises if `strict` (the constructor), else it is logged and the next tick tries again."""
+        """Attach the namespace (`given`: attached already; its caller closes it if this raises)
+        if a controller has created it (`_bind`); if not, nothing happens. No room for the
+        ring: unrecorded until a try `retry_interval` later. Another failure raises if `strict`
+        (the constructor), else it is logged and the next tick tries again."""
         now = self.clock.now()
         if given is not None:
             registry = given
@@ -322,12 +298,8 @@ class Client:
         else:
             if not strict or self._no_room:
                 self._no_room = False
-                log.info(
-                    "namespace %r: attached as slot %d; %d requests before were not recorded",
-                    self.namespace,
-                    self.slot,
-                    self.unrecorded,
-                )
+                log.info("namespace %r: attached as slot %d; %d requests before were not "
+                         "recorded", self.namespace, self.slot, self.unrecorded)
 
     def _bind(self, registry: Registry) -> None:
         """Claim a slot of `registry` for this device, create its ring, route every record to
@@ -351,28 +323,16 @@ class Client:
         if registry is None:
             if self._no_room:  # a controller runs: _attach said why there is no ring
                 return
-            self._warn(
-                NO_CONTROLLER + ": serving on the initial gears, unrecorded, until one starts",
-                self.namespace,
-                self.namespace,
-            )
+            self._warn(NO_CONTROLLER + ": serving on the initial gears, unrecorded, until one "
+                       "starts", self.namespace, self.namespace)
             return
         info = registry.controller()
         if not info.alive:
-            self._warn(
-                "namespace %r has no live controller: serving on snapshot v%d (start one with "
-                "`gearshift serve -n %s`)",
-                self.namespace,
-                self.seen,
-                self.namespace,
-            )
+            self._warn("namespace %r has no live controller: serving on snapshot v%d (start one "
+                       "with `gearshift serve -n %s`)", self.namespace, self.seen, self.namespace)
         elif info.pid != self._leader:
-            log.info(
-                "namespace %r: controller pid %d took over from pid %d; registering again",
-                self.namespace,
-                info.pid,
-                self._leader,
-            )
+            log.info("namespace %r: controller pid %d took over from pid %d; registering again",
+                     self.namespace, info.pid, self._leader)
             self._leader, self._region_stale = info.pid, True
             self._registrations.again()
 
@@ -384,9 +344,8 @@ class Client:
         except FileNotFoundError:
             return
         except GearshiftError as e:
-            self._warn(
-                "namespace %r: snapshot region of device %d: %s", self.namespace, self.device, e
-            )
+            self._warn("namespace %r: snapshot region of device %d: %s", self.namespace,
+                       self.device, e)
             return
         self.region, self._region_stale = region, False  # the old mapping goes with its last use
 

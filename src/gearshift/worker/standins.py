@@ -10,8 +10,11 @@ gives its `Unrecorded` a `first_use`: the first record starts what gets the chil
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 class NoSnapshot:
@@ -49,7 +52,10 @@ class Unrecorded:
             self.count += 1
             first, self._first_use = self._first_use, None
         if first is not None:
-            first()
+            try:
+                first()
+            except Exception:  # the request path never raises because of it
+                log.exception("an unrecorded client's first record: starting its swap thread")
         return False
 
     def forward(self, write: Callable[..., bool]) -> None:
