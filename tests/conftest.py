@@ -88,28 +88,13 @@ def private_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
     assert not added, f"the test run wrote under the user's state directory: {added}"
 
 
-_PRIVATE_SHM = 'mount -t tmpfs -o size="$0",mode=1777 tmpfs /dev/shm && exec "$@"'
-_UNSHARE = (["unshare", "--mount", "--propagation", "private"],
-            ["unshare", "--mount", "--propagation", "private", "--map-root-user"])
-
 
 @pytest.fixture(scope="session")
-def tiny_shm() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`run(args, size, timeout)`: run `args` in a private mount namespace whose /dev/shm is a
-    fresh tmpfs of `size` bytes (gone with the namespace); skipped where none can be made."""
-    for unshare in _UNSHARE:
-        try:
-            probe = subprocess.run([*unshare, "sh", "-c", _PRIVATE_SHM, "64k", "true"],
-                                   capture_output=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
-            break
-    else:
+def tiny_shm() -> Callable[..., subprocess.CompletedProcess[str] | None]:
+    """`run(args, size, timeout=120)`: run `args` in a private mount namespace whose /dev/shm
+    is a fresh tmpfs of `size` bytes (`faults.private_shm`); skipped where none can be made."""
+    from gearshift.tools.stress.faults import private_shm
+
+    if private_shm(["true"], 64 << 10) is None:
         pytest.skip("no private mount namespace with a tmpfs on /dev/shm can be made here")
-
-    def run(args: list[str], size: int, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*unshare, "sh", "-c", _PRIVATE_SHM, str(size), *args],
-                              capture_output=True, text=True, timeout=timeout)
-
-    return run
+    return private_shm
