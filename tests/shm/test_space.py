@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from gearshift.controller.footprint import footprint
 from gearshift.shm import EventRing, Registry, SnapshotRegion, cleanup, segment
@@ -71,3 +72,20 @@ def test_no_room_for_a_segment_is_a_space_error_and_a_full_dev_shm_faults_nothin
                               f"needs {RECORDS + DEFAULT_CAPACITY * RECORD} bytes")
     assert "--shm-size" in refusal
     assert attached == "0 1024"
+
+
+def test_serve_without_room_for_its_own_objects_is_refused_naming_the_one_left_out(
+    namespace: str, tiny_shm: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    page, registry = os.sysconf("SC_PAGE_SIZE"), Registry.create(namespace, slots=4)
+    ctl = _allocated(registry.segment.name)  # what the control segment takes, in pages
+    registry.close()
+    cleanup(namespace)
+    serve = (f"{sys.executable} -m gearshift serve -n {namespace} --state-dir {tmp_path} "
+             "--set slots=4; echo exit $?; ls /dev/shm")
+    for size, missing in ((ctl - page, "ctl"), (ctl, "lock"), (ctl + 2 * page, "status")):
+        done = tiny_shm(["sh", "-c", serve], size)
+        _, code, *left = done.stdout.split()
+        assert code == "1" and not left, (size, done.stdout, done.stderr[-500:])  # none left
+        assert f"error: /dev/shm has no room for /gearshift.{namespace}.{missing}: it" in (
+            done.stderr)

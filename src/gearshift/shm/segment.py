@@ -149,18 +149,14 @@ class Segment:
         except posix_ipc.PermissionsError:
             raise _foreign(name) from None
         except OSError as e:  # no inode left in the tmpfs
-            if e.errno in NO_SPACE:
-                raise no_space(name, size) from None
-            raise
+            raise no_room(e, name, size) from None
         try:
             os.posix_fallocate(shm.fd, 0, size)
         except OSError as e:
-            info = os.fstat(shm.fd)
+            error, info = no_room(e, name, size), os.fstat(shm.fd)  # the room before the unlink
             shm.close_fd()
             unlink(name, (info.st_dev, info.st_ino))
-            if e.errno in NO_SPACE:
-                raise no_space(name, size) from None
-            raise
+            raise error from None
         return cls(name, *_map(name, shm))
 
     def seal(self, magic: int, layout: int, constants: Sequence[int]) -> Segment:
@@ -270,6 +266,13 @@ def no_space(name: str, size: int) -> SpaceError:
         f"{SHM_DIR} has no room for {name}: it needs {size} bytes, {room}; make {SHM_DIR} "
         "larger (docker run --shm-size, a Kubernetes emptyDir sizeLimit) or run fewer workers"
     )
+
+
+def no_room(error: BaseException, name: str, size: int) -> BaseException:
+    """`error`, or the SpaceError of `name` (`no_space`) if it says that /dev/shm is full."""
+    if isinstance(error, OSError) and error.errno in NO_SPACE:
+        return no_space(name, size)
+    return error
 
 
 def _magic(fd: int) -> int:
