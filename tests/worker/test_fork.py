@@ -13,6 +13,7 @@ def test_a_forked_child_records_through_its_own_slot_and_leaves_the_parents_alon
     child = found["child"]
     assert child["registered"] and child["slot"] != found["parent_slot"]
     assert child["unrecorded"] == 1  # its first request, which started its swap thread
+    assert found["claimed_after_idle_child"] == 1  # one that never records claims nothing
     assert found["slot_intact"] and found["state_dir_kept"]  # before: both False
     total = faults.BEFORE + faults.CHILD + faults.AFTER
     assert found["all_consumed"] and found["consumed"] == found["recorded"] == total

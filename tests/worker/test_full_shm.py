@@ -4,9 +4,53 @@ a registration whose region has no room and goes on consuming the other workers'
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+import gearshift as gs
+from gearshift.shm import EventRing, names, segment
 from gearshift.tools.stress import faults
+from worker.fake_controller import FakeController, ServingClock
+
+DIMS = {"SEQLEN": gs.Dim(max=4096)}
+
+
+def test_a_worker_with_no_room_for_its_ring_serves_unrecorded_says_so_once_and_tries_later(
+    fake: FakeController, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    room, create = [False], EventRing.create
+
+    def create_if_room(namespace: str, slot: int, capacity: int) -> EventRing:
+        if not room[0]:  # what Segment.create raises on a full /dev/shm (test_space.py)
+            raise segment.no_space(names.ring(namespace, slot), 4194560)
+        return create(namespace, slot, capacity)
+
+    monkeypatch.setattr(EventRing, "create", staticmethod(create_if_room))
+    clock = ServingClock(fake.serve)
+    with caplog.at_level(logging.WARNING, "gearshift"):
+        client = gs.Client(fake.namespace, 0, clock=clock, background=False)
+        prof = client.profile("prefill", DIMS)
+        for size in range(1, 101):
+            prof.route(SEQLEN=size)
+            client.tick()
+            clock.advance(0.01)  # one second in all: within the retry interval
+    try:
+        assert client.slot is None and client.unrecorded == 100  # served, counted
+        assert [r.message.count("no room for /gearshift.") for r in caplog.records] == [1]
+        room[0] = True
+        client.tick()
+        assert client.slot is None  # no try before retry_interval
+        clock.advance(client.retry_interval)
+        client.tick()
+        assert client.slot is not None and not prof.registered
+        clock.sleep(0)  # the controller answers
+        client.tick()
+        assert prof.registered
+        prof.route(SEQLEN=7)
+        assert len(fake.drain(client.slot)) == 1  # recorded from then on
+    finally:
+        client.close()
 
 
 def test_a_worker_and_the_controller_survive_a_full_dev_shm() -> None:

@@ -8,7 +8,6 @@ refused (SpaceError): a worker serves unrecorded, a registration on a new device
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 from dataclasses import dataclass
@@ -17,8 +16,6 @@ from gearshift.controller import status
 from gearshift.shm import control, ring, snapshot
 from gearshift.shm.mailbox import Mailbox
 from gearshift.shm.segment import SHM_DIR
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

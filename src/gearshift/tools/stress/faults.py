@@ -232,8 +232,9 @@ def node(namespace: str, state_dir: str) -> dict:
 
 
 def forking_worker(namespace: str) -> dict:
-    """A worker that routes, forks, lets its child route and exit, then checks its slot and
-    state directory, routes again and waits for its embedded controller to consume it all."""
+    """A worker that routes, forks a child that exits at once, forks one that routes and
+    exits, then checks its slot and state directory, routes again and waits for its embedded
+    controller to consume it all."""
     client = gs.connect(namespace, embedded=True)
     controller = client._embedded.controller.controller  # the embedded Controller
     state_dir = getattr(client._embedded.scratch, "name", client._embedded.scratch)
@@ -242,6 +243,11 @@ def forking_worker(namespace: str) -> dict:
     route(prof, BEFORE)
     wait(lambda: client.registry.slots()[client.slot].heartbeat_ns != 0)
     row = client.registry.slots()[client.slot]
+    idle = os.fork()
+    if idle == 0:  # a child that never records (a data loader's) exits: it took nothing
+        sys.exit(0)
+    os.waitpid(idle, 0)
+    claimed = sum(info.state != SlotState.FREE for info in client.registry.slots())
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its exit (sys.exit) runs the atexit hooks it inherited
@@ -274,6 +280,7 @@ def forking_worker(namespace: str) -> dict:
     return {
         "child_exit": os.waitstatus_to_exitcode(exited[0]),
         "child": report, "parent_slot": client.slot, "state_dir_kept": state_kept,
+        "claimed_after_idle_child": claimed,
         "slot_intact": after == row,  # state, identity, generation, heartbeat, applied, dropped
         "recorded": recorded, "consumed": counts["consumed"], "unknown": counts["unknown"],
         "all_consumed": all_consumed, "dropped": after.dropped,
