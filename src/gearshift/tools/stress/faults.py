@@ -38,6 +38,7 @@ B_ROUTES, B_RECORDED = 20_000, 1_000  # by B with no room for its ring, and once
 LEFT = 8 << 10  # bytes of /dev/shm the filler leaves: room for C's ring (2 pages), no more
 SLOTS = 4
 BEFORE, CHILD, AFTER = 3000, 5000, 3000  # routed by a forking parent, its child, the parent
+# (and by the parent meanwhile, as long as the child lives)
 _MOUNT = 'mount -t tmpfs -o size="$0",mode=1777 tmpfs /dev/shm && exec "$@"'
 _UNSHARE = (["unshare", "--mount", "--propagation", "private"],
             ["unshare", "--mount", "--propagation", "private", "--map-root-user"])
@@ -233,8 +234,8 @@ def node(namespace: str, state_dir: str) -> dict:
 
 def forking_worker(namespace: str) -> dict:
     """A worker that routes, forks a child that exits at once, forks one that routes and
-    exits, then checks its slot and state directory, routes again and waits for its embedded
-    controller to consume it all."""
+    exits while the parent routes too, then checks its slot and state directory, routes again
+    and waits for its embedded controller to consume it all."""
     client = gs.connect(namespace, embedded=True)
     controller = client._embedded.controller.controller  # the embedded Controller
     state_dir = getattr(client._embedded.scratch, "name", client._embedded.scratch)
@@ -259,28 +260,28 @@ def forking_worker(namespace: str) -> dict:
         os.write(write, json.dumps(report).encode())
         sys.exit(0 if ok else 1)
     os.close(write)
-    exited: list[int] = []
-
-    def reaped() -> bool:
+    exited, during, deadline = [], 0, WALL.now() + WAIT
+    while not exited and WALL.now() < deadline:  # the parent routes all the while the child does
+        route(prof, 100)
+        during += 100
+        WALL.sleep(0.001)  # ~100,000 a second: its ring (65,536) never fills
         done, word = os.waitpid(pid, os.WNOHANG)
         exited.extend([word] if done else [])
-        return bool(done)
-
-    if not wait(reaped):
+    if not exited:
         os.kill(pid, signal.SIGKILL)
         exited.append(os.waitpid(pid, 0)[1])
     report = json.loads(os.read(read, 4096) or b"{}")
     after = client.registry.slots()[client.slot]
     state_kept = os.path.isdir(state_dir)
     route(prof, AFTER)
-    recorded = BEFORE + AFTER + CHILD + 1 - report.get("unrecorded", CHILD + 1)
+    recorded = BEFORE + during + AFTER + CHILD + 1 - report.get("unrecorded", CHILD + 1)
     all_consumed = wait(lambda: controller.batch.counts["consumed"] >= recorded, 10.0)
     counts = dict(controller.batch.counts)
     client.close()
     return {
         "child_exit": os.waitstatus_to_exitcode(exited[0]),
         "child": report, "parent_slot": client.slot, "state_dir_kept": state_kept,
-        "claimed_after_idle_child": claimed,
+        "claimed_after_idle_child": claimed, "routed_by_parent_meanwhile": during,
         "slot_intact": after == row,  # state, identity, generation, heartbeat, applied, dropped
         "recorded": recorded, "consumed": counts["consumed"], "unknown": counts["unknown"],
         "all_consumed": all_consumed, "dropped": after.dropped,
