@@ -17,6 +17,7 @@ run, one row each: a nonzero exit is a crash, a recorded event never consumed is
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from collections.abc import Callable
 import gearshift as gs
 from gearshift.controller import status
 from gearshift.controller.footprint import footprint
-from gearshift.shm import Registry, SlotState, cleanup
+from gearshift.shm import Registry, SlotState, cleanup, ring
 from gearshift.tools.stress.target import WALL, Tally, serial
 
 MODULE = "gearshift.tools.stress.faults"
@@ -35,7 +36,8 @@ WAIT = 20.0  # seconds: the bound of every wait
 DIMS = {"SEQLEN": gs.Dim(max=4096)}
 ROUTES, MORE = 100_000, 10_000  # by A before the fill (its ring wraps) and after it
 B_ROUTES, B_RECORDED = 20_000, 1_000  # by B with no room for its ring, and once it has one
-LEFT = 8 << 10  # bytes of /dev/shm the filler leaves: room for C's ring (2 pages), no more
+C_RING = 64  # worker C's ring capacity: what the filler leaves room for, in whole pages
+LEFT = -(-(ring.RECORDS + C_RING * ring.RECORD) // mmap.PAGESIZE) * mmap.PAGESIZE
 SLOTS = 4
 BEFORE, CHILD, AFTER = 3000, 5000, 3000  # routed by a forking parent, its child, the parent
 # (and by the parent meanwhile, as long as the child lives)
@@ -183,7 +185,7 @@ def worker_b(namespace: str) -> dict:
 
 def worker_c(namespace: str) -> dict:
     """A worker of device 1 (its ring fits): registering needs the device's snapshot region."""
-    with gs.Client(namespace, 1, ring_capacity=64) as client:
+    with gs.Client(namespace, 1, ring_capacity=C_RING) as client:
         try:
             client.profile("prefill", DIMS)
         except gs.GearshiftError as e:
