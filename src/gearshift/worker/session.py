@@ -146,9 +146,7 @@ class Client:
             if known is None:
                 prof = Profile(self, next(self._ids), name, dims, lazy_start=lazy_start)
                 if prof.id > protocol.MAX_PROFILE_ID:
-                    raise ConfigError(
-                        "profile", f"at most {protocol.MAX_PROFILE_ID + 1} per client"
-                    )
+                    raise ConfigError("profile", f"at most {protocol.MAX_PROFILE_ID + 1} a client")
                 self._profiles = {**self._profiles, name: prof}
         if known is not None:
             if known.dims != dims:
@@ -368,8 +366,7 @@ class Client:
         self._wake, self._stop = threading.Event(), threading.Event()
         self._thread, self._embedded, self._leader = None, None, 0
         self.registry, self.slot = None, None  # the parent's: closed with the child's mappings
-        self._unrecorded = Unrecorded(first_use=self._start)
-        self.ring = self._unrecorded
+        self.ring = self._unrecorded = Unrecorded(first_use=self._start)
         for prof in self._profiles.values():
             prof.forked(self._unrecorded.write)
         self._registrations.forked()
