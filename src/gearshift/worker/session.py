@@ -18,8 +18,9 @@ heartbeat in the slot (every `heartbeat_interval`, and at once when it changes) 
 memory reading every `memory_interval` (`memory`, else the first attached runner's backend).
 Nothing on the request path waits for it or for the controller, or raises because of them.
 
-With no room in /dev/shm for its ring (SpaceError) a client serves unrecorded, says so once and
-tries again every `retry_interval`; in a forked child it never writes its parent's (`forking`).
+With no room in /dev/shm for its ring, or the controller none for its device's snapshot region
+(SpaceError), a client serves unrecorded, or a profile on its initial gears, says so and tries
+again every `retry_interval`. In a forked child it never writes its parent's (`forking`).
 
 Threads: the ring serialises the process's producer threads itself; `_profiles` is
 copy-on-write; adoption runs under `_adopting`, which request threads only try; only the
@@ -117,7 +118,8 @@ class Client:
         self._quiet_until = self._next_beat = self._next_memory = float("-inf")
         self._region_stale = False
         self._ring_capacity = ring_capacity
-        self._registrations = Registrations(self.namespace, self._warn)
+        self._registrations = Registrations(self.namespace, self._warn, self.clock,
+                                            self.retry_interval)
         self._closed = False
         self._no_room = False  # the last try to create the ring found no room in /dev/shm
         self._retry_at = float("-inf")
@@ -154,7 +156,7 @@ class Client:
             return known
         self._registrations.add(prof)
         if self.registry is not None and self.registry.controller().alive:
-            self._registrations.wait(prof, self.clock, self.register_timeout)
+            self._registrations.wait(prof, self.register_timeout)
             if prof.rejected is not None:
                 self._forget(prof)
                 raise prof.rejected
