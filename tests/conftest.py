@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -85,3 +86,15 @@ def private_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
         os.environ["XDG_STATE_HOME"] = saved
     added = sorted(map(str, _files(USER_STATE / "gearshift") - before))
     assert not added, f"the test run wrote under the user's state directory: {added}"
+
+
+
+@pytest.fixture(scope="session")
+def tiny_shm() -> Callable[..., subprocess.CompletedProcess[str] | None]:
+    """`run(args, size, timeout=120)`: run `args` in a private mount namespace whose /dev/shm
+    is a fresh tmpfs of `size` bytes (`faults.private_shm`); skipped where none can be made."""
+    from gearshift.tools.stress.faults import private_shm
+
+    if private_shm(["true"], 64 << 10) is None:
+        pytest.skip("no private mount namespace with a tmpfs on /dev/shm can be made here")
+    return private_shm

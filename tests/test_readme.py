@@ -11,8 +11,10 @@ import pytest
 
 from gearshift.cli import main
 from gearshift.controller.config import ControllerConfig
+from gearshift.controller.footprint import footprint, mib
 from gearshift.core.config import PolicyConfig
 from gearshift.tools.bench.cli import BENCHMARKS
+from gearshift.worker.session import Client
 
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text()
@@ -65,3 +67,17 @@ def test_configuration_tables_list_every_key(config: type) -> None:
     table = section("Configuration")
     for field in dataclasses.fields(config):
         assert f"`{field.name}`" in table, field.name
+
+
+def test_deployment_states_the_dev_shm_a_node_needs() -> None:
+    need = footprint(page=4096)
+    text = " ".join(section("Deployment").split())
+    per = (f"{mib(need.fixed)} per namespace (its control segment of {ControllerConfig().slots} "
+           f"slots, lock and status region), {mib(need.per_worker)} per worker (its event ring) "
+           f"and {mib(need.per_device)} per device (its snapshot region)")
+    assert per in text
+    assert f"4 workers on one device need {mib(need.total(4, 1))}" in text
+    assert f"64 workers on 8 devices {mib(need.total(64, 8))}" in text
+    docker = (64 * 2**20 - need.fixed - need.per_device) // need.per_worker
+    assert f"Docker's default of 64 MiB holds {docker} workers on one device" in text
+    assert f"tries again every {Client.retry_interval:g} s" in text

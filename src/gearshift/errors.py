@@ -49,6 +49,10 @@ class NotOwned(NamespaceBusy):
     in (mode bits beyond 0600): it is never attached, written or removed."""
 
 
+class SpaceError(GearshiftError):
+    """A shared-memory segment cannot be reserved: /dev/shm (a tmpfs) has no room for it."""
+
+
 class PayloadError(GearshiftError, ValueError):
     """A snapshot or mailbox payload is oversized or cannot be decoded within limits."""
 

@@ -15,8 +15,17 @@ from gearshift.clock import FakeClock, MonotonicClock
 from gearshift.controller import registrations
 from gearshift.controller.controller import Controller
 from gearshift.core.dims import Dim
-from gearshift.errors import NamespaceBusy, PayloadError, ShapeError
-from gearshift.shm import EventRing, Registry, control, mailbox, names, ring
+from gearshift.errors import NamespaceBusy, PayloadError, ShapeError, SpaceError
+from gearshift.shm import (
+    EventRing,
+    Registry,
+    SnapshotRegion,
+    control,
+    mailbox,
+    names,
+    ring,
+    segment,
+)
 from gearshift.shm.segment import Segment
 
 from .workers import WAIT, Worker
@@ -185,3 +194,25 @@ def test_an_overwritten_controller_identity_is_claimed_again(
     assert controller.registry.owns_controller()
     assert controller.registry.controller().pid == os.getpid()
     assert worker().register(0, "decode", serve=controller.step)["op"] == "registered"
+
+
+def test_a_registration_whose_region_has_no_room_is_refused_alone_and_tried_again(
+    controller: Controller, worker: Callable[..., Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    full = {"yes": True}
+
+    def open_region(namespace: str, device: int) -> SnapshotRegion:
+        if device == 1 and full["yes"]:
+            raise segment.no_space(names.snapshot(namespace, device), 524544)
+        return SnapshotRegion.open(namespace, device)
+
+    monkeypatch.setattr(controller, "region_type", type("Regions", (), {"open": open_region}))
+    first, second = worker(0), worker(1)
+    assert first.register(0, "a", serve=controller.step)["op"] == "registered"
+    with pytest.raises(SpaceError, match=r"no room for /gearshift\..*\.snap\.1: it needs 524544"):
+        second.register(0, "a", serve=controller.step)
+    assert 1 not in controller.devices or not controller.devices[1].profiles  # nothing kept
+    assert controller.errors == 0
+    full["yes"] = False  # room again: the next registration gets its region
+    assert second.register(0, "a", serve=controller.step)["op"] == "registered"
+    assert second.gears("a") is not None

@@ -16,7 +16,7 @@ import click
 from gearshift import clikit, protocol
 from gearshift.clikit import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_USAGE
 from gearshift.clock import MonotonicClock
-from gearshift.controller import engines, view
+from gearshift.controller import engines, footprint, view
 from gearshift.controller import status as status_doc
 from gearshift.controller.config import load_configs, load_initial_gears
 from gearshift.controller.controller import Controller
@@ -31,6 +31,7 @@ from gearshift.errors import (
 )
 from gearshift.shm import Snapshot, SnapshotRegion, cleanup, liveness
 
+log = logging.getLogger(__name__)
 DEFAULT_NAMESPACE = "default"
 EXITS = (  # the first class an error is an instance of decides the exit status
     (ConfigError, EXIT_USAGE),
@@ -140,7 +141,8 @@ def serve(
 
     On SIGTERM/SIGINT: final drain, state saved, exit 0. Live workers keep serving on their
     last snapshot and every shared-memory object stays for the next controller; with no
-    live worker the namespace is removed.
+    live worker the namespace is removed. It warns at start when /dev/shm is smaller than
+    its slots need (README, "Deployment").
     """
     logging.getLogger().setLevel(log_level.upper())
     stop = threading.Event()  # handlers first: `gearshift stop` may signal as soon as we own it
@@ -159,6 +161,8 @@ def serve(
             )
             if config.metrics_port is not None:  # before the namespace and state directory
                 check_endpoint(config.metrics_addr, config.metrics_port)
+            if (small := footprint.check(config.slots)) is not None:
+                log.warning("%s", small)
             seed = (
                 load_initial_gears(initial_gears, initial_gears_format) if initial_gears else None
             )

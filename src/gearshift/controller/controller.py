@@ -68,7 +68,7 @@ class Controller:
             rescan=self._scan, publish=self._publish,
             save=lambda: self._guard("state save", self._save),
             registered=lambda now: self._guard("status", self._publish_status, now),
-            reset=self.costs.forget)
+            reset=self.costs.forget, region=self._region)
         self._saved_measured = 0  # measurements kept when the state was last saved
         self.workers, self.lags = self.slots.workers, self.slots.lags  # by slot, by device
         self.errors = 0  # phases that failed
@@ -289,11 +289,17 @@ class Controller:
         if any(changes.values()) or self.costs.counts["measured"] != self._saved_measured:
             self._guard("state save", self._save)
 
-    def _publish(self, device: int, now: float) -> None:
-        dev = self.devices[device]
+    def _region(self, device: int) -> SnapshotRegion:
+        """The device's snapshot region, created (reserved whole) at its first use; SpaceError
+        if /dev/shm has no room for it (tried again at the next use)."""
         region = self._regions.get(device)
         if region is None:
             region = self._regions[device] = self.region_type.open(self.config.namespace, device)
+        return region
+
+    def _publish(self, device: int, now: float) -> None:
+        dev = self.devices[device]
+        region = self._region(device)
         gears = {name: p.gear_lists() for name, p in dev.profiles.items()}
         payload = snapshot_payload(device, gears, self.changes.get(device))
         dev.version = region.publish(payload, at_least=dev.version + 1)

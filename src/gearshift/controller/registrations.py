@@ -36,13 +36,14 @@ from gearshift.errors import (
     PayloadError,
     ProfileMismatch,
     ShapeError,
+    SpaceError,
 )
 from gearshift.protocol import parse_register
 from gearshift.shm import Registry, error_reply
 
 log = logging.getLogger(__name__)
 
-REFUSED = (PayloadError, ShapeError, ProfileMismatch, NamespaceBusy)  # answered, not raised
+REFUSED = (PayloadError, ShapeError, ProfileMismatch, NamespaceBusy, SpaceError)  # answered
 MAX_PROFILES = 256  # profiles per device
 QUIET_SECONDS = 10.0  # a slot's warnings are logged at most this often
 _quiet: dict[int, tuple[float, int]] = {}  # slot -> (logged again from, warnings left out)
@@ -218,10 +219,12 @@ class Registrations:
     """The controller's Registrar over its `slots`, `devices` and profile `keys`.
 
     `rescan(now)` reads the slot table again (a request may come before the scan that sees its
-    slot); a new profile is published (`publish(device, now)`) and saved (`save()`), and what
-    was learned of a profile declared anew is forgotten (`reset(device, name)`: its measured
-    costs); then `registered(now)` publishes the status document, before the reply, so that a
-    successor maps the worker's id even if this controller dies right after answering.
+    slot); a new profile's device gets its snapshot region first (`region(device)`: a
+    SpaceError there refuses the registration before anything changes); the profile is
+    published (`publish(device, now)`) and saved (`save()`), and what was learned of a profile
+    declared anew is forgotten (`reset(device, name)`: its measured costs); then
+    `registered(now)` publishes the status document, before the reply, so that a successor
+    maps the worker's id even if this controller dies right after answering.
     """
 
     def __init__(
@@ -237,6 +240,7 @@ class Registrations:
         save: Callable[[], None],
         registered: Callable[[float], None],
         reset: Callable[[int, str], None] = lambda device, name: None,
+        region: Callable[[int], object] = lambda device: None,
     ) -> None:
         self.slots = slots
         self.devices = devices
@@ -248,6 +252,7 @@ class Registrations:
         self.save = save
         self.registered = registered
         self.reset = reset
+        self.region = region
 
     def claimant(self, slot: int, now: float) -> tuple[int, int]:
         w = self._live(slot)
@@ -284,6 +289,7 @@ class Registrations:
         if new and name not in dev.profiles and len(dev.profiles) >= MAX_PROFILES:
             raise NamespaceBusy(f"device {device} holds {MAX_PROFILES} profiles: no more")
         if new:
+            self.region(device)
             self.reset(device, name)
             dev.profiles[name] = new_profile(
                 device, name, request.dims, now, self.policy, self.initial_gears

@@ -152,10 +152,11 @@ class Registry:
         seg = Segment.create(names.control(namespace), TABLE + slots * slot_size)
         try:  # a lock left by a namespace that was cleaned up half-way is stale: replace it
             lock = NamespaceLock.create(namespace, seg.words, LOCK_OWNER // 8)
-        except BaseException:
+        except BaseException as e:
+            error = segment.no_room(e, names.lock(namespace), 32)  # a sem_t, on a full tmpfs
             seg.unlink()
             seg.close()
-            raise
+            raise error from None
         seg.seal(MAGIC, LAYOUT, (slots, slot_size, mailbox_capacity))
         return cls(namespace, seg, lock)
 

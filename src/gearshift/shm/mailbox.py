@@ -26,13 +26,16 @@ from gearshift.errors import (
     PayloadError,
     ProfileMismatch,
     ShapeError,
+    SpaceError,
 )
 from gearshift.shm import codec
 from gearshift.shm.segment import Segment, fence
 
 POSTED, TAKEN, LENGTH, PAYLOAD = 0, 8, 16, 64  # offsets inside a mailbox
 MAX_MESSAGE = 1024  # characters of an error reply's message
-_REMOTE = (ProfileMismatch, ShapeError, PayloadError, NamespaceBusy)  # one-argument errors
+_REMOTE = (  # one-argument errors
+    ProfileMismatch, ShapeError, PayloadError, NamespaceBusy, SpaceError
+)
 _REMOTE_ERRORS = {cls.__name__: cls for cls in _REMOTE}
 
 

@@ -11,9 +11,18 @@ Segments are created exclusively (O_CREAT|O_EXCL) with mode 0600. Creating or at
 the object's owner first (`owned`): another user's object, or one with group or other mode bits,
 is a NotOwned refusal naming it and its owner, never mapped. Attaching then checks magic and
 layout version: a wrong magic (another structure, garbage) or another layout version is a
-LayoutError, never a misread. Nothing is unlinked implicitly (no resource tracker, no atexit):
-`unlink` is an explicit act of the segment's owner, which is its creator or, once the creator is
-provably dead, the controller (`Registry.reclaim`) or `cleanup`, and it removes the name only
+LayoutError, never a misread.
+
+Every segment is backed whole from its creation: tmpfs gives a sparse object a page when it is
+first touched, and a touch that finds /dev/shm full is SIGBUS, so `create` reserves every page
+(`posix_fallocate`) before it seals the header; no room is a SpaceError naming the segment and
+the bytes it needs, and the half-made object is removed. `attach` reads the magic with `pread`
+before mapping (a hole reads as zero there, unallocated), so waiting on an unsealed segment
+touches no page; once sealed, the creator has reserved it all.
+
+Nothing is unlinked implicitly (no resource tracker, no atexit): `unlink` is an explicit act of
+the segment's owner, which is its creator or, once the creator is provably dead, the controller
+(`Registry.reclaim`) or `cleanup`, and it removes the name only
 while it still names the object this process mapped (same inode).
 
 All cross-process publishing goes through `words[i] = v`: memoryview(mm).cast('Q') stores are
@@ -36,18 +45,20 @@ import mmap
 import os
 import platform
 import stat
+import sys
 import threading
 from collections.abc import Callable, Sequence
 
 import posix_ipc
 
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.errors import LayoutError, NamespaceBusy, NotOwned, Unsealed
+from gearshift.errors import LayoutError, NamespaceBusy, NotOwned, SpaceError, Unsealed
 
 LINE = 64  # cache line: words written by different processes live on different lines
 SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory and semaphores
 
 MAGIC, LAYOUT, CONSTANTS = 0, 1, 2  # word indices of the common header
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # what a full tmpfs answers
 
 WEAK_ORDERING = platform.machine().lower() not in {"x86_64", "amd64", "i386", "i686"}
 _fence_lock = threading.Lock()
@@ -125,8 +136,8 @@ class Segment:
 
     @classmethod
     def create(cls, name: str, size: int) -> Segment:
-        """Create `name` (0600, exclusive, zeroed, unsealed); NamespaceBusy if it exists
-        (NotOwned if it is another user's)."""
+        """Create `name` (0600, exclusive, zeroed, unsealed, every page reserved); NamespaceBusy
+        if it exists (NotOwned if it is another user's), SpaceError if /dev/shm has no room."""
         assert size % LINE == 0
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
@@ -137,6 +148,15 @@ class Segment:
             raise NamespaceBusy(f"shared-memory object {name} already exists") from None
         except posix_ipc.PermissionsError:
             raise _foreign(name) from None
+        except OSError as e:  # no inode left in the tmpfs
+            raise no_room(e, name, size) from None
+        try:
+            os.posix_fallocate(shm.fd, 0, size)
+        except OSError as e:
+            error, info = no_room(e, name, size), os.fstat(shm.fd)  # the room before the unlink
+            shm.close_fd()
+            unlink(name, (info.st_dev, info.st_ino))
+            raise error from None
         return cls(name, *_map(name, shm))
 
     def seal(self, magic: int, layout: int, constants: Sequence[int]) -> Segment:
@@ -173,17 +193,15 @@ class Segment:
                 raise FileNotFoundError(errno.ENOENT, "no shared-memory object", name) from None
             except posix_ipc.PermissionsError:
                 raise _foreign(name) from None
-            if shm.size >= LINE:
-                segment = cls(name, *_map(name, shm))
-                found = segment.words[MAGIC]
-                if found:
-                    break
-                segment.close()
-            else:
-                try:
-                    owned(name, os.fstat(shm.fd))
-                finally:
-                    shm.close_fd()
+            try:
+                inode = owned(name, os.fstat(shm.fd))
+                found = _magic(shm.fd) if shm.size >= LINE else 0
+                mm = mmap.mmap(shm.fd, shm.size) if found else None
+            finally:
+                shm.close_fd()
+            if mm is not None:
+                segment = cls(name, mm, inode)
+                break
             if clock.now() >= deadline:
                 raise Unsealed(f"{name}: not initialised by its creator within {timeout} s")
             clock.sleep(0.001)
@@ -235,6 +253,31 @@ def unlink(name: str, inode: Inode | None = None) -> bool:
 def exists(name: str) -> bool:
     """Whether an object of that name exists (whoever owns it)."""
     return stat_of(name) is not None
+
+
+def no_space(name: str, size: int) -> SpaceError:
+    """The refusal of a segment of `size` bytes that /dev/shm has no room for."""
+    try:
+        fs = os.statvfs(SHM_DIR)
+        room = f"{fs.f_bavail * fs.f_frsize} bytes free of its {fs.f_blocks * fs.f_frsize}"
+    except OSError:
+        room = "its free space unknown"
+    return SpaceError(
+        f"{SHM_DIR} has no room for {name}: it needs {size} bytes, {room}; make {SHM_DIR} "
+        "larger (docker run --shm-size, a Kubernetes emptyDir sizeLimit) or run fewer workers"
+    )
+
+
+def no_room(error: BaseException, name: str, size: int) -> BaseException:
+    """`error`, or the SpaceError of `name` (`no_space`) if it says that /dev/shm is full."""
+    if isinstance(error, OSError) and error.errno in NO_SPACE:
+        return no_space(name, size)
+    return error
+
+
+def _magic(fd: int) -> int:
+    """The magic word of an object, read without mapping it (an unallocated page reads 0)."""
+    return int.from_bytes(os.pread(fd, 8, MAGIC * 8).ljust(8, b"\0"), sys.byteorder)
 
 
 def _foreign(name: str) -> NotOwned:

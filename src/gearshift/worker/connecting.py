@@ -10,6 +10,8 @@ or, by default, in a temporary directory removed when it stops (nothing kept acr
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 
 from gearshift.clock import Clock
@@ -77,17 +79,21 @@ def _attach_live(namespace: str) -> Registry:
 
 
 class _Embedded:
-    """An embedded controller and the temporary directory of its state file, if any."""
+    """An embedded controller and the temporary directory of its state file, if any: both
+    belong to the process that started them (a forked child's copy stops and removes nothing;
+    no finalizer removes the directory, as a TemporaryDirectory's would in a child)."""
 
-    def __init__(self, controller: Stoppable, scratch: tempfile.TemporaryDirectory | None) -> None:
-        self.controller, self.scratch = controller, scratch
+    def __init__(self, controller: Stoppable, scratch: str | None) -> None:
+        self.controller, self.scratch, self.pid = controller, scratch, os.getpid()
 
     def stop(self) -> None:
+        if os.getpid() != self.pid:
+            return
         try:
             self.controller.stop()
         finally:
             if self.scratch is not None:
-                self.scratch.cleanup()
+                shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def start_embedded(namespace: str, state_dir: str | None = None) -> Stoppable | None:
@@ -99,15 +105,14 @@ def start_embedded(namespace: str, state_dir: str | None = None) -> Stoppable | 
 
     scratch = None
     if state_dir is None:
-        scratch = tempfile.TemporaryDirectory(prefix=f"gearshift-{namespace}-")
-        state_dir = scratch.name
+        scratch = state_dir = tempfile.mkdtemp(prefix=f"gearshift-{namespace}-")
     try:
         controller = Controller.start_embedded(
             ControllerConfig(namespace=namespace, state_dir=state_dir)
         )
     except BaseException as e:
         if scratch is not None:
-            scratch.cleanup()
+            shutil.rmtree(scratch, ignore_errors=True)
         if isinstance(e, ControllerRunning):
             return None
         raise

@@ -220,6 +220,12 @@ class Profile(Router):
             self._warm is self._in_use and not self._releases and not self._startup.wanted
         )
 
+    def forked(self, write: Callable[..., bool]) -> None:
+        """In a forked child: record through `write` (the child's, never the parent's ring),
+        with a fresh lock (a parent's thread may have held this one at the fork)."""
+        self._lock = threading.Lock()
+        self.rebind(write)
+
     def maintain(self) -> None:
         """One release and warm-up step (the client's swap thread): removed gears whose grace
         is over go first, so their memory and room are back before new gears are captured."""

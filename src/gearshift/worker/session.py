@@ -18,6 +18,10 @@ heartbeat in the slot (every `heartbeat_interval`, and at once when it changes) 
 memory reading every `memory_interval` (`memory`, else the first attached runner's backend).
 Nothing on the request path waits for it or for the controller, or raises because of them.
 
+With no room in /dev/shm for its ring, or the controller none for its device's snapshot region
+(SpaceError), a client serves unrecorded, or a profile on its initial gears, says so and tries
+again every `retry_interval`. In a forked child it never writes its parent's (`forking`).
+
 Threads: the ring serialises the process's producer threads itself; `_profiles` is
 copy-on-write; adoption runs under `_adopting`, which request threads only try; only the
 constructor and the swap thread attach the namespace.
@@ -40,9 +44,11 @@ from gearshift.errors import (
     ControllerNotFound,
     GearshiftError,
     ProfileMismatch,
+    SpaceError,
 )
 from gearshift.shm import EventRing, Registry, SnapshotRegion
 from gearshift.shm.ring import DEFAULT_CAPACITY
+from gearshift.worker import forking
 from gearshift.worker.interfaces import Runner
 from gearshift.worker.profile import Profile
 from gearshift.worker.registration import Registrations
@@ -51,7 +57,6 @@ from gearshift.worker.standins import NO_SNAPSHOT, NoSnapshot, Unrecorded
 
 log = logging.getLogger(__name__)
 MemoryReading = Callable[[], tuple[int, int]]
-REGISTER_POLL = 0.001  # seconds between looks at the reply mailbox while registering
 JOIN_TIMEOUT = 5.0
 NO_CONTROLLER = "no controller is running on namespace %r (start one with `gearshift serve -n %s`)"
 
@@ -75,6 +80,7 @@ class Client:
     memory_interval = 1.0
     poll_interval = 0.05
     warn_interval = 60.0
+    retry_interval = 5.0  # between tries to create a ring /dev/shm had no room for
 
     def __init__(
         self,
@@ -112,20 +118,19 @@ class Client:
         self._quiet_until = self._next_beat = self._next_memory = float("-inf")
         self._region_stale = False
         self._ring_capacity = ring_capacity
-        self._registrations = Registrations(self.namespace, self._warn)
+        self._registrations = Registrations(self.namespace, self._warn, self.clock,
+                                            self.retry_interval)
         self._closed = False
-        if isinstance(registry, str):
-            self._attach(strict=True)
-        else:
-            self._bind(registry)
+        self._no_room = False  # the last try to create the ring found no room in /dev/shm
+        self._retry_at = float("-inf")
+        self._attach(strict=True, given=None if isinstance(registry, str) else registry)
         self._watch_controller()
         self._attach_region()
         self.refresh()
-        self._thread = None
-        if background:
-            self._thread = threading.Thread(target=self._run, name="gearshift-swap", daemon=True)
-            self._thread.start()
+        self._background, self._thread = background, None
+        self._start()
         atexit.register(self.close)
+        forking.track(self)
 
     @property
     def unrecorded(self) -> int:
@@ -143,9 +148,7 @@ class Client:
             if known is None:
                 prof = Profile(self, next(self._ids), name, dims, lazy_start=lazy_start)
                 if prof.id > protocol.MAX_PROFILE_ID:
-                    raise ConfigError(
-                        "profile", f"at most {protocol.MAX_PROFILE_ID + 1} per client"
-                    )
+                    raise ConfigError("profile", f"at most {protocol.MAX_PROFILE_ID + 1} a client")
                 self._profiles = {**self._profiles, name: prof}
         if known is not None:
             if known.dims != dims:
@@ -153,29 +156,13 @@ class Client:
             return known
         self._registrations.add(prof)
         if self.registry is not None and self.registry.controller().alive:
-            self._await_registration(prof)
-        self._attach_region()
-        self.refresh(force=True)
-        return prof
-
-    def _await_registration(self, prof: Profile) -> None:
-        """Pump the mailbox until the live controller answers, or for `register_timeout`."""
-        deadline = self.clock.now() + self.register_timeout
-        while True:
-            self._registrations.pump()
+            self._registrations.wait(prof, self.register_timeout)
             if prof.rejected is not None:
                 self._forget(prof)
                 raise prof.rejected
-            if prof.registered or self.clock.now() >= deadline:
-                break
-            self.clock.sleep(REGISTER_POLL)
-        if not prof.registered and self.register_timeout > 0:
-            log.warning(
-                "profile %r: no registration reply in %.1f s; serving on its initial "
-                "gears until the controller answers",
-                prof.name,
-                self.register_timeout,
-            )
+        self._attach_region()
+        self.refresh(force=True)
+        return prof
 
     def _forget(self, prof: Profile) -> None:
         self._registrations.forget(prof)
@@ -199,9 +186,8 @@ class Client:
             try:
                 snapshot = region.read()
             except Exception as e:  # shared memory is not trusted, nor is its decoder
-                self._warn(
-                    "namespace %r: unreadable snapshot v%d kept out: %r", self.namespace, version, e
-                )
+                self._warn("namespace %r: unreadable snapshot v%d kept out: %r", self.namespace,
+                           version, e)
                 self.seen = version
                 return
             if snapshot is not None:
@@ -210,13 +196,8 @@ class Client:
                     try:
                         prof.adopt(version, snapshot.payload)
                     except Exception as e:
-                        self._warn(
-                            "namespace %r: snapshot v%d kept out of profile %r: %r",
-                            self.namespace,
-                            version,
-                            prof.name,
-                            e,
-                        )
+                        self._warn("namespace %r: snapshot v%d kept out of profile %r: %r",
+                                   self.namespace, version, prof.name, e)
             self.seen = version
         finally:
             self._adopting.release()
@@ -261,6 +242,12 @@ class Client:
             free, total = self.memory()
             ring.put_memory(self._now_ns(), free, total)
 
+    def _start(self) -> None:
+        """Start the swap thread (with `background`)."""
+        if self._background and self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._run, name="gearshift-swap", daemon=True)
+            self._thread.start()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -270,36 +257,49 @@ class Client:
             self._wake.wait(self.poll_interval)
             self._wake.clear()
 
-    def _attach(self, strict: bool) -> None:
-        """Attach the namespace if a controller has created it (`_bind`). Not yet: nothing
-        happens. Another failure raises if `strict` (the constructor), else it is logged and
-        the next tick tries again."""
-        try:
-            registry = Registry.attach(self.namespace)
-        except ControllerNotFound:  # no control segment yet, or one being cleaned up
+    def _attach(self, strict: bool, given: Registry | None = None) -> None:
+        """Attach the namespace (`given`: attached already; its caller closes it if this raises)
+        if a controller has created it (`_bind`); if not, nothing happens. No room for the
+        ring: unrecorded until a try `retry_interval` later. Another failure raises if `strict`
+        (the constructor), else it is logged and the next tick tries again."""
+        now = self.clock.now()
+        if given is not None:
+            registry = given
+        elif now < self._retry_at:
             return
-        except (GearshiftError, OSError) as e:
-            if strict:
-                raise
-            self._warn("namespace %r: cannot attach its control segment: %s", self.namespace, e)
-            return
+        else:
+            try:
+                registry = Registry.attach(self.namespace)
+            except ControllerNotFound:  # no control segment yet, or one being cleaned up
+                return
+            except (GearshiftError, OSError) as e:
+                if strict:
+                    raise
+                self._warn("namespace %r: cannot attach its control segment: %s", self.namespace, e)
+                return
         try:
             self._bind(registry)
-        except ControllerNotFound:  # cleaned up meanwhile: the next controller creates it anew
+        except SpaceError as e:
             registry.close()
+            self._retry_at = now + self.retry_interval
+            if not self._no_room:
+                log.warning("namespace %r: %s; serving unrecorded, trying again every %g s",
+                            self.namespace, e, self.retry_interval)
+            self._no_room = True
         except (GearshiftError, OSError) as e:
+            if given is not None:
+                raise
             registry.close()
+            if isinstance(e, ControllerNotFound):  # cleaned up meanwhile: the next controller
+                return  # creates it anew
             if strict:
                 raise
             self._warn("namespace %r: cannot claim a worker slot: %s", self.namespace, e)
         else:
-            if not strict:
-                log.info(
-                    "namespace %r: attached as slot %d; %d requests before were not recorded",
-                    self.namespace,
-                    self.slot,
-                    self.unrecorded,
-                )
+            if not strict or self._no_room:
+                self._no_room = False
+                log.info("namespace %r: attached as slot %d; %d requests before were not "
+                         "recorded", self.namespace, self.slot, self.unrecorded)
 
     def _bind(self, registry: Registry) -> None:
         """Claim a slot of `registry` for this device, create its ring, route every record to
@@ -321,28 +321,18 @@ class Client:
     def _watch_controller(self) -> None:
         registry = self.registry
         if registry is None:
-            self._warn(
-                NO_CONTROLLER + ": serving on the initial gears, unrecorded, until one starts",
-                self.namespace,
-                self.namespace,
-            )
+            if self._no_room:  # a controller runs: _attach said why there is no ring
+                return
+            self._warn(NO_CONTROLLER + ": serving on the initial gears, unrecorded, until one "
+                       "starts", self.namespace, self.namespace)
             return
         info = registry.controller()
         if not info.alive:
-            self._warn(
-                "namespace %r has no live controller: serving on snapshot v%d (start one with "
-                "`gearshift serve -n %s`)",
-                self.namespace,
-                self.seen,
-                self.namespace,
-            )
+            self._warn("namespace %r has no live controller: serving on snapshot v%d (start one "
+                       "with `gearshift serve -n %s`)", self.namespace, self.seen, self.namespace)
         elif info.pid != self._leader:
-            log.info(
-                "namespace %r: controller pid %d took over from pid %d; registering again",
-                self.namespace,
-                info.pid,
-                self._leader,
-            )
+            log.info("namespace %r: controller pid %d took over from pid %d; registering again",
+                     self.namespace, info.pid, self._leader)
             self._leader, self._region_stale = info.pid, True
             self._registrations.again()
 
@@ -354,9 +344,8 @@ class Client:
         except FileNotFoundError:
             return
         except GearshiftError as e:
-            self._warn(
-                "namespace %r: snapshot region of device %d: %s", self.namespace, self.device, e
-            )
+            self._warn("namespace %r: snapshot region of device %d: %s", self.namespace,
+                       self.device, e)
             return
         self.region, self._region_stale = region, False  # the old mapping goes with its last use
 
@@ -368,6 +357,22 @@ class Client:
             log.warning(message, *args)
 
     # lifetime
+
+    def _forked(self) -> None:
+        """In a child forked from this client's process (`forking`): drop every handle of the
+        parent's (slot, ring, mailboxes, embedded controller) and serve unrecorded; the first
+        record starts the child's swap thread, which attaches as a worker of its own."""
+        if self._closed:
+            return
+        self._adopting = threading.Lock()  # a parent's thread may have held it at the fork
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._thread, self._embedded, self._leader = None, None, 0
+        self.registry, self.slot = None, None  # the parent's: closed with the child's mappings
+        self.ring = self._unrecorded = Unrecorded(first_use=self._start)
+        for prof in self._profiles.values():
+            prof.forked(self._unrecorded.write)
+        self._registrations.forked()
+        self._next_beat = self._next_memory = self._retry_at = float("-inf")
 
     def close(self) -> None:
         """Stop the swap thread, release the slot and close the ring (the controller drains and

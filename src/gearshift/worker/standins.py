@@ -4,13 +4,17 @@ snapshot region (version 0, nothing to read) and `Unrecorded` for the slot's eve
 A client that starts before its controller has no slot, so no ring: its profiles bind their
 record writer to an `Unrecorded`, which counts and drops each record until the client creates
 its ring and forwards it there (`forward`), so those profiles record from then on; the client
-then rebinds them to the ring itself (`Router.rebind`).
+then rebinds them to the ring itself (`Router.rebind`). A client forked from its process's
+gives its `Unrecorded` a `first_use`: the first record starts what gets the child a ring.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 class NoSnapshot:
@@ -33,10 +37,11 @@ class Unrecorded:
     goes nowhere; after `forward(write)` (the ring's) it goes there, for a request that was
     already under way when its profile was rebound to the ring."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_use: Callable[[], None] | None = None) -> None:
         self.count = 0
         self._target: Callable[..., bool] | None = None
         self._lock = threading.Lock()
+        self._first_use = first_use  # called once, by the first record counted
 
     def write(self, t_ns: int, v0: int, v1: int, v2: int, v3: int, meta: int, counts: int) -> bool:
         """The ring's `write` once forwarded; until then count the record and return False."""
@@ -45,6 +50,12 @@ class Unrecorded:
             return target(t_ns, v0, v1, v2, v3, meta, counts)
         with self._lock:
             self.count += 1
+            first, self._first_use = self._first_use, None
+        if first is not None:
+            try:
+                first()
+            except Exception:  # the request path never raises because of it
+                log.exception("an unrecorded client's first record: starting its swap thread")
         return False
 
     def forward(self, write: Callable[..., bool]) -> None:

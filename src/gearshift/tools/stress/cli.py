@@ -47,7 +47,8 @@ from gearshift.tools.stress.report import COUNTING
     help="Instead of the stress run: fuzz every boundary (shared structures, state file, TOML, "
     "trace CSV) for SECONDS in all, then a real `gearshift serve` from outside; a table per "
     "boundary; exit status 1 on any crash, exception into a request, stall over 100 ms, gear "
-    "outside its bounds, leaked segment or unserved worker (needs hypothesis).",
+    "outside its bounds, leaked segment, lost event or unserved worker; then the deployment "
+    "faults, a full /dev/shm and a forked worker (needs hypothesis).",
 )
 @json_option("Print the figures as one JSON object.")
 def command(

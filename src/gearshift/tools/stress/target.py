@@ -13,6 +13,7 @@ closed and the namespace must be gone. A case counts, per boundary:
 - out_of_bounds: a gear outside its dim's bounds in the controller's ledgers, the published
   snapshot or the client's gears in use;
 - leaked: shared-memory objects of the namespace left after both closed;
+- lost: recorded events never consumed (the deployment faults of `faults`);
 - unserved: a worker joining after the attack got no answer to its registration (a typed
   refusal, such as a namespace a participant marked closed, is an answer); the live client's
   own registration is checked likewise after a configuration was accepted.
@@ -67,12 +68,13 @@ class Tally:
     stalls: int = 0
     out_of_bounds: int = 0
     leaked: int = 0
+    lost: int = 0  # recorded events never consumed (the deployment faults')
     unserved: int = 0
     interrupted: int = 0  # iterations over STALL_SECONDS that only lost their CPU
     failures: list[str] = field(default_factory=list)
 
     FIGURES = ("cases", "refused", "crashes", "request_errors", "stalls", "out_of_bounds",
-               "leaked", "unserved", "interrupted")
+               "leaked", "lost", "unserved", "interrupted")
 
     def fail(self, figure: str, what: str) -> None:
         setattr(self, figure, getattr(self, figure) + 1)
@@ -82,7 +84,7 @@ class Tally:
     @property
     def clean(self) -> bool:
         return not (self.crashes or self.request_errors or self.stalls or self.out_of_bounds
-                    or self.leaked or self.unserved)
+                    or self.leaked or self.lost or self.unserved)
 
     def figures(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.FIGURES}

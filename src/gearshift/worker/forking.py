@@ -1,0 +1,44 @@
+"""Clients in a process forked after `connect()` (pre-fork servers, gunicorn-style).
+
+A forked child inherits its parent's mappings: without care it would be a second producer on
+the parent's single-producer ring, take replies from the parent's mailboxes, and at exit write
+the parent's slot words and stop its embedded controller, removing its state directory. So an
+`os.register_at_fork` hook runs every live client's `Client._forked` in the child: the child
+keeps its profiles and the snapshot in use but drops every handle of the parent's (slot, ring,
+mailboxes, embedded controller), serves unrecorded (counted in `unrecorded`), and its first
+record starts its own swap thread, which claims a slot and creates a ring of its own and
+registers the profiles again; a child that never records (a data loader's) claims nothing.
+Its exit then releases only what it took.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Forkable(Protocol):
+    def _forked(self) -> None: ...
+
+
+_clients: weakref.WeakSet[Forkable] = weakref.WeakSet()
+
+
+def track(client: Forkable) -> None:
+    """Detach `client` in every child forked from this process from now on."""
+    _clients.add(client)
+
+
+def _in_child() -> None:
+    for client in list(_clients):
+        try:
+            client._forked()
+        except Exception:  # never fail a fork; the client stays unrecorded at worst
+            log.exception("detaching a gearshift client in forked child pid %d", os.getpid())
+
+
+os.register_at_fork(after_in_child=_in_child)
