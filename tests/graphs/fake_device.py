@@ -26,6 +26,27 @@ mirror them):
   before out of memory (`malloc`: `release_cached_blocks` only if `captures_underway.empty()`).
 - `graph(...)`, the context manager: `synchronize()` and `empty_cache()` on entry, one default
   capture stream for the whole process (a class attribute in torch).
+
+As strict as the device on what breaks beside captures and releases (docs/architecture.md,
+"Hazards on the device"):
+
+- Workspaces. `gemm` uses its stream's cuBLAS-like workspace (`getCUDABlasLtWorkspace`: one per
+  (handle, stream), made on first use from the current pool, a capture's own pool when
+  recording); a graph keeps the workspace it recorded with. `clear_workspaces()`
+  (`_cuda_clearCublasWorkspaces`) frees every workspace, and a graph's `reset()` frees its
+  capture stream's (`CUDAGraph::reset`, pytorch PR #175276). A replay through a freed workspace
+  of the default pool faults (its memory may be anyone's); one in a graph's own pool lives with
+  the pool. An eager `gemm` through a workspace a live graph recorded with races its replays:
+  it raises.
+- `synchronize()` (`cudaDeviceSynchronize`) on any thread, in any mode, voids every capture
+  underway and raises; `FakeStream.synchronize()` voids only a capture on that stream.
+- The default generator (`CUDAGeneratorImpl.cpp`, `CUDAGeneratorState::increase`): every
+  `capture_begin` registers it, and until that capture ends well an increment (`randn`, or a
+  replay's `replay_prologue`) from a stream that is not capturing raises "Offset increment
+  outside graph capture"; a voided capture leaves it so until the next good one.
+- Streams come round-robin from STREAMS per device (`getStreamFromPool`), so two `Stream()`s
+  may be one. `mem_get_info` reads in 2 MiB steps, less the context's OVERHEAD and EXEC_BYTES
+  per instantiated graph.
 """
 
 from __future__ import annotations
@@ -45,6 +66,11 @@ from gearshift.graphs.device import DeviceApi, DeviceBackend
 
 MiB = 1 << 20
 DEFAULT = None  # the default pool's id
+STREAMS = 4  # per device, handed out round-robin (torch: 32 per priority)
+WORKSPACE = 4 * MiB  # a cuBLAS-like workspace (a 20 MiB segment)
+OVERHEAD = 300 * MiB  # the context's, outside the allocator
+EXEC_BYTES = 256 << 10  # device memory of one instantiated graph, outside the allocator
+RNG_ERROR = "Offset increment outside graph capture encountered unexpectedly."
 
 
 def segment_size(nbytes: int) -> int:
@@ -71,12 +97,30 @@ class Pool:
 
 
 class FakeStream:
-    def __init__(self, device: int) -> None:
-        self.device = device
+    def __init__(self, device: int, fake: FakeCuda | None = None) -> None:
+        self.device, self.fake = device, fake
         self.waited: list[FakeStream] = []
 
     def wait_stream(self, other: FakeStream) -> None:
         self.waited.append(other)
+
+    def synchronize(self) -> None:
+        """`cudaStreamSynchronize`: voids a capture on this stream only."""
+        if self.fake is not None:
+            self.fake.calls["stream_synchronize"] += 1
+            self.fake._void([c for c in self.fake.captures if c.stream is self],
+                            "cudaStreamSynchronize")
+
+
+@dataclass(eq=False)
+class Workspace:
+    """A cuBLAS workspace: a block of `pool`; `graphs` recorded with it (live ones)."""
+
+    pool: Any
+    segment: Segment
+    size: int
+    freed: bool = False
+    graphs: set[Any] = field(default_factory=set)
 
 
 @dataclass(eq=False)
@@ -101,6 +145,8 @@ class FakeGraph:
         self.pool_id: Any = None
         self.device = 0
         self.capture: Capture | None = None
+        self.stream: FakeStream | None = None
+        self.workspaces: set[Workspace] = set()
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
         f = self.fake
@@ -123,7 +169,8 @@ class FakeGraph:
             f.recording[device].append(pid)
             self.capture = Capture(self, stream, threading.get_ident(), capture_error_mode)
             f.captures.append(self.capture)
-            self.pool_id, self.device = pid, device
+            self.pool_id, self.device, self.stream = pid, device, stream
+            f.rng_capturing[device] = True  # the default generator, registered: capture_prologue
 
     def capture_end(self) -> None:
         f = self.fake
@@ -138,11 +185,20 @@ class FakeGraph:
             if capture.voided:
                 raise RuntimeError("cudaErrorStreamCaptureInvalidated: the capture was voided")
             f.recording[self.device].remove(self.pool_id)
+            f.rng_capturing[self.device] = False  # capture_epilogue: only after a good end
             self.ended = True
+            f.live_graphs += 1
 
     def replay(self) -> None:
         if not self.ended:
             raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
+        f = self.fake
+        if f.rng_capturing[self.device] and not f.capturing_here():
+            raise RuntimeError(RNG_ERROR)  # replay_prologue: increase(wholegraph_increment)
+        for ws in self.workspaces:
+            if ws.freed and ws.pool is DEFAULT:
+                raise RuntimeError("an illegal memory access was encountered: a replay through"
+                                   " a freed cuBLAS workspace")
         for fn, args, out in self.tape:
             out.copy_(fn(*args))
         self.fake.calls["replay"] += 1
@@ -150,10 +206,15 @@ class FakeGraph:
     def reset(self) -> None:
         with self.fake.lock:
             self.capture = None  # a stream still capturing goes on capturing (as in torch)
+            if self.stream is not None:  # PR #175276: its capture stream's workspaces go
+                self.fake.clear_workspaces(self.stream)
             if self.ended:
                 self.fake.release_pool(self.device, self.pool_id)
+                self.fake.live_graphs -= 1
                 self.ended = False
-            self.tape = []
+            for ws in self.workspaces:
+                ws.graphs.discard(self)
+            self.tape, self.workspaces = [], set()
 
     def pool(self) -> Any:
         if not self.ended:
@@ -165,13 +226,18 @@ class FakeCuda:
     """The `torch.cuda` of `devices` fake devices of `total` bytes each (see the module)."""
 
     def __init__(self, total: int = 1 << 30, devices: int = 1) -> None:
-        self.total = total
+        self.total = total  # what the allocator may take; the device has OVERHEAD more
         self.lock = threading.RLock()  # the allocator's mutex
         self.pools: list[dict[Any, Pool]] = [{DEFAULT: Pool()} for _ in range(devices)]
         self.freeable: list[set[Any]] = [set() for _ in range(devices)]
         self.recording: list[list[Any]] = [[] for _ in range(devices)]  # captures_underway
         self.captures: list[Capture] = []
-        self.default_streams = [FakeStream(d) for d in range(devices)]
+        self.default_streams = [FakeStream(d, self) for d in range(devices)]
+        self.stream_pool = [[FakeStream(d, self) for _ in range(STREAMS)] for d in range(devices)]
+        self.next_stream = [0] * devices
+        self.workspaces: dict[FakeStream, Workspace] = {}  # by (handle, stream): one handle
+        self.rng_capturing = [False] * devices  # the default generator's `capturing_`
+        self.live_graphs = 0
         self.default_capture_stream: FakeStream | None = None
         self.ids = itertools.count(1)
         self.calls: Counter[str] = Counter()
@@ -202,7 +268,11 @@ class FakeCuda:
             self._local.device = before
 
     def Stream(self, device: int | None = None) -> FakeStream:
-        return FakeStream(self.current_device() if device is None else device)
+        """The next of the device's STREAMS, round-robin (`getStreamFromPool`)."""
+        device = self.current_device() if device is None else device
+        with self.lock:
+            i, self.next_stream[device] = self.next_stream[device], self.next_stream[device] + 1
+        return self.stream_pool[device][i % STREAMS]
 
     def current_stream(self, device: int | None = None) -> FakeStream:
         device = self.current_device() if device is None else device
@@ -223,8 +293,9 @@ class FakeCuda:
                 streams[stream.device] = before
 
     def synchronize(self, device: int | None = None) -> None:
+        """`cudaDeviceSynchronize`: voids every capture underway, whatever thread or mode."""
         self.calls["synchronize"] += 1
-        self._unsafe("cudaDeviceSynchronize")
+        self._void(list(self.captures), "cudaDeviceSynchronize")
 
     # the allocator
 
@@ -232,8 +303,10 @@ class FakeCuda:
         return (0, next(self.ids))
 
     def mem_get_info(self, device: int | None = None) -> tuple[int, int]:
+        """The driver's reading: in 2 MiB steps, less the context and the graphs' execs."""
         device = self.current_device() if device is None else device
-        return self.total - self.reserved(device), self.total
+        free = self.total - self.reserved(device) - EXEC_BYTES * self.live_graphs
+        return free // (2 * MiB) * 2 * MiB, self.total + OVERHEAD
 
     def reserved(self, device: int = 0) -> int:
         with self.lock:
@@ -284,6 +357,44 @@ class FakeCuda:
             capture.graph.tape.append((fn, alias, _alias(out)))
         return out
 
+    def gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """`a @ b` as a cuBLAS kernel: through its stream's workspace (see the module)."""
+        stream, capture = self.current_stream(), self.capturing_here()
+        with self.lock:
+            ws = self.workspaces.get(stream)
+            if ws is None:
+                pool = capture.graph.pool_id if capture is not None else DEFAULT
+                segment, size = self._malloc(stream.device, pool, WORKSPACE, capture is not None)
+                ws = self.workspaces[stream] = Workspace(pool, segment, size)
+            if capture is not None:
+                capture.graph.workspaces.add(ws)
+                ws.graphs.add(capture.graph)
+            elif ws.graphs:
+                raise RuntimeError("an eager GEMM through the workspace a live graph recorded"
+                                   " with: it races that graph's replays")
+        return self.op(torch.matmul, a, b)
+
+    def randn(self, *shape: int) -> torch.Tensor:
+        """`torch.randn` on the default generator (see the module)."""
+        device = self.current_stream().device
+        if self.capturing_here() is None and self.rng_capturing[device]:
+            raise RuntimeError(RNG_ERROR)
+        return self.op(lambda: torch.randn(*shape))
+
+    def clear_workspaces(self, stream: FakeStream | None = None) -> None:
+        """`_cuda_clearCublasWorkspaces` (every stream's), or one stream's (a graph's reset)."""
+        with self.lock:
+            for s in [stream] if stream is not None else list(self.workspaces):
+                ws = self.workspaces.pop(s, None)
+                if ws is not None:
+                    ws.freed = True
+                    self._free(ws.segment, ws.size)
+
+    def capturing_here(self) -> Capture | None:
+        """The capture underway on the current stream, if any."""
+        stream = self.current_stream()
+        return next((c for c in self.captures if c.stream is stream), None)
+
     def pool_bytes(self, pool: Any, device: int = 0) -> int:
         with self.lock:
             entry = self.pools[device].get(pool)
@@ -311,6 +422,10 @@ class FakeCuda:
         me = threading.get_ident()
         with self.lock:
             hit = [c for c in self.captures if c.thread == me or c.mode == "global"]
+        self._void(hit, what)
+
+    def _void(self, hit: list[Capture], what: str) -> None:
+        with self.lock:
             for capture in hit:
                 capture.voided = True
         if hit:

@@ -114,7 +114,7 @@ def test_a_release_gives_the_graphs_memory_back_to_the_device(dev: Device) -> No
     assert r.release("SEQLEN", 256) == 3
     returned = dev.backend.mem_get_info()[0] - before  # the release collected already
     expected = sum(n for (_, s), n in held.items() if s == 256)
-    slack = 0 if isinstance(dev.backend.api.module, FakeCuda) else 3 * (2 << 20)  # 2 MiB each
+    slack = 3 * (2 << 20)  # 2 MiB a graph: readings in 2 MiB steps, graphs' execs beside pools
     assert abs(returned - expected) <= slack, (returned, expected)
     assert r.release("SEQLEN", 64) == 3 and free(dev) - before == pytest.approx(
         sum(held.values()), abs=2 * slack

@@ -53,7 +53,7 @@ def test_the_memory_figures_on_the_fake_device() -> None:
     assert m["released_graphs"] == len(RELEASED) * len(SEQ)
     assert m["memory_returned_bytes"] == m["released_graph_bytes"] > 0
     base = shared_pool(model, backend, "cpu")
-    assert base["shared_pool_returned_bytes"] == 0  # its other graphs keep the one pool
+    assert base["shared_pool_returned_bytes"] <= 4 << 20  # the graphs' execs: the pool stays
     assert 0 < base["shared_pool_bytes"] < sum(n for _, n in held.values())
     x = torch.randn(5, 1, 32)
     torch.testing.assert_close(runner.run({"x": x}), model(x))
