@@ -248,7 +248,7 @@ class FakeCuda:
 
     def api(self, kind: str = "cuda", hooks: bool = True) -> DeviceApi:
         ends = (self.end_allocate, self.release_pool) if hooks else (None, None)
-        return DeviceApi(kind, self, self.CUDAGraph, *ends)
+        return DeviceApi(kind, self, self.CUDAGraph, *ends, lambda: self.clear_workspaces())
 
     def backend(self, index: int = 0, kind: str = "cuda", hooks: bool = True,
                 **options: Any) -> DeviceBackend:

@@ -161,3 +161,49 @@ def test_a_failed_capture_keeps_nothing_and_is_counted(dev: Device) -> None:
     assert r.capture([{"BATCHSIZE": 8, "SEQLEN": 64}]) == 1
     t = call(dev, 5, 9)
     torch.testing.assert_close(r.run(t), model(**t))
+
+
+# cuBLAS-like workspaces (docs/architecture.md, "Hazards on the device"), on the fake device
+
+
+def _gemm_graphs(fake: FakeCuda, warmup: int, n: int = 3) -> tuple[Any, list[Any], torch.Tensor]:
+    backend, w = fake.backend(warmup=warmup), torch.randn(8, 8)
+    xs = [torch.randn(m, 8) for m in range(1, n + 1)]
+    graphs = [backend.graph(lambda x=x: fake.op(torch.tanh, fake.gemm(x, w))) for x in xs]
+    for graph in graphs:
+        graph.capture()
+    return backend, list(zip(graphs, xs, strict=True)), w
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_a_release_leaves_the_surviving_graphs_workspaces_alone(warmup: int) -> None:
+    fake = FakeCuda()
+    backend, graphs, w = _gemm_graphs(fake, warmup)
+    pool = GraphResourcePool(backend)
+    keys = [pool.register(g) for g, _ in graphs]
+    assert pool.remove_by_keys(keys[:1]) == 1  # its reset clears its stream's workspace
+    fake.clear_workspaces()  # and anyone's clear: no survivor recorded with a shared one
+    for graph, x in graphs[1:]:
+        x.mul_(-1)
+        graph.replay()
+        torch.testing.assert_close(graph.outputs, torch.tanh(x @ w))
+
+
+def test_warm_ups_never_run_through_a_live_graphs_workspace() -> None:
+    fake = FakeCuda()
+    _, graphs, w = _gemm_graphs(fake, warmup=2)  # each warm-up after the first graph's
+    for graph, x in graphs:
+        graph.replay()
+        torch.testing.assert_close(graph.outputs, torch.tanh(x @ w))
+
+
+def test_a_graphs_workspace_is_its_pools_and_returns_with_it() -> None:
+    fake = FakeCuda()
+    backend, graphs, _ = _gemm_graphs(fake, warmup=2, n=2)
+    backend.collect()
+    free = backend.mem_get_info()[0]
+    held = fake.pool_bytes(graphs[0][0].graph.pool())
+    assert held >= 20 * (1 << 20)  # its workspace's segment is in its own pool
+    graphs[0][0].reset()
+    backend.collect()
+    assert abs(backend.mem_get_info()[0] - free - held) <= 2 << 20  # a 2 MiB reading step
