@@ -195,8 +195,9 @@ class FakeGraph:
         f = self.fake
         if f.rng_capturing[self.device] and not f.capturing_here():
             raise RuntimeError(RNG_ERROR)  # replay_prologue: increase(wholegraph_increment)
-        for ws in self.workspaces:
-            if ws.freed and ws.pool is DEFAULT:
+        for ws in self.workspaces:  # a freed one is safe only in a live graph's own pool
+            if ws.freed and (ws.pool is DEFAULT or ws.pool in f.freeable[self.device]
+                             or ws.pool not in f.pools[self.device]):
                 raise RuntimeError("an illegal memory access was encountered: a replay through"
                                    " a freed cuBLAS workspace")
         for fn, args, out in self.tape:
