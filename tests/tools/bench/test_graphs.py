@@ -15,6 +15,7 @@ from gearshift.tools.bench.graphs import (
     Probe,
     capture_all,
     command,
+    latency,
     make_runner,
     memory,
     shared_pool,
@@ -69,3 +70,20 @@ def test_two_workers_adopt_new_gears_on_one_device() -> None:
         assert w["requests"] > 0 and w["captures"] > 0 and w["graphs"] > 0 and w["replays"] > 0
         assert 1 <= min(w["gears"]["BATCHSIZE"]) <= max(w["gears"]["BATCHSIZE"]) <= max(BATCH)
     assert not [n for n in os.listdir("/dev/shm") if f"bench-graphs-{os.getpid()}" in n]
+
+
+def test_requests_beside_captures_on_the_fake_device_break_nothing() -> None:
+    """The strict fake voids a capture on any device synchronize and refuses replays and
+    sampling during one: the latency phase waits for its stream and the capture window."""
+    fake = FakeCuda(total=1 << 34)
+    backend = fake.backend()
+    model = Model(32, 2, 2, "cpu", op=fake.op)
+    probe = Probe(backend)
+    runner = make_runner(model, backend, "cpu")
+    runner.capture([{"BATCHSIZE": b, "SEQLEN": 1} for b in BATCH])
+    lat = latency(runner, model, probe, "cpu", 0.6)
+    assert lat["churn_captures"] > 0 and lat["churn_errors"] == 0
+    for phase in ("idle", "capturing"):
+        assert lat[phase]["requests"] > 0 and lat[phase]["errors"] == lat[phase]["wrong"] == 0
+    assert fake.calls["stream_synchronize"] >= lat["capturing"]["requests"]
+    assert backend.stats["capture_failures"] == 0

@@ -16,9 +16,11 @@ The model (`graphs_model`): pre-norm transformer blocks, width 1024 x 4 layers o
 - Memory returned: `mem_get_info` after releasing half the BATCHSIZE gears, against the bytes
   those graphs held; the baseline's shared pool returns what it returns (nothing, while one of
   its graphs lives).
-- Latency: requests (each synchronised) for half of `--seconds` idle, then half while another
-  thread captures and releases other gears' graphs in a loop (`EXTRA`): p50, p99, errors
-  (an exception, or an output unlike eager's, checked every CHECK_EVERY requests).
+- Latency: requests (each waits for its own stream, never the device, and samples on the
+  default generator inside `outside_capture()`, as a serving worker must) for half of
+  `--seconds` idle, then half while another thread captures and releases other gears' graphs
+  in a loop (`EXTRA`): p50, p99, errors (an exception, or an output unlike eager's, checked
+  every CHECK_EVERY requests).
 - Adoption (`graphs_adoption`): two worker processes on the device under a controller.
 
 On the cpu backend memory figures are None (no device memory: graphs re-run on tensors).
@@ -40,7 +42,7 @@ import torch
 from gearshift.clikit import json_option
 from gearshift.graphs.adaptive import AdaptiveRunner
 from gearshift.graphs.backends import Backend, backend_for
-from gearshift.graphs.device import DeviceBackend
+from gearshift.graphs.device import DeviceBackend, outside_capture
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.graphs.transform import Transform
 from gearshift.tools.bench.graphs_adoption import adoption as two_workers
@@ -92,6 +94,11 @@ class Probe:
         self.backend.synchronize()
         self.backend.collect()
         return self.backend.mem_get_info()[0]
+
+    def wait(self) -> None:
+        """The caller's stream done (a device synchronize would void a capture beside it)."""
+        if self.memory:
+            self.backend.stream_synchronize()
 
     def timed(self, call: Callable[[], object], n: int) -> float:
         """Seconds per call of `n` calls, the device synchronised before and after."""
@@ -169,7 +176,9 @@ def requests(runner: AdaptiveRunner, model: Model, probe: Probe, device: str,
         began = time.perf_counter()
         try:
             y = runner.run({"x": x})
-            probe.backend.synchronize()
+            with outside_capture():  # the sampling a serving worker does on this thread
+                torch.multinomial(torch.softmax(y[:, -1, :16].float(), -1), 1)
+            probe.wait()
         except Exception:
             errors += 1
             continue
