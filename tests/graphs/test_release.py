@@ -207,3 +207,17 @@ def test_a_graphs_workspace_is_its_pools_and_returns_with_it() -> None:
     graphs[0][0].reset()
     backend.collect()
     assert abs(backend.mem_get_info()[0] - free - held) <= 2 << 20  # a 2 MiB reading step
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_cuda_a_release_leaves_the_survivors_equal_to_eager() -> None:
+    backend, w = cuda_backend(0), torch.randn(4096, 4096, device="cuda") / 64
+    xs = {m: torch.randn(m, 4096, device="cuda") for m in (1, 16, 64)}  # split-K sizes
+    pool = GraphResourcePool(backend)
+    graphs = {m: backend.graph(lambda m=m: xs[m] @ w) for m in xs}
+    keys = {m: (g.capture(), pool.register(g))[1] for m, g in graphs.items()}
+    assert pool.remove_by_keys([keys[64]]) == 1
+    torch._C._cuda_clearCublasWorkspaces()
+    for m in (1, 16):
+        graphs[m].replay()
+        torch.testing.assert_close(graphs[m].outputs, xs[m] @ w, rtol=1e-3, atol=1e-3)
