@@ -11,7 +11,8 @@ The model (`graphs_model`): pre-norm transformer blocks, width 1024 x 4 layers o
 - Speed: `AdaptiveRunner.run` (pad, replay, cut) against the eager model per call, at decode
   sizes (SEQLEN 1, B in DECODE); the device synchronised at the end of each timed loop.
 - Capture: seconds per graph (warm-up runs included) and bytes per graph (the drop of
-  `mem_get_info` over its capture, the allocator's cache emptied before and after). Baseline:
+  `mem_get_info` over its capture, the allocator's cache emptied before and after; and what
+  the runner measured, `graph_bytes_measured`: its pool and its share of the static buffers). Baseline:
   the same graphs captured into one shared pool (the engines' design), its total.
 - Memory returned: `mem_get_info` after releasing half the BATCHSIZE gears, against the bytes
   those graphs held; the baseline's shared pool returns what it returns (nothing, while one of
@@ -271,6 +272,8 @@ def run(device: str, seconds: float, quick: bool, adoption: bool) -> dict[str, A
         "graph_bytes_mean": statistics.mean(graph_bytes) if graph_bytes else None,
         "graph_bytes_total": sum(graph_bytes) if graph_bytes else None,
         "graph_bytes": {f"{b}x{s}": n for (b, s), (_, n) in held.items()},
+        "graph_bytes_measured": {f"{v['BATCHSIZE']}x{v['SEQLEN']}": c.graph_bytes
+                                 for v, c in runner.take_measurements()},
         **correctness(runner, model, device),
         "speed": speed(runner, model, probe, device, 0.02 if quick else 0.3),
         "latency": latency(runner, model, probe, device, seconds),
