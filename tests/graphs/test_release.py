@@ -4,6 +4,8 @@ gives every graph's memory back to the device when its gear is released."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -221,3 +223,20 @@ def test_on_cuda_a_release_leaves_the_survivors_equal_to_eager() -> None:
     for m in (1, 16):
         graphs[m].replay()
         torch.testing.assert_close(graphs[m].outputs, xs[m] @ w, rtol=1e-3, atol=1e-3)
+
+
+def test_static_buffers_shrink_once_the_largest_gear_is_released(dev: Device) -> None:
+    r, model = make(dev)
+    assert r.capture(variants(r)) == 6
+    big = weakref.ref(r._buffers["x"])
+    assert tuple(big().shape) == (8, 256, H)
+    r.gears = {"BATCHSIZE": (2, 4), "SEQLEN": (64, 256)}  # a new gear set, 8 gone
+    assert r.release("BATCHSIZE", 8) == 2
+    assert r.capture([]) == 0  # the warm-up thread's next call re-stages the survivors
+    gc.collect()
+    assert big() is None and tuple(r._buffers["x"].shape) == (4, 256, H)
+    assert len(r.pool) == 4 and r.ready() == [(2, 64), (2, 256), (4, 64), (4, 256)]
+    for b, s in [(1, 1), (3, 200), (4, 64)]:
+        t = call(dev, b, s)
+        torch.testing.assert_close(r.run(t), model(**t))
+    assert r.stats["eager"] == 0
