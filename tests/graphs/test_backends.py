@@ -249,3 +249,46 @@ def test_a_capture_out_of_device_streams_is_refused_until_a_release() -> None:
     pool.remove_by_keys([key])
     pool.admit()
     backend.graph(lambda: fake.op(torch.tanh, torch.ones(3))).capture()
+
+
+def test_a_run_inside_outside_capture_does_not_deadlock_with_a_capture_and_a_request() -> None:
+    """Lock order: the capture window before the runner's lock. A holds the window (a user's
+    sampling step), a capture waits for it, B's request then waits for the capture: A's own
+    request must still get through (B must not hold the runner's lock meanwhile)."""
+    fake = FakeCuda()
+    backend = fake.backend()
+    dims = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=4)}
+    transform = gs.Transform(lambda x: fake.op(torch.tanh, x), dims, {"x": ("B", None)},
+                             outputs=("B", None))
+    r = gs.AdaptiveRunner(transform, {"x": torch.zeros(1, 8)}, pool=GraphResourcePool(backend))
+    r.capture([{"BATCHSIZE": 2}])
+    x, inside, go, done = torch.randn(2, 8), threading.Event(), threading.Event(), []
+    guard = device.GUARD
+
+    def user_a() -> None:
+        with device.outside_capture():
+            inside.set()
+            go.wait(10)
+            r.run({"x": x})
+        done.append("a")
+
+    def wait_for(condition: Callable[[], bool]) -> None:
+        for _ in range(10_000):
+            if condition():
+                return
+            threading.Event().wait(0.001)
+        raise AssertionError("timed out")
+
+    a = threading.Thread(target=user_a, daemon=True)
+    a.start()
+    assert inside.wait(10)
+    w = threading.Thread(target=lambda: done.append(r.capture([{"BATCHSIZE": 4}])), daemon=True)
+    w.start()
+    wait_for(lambda: guard._waiting == 1)  # the capture waits for A's window
+    b = threading.Thread(target=lambda: done.append(r.run({"x": x}) is not None), daemon=True)
+    b.start()
+    wait_for(lambda: guard.blocked == 1)  # B waits for the capture
+    go.set()
+    for t in (a, w, b):
+        t.join(10)
+    assert sorted(map(str, done)) == ["1", "True", "a"]

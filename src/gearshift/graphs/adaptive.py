@@ -42,6 +42,7 @@ from gearshift.clock import Clock
 from gearshift.core.dims import Gears, gear_for
 from gearshift.errors import ShapeError
 from gearshift.graphs.backends import Graph, backend_for
+from gearshift.graphs.device import outside_capture
 from gearshift.graphs.measure import GraphCost, Meter, replays_for
 from gearshift.graphs.pool import GraphResourcePool, KeyGearIndex
 from gearshift.graphs.transform import Chunk, Span, Transform
@@ -206,8 +207,8 @@ class AdaptiveRunner:
             chunks = [(spans, tuple(gears))]
         parts: list[Any] = [None] * len(chunks)
         ready = [self._ready(variant, want=True) is not None for _, variant in chunks]
-        if any(ready):
-            with self._lock:
+        if any(ready):  # the capture window before the lock: a thread in the window may run
+            with outside_capture(), self._lock:  # this, and replays take the window
                 for name, buffer in self._unbound.items():
                     buffer.copy_(tensors[name])
                 for i, (chunk, variant) in enumerate(chunks):
