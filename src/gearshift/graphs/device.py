@@ -61,30 +61,38 @@ class CaptureGuard:
     starves: a shared section waits for one recording at most)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._shared = self._waiting = 0
         self._capturing = False
         self._local = threading.local()
         self.blocked = 0  # shared sections waiting now (for tests and stats)
+        self._section = _Shared(self)
 
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        depth = getattr(self._local, "depth", 0)
-        if depth == 0:
-            with self._cond:
+    def shared(self) -> contextlib.AbstractContextManager[None]:
+        return self._section
+
+    def _enter(self) -> None:
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        if depth:
+            return
+        with self._cond:
+            if self._capturing or self._waiting:
                 self.blocked += 1
                 self._cond.wait_for(lambda: not (self._capturing or self._waiting))
                 self.blocked -= 1
-                self._shared += 1
-        self._local.depth = depth + 1
-        try:
-            yield
-        finally:
-            self._local.depth = depth
-            if depth == 0:
-                with self._cond:
-                    self._shared -= 1
-                    self._cond.notify_all()
+            self._shared += 1
+
+    def _exit(self) -> None:
+        local = self._local
+        local.depth -= 1
+        if local.depth:
+            return
+        with self._cond:
+            self._shared -= 1
+            if not self._shared and self._waiting:
+                self._cond.notify_all()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -101,6 +109,21 @@ class CaptureGuard:
             with self._cond:
                 self._capturing = False
                 self._cond.notify_all()
+
+
+class _Shared:
+    """`CaptureGuard.shared()`: a plain context manager (the request path takes it per run)."""
+
+    __slots__ = ("guard",)
+
+    def __init__(self, guard: CaptureGuard) -> None:
+        self.guard = guard
+
+    def __enter__(self) -> None:
+        self.guard._enter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.guard._exit()
 
 
 GUARD = CaptureGuard()
