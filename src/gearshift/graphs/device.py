@@ -330,6 +330,7 @@ class DeviceGraph:
         self.graph = backend.api.graph_cls()
         self.outputs: Any = None
         self.pool_bytes: int | None = None
+        self.held = False  # a capture succeeded: its reset gives the device room back
 
     @torch.no_grad()
     def capture(self) -> Any:
@@ -348,6 +349,7 @@ class DeviceGraph:
                     self.fn()
                 self.outputs, self.pool_bytes = backend.record(self.graph, backend.new_pool(),
                                                                self.fn)
+                self.held = True
             caller.wait_stream(backend.stream)
         return self.outputs
 
@@ -361,4 +363,5 @@ class DeviceGraph:
         with GUARD.shared():
             self.graph.reset()
         self.fn = self.outputs = None
-        self.backend.full = False
+        if self.held:
+            self.held = self.backend.full = False
