@@ -104,8 +104,8 @@ def test_a_release_gives_the_graphs_memory_back_to_the_device(dev: Device) -> No
     if not dev.memory:
         pytest.skip("the cpu backend holds no device memory")
     r, _ = make(dev)
-    r.capture([{"BATCHSIZE": 2, "SEQLEN": 64}])  # the capture stream's first kernels make
-    r.release("BATCHSIZE", 2)  # lasting workspaces (cuBLAS): not a graph's memory
+    r.capture([{"BATCHSIZE": 2, "SEQLEN": 64}])  # the first kernels make lasting state
+    r.release("BATCHSIZE", 2)  # (cuBLAS handles, modules): not a graph's memory
     held = {}
     for v in sorted(variants(r), key=lambda v: -v["BATCHSIZE"] * v["SEQLEN"]):
         before = free(dev)

@@ -63,7 +63,7 @@ class SharedPool(DeviceBackend):
 
     def __init__(self, base: DeviceBackend) -> None:
         super().__init__(base.api, base.index, base.warmup)
-        self.stream = base.stream  # whose lasting workspaces exist already
+        self.stream = base.stream
         self._pool: Any = None
 
     def new_pool(self) -> Any:
@@ -114,7 +114,8 @@ class Probe:
 
 def capture_all(runner: AdaptiveRunner, probe: Probe) -> dict[tuple[int, int], tuple[float, Any]]:
     """Per variant: (capture seconds, bytes held or None). A first capture, released, makes the
-    capture stream's lasting workspaces (cuBLAS), which are no graph's memory."""
+    process's lasting state (cuBLAS handles, kernels loaded), which is no graph's memory; each
+    graph's cuBLAS workspace is in its own pool, so in its bytes."""
     runner.capture([{"BATCHSIZE": BATCH[0], "SEQLEN": SEQ[0]}])
     runner.release("BATCHSIZE", BATCH[0])
     out = {}
