@@ -168,9 +168,8 @@ def speed(runner: AdaptiveRunner, model: Model, probe: Probe, device: str,
     return out
 
 
-def requests(runner: AdaptiveRunner, model: Model, probe: Probe, device: str,
-             seconds: float) -> dict[str, Any]:
-    inputs = {b: torch.randn(b, 1, model.width, device=device) for b in REQUESTS}
+def requests(runner: AdaptiveRunner, model: Model, probe: Probe,
+             inputs: Mapping[int, torch.Tensor], seconds: float) -> dict[str, Any]:
     latencies, errors, wrong, n = [], 0, 0, 0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
@@ -197,7 +196,8 @@ def requests(runner: AdaptiveRunner, model: Model, probe: Probe, device: str,
 
 def latency(runner: AdaptiveRunner, model: Model, probe: Probe, device: str,
             seconds: float) -> dict[str, Any]:
-    idle = requests(runner, model, probe, device, seconds / 2)
+    inputs = {b: torch.randn(b, 1, model.width, device=device) for b in REQUESTS}  # no capture
+    idle = requests(runner, model, probe, inputs, seconds / 2)
     stop, churn = threading.Event(), {"captures": 0, "releases": 0, "errors": 0}
 
     def capture_and_release() -> None:
@@ -214,7 +214,7 @@ def latency(runner: AdaptiveRunner, model: Model, probe: Probe, device: str,
 
     thread = threading.Thread(target=capture_and_release, name="bench-capture", daemon=True)
     thread.start()
-    busy = requests(runner, model, probe, device, seconds / 2)
+    busy = requests(runner, model, probe, inputs, seconds / 2)
     stop.set()
     thread.join()
     for b in EXTRA:
