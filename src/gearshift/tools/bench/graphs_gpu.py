@@ -205,6 +205,16 @@ def probe_threads(n: int = 40) -> dict[str, Any]:
                 "p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))],
                 "captures_per_s": n / seconds, "first": (failures + errors)[:2]}
 
+    def alone(fn: Callable[[], object], seconds: float) -> dict[str, Any]:
+        lat, errors, end = [], [], time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            began = time.perf_counter()
+            _tried(fn, errors)
+            lat.append(time.perf_counter() - began)
+        ms = sorted(t * 1e3 for t in lat)
+        return {"errors": len(errors), "calls": len(lat), "p50_ms": ms[len(ms) // 2],
+                "p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))]}
+
     sample = lambda: torch.multinomial(torch.rand(8, 1000, device="cuda"), 1)  # noqa: E731
     cases: dict[str, Callable[[], object]] = {
         "replay": replay_checked,
@@ -214,7 +224,7 @@ def probe_threads(n: int = 40) -> dict[str, Any]:
         "raw_replay": lambda: live.graph.replay(),
         "raw_device_sync": torch.cuda.synchronize,
     }
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"replay_alone": alone(replay_checked, 2.0)}  # the same-run baseline
     for name, fn in cases.items():  # the raw ones last: they may poison this process
         out[name] = beside(fn)
         print(json.dumps(out, default=str), flush=True)
