@@ -239,34 +239,38 @@ class DeviceBackend:
                 graph.capture_begin(pool=pool, capture_error_mode=CAPTURE_MODE)
             except BaseException as e:
                 self.abandon(graph, pool, began=False)
-                raise self._refusal(e) from e
+                self._out_of_streams(e)
+                raise
             try:
                 outputs = fn()
             except BaseException as e:
                 self.abandon(graph, pool, began=True)
-                raise self._refusal(e) from e
+                self._out_of_streams(e)
+                raise
             try:
                 graph.capture_end()
             except BaseException as e:
                 self.abandon(graph, pool, began=True, ended=True)
-                raise self._refusal(e) from e
+                self._out_of_streams(e)
+                raise
             self.clear_workspaces()  # freed into its pool, which keeps them for its replays
             self.stats["captures"] += 1
             after = self.reserved()
             held = None if before is None or after is None else max(after - before, 0)
             return outputs, held
 
-    def _refusal(self, error: BaseException) -> BaseException:
-        """GraphLimit for a capture the device refused for want of streams, else `error`."""
+    def _out_of_streams(self, error: BaseException) -> None:
+        """Raise GraphLimit (and be `full`) if the device refused the capture for want of
+        streams; else return (the caller raises `error`)."""
         if not any(m in str(error) for m in OUT_OF_STREAMS):
-            return error
+            return
         self.full = True
         self.stats["stream_refusals"] += 1
-        return GraphLimit(
+        raise GraphLimit(
             f"{self.kind}:{self.index} has no stream left for another graph ({error}); no"
             " capture is tried again until a graph is released. "
             f"{self.limit_reason or 'Capture fewer graphs.'}"
-        )
+        ) from error
 
     def abandon(self, graph: Any, pool: Any, began: bool, ended: bool = False) -> None:
         """After a failed capture (in the window): end it (`began` and not `ended`: it is still
