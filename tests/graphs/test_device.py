@@ -95,7 +95,7 @@ def test_empty_cache_during_a_capture_asserts_and_one_capture_per_process() -> N
 
 def test_the_torch_context_manager_empties_the_cache_beside_another_capture() -> None:
     fake = FakeCuda()
-    began, done = threading.Event(), threading.Event()
+    began, done, ended = threading.Event(), threading.Event(), []
 
     def background() -> None:
         graph = fake.CUDAGraph()
@@ -103,7 +103,10 @@ def test_the_torch_context_manager_empties_the_cache_beside_another_capture() ->
             graph.capture_begin(capture_error_mode="thread_local")
             began.set()
             done.wait(10)
-            graph.capture_end()
+            try:
+                graph.capture_end()
+            except RuntimeError as e:
+                ended.append(e)
 
     thread = threading.Thread(target=background)
     thread.start()
@@ -117,6 +120,7 @@ def test_the_torch_context_manager_empties_the_cache_beside_another_capture() ->
         done.set()
         thread.join(10)
     assert fake.calls["graph_context"] == 1 and fake.calls["empty_cache"] == 1
+    assert "Invalidated" in str(ended[0])  # the other capture, voided
 
 
 def test_a_voided_capture_leaves_its_pool_recording_until_the_allocator_hooks_end_it() -> None:
