@@ -54,6 +54,7 @@ _LAZY = {
     "Route": "gearshift.worker.routing",
     "Transform": "gearshift.graphs.transform",
     "connect": "gearshift.worker.connecting",
+    "outside_capture": "gearshift.graphs.device",
 }
 _ALIASES = {"Plan": "Route"}  # Route's old name, kept for existing callers
 

@@ -26,7 +26,29 @@ mirror them):
   before out of memory (`malloc`: `release_cached_blocks` only if `captures_underway.empty()`).
 - `graph(...)`, the context manager: `synchronize()` and `empty_cache()` on entry, one default
   capture stream for the whole process (a class attribute in torch).
+
+As strict as the device on what breaks beside captures and releases (docs/architecture.md,
+"Hazards on the device"):
+
+- Workspaces. `gemm` uses its stream's cuBLAS-like workspace (`getCUDABlasLtWorkspace`: one per
+  (handle, stream), made on first use from the current pool, a capture's own pool when
+  recording); a graph keeps the workspace it recorded with. `clear_workspaces()`
+  (`_cuda_clearCublasWorkspaces`) frees every workspace, and a graph's `reset()` frees its
+  capture stream's (`CUDAGraph::reset`, pytorch PR #175276). A replay through a freed workspace
+  of the default pool faults (its memory may be anyone's); one in a graph's own pool lives with
+  the pool. An eager `gemm` through a workspace a live graph recorded with races its replays:
+  it raises.
+- `synchronize()` (`cudaDeviceSynchronize`) on any thread, in any mode, voids every capture
+  underway and raises; `FakeStream.synchronize()` voids only a capture on that stream.
+- The default generator (`CUDAGeneratorImpl.cpp`, `CUDAGeneratorState::increase`): every
+  `capture_begin` registers it, and until that capture ends well an increment (`randn`, or a
+  replay's `replay_prologue`) from a stream that is not capturing raises "Offset increment
+  outside graph capture"; a voided capture leaves it so until the next good one.
+- Streams come round-robin from STREAMS per device (`getStreamFromPool`), so two `Stream()`s
+  may be one. `mem_get_info` reads in 2 MiB steps, less the context's OVERHEAD and EXEC_BYTES
+  per instantiated graph.
 """
+
 
 from __future__ import annotations
 
@@ -36,142 +58,47 @@ import threading
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from gearshift.graphs.device import DeviceApi, DeviceBackend
+from graphs.fake_parts import (
+    DEFAULT,
+    EXEC_BYTES,
+    OVERHEAD,
+    RNG_ERROR,
+    STREAMS,
+    WORKSPACE,
+    Capture,
+    FakeGraph,
+    FakeStream,
+    MiB,
+    Pool,
+    Segment,
+    Workspace,
+    segment_size,
+)
 
-MiB = 1 << 20
-DEFAULT = None  # the default pool's id
-
-
-def segment_size(nbytes: int) -> int:
-    """The segment a block of `nbytes` needs when no cached one fits (`get_allocation_size`)."""
-    size = max(512, -(-nbytes // 512) * 512)
-    if size <= MiB:
-        return 2 * MiB
-    if size < 10 * MiB:
-        return 20 * MiB
-    return -(-size // (2 * MiB)) * 2 * MiB
-
-
-@dataclass(eq=False)
-class Segment:
-    size: int
-    small: bool
-    used: int = 0
-
-
-@dataclass(eq=False)
-class Pool:
-    use_count: int = 1
-    segments: list[Segment] = field(default_factory=list)
-
-
-class FakeStream:
-    def __init__(self, device: int) -> None:
-        self.device = device
-        self.waited: list[FakeStream] = []
-
-    def wait_stream(self, other: FakeStream) -> None:
-        self.waited.append(other)
-
-
-@dataclass(eq=False)
-class Capture:
-    """A stream capture underway."""
-
-    graph: FakeGraph
-    stream: FakeStream
-    thread: int
-    mode: str
-    voided: bool = False
-
-
-class FakeGraph:
-    """`CUDAGraph`: a tape of the ops recorded on its stream, in the pool it was given."""
-
-    fake: FakeCuda  # set on the class each FakeCuda makes
-
-    def __init__(self) -> None:
-        self.tape: list[tuple[Callable[..., Any], tuple[Any, ...], torch.Tensor]] = []
-        self.ended = False
-        self.pool_id: Any = None
-        self.device = 0
-        self.capture: Capture | None = None
-
-    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
-        f = self.fake
-        with f.lock:
-            stream = f.current_stream()
-            if stream is f.default_streams[stream.device]:
-                raise RuntimeError("CUDA graphs must be captured on a non-default stream.")
-            if f.captures:
-                raise RuntimeError("a capture is underway: only one may be, in a process")
-            pid = pool if pool is not None else (next(f.ids), 0)
-            pools, device = f.pools[stream.device], stream.device
-            if pid in pools:
-                if pools[pid].use_count <= 0:
-                    raise RuntimeError("INTERNAL ASSERT FAILED: it->second->use_count > 0")
-                pools[pid].use_count += 1
-            else:
-                pools[pid] = Pool()
-            if pid in f.recording[device]:
-                raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
-            f.recording[device].append(pid)
-            self.capture = Capture(self, stream, threading.get_ident(), capture_error_mode)
-            f.captures.append(self.capture)
-            self.pool_id, self.device = pid, device
-
-    def capture_end(self) -> None:
-        f = self.fake
-        with f.lock:
-            capture = self.capture
-            if capture is None:
-                raise RuntimeError("capture_end() called before capture_begin().")
-            if f.current_stream() is not capture.stream:
-                raise RuntimeError("Capture must end on the same stream it began on.")
-            f.captures.remove(capture)  # the stream's capture ends, voided or not
-            self.capture = None
-            if capture.voided:
-                raise RuntimeError("cudaErrorStreamCaptureInvalidated: the capture was voided")
-            f.recording[self.device].remove(self.pool_id)
-            self.ended = True
-
-    def replay(self) -> None:
-        if not self.ended:
-            raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
-        for fn, args, out in self.tape:
-            out.copy_(fn(*args))
-        self.fake.calls["replay"] += 1
-
-    def reset(self) -> None:
-        with self.fake.lock:
-            self.capture = None  # a stream still capturing goes on capturing (as in torch)
-            if self.ended:
-                self.fake.release_pool(self.device, self.pool_id)
-                self.ended = False
-            self.tape = []
-
-    def pool(self) -> Any:
-        if not self.ended:
-            raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
-        return self.pool_id
+__all__ = ["FakeCuda", "FakeGraph", "FakeStream", "MiB", "segment_size"]
 
 
 class FakeCuda:
     """The `torch.cuda` of `devices` fake devices of `total` bytes each (see the module)."""
 
     def __init__(self, total: int = 1 << 30, devices: int = 1) -> None:
-        self.total = total
+        self.total = total  # what the allocator may take; the device has OVERHEAD more
         self.lock = threading.RLock()  # the allocator's mutex
         self.pools: list[dict[Any, Pool]] = [{DEFAULT: Pool()} for _ in range(devices)]
         self.freeable: list[set[Any]] = [set() for _ in range(devices)]
         self.recording: list[list[Any]] = [[] for _ in range(devices)]  # captures_underway
         self.captures: list[Capture] = []
-        self.default_streams = [FakeStream(d) for d in range(devices)]
+        self.default_streams = [FakeStream(d, self) for d in range(devices)]
+        self.stream_pool = [[FakeStream(d, self) for _ in range(STREAMS)] for d in range(devices)]
+        self.next_stream = [0] * devices
+        self.workspaces: dict[FakeStream, Workspace] = {}  # by (handle, stream): one handle
+        self.rng_capturing = [False] * devices  # the default generator's `capturing_`
+        self.live_graphs = 0
         self.default_capture_stream: FakeStream | None = None
         self.ids = itertools.count(1)
         self.calls: Counter[str] = Counter()
@@ -182,7 +109,7 @@ class FakeCuda:
 
     def api(self, kind: str = "cuda", hooks: bool = True) -> DeviceApi:
         ends = (self.end_allocate, self.release_pool) if hooks else (None, None)
-        return DeviceApi(kind, self, self.CUDAGraph, *ends)
+        return DeviceApi(kind, self, self.CUDAGraph, *ends, lambda: self.clear_workspaces())
 
     def backend(self, index: int = 0, kind: str = "cuda", hooks: bool = True,
                 **options: Any) -> DeviceBackend:
@@ -202,7 +129,11 @@ class FakeCuda:
             self._local.device = before
 
     def Stream(self, device: int | None = None) -> FakeStream:
-        return FakeStream(self.current_device() if device is None else device)
+        """The next of the device's STREAMS, round-robin (`getStreamFromPool`)."""
+        device = self.current_device() if device is None else device
+        with self.lock:
+            i, self.next_stream[device] = self.next_stream[device], self.next_stream[device] + 1
+        return self.stream_pool[device][i % STREAMS]
 
     def current_stream(self, device: int | None = None) -> FakeStream:
         device = self.current_device() if device is None else device
@@ -223,8 +154,9 @@ class FakeCuda:
                 streams[stream.device] = before
 
     def synchronize(self, device: int | None = None) -> None:
+        """`cudaDeviceSynchronize`: voids every capture underway, whatever thread or mode."""
         self.calls["synchronize"] += 1
-        self._unsafe("cudaDeviceSynchronize")
+        self._void(list(self.captures), "cudaDeviceSynchronize")
 
     # the allocator
 
@@ -232,8 +164,10 @@ class FakeCuda:
         return (0, next(self.ids))
 
     def mem_get_info(self, device: int | None = None) -> tuple[int, int]:
+        """The driver's reading: in 2 MiB steps, less the context and the graphs' execs."""
         device = self.current_device() if device is None else device
-        return self.total - self.reserved(device), self.total
+        free = self.total - self.reserved(device) - EXEC_BYTES * self.live_graphs
+        return free // (2 * MiB) * 2 * MiB, self.total + OVERHEAD
 
     def reserved(self, device: int = 0) -> int:
         with self.lock:
@@ -284,6 +218,44 @@ class FakeCuda:
             capture.graph.tape.append((fn, alias, _alias(out)))
         return out
 
+    def gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """`a @ b` as a cuBLAS kernel: through its stream's workspace (see the module)."""
+        stream, capture = self.current_stream(), self.capturing_here()
+        with self.lock:
+            ws = self.workspaces.get(stream)
+            if ws is None:
+                pool = capture.graph.pool_id if capture is not None else DEFAULT
+                segment, size = self._malloc(stream.device, pool, WORKSPACE, capture is not None)
+                ws = self.workspaces[stream] = Workspace(pool, segment, size)
+            if capture is not None:
+                capture.graph.workspaces.add(ws)
+                ws.graphs.add(capture.graph)
+            elif ws.graphs:
+                raise RuntimeError("an eager GEMM through the workspace a live graph recorded"
+                                   " with: it races that graph's replays")
+        return self.op(torch.matmul, a, b)
+
+    def randn(self, *shape: int) -> torch.Tensor:
+        """`torch.randn` on the default generator (see the module)."""
+        device = self.current_stream().device
+        if self.capturing_here() is None and self.rng_capturing[device]:
+            raise RuntimeError(RNG_ERROR)
+        return self.op(lambda: torch.randn(*shape))
+
+    def clear_workspaces(self, stream: FakeStream | None = None) -> None:
+        """`_cuda_clearCublasWorkspaces` (every stream's), or one stream's (a graph's reset)."""
+        with self.lock:
+            for s in [stream] if stream is not None else list(self.workspaces):
+                ws = self.workspaces.pop(s, None)
+                if ws is not None:
+                    ws.freed = True
+                    self._free(ws.segment, ws.size)
+
+    def capturing_here(self) -> Capture | None:
+        """The capture underway on the current stream, if any."""
+        stream = self.current_stream()
+        return next((c for c in self.captures if c.stream is stream), None)
+
     def pool_bytes(self, pool: Any, device: int = 0) -> int:
         with self.lock:
             entry = self.pools[device].get(pool)
@@ -311,6 +283,10 @@ class FakeCuda:
         me = threading.get_ident()
         with self.lock:
             hit = [c for c in self.captures if c.thread == me or c.mode == "global"]
+        self._void(hit, what)
+
+    def _void(self, hit: list[Capture], what: str) -> None:
+        with self.lock:
             for capture in hit:
                 capture.voided = True
         if hit:

@@ -4,12 +4,16 @@ npu backend's checks (against a stand-in torch_npu over the fake device)."""
 from __future__ import annotations
 
 import sys
+import threading
 import types
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
 import gearshift as gs
+from gearshift.graphs import device
 from gearshift.graphs.backends import (
     NPU_LIMIT,
     NPU_MAX_GRAPHS,
@@ -18,6 +22,7 @@ from gearshift.graphs.backends import (
     get_backend,
     npu_backend,
 )
+from gearshift.graphs.pool import GraphLimit, GraphResourcePool
 from graphs.fake_device import FakeCuda
 
 
@@ -104,8 +109,9 @@ def test_the_npu_backend_is_the_device_backend_with_a_graph_cap(
 ) -> None:
     fake = _stand_in_npu(monkeypatch)
     backend = npu_backend(0)
-    assert (backend.kind, backend.max_graphs, backend.limit_reason) == ("npu", 1800, NPU_LIMIT)
-    assert NPU_MAX_GRAPHS == 1800 and "2,048 streams" in NPU_LIMIT
+    assert (backend.kind, backend.max_graphs, backend.limit_reason) == ("npu", 1920, NPU_LIMIT)
+    assert NPU_MAX_GRAPHS == 1920 and "2,048 streams" in NPU_LIMIT
+    assert npu_backend(0, streams_per_graph=33, processes=2).max_graphs == 1920 // 33 // 2
     assert backend.api.end_allocate == fake.end_allocate  # the recovery hooks are found
     graph = backend.graph(lambda: fake.op(lambda: torch.ones(3)))
     assert graph.capture().eq(1).all() and fake.calls["empty_cache"] == 0
@@ -134,3 +140,157 @@ def test_cuda_graph_runner_matches_eager() -> None:
     assert runner.stats["replays"] == 4
     free, total = get_backend("cuda").mem_get_info()
     assert 0 < free <= total
+
+
+# hazards beside a capture (docs/architecture.md, "Hazards on the device"), on the fake device
+
+
+def _beside_recording(fake: FakeCuda, backend: Any, beside: Callable[[], object]) -> list[Any]:
+    """Capture a graph on this thread; while it records, `beside()` runs on another thread,
+    which this one lets run until it ends or waits for the capture window. Returns what
+    `beside` returned or raised (after the capture, which must succeed)."""
+    x, got = torch.randn(2, 8), []
+
+    def run() -> None:
+        try:
+            got.append(beside())
+        except Exception as e:
+            got.append(e)
+
+    def body() -> torch.Tensor:
+        if fake.capturing_here() is not None:  # the recorded run
+            thread = threading.Thread(target=run)
+            thread.start()
+            while thread.is_alive() and not device.GUARD.blocked:
+                thread.join(0.001)
+            threads.append(thread)
+        return fake.op(lambda a: a * 2, x)
+
+    threads: list[threading.Thread] = []
+    graph = backend.graph(body)
+    graph.capture()
+    for thread in threads:
+        thread.join(10)
+    graph.replay()
+    torch.testing.assert_close(graph.outputs, x * 2)
+    return got
+
+
+def test_a_release_beside_a_capture_waits_for_it_instead_of_voiding_it() -> None:
+    fake = FakeCuda()
+    backend = fake.backend()
+    pool = GraphResourcePool(backend)
+    old = backend.graph(lambda: fake.op(torch.tanh, torch.ones(3)))
+    old.capture()
+    key = pool.register(old)
+    assert _beside_recording(fake, backend, lambda: pool.remove_by_keys([key])) == [1]
+    assert backend.stats["captures"] == 2 and backend.stats["capture_failures"] == 0
+
+
+def test_replays_and_sampling_beside_a_capture_wait_for_its_window() -> None:
+    fake = FakeCuda()
+    backend = fake.backend()
+    live = backend.graph(lambda: fake.op(torch.tanh, torch.ones(3)))
+    live.capture()
+    assert _beside_recording(fake, backend, live.replay) == [None]
+
+    def sample() -> torch.Tensor:
+        with device.outside_capture():
+            fake.synchronize()  # a user's device-wide sync, too
+            return fake.randn(4)
+
+    assert _beside_recording(fake, backend, sample)[0].shape == (4,)
+    unguarded = _beside_recording(fake, backend, lambda: fake.randn(4))  # why the rule is
+    assert "Offset increment outside graph capture" in str(unguarded[0])
+
+
+def test_a_voided_capture_leaves_no_state_behind() -> None:
+    fake = FakeCuda()
+    backend, x = fake.backend(), torch.randn(2, 8)
+
+    def syncs() -> torch.Tensor:
+        if fake.capturing_here() is not None:
+            fake.current_stream().synchronize()  # a stream sync of the capture: voids it
+        return fake.op(lambda a: a + 1, x)
+
+    with pytest.raises(RuntimeError, match="not permitted"):
+        backend.graph(syncs).capture()
+    assert fake.randn(4).shape == (4,)  # the default generator left capture mode
+    assert not fake.recording[0] and not fake.captures and backend.collect()
+    assert fake.pools[0].keys() == {None}
+    graph = backend.graph(lambda: fake.op(lambda a: a * 3, x))
+    graph.capture()
+    graph.replay()
+    torch.testing.assert_close(graph.outputs, x * 3)
+
+
+def test_a_capture_out_of_device_streams_is_refused_until_a_release() -> None:
+    fake = FakeCuda()
+    backend = fake.backend(kind="npu", max_graphs=100, limit_reason=NPU_LIMIT)
+    pool = GraphResourcePool(backend)
+    kept = backend.graph(lambda: fake.op(torch.tanh, torch.ones(3)))
+    kept.capture()
+    key = pool.register(kept)
+
+    def out_of_streams() -> torch.Tensor:
+        if fake.capturing_here() is not None:
+            raise RuntimeError("ACL error 207008: Stream resources are insufficient")
+        return fake.op(torch.tanh, torch.ones(3))
+
+    refused = backend.graph(out_of_streams)
+    with pytest.raises(GraphLimit, match="no stream left") as e:
+        refused.capture()
+    refused.reset()  # what the runner does after a failed capture: no room is back
+    assert "2,048 streams" in str(e.value) and backend.stats["stream_refusals"] == 1
+    tries = backend.stats["capture_failures"]
+    with pytest.raises(GraphLimit, match="want of streams"):
+        pool.admit()
+    with pytest.raises(GraphLimit, match="want of streams"):
+        backend.graph(out_of_streams).capture()
+    assert backend.stats["capture_failures"] == tries  # refused, not tried
+    pool.remove_by_keys([key])
+    pool.admit()
+    backend.graph(lambda: fake.op(torch.tanh, torch.ones(3))).capture()
+
+
+def test_a_run_inside_outside_capture_does_not_deadlock_with_a_capture_and_a_request() -> None:
+    """Lock order: the capture window before the runner's lock. A holds the window (a user's
+    sampling step), a capture waits for it, B's request then waits for the capture: A's own
+    request must still get through (B must not hold the runner's lock meanwhile)."""
+    fake = FakeCuda()
+    backend = fake.backend()
+    dims = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=4)}
+    transform = gs.Transform(lambda x: fake.op(torch.tanh, x), dims, {"x": ("B", None)},
+                             outputs=("B", None))
+    r = gs.AdaptiveRunner(transform, {"x": torch.zeros(1, 8)}, pool=GraphResourcePool(backend))
+    r.capture([{"BATCHSIZE": 2}])
+    x, inside, go, done = torch.randn(2, 8), threading.Event(), threading.Event(), []
+    guard = device.GUARD
+
+    def user_a() -> None:
+        with device.outside_capture():
+            inside.set()
+            go.wait(10)
+            r.run({"x": x})
+        done.append("a")
+
+    def wait_for(condition: Callable[[], bool]) -> None:
+        for _ in range(10_000):
+            if condition():
+                return
+            threading.Event().wait(0.001)
+        raise AssertionError("timed out")
+
+    a = threading.Thread(target=user_a, daemon=True)
+    a.start()
+    assert inside.wait(10)
+    w = threading.Thread(target=lambda: done.append(r.capture([{"BATCHSIZE": 4}])), daemon=True)
+    w.start()
+    wait_for(lambda: guard._waiting == 1)  # the capture waits for A's window
+    b = threading.Thread(target=lambda: done.append(r.run({"x": x}) is not None), daemon=True)
+    b.start()
+    wait_for(lambda: guard.blocked == 1)  # B waits for the capture
+    go.set()
+    for t in (a, w, b):
+        t.join(10)
+    assert sorted(map(str, done)) == ["1", "True", "a"]

@@ -31,6 +31,11 @@ def blob(fake: FakeCuda, nbytes: int) -> torch.Tensor:
     return fake.op(lambda: torch.zeros(nbytes, dtype=torch.uint8))
 
 
+def free(fake: FakeCuda) -> int:
+    """The allocator's free bytes, exactly (the device's reading is in 2 MiB steps)."""
+    return fake.total - fake.reserved()
+
+
 def capture(fake: FakeCuda, graph: object, x: torch.Tensor, pool: object = None) -> torch.Tensor:
     with fake.stream(fake.Stream()):
         graph.capture_begin(pool=pool)
@@ -50,18 +55,18 @@ def test_segments_are_sized_as_the_allocator_sizes_them() -> None:
 def test_reset_frees_nothing_until_empty_cache_then_the_pool_id_is_gone() -> None:
     fake = FakeCuda()
     x, graph = torch.randn(4, 64), fake.CUDAGraph()
-    free0 = fake.mem_get_info()[0]
+    free0 = free(fake)
     out = capture(fake, graph, x)
     x.fill_(1.0)
     graph.replay()
     torch.testing.assert_close(out, torch.tanh(x @ W) * 2)
-    held = free0 - fake.mem_get_info()[0]
+    held = free0 - free(fake)
     assert held == 2 * MiB  # intermediate and output share one small segment of the pool
     del out
     graph.reset()
-    assert fake.mem_get_info()[0] == free0 - held  # freeable, not freed
+    assert free(fake) == free0 - held  # freeable, not freed
     fake.empty_cache()
-    assert fake.mem_get_info()[0] == free0 and fake.pools[0].keys() == {None}
+    assert free(fake) == free0 and fake.pools[0].keys() == {None}
 
 
 def test_a_shared_pool_whose_graphs_are_all_gone_cannot_be_captured_into() -> None:
@@ -90,7 +95,7 @@ def test_empty_cache_during_a_capture_asserts_and_one_capture_per_process() -> N
 
 def test_the_torch_context_manager_empties_the_cache_beside_another_capture() -> None:
     fake = FakeCuda()
-    began, done = threading.Event(), threading.Event()
+    began, done, ended = threading.Event(), threading.Event(), []
 
     def background() -> None:
         graph = fake.CUDAGraph()
@@ -98,20 +103,24 @@ def test_the_torch_context_manager_empties_the_cache_beside_another_capture() ->
             graph.capture_begin(capture_error_mode="thread_local")
             began.set()
             done.wait(10)
-            graph.capture_end()
+            try:
+                graph.capture_end()
+            except RuntimeError as e:
+                ended.append(e)
 
     thread = threading.Thread(target=background)
     thread.start()
     assert began.wait(10)
     try:
-        with pytest.raises(RuntimeError, match=r"captures_underway\.empty"), fake.graph(
-            fake.CUDAGraph()
-        ):
-            pass
+        with pytest.raises(RuntimeError, match="not permitted"), fake.graph(fake.CUDAGraph()):
+            pass  # its synchronize() voids the other capture; empty_cache() would assert
+        with pytest.raises(RuntimeError, match=r"captures_underway\.empty"):
+            fake.empty_cache()
     finally:
         done.set()
         thread.join(10)
     assert fake.calls["graph_context"] == 1 and fake.calls["empty_cache"] == 1
+    assert "Invalidated" in str(ended[0])  # the other capture, voided
 
 
 def test_a_voided_capture_leaves_its_pool_recording_until_the_allocator_hooks_end_it() -> None:
@@ -206,17 +215,17 @@ def test_releasing_a_graph_returns_its_memory_through_collect() -> None:
     backend, x = fake.backend(), torch.randn(2, 64)
     keep, drop = (backend.graph(lambda: body(fake, x)) for _ in range(2))
     backend.collect()
-    free0 = fake.mem_get_info()[0]
+    free0 = free(fake)
     keep.capture()
     backend.collect()  # the warm-ups' cache back: what is left is the graph's pool
-    free1 = fake.mem_get_info()[0]
+    free1 = free(fake)
     drop.capture()
     backend.collect()
-    held = free1 - fake.mem_get_info()[0]
+    held = free1 - free(fake)
     assert held == fake.pool_bytes(drop.graph.pool()) > 0
     drop.reset()
     assert backend.collect()
-    assert fake.mem_get_info()[0] == free1 and free0 - free1 == fake.pool_bytes(keep.graph.pool())
+    assert free(fake) == free1 and free0 - free1 == fake.pool_bytes(keep.graph.pool())
     assert backend.stats["collects"] == 4
 
 

@@ -79,7 +79,8 @@ def test_a_device_graph_counts_its_warm_up_and_its_pool() -> None:
     assert cost.capture_seconds == pytest.approx(0.03)
     assert cost.replay_seconds == 0.0  # a replay runs the recorded kernels, not fn's Python
     graph = r._variants[(4, 16)].graph
-    assert cost.graph_bytes == fake.pool_bytes(graph.graph.pool()) == 2 * MiB
+    static = 4 * 16 * H * 4  # its input view of the static buffer, float32
+    assert cost.graph_bytes == fake.pool_bytes(graph.graph.pool()) + static == 2 * MiB + static
     assert fake.calls["synchronize"] >= 2 * 4  # each timed replay between two synchronizes
     device_module._STUCK.clear()
 
@@ -131,9 +132,10 @@ def test_a_cuda_graph_is_measured_on_the_device() -> None:
     r = gs.AdaptiveRunner(transform, {"x": torch.zeros(1, 1, H, device="cuda")},
                           pool=GraphResourcePool(cuda_backend(0)))
     assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16}]) == 2
-    costs = [c for _, c in r.take_measurements()]
-    assert len(costs) == 2 and r.meter.failures == 0
-    for c in costs:
+    measured = r.take_measurements()
+    assert len(measured) == 2 and r.meter.failures == 0
+    for v, c in measured:
         assert 0 < c.replay_seconds < c.capture_seconds < 60
-        assert c.graph_bytes > 0 and c.graph_bytes % (2 << 20) == 0  # the pool's segments
+        static = v["BATCHSIZE"] * 16 * H * 4  # its input view, float32
+        assert c.graph_bytes > static and (c.graph_bytes - static) % (2 << 20) == 0  # segments
     r.release("SEQLEN", 16)

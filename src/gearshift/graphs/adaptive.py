@@ -4,8 +4,12 @@ A variant is one gear per dim (in the transform's dim order), captured as one
 graph whose inputs are views of the leading rows of static buffers shared by
 all variants. The buffers are sized by the largest gears; a capture beyond them
 allocates larger ones for the variants captured from then on (older variants
-keep theirs until released). Every graph is registered in the device's
-GraphResourcePool, and its keys are attached to every gear of its variant.
+keep theirs until released). A release after which the variants left and the
+current gears need smaller buffers marks them for re-staging: the next `capture`
+call (the warm-up thread) allocates the smaller buffers and recaptures the
+survivors on them one at a time, each swapped in and its old graph released at
+once, so the old buffers go with the last of them. Every graph is registered in
+the device's GraphResourcePool, and its keys are attached to every gear of its variant.
 
 The request path never captures: a chunk whose variant is not ready runs on the
 smallest ready variant that covers it, else eagerly, and its variant is remembered as wanted
@@ -38,6 +42,7 @@ from gearshift.clock import Clock
 from gearshift.core.dims import Gears, gear_for
 from gearshift.errors import ShapeError
 from gearshift.graphs.backends import Graph, backend_for
+from gearshift.graphs.device import outside_capture
 from gearshift.graphs.measure import GraphCost, Meter, replays_for
 from gearshift.graphs.pool import GraphResourcePool, KeyGearIndex
 from gearshift.graphs.transform import Chunk, Span, Transform
@@ -108,6 +113,8 @@ class AdaptiveRunner:
         self._lock = threading.Lock()  # replays: the buffers, the graphs' outputs
         self._count_lock = threading.Lock()  # eager counts, outside `_lock`
         self._capture_lock = threading.Lock()
+        self._keys: dict[Variant, list[int]] = {}  # each variant's graph keys
+        self._restage = False  # the survivors of a release need smaller buffers
 
     def ready(self) -> list[Variant]:
         return sorted(self._variants)
@@ -123,6 +130,9 @@ class AdaptiveRunner:
         how many were captured. For the warm-up thread, never the request path. GraphLimit
         when the pool is full; a failed capture is counted and raised (nothing is kept)."""
         todo = {self._variant(v) for v in variants} - self._variants.keys()
+        if self._restage:
+            with self._capture_lock:
+                self._restage_now()
         done = 0
         for gears in sorted(todo, key=lambda g: (math.prod(g), g), reverse=True):
             with self._capture_lock:
@@ -164,7 +174,8 @@ class AdaptiveRunner:
             raise
         ended = self.meter.now()
         self.pool.register(graph)
-        self.index.attach(self.pool.consume_recent_keys(), zip(self.names, gears, strict=True))
+        self._keys[gears] = self.pool.consume_recent_keys()
+        self.index.attach(self._keys[gears], zip(self.names, gears, strict=True))
         self._measure(gears, graph, began, ended, [*inputs.values(), *leaves])
         return _Captured(inputs, graph, leaves, spec)
 
@@ -196,8 +207,8 @@ class AdaptiveRunner:
             chunks = [(spans, tuple(gears))]
         parts: list[Any] = [None] * len(chunks)
         ready = [self._ready(variant, want=True) is not None for _, variant in chunks]
-        if any(ready):
-            with self._lock:
+        if any(ready):  # the capture window before the lock: a thread in the window may run
+            with outside_capture(), self._lock:  # this, and replays take the window
                 for name, buffer in self._unbound.items():
                     buffer.copy_(tensors[name])
                 for i, (chunk, variant) in enumerate(chunks):
@@ -237,7 +248,35 @@ class AdaptiveRunner:
         i = self.names.index(dim)
         with self._lock:
             self._variants = {g: c for g, c in self._variants.items() if g[i] != gear}
-        return self.pool.remove_by_keys(self.index.detach((dim, gear)))
+        for g in [g for g in list(self._keys) if g[i] == gear]:
+            self._keys.pop(g, None)
+        released = self.pool.remove_by_keys(self.index.detach((dim, gear)))
+        if any(map(operator.lt, self._needed(), self._caps)):
+            self._restage = True
+        return released
+
+    def _needed(self) -> Variant:
+        """The buffer sizes the ready variants and the current gears need."""
+        sizes = [*self._variants, tuple(self.gears[d][-1] for d in self.names)]
+        return tuple(max(g[i] for g in sizes) for i in range(len(self.names)))
+
+    def _restage_now(self) -> None:
+        """Smaller buffers, and every ready variant recaptured on them in turn (under
+        `_capture_lock`): each is swapped in, then its old graph released; a failure leaves
+        the rest on the old buffers (consistent; they go when those variants do)."""
+        self._restage = False
+        needed = self._needed()
+        if not any(map(operator.lt, needed, self._caps)):
+            return
+        self._caps = tuple(map(min, needed, self._caps))
+        self._buffers = self._allocate(self._caps)
+        for gears in sorted(self._variants, key=lambda g: (math.prod(g), g), reverse=True):
+            old = self._keys.get(gears, [])
+            captured = self._capture(gears)
+            with self._lock:
+                self._variants = {**self._variants, gears: captured}
+                self.stats["captures"] += 1
+            self.pool.remove_by_keys(old)
 
     def _ready(self, gears: Variant, want: bool = False) -> _Captured | None:
         """The graph of `gears`, else of the smallest ready variant covering it, else None;

@@ -22,12 +22,26 @@ from torch.utils._pytree import tree_leaves
 from gearshift.errors import BackendUnavailable, ConfigError
 from gearshift.graphs.device import DeviceApi, DeviceBackend, MemoryReading
 
-NPU_MAX_GRAPHS = 1800
+NPU_STREAMS = 2048  # per device, shared by every process on it
+NPU_SPARE_STREAMS = 128  # kept for the runtime and communication (as vllm-ascend keeps)
 NPU_LIMIT = (
-    "an NPU captures at most ~1,900 graphs (2,048 streams, of which vllm-ascend keeps 128 spare;"
-    " past it capture fails with 207008 'Stream resources are insufficient'), and a profile"
-    " needs one graph per combination of gears: the product of its gear counts over its dims"
+    "an NPU has 2,048 streams per device, shared by its processes (128 kept spare), and each"
+    " graph holds `streams_per_graph` of them (past them capture fails with 207008 'Stream"
+    " resources are insufficient'); a profile needs one graph per combination of gears: the"
+    " product of its gear counts over its dims"
 )
+
+
+def npu_graph_cap(streams_per_graph: int = 1, processes: int = 1) -> int:
+    """Graphs one process may hold on an NPU: its share of the device's streams (`processes`
+    capturing processes on the device), `streams_per_graph` a graph (piecewise graphs: layers
+    + 1; communication groups more)."""
+    if streams_per_graph < 1 or processes < 1:
+        raise ConfigError("npu", "streams_per_graph and processes must be at least 1")
+    return (NPU_STREAMS - NPU_SPARE_STREAMS) // streams_per_graph // processes
+
+
+NPU_MAX_GRAPHS = npu_graph_cap()
 NPU_GRAPHS_SINCE = "2.7.1"  # the torch_npu release whose NPUGraph has every API used here
 
 
@@ -142,13 +156,15 @@ def cuda_backend(index: int) -> DeviceBackend:
     if not torch.cuda.is_available():
         raise BackendUnavailable("cuda: torch.cuda is not available (no GPU or a CPU-only torch)")
     _check_index("cuda", index, torch.cuda.device_count())
-    hooks = (getattr(torch._C, n, None) for n in ("_cuda_endAllocateToPool", "_cuda_releasePool"))
+    names = ("_cuda_endAllocateToPool", "_cuda_releasePool", "_cuda_clearCublasWorkspaces")
+    hooks = (getattr(torch._C, n, None) for n in names)
     return DeviceBackend(DeviceApi("cuda", torch.cuda, torch.cuda.CUDAGraph, *hooks), index)
 
 
-def npu_backend(index: int) -> DeviceBackend:
-    """A new backend of NPU `index`: BackendUnavailable without torch_npu and a device, with a
-    torch_npu older than NPU graphs, or with `TASK_QUEUE_ENABLE=2` (NPU capture refuses it)."""
+def npu_backend(index: int, streams_per_graph: int = 1, processes: int = 1) -> DeviceBackend:
+    """A new backend of NPU `index`, its graphs capped by `npu_graph_cap`: BackendUnavailable
+    without torch_npu and a device, with a torch_npu older than NPU graphs, or with
+    `TASK_QUEUE_ENABLE=2` (NPU capture refuses it)."""
     try:
         import torch_npu  # registers torch.npu
     except (ImportError, OSError, RuntimeError) as e:
@@ -174,7 +190,8 @@ def npu_backend(index: int) -> DeviceBackend:
     names = ("_npu_endAllocateCurrentStreamToPool", "_npu_releasePool")
     hooks = (getattr(torch_npu._C, n, None) for n in names)
     api = DeviceApi("npu", npu, npu.NPUGraph, *hooks)
-    return DeviceBackend(api, index, max_graphs=NPU_MAX_GRAPHS, limit_reason=NPU_LIMIT)
+    cap = npu_graph_cap(streams_per_graph, processes)
+    return DeviceBackend(api, index, max_graphs=cap, limit_reason=NPU_LIMIT)
 
 
 def backend_for(device: str | torch.device) -> Backend:

@@ -3,21 +3,30 @@
 The rules follow the allocators' and graphs' sources (torch `c10/cuda/CUDACachingAllocator.cpp`,
 `aten/src/ATen/cuda/CUDAGraph.cpp`, `torch/cuda/graphs.py`; torch_npu `NPUCachingAllocator.cpp`,
 `NPUGraph.cpp`, `torch_npu/npu/graphs.py`, which mirror them); docs/architecture.md, "Graphs on
-devices", says why each holds.
+devices" and "Hazards on the device", says why each holds.
 
 - **A pool per graph.** Every capture gets a fresh `graph_pool_handle()`; the graph's `reset()`
   drops that pool's use count to 0, which makes it freeable, and `collect()` (`empty_cache()`)
   returns its segments to the device. A pool id is never captured into twice, so the allocator's
   `use_count > 0` assertion (a capture into a pool whose graphs are all gone) cannot fire.
-- **Captures**: one at a time per process (`CAPTURE_LOCK`, held from `capture_begin` to
-  `capture_end` and by `collect`, since `empty_cache()` asserts that no capture is underway), on
-  the backend's own stream of its device, through `capture_begin(pool=, capture_error_mode=
-  "thread_local")`: no device synchronize and no `empty_cache()`, which `torch.cuda.graph` /
-  `torch.npu.graph` do on entry. The warm-up runs come first, on the same stream, outside the lock.
+- **A workspace per graph.** The cuBLAS workspaces are cleared (`clear_workspaces`) before the
+  warm-ups, before the recording and after it: a graph records with a workspace made in its own
+  pool, which lives and dies with it; warm-ups never run through a graph's workspace, and no
+  graph's reset frees what another recorded with.
+- **The capture window** (`GUARD`, one per process): a recording (`capture_begin` to
+  `capture_end`) is exclusive; what a capture forbids beside it takes the guard shared and waits
+  for it: device synchronizes, `empty_cache()`, resets, replays (their generator prologue),
+  and the user's own device-wide syncs and default-generator sampling (`outside_capture()`).
+  Captures run one at a time, on the backend's own stream, through `capture_begin(pool=,
+  capture_error_mode="thread_local")`: no device synchronize and no `empty_cache()`, which
+  `torch.cuda.graph` / `torch.npu.graph` do on entry. The warm-ups run first, outside the window.
 - **A failed capture** resets its graph and gives its pool back (ending the allocator's
-  recording into it with its own hooks when `capture_end` could not), and raises; the pool is
-  never used again. A pool that could not be ended (no hook) stays recording in the allocator:
-  `collect()` then never calls `empty_cache()` again in this process (it would assert).
+  recording into it with its own hooks when `capture_end` could not) and, if it had begun, makes
+  one good empty capture so that the default generator leaves capture mode; then it raises, and
+  the pool is never used again. A pool that could not be ended (no hook) stays recording in the
+  allocator: `collect()` then never calls `empty_cache()` again in this process (it would
+  assert). A capture refused for want of device streams (npu 207008) raises GraphLimit and the
+  backend refuses captures (`full`) until a graph is released.
 """
 
 from __future__ import annotations
@@ -25,17 +34,106 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from gearshift.errors import GearshiftError
+
 log = logging.getLogger(__name__)
-CAPTURE_LOCK = threading.Lock()  # one capture underway per process, and none during collect()
-CAPTURE_MODE = "thread_local"  # other threads' allocations and syncs do not void the capture
+CAPTURE_MODE = "thread_local"  # other threads' allocations do not void the capture
+OUT_OF_STREAMS = ("207008", "Stream resources are insufficient")  # npu: no stream left
 _STUCK: set[tuple[str, int, Any]] = set()  # pools the allocator may still record into
 MemoryReading = tuple[int, int]
+
+
+class GraphLimit(GearshiftError):
+    """A device holds as many graphs as it may: no capture beyond; the message says why."""
+
+
+class CaptureGuard:
+    """The capture window of a process: `exclusive()` for a recording, `shared()` for what must
+    not overlap one. Shared sections run together and nest on a thread; a recording waits for
+    them to end, and new ones wait while a recording is underway or waiting (so neither side
+    starves: a shared section waits for one recording at most)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._shared = self._waiting = 0
+        self._capturing = False
+        self._local = threading.local()
+        self.blocked = 0  # shared sections waiting now (for tests and stats)
+        self._section = _Shared(self)
+
+    def shared(self) -> contextlib.AbstractContextManager[None]:
+        return self._section
+
+    def _enter(self) -> None:
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        if depth:
+            return
+        with self._cond:
+            if self._capturing or self._waiting:
+                self.blocked += 1
+                self._cond.wait_for(lambda: not (self._capturing or self._waiting))
+                self.blocked -= 1
+            self._shared += 1
+
+    def _exit(self) -> None:
+        local = self._local
+        local.depth -= 1
+        if local.depth:
+            return
+        with self._cond:
+            self._shared -= 1
+            if not self._shared and self._waiting:
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        if getattr(self._local, "depth", 0):
+            raise RuntimeError("a capture inside outside_capture() would wait for itself")
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not (self._capturing or self._shared))
+            self._waiting -= 1
+            self._capturing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._capturing = False
+                self._cond.notify_all()
+
+
+class _Shared:
+    """`CaptureGuard.shared()`: a plain context manager (the request path takes it per run)."""
+
+    __slots__ = ("guard",)
+
+    def __init__(self, guard: CaptureGuard) -> None:
+        self.guard = guard
+
+    def __enter__(self) -> None:
+        self.guard._enter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.guard._exit()
+
+
+GUARD = CaptureGuard()
+
+
+def outside_capture() -> contextlib.AbstractContextManager[None]:
+    """Hold off gearshift's captures in this process while the block runs (waiting for one
+    underway to end): wrap in it any device-wide synchronize and any sampling on the default
+    cuda/npu generator that may run while gearshift captures (`gs.outside_capture()`)."""
+    return GUARD.shared()
 
 
 @dataclass(frozen=True)
@@ -47,20 +145,23 @@ class DeviceApi:
     `capture_begin(pool=, capture_error_mode=)`, `capture_end`, `replay`, `reset`, `pool`.
     `end_allocate` and `release_pool(index, pool)` are the allocator's own `endAllocateToPool` /
     `releasePool` (what `torch.cuda.use_mem_pool` calls on exit), used only to give back the
-    pool of a capture whose end failed."""
+    pool of a capture whose end failed. `clear_workspaces`: frees the process's cuBLAS
+    workspaces (`torch._C._cuda_clearCublasWorkspaces`; None: the device keeps none)."""
 
     kind: str
     module: Any
     graph_cls: Any
     end_allocate: Callable[[int, Any], None] | None = None
     release_pool: Callable[[int, Any], None] | None = None
+    clear_workspaces: Callable[[], None] | None = None
 
 
 class DeviceBackend:
     """Graphs of one device: a pool per graph, captured on `stream` (made once, on the device).
 
     `max_graphs`: the most graphs the device may hold (None: no cap), with `limit_reason`
-    saying why. `stats`: captures, capture failures, collects, collects skipped."""
+    saying why; `full`: the device refused a capture for want of streams (until a release).
+    `stats`: captures, capture failures, collects, collects skipped, stream refusals."""
 
     def __init__(
         self,
@@ -72,20 +173,32 @@ class DeviceBackend:
     ) -> None:
         self.api, self.kind, self.index, self.warmup = api, api.kind, index, warmup
         self.max_graphs, self.limit_reason = max_graphs, limit_reason
+        self.full = False
         with api.module.device(index):
             self.stream = api.module.Stream()
-        self.stats = {"captures": 0, "capture_failures": 0, "collects": 0, "collects_skipped": 0}
+        self.stats = {"captures": 0, "capture_failures": 0, "collects": 0, "collects_skipped": 0,
+                      "stream_refusals": 0}
 
     def graph(self, fn: Callable[[], Any]) -> DeviceGraph:
         return DeviceGraph(self, fn)
 
     def synchronize(self) -> None:
-        self.api.module.synchronize(self.index)
+        """The whole device, once no capture is underway in this process (waits for it)."""
+        with GUARD.shared():
+            self.api.module.synchronize(self.index)
+
+    def stream_synchronize(self) -> None:
+        """The caller's current stream only: safe beside a capture."""
+        self.api.module.current_stream(self.index).synchronize()
+
+    def clear_workspaces(self) -> None:
+        if self.api.clear_workspaces is not None:
+            self.api.clear_workspaces()
 
     def collect(self) -> bool:
         """Return the memory of released graphs to the device (`empty_cache()`), unless a
         capture is underway (waits for it) or a failed one left a pool recording (skipped)."""
-        with CAPTURE_LOCK:
+        with GUARD.shared():
             if _STUCK:
                 self.stats["collects_skipped"] += 1
                 log.warning(
@@ -117,37 +230,80 @@ class DeviceBackend:
     def record(self, graph: Any, pool: Any, fn: Callable[[], Any]) -> tuple[Any, int | None]:
         """Capture `fn()` into `graph` and `pool` on the current stream; returns its outputs
         and the bytes the allocator reserved meanwhile (the pool's; None if it cannot tell).
-        On failure the graph and its pool are given back (`abandon`) and the error raised."""
-        with CAPTURE_LOCK:
+        On failure the graph and its pool are given back (`abandon`) and the error raised
+        (GraphLimit when the device has no stream left)."""
+        with GUARD.exclusive():
+            self.clear_workspaces()  # the warm-ups' go: this graph makes its own, in its pool
             before = self.reserved()
             try:
                 graph.capture_begin(pool=pool, capture_error_mode=CAPTURE_MODE)
-            except BaseException:
+            except BaseException as e:
                 self.abandon(graph, pool, began=False)
+                self._out_of_streams(e)
                 raise
             try:
                 outputs = fn()
-            except BaseException:
+            except BaseException as e:
                 self.abandon(graph, pool, began=True)
+                self._out_of_streams(e)
                 raise
             try:
                 graph.capture_end()
-            except BaseException:
-                self.abandon(graph, pool, began=False)
+            except BaseException as e:
+                self.abandon(graph, pool, began=True, ended=True)
+                self._out_of_streams(e)
                 raise
+            self.clear_workspaces()  # freed into its pool, which keeps them for its replays
             self.stats["captures"] += 1
             after = self.reserved()
             held = None if before is None or after is None else max(after - before, 0)
             return outputs, held
 
-    def abandon(self, graph: Any, pool: Any, began: bool) -> None:
-        """After a failed capture: end it (`began`: it is still recording), reset the graph
-        (which releases the pool if the capture ended) and, if it never ended, end the
-        allocator's recording into the pool and release it with the allocator's hooks."""
+    def _out_of_streams(self, error: BaseException) -> None:
+        """Raise GraphLimit (and be `full`) if the device refused the capture for want of
+        streams; else return (the caller raises `error`)."""
+        if not any(m in str(error) for m in OUT_OF_STREAMS):
+            return
+        self.full = True
+        self.stats["stream_refusals"] += 1
+        raise GraphLimit(
+            f"{self.kind}:{self.index} has no stream left for another graph ({error}); no"
+            " capture is tried again until a graph is released. "
+            f"{self.limit_reason or 'Capture fewer graphs.'}"
+        ) from error
+
+    def abandon(self, graph: Any, pool: Any, began: bool, ended: bool = False) -> None:
+        """After a failed capture (in the window): end it (`began` and not `ended`: it is still
+        recording), reset the graph (which releases the pool if the capture ended) and, if it
+        never ended, end the allocator's recording into the pool and release it with the
+        allocator's hooks; if it had begun, `restore` the generator."""
         self.stats["capture_failures"] += 1
-        if began:
+        if began and not ended:
             with contextlib.suppress(Exception):
                 graph.capture_end()
+        try:
+            self._give_back(graph, pool)
+        finally:
+            self.clear_workspaces()
+            if began:
+                self.restore()
+
+    def restore(self) -> None:
+        """One good empty capture: a voided one can leave the default generator in capture
+        mode (its `capture_epilogue` never ran), refusing every increment outside a capture."""
+        graph = self.api.graph_cls()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "The CUDA Graph is empty"
+                graph.capture_begin(pool=self.new_pool(), capture_error_mode=CAPTURE_MODE)
+                graph.capture_end()
+        except Exception as e:  # logged: the next good capture restores it anyway
+            log.warning("%s:%d: could not restore the generator after a failed capture: %r",
+                        self.kind, self.index, e)
+        with contextlib.suppress(Exception):
+            graph.reset()
+
+    def _give_back(self, graph: Any, pool: Any) -> None:
         try:
             graph.pool()  # raises unless a capture ended: then reset() releases the pool
             ended = True
@@ -178,26 +334,38 @@ class DeviceGraph:
         self.graph = backend.api.graph_cls()
         self.outputs: Any = None
         self.pool_bytes: int | None = None
+        self.held = False  # a capture succeeded: its reset gives the device room back
 
     @torch.no_grad()
     def capture(self) -> Any:
         assert self.fn is not None, "capture after reset"
         backend, mod = self.backend, self.backend.api.module
+        if backend.full:
+            raise GraphLimit(f"{backend.kind}:{backend.index} refused a capture for want of"
+                             " streams: none is tried until a graph is released")
         with mod.device(backend.index):
             caller = mod.current_stream()
             backend.stream.wait_stream(caller)  # the caller's writes (buffers) come first
             with mod.stream(backend.stream):
+                with GUARD.shared():  # none records with what the warm-ups use
+                    backend.clear_workspaces()
                 for _ in range(backend.warmup):
                     self.fn()
                 self.outputs, self.pool_bytes = backend.record(self.graph, backend.new_pool(),
                                                                self.fn)
+                self.held = True
             caller.wait_stream(backend.stream)
         return self.outputs
 
     def replay(self) -> None:
-        self.graph.replay()
+        """On the caller's stream, outside a capture (its generator prologue would fail)."""
+        with GUARD.shared():
+            self.graph.replay()
 
     def reset(self) -> None:
         """Drop the graph and its outputs: its pool becomes freeable (`collect()` frees it)."""
-        self.graph.reset()
+        with GUARD.shared():
+            self.graph.reset()
         self.fn = self.outputs = None
+        if self.held:
+            self.held = self.backend.full = False

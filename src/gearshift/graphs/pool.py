@@ -6,8 +6,9 @@ back with `consume_recent_keys` on the same thread once the function returned,
 so keys never mix between threads. `remove_by_keys` is idempotent: a key
 shared by several removed gears is released once; it resets the graphs after
 a device synchronize, then gives their memory back to the device once
-(`Backend.collect`). A device may cap its graphs (`max_graphs`, npu): `admit`
-raises GraphLimit, with the backend's reason, once the pool holds that many.
+(`Backend.collect`), all outside any capture (`device.GUARD`). A device may cap its
+graphs (`max_graphs`, npu): `admit` raises GraphLimit, with the backend's reason, once
+the pool holds that many or the device refused a capture for want of streams (`full`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,10 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar
 
-from gearshift.errors import GearshiftError
 from gearshift.graphs.backends import Backend, get_backend
+from gearshift.graphs.device import GUARD, GraphLimit
 
-
-class GraphLimit(GearshiftError):
-    """A device holds as many graphs as it may (`GraphResourcePool.max_graphs`): no capture
-    beyond; the message says why the cap exists."""
+__all__ = ["GraphLimit", "GraphResourcePool", "KeyGearIndex"]
 
 
 class GraphResourcePool:
@@ -52,9 +50,11 @@ class GraphResourcePool:
 
     def admit(self, more: int = 1) -> None:
         """Raise GraphLimit unless `more` resources fit under `max_graphs`."""
-        cap = self.max_graphs
+        cap, b = self.max_graphs, self.backend
+        if getattr(b, "full", False):
+            raise GraphLimit(f"{b.kind}:{b.index} refused a capture for want of streams, with"
+                             f" {len(self._entries)} graphs here: none is tried until a release")
         if cap is not None and len(self._entries) + more > cap:
-            b = self.backend
             reason = getattr(b, "limit_reason", "") or "the pool's max_graphs"
             raise GraphLimit(
                 f"{b.kind}:{b.index} holds {len(self._entries)} graphs, its cap being {cap}:"
@@ -83,13 +83,14 @@ class GraphResourcePool:
             found = [r for r in (self._entries.pop(k, None) for k in keys) if r is not None]
         if not found:
             return 0
-        self.backend.synchronize()
         released = len(found)
-        for i in range(released):  # no reference is left here to a graph at the collect
-            resource, found[i] = found[i], None
-            (getattr(resource, "release", None) or resource.reset)()
-        del resource
-        self.backend.collect()
+        with GUARD.shared():  # no capture underway meanwhile: the sync would void it
+            self.backend.synchronize()
+            for i in range(released):  # no reference is left here to a graph at the collect
+                resource, found[i] = found[i], None
+                (getattr(resource, "release", None) or resource.reset)()
+            del resource
+            self.backend.collect()
         return released
 
     def __len__(self) -> int:

@@ -11,14 +11,18 @@ The model (`graphs_model`): pre-norm transformer blocks, width 1024 x 4 layers o
 - Speed: `AdaptiveRunner.run` (pad, replay, cut) against the eager model per call, at decode
   sizes (SEQLEN 1, B in DECODE); the device synchronised at the end of each timed loop.
 - Capture: seconds per graph (warm-up runs included) and bytes per graph (the drop of
-  `mem_get_info` over its capture, the allocator's cache emptied before and after). Baseline:
-  the same graphs captured into one shared pool (the engines' design), its total.
+  `mem_get_info` over its capture, the allocator's cache emptied before and after; and what
+  the runner measured, `graph_bytes_measured`: its pool and its share of the static
+  buffers). Baseline: the same graphs captured into one shared pool (the engines' design), its
+  total.
 - Memory returned: `mem_get_info` after releasing half the BATCHSIZE gears, against the bytes
   those graphs held; the baseline's shared pool returns what it returns (nothing, while one of
   its graphs lives).
-- Latency: requests (each synchronised) for half of `--seconds` idle, then half while another
-  thread captures and releases other gears' graphs in a loop (`EXTRA`): p50, p99, errors
-  (an exception, or an output unlike eager's, checked every CHECK_EVERY requests).
+- Latency: requests (each waits for its own stream, never the device, and samples on the
+  default generator inside `outside_capture()`, as a serving worker must) for half of
+  `--seconds` idle, then half while another thread captures and releases other gears' graphs
+  in a loop (`EXTRA`): p50, p99, errors (an exception, or an output unlike eager's, checked
+  every CHECK_EVERY requests).
 - Adoption (`graphs_adoption`): two worker processes on the device under a controller.
 
 On the cpu backend memory figures are None (no device memory: graphs re-run on tensors).
@@ -40,7 +44,7 @@ import torch
 from gearshift.clikit import json_option
 from gearshift.graphs.adaptive import AdaptiveRunner
 from gearshift.graphs.backends import Backend, backend_for
-from gearshift.graphs.device import DeviceBackend
+from gearshift.graphs.device import DeviceBackend, outside_capture
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.graphs.transform import Transform
 from gearshift.tools.bench.graphs_adoption import adoption as two_workers
@@ -59,7 +63,7 @@ class SharedPool(DeviceBackend):
 
     def __init__(self, base: DeviceBackend) -> None:
         super().__init__(base.api, base.index, base.warmup)
-        self.stream = base.stream  # whose lasting workspaces exist already
+        self.stream = base.stream
         self._pool: Any = None
 
     def new_pool(self) -> Any:
@@ -93,6 +97,11 @@ class Probe:
         self.backend.collect()
         return self.backend.mem_get_info()[0]
 
+    def wait(self) -> None:
+        """The caller's stream done (a device synchronize would void a capture beside it)."""
+        if self.memory:
+            self.backend.stream_synchronize()
+
     def timed(self, call: Callable[[], object], n: int) -> float:
         """Seconds per call of `n` calls, the device synchronised before and after."""
         self.backend.synchronize()
@@ -105,7 +114,8 @@ class Probe:
 
 def capture_all(runner: AdaptiveRunner, probe: Probe) -> dict[tuple[int, int], tuple[float, Any]]:
     """Per variant: (capture seconds, bytes held or None). A first capture, released, makes the
-    capture stream's lasting workspaces (cuBLAS), which are no graph's memory."""
+    process's lasting state (cuBLAS handles, kernels loaded), which is no graph's memory; each
+    graph's cuBLAS workspace is in its own pool, so in its bytes."""
     runner.capture([{"BATCHSIZE": BATCH[0], "SEQLEN": SEQ[0]}])
     runner.release("BATCHSIZE", BATCH[0])
     out = {}
@@ -158,9 +168,8 @@ def speed(runner: AdaptiveRunner, model: Model, probe: Probe, device: str,
     return out
 
 
-def requests(runner: AdaptiveRunner, model: Model, probe: Probe, device: str,
-             seconds: float) -> dict[str, Any]:
-    inputs = {b: torch.randn(b, 1, model.width, device=device) for b in REQUESTS}
+def requests(runner: AdaptiveRunner, model: Model, probe: Probe,
+             inputs: Mapping[int, torch.Tensor], seconds: float) -> dict[str, Any]:
     latencies, errors, wrong, n = [], 0, 0, 0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
@@ -169,7 +178,9 @@ def requests(runner: AdaptiveRunner, model: Model, probe: Probe, device: str,
         began = time.perf_counter()
         try:
             y = runner.run({"x": x})
-            probe.backend.synchronize()
+            with outside_capture():  # the sampling a serving worker does on this thread
+                torch.multinomial(torch.softmax(y[:, -1, :16].float(), -1), 1)
+            probe.wait()
         except Exception:
             errors += 1
             continue
@@ -185,7 +196,8 @@ def requests(runner: AdaptiveRunner, model: Model, probe: Probe, device: str,
 
 def latency(runner: AdaptiveRunner, model: Model, probe: Probe, device: str,
             seconds: float) -> dict[str, Any]:
-    idle = requests(runner, model, probe, device, seconds / 2)
+    inputs = {b: torch.randn(b, 1, model.width, device=device) for b in REQUESTS}  # no capture
+    idle = requests(runner, model, probe, inputs, seconds / 2)
     stop, churn = threading.Event(), {"captures": 0, "releases": 0, "errors": 0}
 
     def capture_and_release() -> None:
@@ -202,7 +214,7 @@ def latency(runner: AdaptiveRunner, model: Model, probe: Probe, device: str,
 
     thread = threading.Thread(target=capture_and_release, name="bench-capture", daemon=True)
     thread.start()
-    busy = requests(runner, model, probe, device, seconds / 2)
+    busy = requests(runner, model, probe, inputs, seconds / 2)
     stop.set()
     thread.join()
     for b in EXTRA:
@@ -262,6 +274,8 @@ def run(device: str, seconds: float, quick: bool, adoption: bool) -> dict[str, A
         "graph_bytes_mean": statistics.mean(graph_bytes) if graph_bytes else None,
         "graph_bytes_total": sum(graph_bytes) if graph_bytes else None,
         "graph_bytes": {f"{b}x{s}": n for (b, s), (_, n) in held.items()},
+        "graph_bytes_measured": {f"{v['BATCHSIZE']}x{v['SEQLEN']}": c.graph_bytes
+                                 for v, c in runner.take_measurements()},
         **correctness(runner, model, device),
         "speed": speed(runner, model, probe, device, 0.02 if quick else 0.3),
         "latency": latency(runner, model, probe, device, seconds),

@@ -119,9 +119,11 @@ def worker(namespace: str, device: str, sizes: tuple[int, int, int], phase: floa
             versions = {prof.version}
             while not conn.poll():
                 batches = PHASES[int((time.monotonic() - began) / phase) % len(PHASES)]
-                x = torch.randn(rng.choice(batches), rng.choice(SEQUENCES), width, device=device)
                 n += 1
                 try:
+                    with gs.outside_capture():  # the default generator, beside captures
+                        x = torch.randn(rng.choice(batches), rng.choice(SEQUENCES), width,
+                                        device=device)
                     y = prof.run(x=x)
                     if n % CHECK_EVERY == 0 and not torch.allclose(y, model(x), **TOLERANCE):
                         wrong += 1

@@ -1,0 +1,172 @@
+"""The fake device's parts (tests/graphs/fake_device.py says what they model): memory
+segments and pools, streams, cuBLAS-like workspaces, captures and the graph class."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from graphs.fake_device import FakeCuda
+
+MiB = 1 << 20
+DEFAULT = None  # the default pool's id
+STREAMS = 4  # per device, handed out round-robin (torch: 32 per priority)
+WORKSPACE = 4 * MiB  # a cuBLAS-like workspace (a 20 MiB segment)
+OVERHEAD = 300 * MiB  # the context's, outside the allocator
+EXEC_BYTES = 256 << 10  # device memory of one instantiated graph, outside the allocator
+RNG_ERROR = "Offset increment outside graph capture encountered unexpectedly."
+
+
+def segment_size(nbytes: int) -> int:
+    """The segment a block of `nbytes` needs when no cached one fits (`get_allocation_size`)."""
+    size = max(512, -(-nbytes // 512) * 512)
+    if size <= MiB:
+        return 2 * MiB
+    if size < 10 * MiB:
+        return 20 * MiB
+    return -(-size // (2 * MiB)) * 2 * MiB
+
+
+@dataclass(eq=False)
+class Segment:
+    size: int
+    small: bool
+    used: int = 0
+
+
+@dataclass(eq=False)
+class Pool:
+    use_count: int = 1
+    segments: list[Segment] = field(default_factory=list)
+
+
+class FakeStream:
+    def __init__(self, device: int, fake: FakeCuda | None = None) -> None:
+        self.device, self.fake = device, fake
+        self.waited: list[FakeStream] = []
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.waited.append(other)
+
+    def synchronize(self) -> None:
+        """`cudaStreamSynchronize`: voids a capture on this stream only."""
+        if self.fake is not None:
+            self.fake.calls["stream_synchronize"] += 1
+            self.fake._void([c for c in self.fake.captures if c.stream is self],
+                            "cudaStreamSynchronize")
+
+
+@dataclass(eq=False)
+class Workspace:
+    """A cuBLAS workspace: a block of `pool`; `graphs` recorded with it (live ones)."""
+
+    pool: Any
+    segment: Segment
+    size: int
+    freed: bool = False
+    graphs: set[Any] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class Capture:
+    """A stream capture underway."""
+
+    graph: FakeGraph
+    stream: FakeStream
+    thread: int
+    mode: str
+    voided: bool = False
+
+
+class FakeGraph:
+    """`CUDAGraph`: a tape of the ops recorded on its stream, in the pool it was given."""
+
+    fake: FakeCuda  # set on the class each FakeCuda makes
+
+    def __init__(self) -> None:
+        self.tape: list[tuple[Callable[..., Any], tuple[Any, ...], torch.Tensor]] = []
+        self.ended = False
+        self.pool_id: Any = None
+        self.device = 0
+        self.capture: Capture | None = None
+        self.stream: FakeStream | None = None
+        self.workspaces: set[Workspace] = set()
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        f = self.fake
+        with f.lock:
+            stream = f.current_stream()
+            if stream is f.default_streams[stream.device]:
+                raise RuntimeError("CUDA graphs must be captured on a non-default stream.")
+            if f.captures:
+                raise RuntimeError("a capture is underway: only one may be, in a process")
+            pid = pool if pool is not None else (next(f.ids), 0)
+            pools, device = f.pools[stream.device], stream.device
+            if pid in pools:
+                if pools[pid].use_count <= 0:
+                    raise RuntimeError("INTERNAL ASSERT FAILED: it->second->use_count > 0")
+                pools[pid].use_count += 1
+            else:
+                pools[pid] = Pool()
+            if pid in f.recording[device]:
+                raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
+            f.recording[device].append(pid)
+            self.capture = Capture(self, stream, threading.get_ident(), capture_error_mode)
+            f.captures.append(self.capture)
+            self.pool_id, self.device, self.stream = pid, device, stream
+            f.rng_capturing[device] = True  # the default generator, registered: capture_prologue
+
+    def capture_end(self) -> None:
+        f = self.fake
+        with f.lock:
+            capture = self.capture
+            if capture is None:
+                raise RuntimeError("capture_end() called before capture_begin().")
+            if f.current_stream() is not capture.stream:
+                raise RuntimeError("Capture must end on the same stream it began on.")
+            f.captures.remove(capture)  # the stream's capture ends, voided or not
+            self.capture = None
+            if capture.voided:
+                raise RuntimeError("cudaErrorStreamCaptureInvalidated: the capture was voided")
+            f.recording[self.device].remove(self.pool_id)
+            f.rng_capturing[self.device] = False  # capture_epilogue: only after a good end
+            self.ended = True
+            f.live_graphs += 1
+
+    def replay(self) -> None:
+        if not self.ended:
+            raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
+        f = self.fake
+        if f.rng_capturing[self.device] and not f.capturing_here():
+            raise RuntimeError(RNG_ERROR)  # replay_prologue: increase(wholegraph_increment)
+        for ws in self.workspaces:  # a freed one is safe only in a live graph's own pool
+            if ws.freed and (ws.pool is DEFAULT or ws.pool in f.freeable[self.device]
+                             or ws.pool not in f.pools[self.device]):
+                raise RuntimeError("an illegal memory access was encountered: a replay through"
+                                   " a freed cuBLAS workspace")
+        for fn, args, out in self.tape:
+            out.copy_(fn(*args))
+        self.fake.calls["replay"] += 1
+
+    def reset(self) -> None:
+        with self.fake.lock:
+            self.capture = None  # a stream still capturing goes on capturing (as in torch)
+            if self.stream is not None:  # PR #175276: its capture stream's workspaces go
+                self.fake.clear_workspaces(self.stream)
+            if self.ended:
+                self.fake.release_pool(self.device, self.pool_id)
+                self.fake.live_graphs -= 1
+                self.ended = False
+            for ws in self.workspaces:
+                ws.graphs.discard(self)
+            self.tape, self.workspaces = [], set()
+
+    def pool(self) -> Any:
+        if not self.ended:
+            raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
+        return self.pool_id
