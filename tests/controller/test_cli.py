@@ -27,6 +27,7 @@ from gearshift.controller.config import ControllerConfig, load_initial_gears
 from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
+from gearshift.errors import ControllerRunning
 from gearshift.shm import SnapshotRegion
 
 from .workers import WAIT, Worker
@@ -102,6 +103,37 @@ def test_serve_refuses_bad_configuration(
         *args,
     )
     assert result.exit_code == code and message in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, env, expected",
+    [
+        (["--set", "namespace=fromset"], {"GEARSHIFT_NAMESPACE": "fromenv"}, "fromset"),
+        (["-n", "fromflag"], {"GEARSHIFT_NAMESPACE": "fromenv"}, "fromflag"),
+        ([], {"GEARSHIFT_NAMESPACE": "fromenv"}, "fromenv"),
+        ([], {}, "fromfile"),
+        (["-n", "fromflag", "--set", "namespace=fromset"], {}, None),  # refused: they disagree
+    ],
+)
+def test_serve_takes_a_key_from_its_flag_then_set_then_the_variable_then_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str],
+    expected: str | None,
+) -> None:
+    opened = []
+
+    def open_(config: ControllerConfig, *_: object, **__: object) -> None:
+        opened.append(config.namespace)
+        raise ControllerRunning(config.namespace, 1)  # stops serve there
+
+    monkeypatch.setattr(Controller, "open", open_)
+    (tmp_path / "gs.toml").write_text("[controller]\nnamespace = 'fromfile'\n")
+    monkeypatch.delenv("GEARSHIFT_NAMESPACE", raising=False)
+    result = gs("serve", "--config", str(tmp_path / "gs.toml"), *args, env=env)
+    if expected is None:
+        assert result.exit_code == EXIT_USAGE and not opened
+        assert "--namespace fromflag and --set namespace=fromset disagree" in result.stderr
+    else:
+        assert result.exit_code == EXIT_CONFLICT and opened == [expected]
 
 
 def test_serve_refuses_a_corrupt_state_file(tmp_path: Path, namespace: str) -> None:

@@ -58,6 +58,61 @@ def test_policy_table_and_no_controller_table(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "text, overrides, message",
+    [
+        ("[controller]\nslotz = 3\n", [], "slotz: unknown key in [controller] of {path}; "
+         "did you mean slots?"),
+        ("window_secnds = 3\n", [], "window_secnds: unknown key at the top level of {path}; "
+         "did you mean window_seconds"),
+        ("[policy]\nwindow_secnds = 3\n", [], "window_secnds: unknown key in [policy] of "
+         "{path}; did you mean window_seconds"),
+        ("namespace = 'x'\n", [], "namespace: a controller key cannot go at the top level of "
+         "{path}: put it under [controller]"),
+        ("[controller]\nwindow_seconds = 3\n", [], "window_seconds: a policy key cannot go in "
+         "[controller] of {path}: put it under [policy]"),
+        ("", ["slot=3"], "slot: unknown key in --set; did you mean slots?"),
+    ],
+)
+def test_an_unknown_key_names_where_it_is_and_what_was_meant(
+    tmp_path: Path, text: str, overrides: list[str], message: str
+) -> None:
+    path = tmp_path / "gs.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_configs(path, overrides)
+    assert str(info.value).startswith(message.format(path=path))
+
+
+def test_a_key_comes_from_its_option_then_set_then_the_variable_then_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "gs.toml"
+    path.write_text("[controller]\nnamespace = 'file'\nmetrics_port = 1\n")
+    monkeypatch.delenv("GEARSHIFT_NAMESPACE", raising=False)
+    assert load_configs(path)[1].namespace == "file"
+    monkeypatch.setenv("GEARSHIFT_NAMESPACE", "env")
+    monkeypatch.setenv("GEARSHIFT_METRICS_PORT", "2")
+    assert load_configs(path)[1].namespace == "env"
+    _, config = load_configs(path, ["namespace=set", "metrics_port=3"])
+    assert (config.namespace, config.metrics_port) == ("set", 3)  # --set beats the variable
+    assert load_configs(path, namespace="flag")[1].namespace == "flag"  # the option beats all
+    assert load_configs(path, ["namespace=flag"], namespace="flag")[1].namespace == "flag"
+
+
+def test_an_option_and_a_set_that_disagree_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--namespace a and --set namespace=b disagree"):
+        load_configs(None, ["namespace=b"], namespace="a")
+    with pytest.raises(ConfigError, match="metrics_port: --metrics-port 1 and --set"):
+        load_configs(None, ["metrics_port=2"], metrics_port=1)
+
+
+def test_a_bad_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GEARSHIFT_METRICS_PORT", "many")
+    with pytest.raises(ConfigError, match="metrics_port: GEARSHIFT_METRICS_PORT: expected an"):
+        load_configs()
+
+
+@pytest.mark.parametrize(
     "text, overrides, key",
     [
         ("[controller]\nslotz = 3\n", [], "slotz"),

@@ -58,3 +58,17 @@ def test_dot_names_are_refused_they_would_name_a_parent_state_directory(namespac
     with pytest.raises(NamespaceError, match=r"other than '\.' and '\.\.'"):
         names.validate(namespace)
     assert names.validate("...") == "..."  # a name, not a path step
+
+
+def test_resolve_takes_the_argument_then_the_variable_then_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GEARSHIFT_NAMESPACE", raising=False)
+    assert names.resolve() == "default"
+    monkeypatch.setenv("GEARSHIFT_NAMESPACE", "llm")
+    assert names.resolve() == "llm" and names.resolve("mine") == "mine"
+    monkeypatch.setenv("GEARSHIFT_NAMESPACE", "a/b")
+    with pytest.raises(NamespaceError, match="GEARSHIFT_NAMESPACE: invalid namespace"):
+        names.resolve()
+    with pytest.raises(NamespaceError, match="invalid namespace ''"):
+        names.resolve("")  # given, even empty: never silently the default

@@ -13,7 +13,7 @@ from contextlib import contextmanager, suppress
 
 import click
 
-from gearshift import clikit, protocol
+from gearshift import clikit, environment, protocol
 from gearshift.clikit import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_USAGE
 from gearshift.clock import MonotonicClock
 from gearshift.controller import engines, footprint, view
@@ -29,10 +29,9 @@ from gearshift.errors import (
     NamespaceBusy,
     NamespaceError,
 )
-from gearshift.shm import Snapshot, SnapshotRegion, cleanup, liveness
+from gearshift.shm import Snapshot, SnapshotRegion, cleanup, liveness, names
 
 log = logging.getLogger(__name__)
-DEFAULT_NAMESPACE = "default"
 EXITS = (  # the first class an error is an instance of decides the exit status
     (ConfigError, EXIT_USAGE),
     (NamespaceError, EXIT_USAGE),
@@ -49,11 +48,16 @@ EPILOG = (
 )
 
 namespace_option = clikit.namespace_option(
-    "Namespace of the shared-memory objects: one controller and its workers "
-    f"[default: {DEFAULT_NAMESPACE!r}; for serve, [controller] namespace of --config first].",
-    envvar="GEARSHIFT_NAMESPACE",
-    show_envvar=True,
+    "Namespace of the shared-memory objects: one controller and its workers, which read the "
+    f"variable too [default: {environment.DEFAULT_NAMESPACE!r}; for serve, see its order of "
+    f"precedence]. [env var: {environment.VARIABLES['namespace']}]"
 )
+
+
+def _env(key: str) -> str:
+    """The help text's note of `key`'s variable (read by `load_configs`, not by click)."""
+    return f" [env var: {environment.VARIABLES[key]}]"
+
 json_option = clikit.json_option("Print JSON.")
 
 
@@ -76,27 +80,22 @@ def _exits() -> Iterator[None]:
 )
 @click.option(
     "--state-dir",
-    envvar="GEARSHIFT_STATE_DIR",
-    show_envvar=True,
     metavar="DIR",
     help="Directory of the state file [default: $XDG_STATE_HOME/gearshift/NS, "
-    "else ~/.local/state/gearshift/NS].",
+    "else ~/.local/state/gearshift/NS]." + _env("state_dir"),
 )
 @click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
-    envvar="GEARSHIFT_METRICS_PORT",
-    show_envvar=True,
     help="Serve Prometheus metrics on this port (needs the "
-    "metrics extra: pip install 'gearshift[metrics]'); checked before anything starts.",
+    "metrics extra: pip install 'gearshift[metrics]'); checked before anything starts."
+    + _env("metrics_port"),
 )
 @click.option(
     "--metrics-addr",
-    envvar="GEARSHIFT_METRICS_ADDR",
-    show_envvar=True,
     metavar="ADDR",
     help="Address of the metrics endpoint [default: 127.0.0.1, this host only; 0.0.0.0: "
-    "every interface, e.g. for a Prometheus scraping the pod].",
+    "every interface, e.g. for a Prometheus scraping the pod]." + _env("metrics_addr"),
 )
 @clikit.log_level_option("INFO", "INFO logs every decision with its reasons.")
 @click.option(
@@ -138,6 +137,9 @@ def serve(
     statistics, versions) is saved after every change and at exit, and restored at start: a
     restart resumes where it stopped. A dead controller's namespace is taken over; a live
     one's is refused. Workers may start before it (they serve on their initial gears).
+
+    A controller key comes from its option (-n, --state-dir, --metrics-*), else --set, else
+    its GEARSHIFT_* variable, else --config; an option and a --set that disagree are refused.
 
     On SIGTERM/SIGINT: final drain, state saved, exit 0. Live workers keep serving on their
     last snapshot and every shared-memory object stays for the next controller; with no
@@ -203,10 +205,10 @@ def status(namespace: str | None, as_json: bool, watch: bool, verbose: bool) -> 
     Exit status 3 when no live controller serves the namespace (what is known is shown; with
     --watch, when none did at the last refresh before Ctrl-C).
     """
-    namespace = namespace or DEFAULT_NAMESPACE
     clock = MonotonicClock()
     alive = False
     with _exits(), suppress(KeyboardInterrupt):
+        namespace = names.resolve(namespace)
         while True:
             try:
                 shown = view.gather(namespace, clock)
@@ -239,7 +241,7 @@ def snapshot(namespace: str | None, device: int | None, as_json: bool) -> None:
     Per device its version, the gears of every profile and dim, and the last round's changes
     with their reasons."""
     with _exits():
-        snapshots = _snapshots(namespace or DEFAULT_NAMESPACE, device)
+        snapshots = _snapshots(names.resolve(namespace), device)
     if as_json:
         click.echo(
             json.dumps(
@@ -310,7 +312,7 @@ def export(
     engine cannot express (other dims) is said on stderr, and gears beyond its limits are
     refused (exit status 2)."""
     with _exits():
-        snapshots = _snapshots(namespace or DEFAULT_NAMESPACE, None)
+        snapshots = _snapshots(names.resolve(namespace), None)
         published = {  # what reads as gears: a payload is not trusted
             d: {
                 name: gears
@@ -339,9 +341,9 @@ def stop(namespace: str | None, timeout: float) -> None:
     """Stop a namespace's controller and wait until it has exited.
 
     SIGTERM: final drain, state saved. An embedded controller is refused: stop its worker."""
-    namespace = namespace or DEFAULT_NAMESPACE
     clock = MonotonicClock()
     with _exits():
+        namespace = names.resolve(namespace)
         registry = view.attach(namespace)
         try:
             owner = registry.controller()
@@ -372,8 +374,8 @@ def cleanup_command(namespace: str | None) -> None:
 
     Every shared-memory object of a namespace whose controller and workers are all dead
     (refused, removing nothing, while any of them lives)."""
-    namespace = namespace or DEFAULT_NAMESPACE
     with _exits():
+        namespace = names.resolve(namespace)
         removed = cleanup(namespace)
     click.echo("\n".join(removed) if removed else f"namespace {namespace!r}: nothing to remove")
 

@@ -1,7 +1,9 @@
 """Controller configuration: how the daemon runs (the policy's keys are in PolicyConfig).
 
 One TOML file holds both: policy keys at top level or under `[policy]`, controller keys under
-`[controller]`. `--set KEY=VALUE` goes to whichever of the two dataclasses has KEY.
+`[controller]`. `--set KEY=VALUE` goes to whichever of the two dataclasses has KEY. A key's
+value comes from, first to last: its command-line option, `--set`, its `GEARSHIFT_*` variable,
+the file, the default; an option and a `--set` of one key that disagree are refused.
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from gearshift.configfile import from_mapping, parse_overrides, read_toml
+from gearshift.configfile import (
+    from_environment,
+    from_mapping,
+    parse_overrides,
+    read_toml,
+    unknown_key,
+)
 from gearshift.controller.engines import InitialGears, parse
 from gearshift.core.config import PolicyConfig, check_value
 from gearshift.errors import ConfigError, NamespaceError
@@ -68,22 +76,35 @@ class ControllerConfig:
 def load_configs(
     path: str | Path | None = None, overrides: Iterable[str] = (), **options: Any
 ) -> tuple[PolicyConfig, ControllerConfig]:
-    """Both configs from defaults, then the TOML file, then `KEY=VALUE` overrides (each to the
-    dataclass that has KEY), then `options` (controller keys given as command-line options;
-    None means not given)."""
-    policy = read_toml(path, "policy") if path else {}
-    controller = read_toml(path, "controller", top_level=False) if path else {}
+    """Both configs from defaults, then the TOML file, then the `GEARSHIFT_*` variables, then
+    `KEY=VALUE` overrides (each to the dataclass that has KEY), then `options` (controller keys
+    given as command-line options; None means not given), each over those before it. An option
+    and an override of the same key that disagree are refused (ConfigError naming the key)."""
     own = {f.name for f in fields(ControllerConfig)}
-    known = own | {f.name for f in fields(PolicyConfig)}
-    mine, theirs = [], []
+    theirs = {f.name for f in fields(PolicyConfig)}
+    if path:
+        policy = read_toml(path, "policy", cls=PolicyConfig,
+                           tables=dict.fromkeys(own, "controller"))
+        controller = read_toml(path, "controller", top_level=False, cls=ControllerConfig,
+                               tables=dict.fromkeys(theirs, "policy"))
+    else:
+        policy, controller = {}, {}
+    controller.update(from_environment(ControllerConfig))
+    mine, others = [], []
     for item in overrides:
         key = item.partition("=")[0].strip()
-        if key not in known:
-            raise ConfigError(key or item, f"unknown key (known: {', '.join(sorted(known))})")
-        (mine if key in own else theirs).append(item)
-    policy.update(parse_overrides(PolicyConfig, theirs))
-    controller.update(parse_overrides(ControllerConfig, mine))
-    controller.update({k: v for k, v in options.items() if v is not None})
+        if key not in own | theirs:
+            raise unknown_key(key or item, own | theirs, " in --set")
+        (mine if key in own else others).append(item)
+    policy.update(parse_overrides(PolicyConfig, others))
+    set_here = parse_overrides(ControllerConfig, mine)
+    controller.update(set_here)
+    given = {k: v for k, v in options.items() if v is not None}
+    for key, value in given.items():
+        if key in set_here and set_here[key] != value:
+            raise ConfigError(key, f"--{key.replace('_', '-')} {value} and --set {key}="
+                              f"{set_here[key]} disagree: give one of them")
+    controller.update(given)
     return from_mapping(PolicyConfig, policy), from_mapping(ControllerConfig, controller)
 
 

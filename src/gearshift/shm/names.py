@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+from gearshift import environment
 from gearshift.errors import NamespaceError
 
 MAX_NAMESPACE = 64
@@ -37,6 +38,20 @@ def validate(namespace: str) -> str:
             else f"invalid namespace: a string is needed, got {type(namespace).__name__}"
         )
     return namespace
+
+
+def resolve(namespace: str | None = None) -> str:
+    """The namespace to use, validated: `namespace` if given, else `GEARSHIFT_NAMESPACE` if set,
+    else "default". The worker library and the command line both resolve it here."""
+    if namespace is not None:
+        return validate(namespace)
+    value = environment.read("namespace")
+    if value is None:
+        return environment.DEFAULT_NAMESPACE
+    try:
+        return validate(value)
+    except NamespaceError as e:
+        raise NamespaceError(f"{environment.VARIABLES['namespace']}: {e}") from None
 
 
 def control(namespace: str) -> str:

@@ -5,7 +5,9 @@ By default the client needs no controller yet (see `Client`: it serves on its pr
 initial gears and attaches when one has created the namespace); `require_controller=True`
 raises ControllerNotFound, saying how to start one, when none is alive; `embedded=True` starts
 one in a daemon thread of this process when none is alive, with its state file in `state_dir`
-or, by default, in a temporary directory removed when it stops (nothing kept across runs).
+(else `GEARSHIFT_STATE_DIR`) or, by default, in a temporary directory removed when it stops
+(nothing kept across runs). The namespace is the argument, else `GEARSHIFT_NAMESPACE`, else
+"default" (`names.resolve`, as the command line resolves it).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import shutil
 import tempfile
 
+from gearshift import environment
 from gearshift.clock import Clock
 from gearshift.errors import ControllerNotFound, ControllerRunning
 from gearshift.shm import Registry, names
@@ -21,7 +24,7 @@ from gearshift.worker.session import NO_CONTROLLER, Client, MemoryReading, Stopp
 
 
 def connect(
-    namespace: str = "default",
+    namespace: str | None = None,
     device: int = 0,
     *,
     embedded: bool = False,
@@ -32,13 +35,15 @@ def connect(
     register_timeout: float = 2.0,
     background: bool = True,
 ) -> Client:
-    """A client of the controller serving `namespace`, for accelerator `device`; see Client.
+    """A client of the controller serving `namespace` (None: `GEARSHIFT_NAMESPACE`, else
+    "default"), for accelerator `device`; see Client.
 
     Without a live controller the client serves on its profiles' initial gears (or on the last
     snapshot a dead controller left) and attaches when one starts; `require_controller=True`
     raises ControllerNotFound instead; `embedded=True` starts one in this process, whose state
-    file is kept in `state_dir` (default: none, a temporary directory removed at close)."""
-    names.validate(namespace)
+    file is kept in `state_dir` (None: `GEARSHIFT_STATE_DIR`, else a temporary directory removed
+    at close)."""
+    namespace = names.resolve(namespace)
     controller = None
     registry: Registry | str = namespace
     if embedded or require_controller:
@@ -98,12 +103,13 @@ class _Embedded:
 
 def start_embedded(namespace: str, state_dir: str | None = None) -> Stoppable | None:
     """Start the controller of `namespace` (default config; its state file in `state_dir`, else
-    in a temporary directory removed when it stops) in a daemon thread of this process; None if
-    another live controller won the race to it."""
+    `GEARSHIFT_STATE_DIR`, else in a temporary directory removed when it stops) in a daemon
+    thread of this process; None if another live controller won the race to it."""
     from gearshift.controller.config import ControllerConfig
     from gearshift.controller.controller import Controller
 
     scratch = None
+    state_dir = state_dir or environment.read("state_dir")
     if state_dir is None:
         scratch = state_dir = tempfile.mkdtemp(prefix=f"gearshift-{namespace}-")
     try:
