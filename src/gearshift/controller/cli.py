@@ -16,7 +16,7 @@ import click
 from gearshift import clikit, environment, protocol
 from gearshift.clikit import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_USAGE
 from gearshift.clock import MonotonicClock
-from gearshift.controller import engines, footprint, view
+from gearshift.controller import engines, footprint, statefile, view
 from gearshift.controller import status as status_doc
 from gearshift.controller.config import load_configs, load_initial_gears
 from gearshift.controller.controller import Controller
@@ -171,7 +171,11 @@ def serve(
             controller = Controller.open(
                 config, policy, initial_gears=seed, fresh_on_corrupt_state=fresh_on_corrupt_state
             )
+            if seed is not None:
+                _log_seed(str(initial_gears), seed, controller)
         controller.run(stop)
+        log.info("controller pid %d stopped, state saved to %s", os.getpid(),
+                 config.state_path / statefile.STATE_FILE)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -378,6 +382,21 @@ def cleanup_command(namespace: str | None) -> None:
         namespace = names.resolve(namespace)
         removed = cleanup(namespace)
     click.echo("\n".join(removed) if removed else f"namespace {namespace!r}: nothing to remove")
+
+
+def _log_seed(path: str, seed: engines.InitialGears, controller: Controller) -> None:
+    """One line per profile of `--initial-gears`: its gears, and whether they seed it."""
+    if not any(seed.values()):
+        log.warning("initial gears from %s: the file holds no profile", path)
+    for device, profiles in sorted(seed.items()):
+        known = controller.devices.get(device)
+        for name, dims in profiles.items():
+            gears = "; ".join(f"{dim} {' '.join(map(str, g))}" for dim, g in dims.items())
+            use = ("not used: the state file has this profile's gears" if known is not None
+                   and name in known.profiles else "its gears until the first decision, "
+                   "once a worker registers it")
+            log.info("initial gears from %s: device %d profile %r: %s (%s)", path, device, name,
+                     gears, use)
 
 
 def _profile_names(payload: object) -> list[str]:

@@ -117,6 +117,8 @@ class Controller:
                    initial_gears or {}, embedded)
         try:
             self._state_lock = statefile.StateLock.acquire(config.state_path)
+            log.info("controller pid %d owns namespace %r (state file %s)", os.getpid(),
+                     config.namespace, config.state_path / statefile.STATE_FILE)
             self._restore(fresh_on_corrupt_state)
             if config.metrics_port is not None:
                 from gearshift.controller.metrics import serve_metrics
@@ -127,8 +129,6 @@ class Controller:
         except BaseException:
             self._release(quiet=True)  # the refusal is the one line the caller reports
             raise
-        log.info("controller pid %d owns namespace %r (state %s; %d devices restored)",
-                 os.getpid(), config.namespace, config.state_path, len(self.devices))
         return self
 
     @classmethod
@@ -336,8 +336,10 @@ def _remove_namespace(namespace: str, level: int = logging.INFO) -> None:
                 len(removed))
     except NotOwned as e:
         log.warning("%s", e)
-    except (ControllerRunning, NamespaceBusy) as e:
-        log.log(level, "namespace %r kept for its workers: %s", namespace, e)
+    except NamespaceBusy as e:  # a live worker (its message names the namespace)
+        log.log(level, "%s: the namespace stays for it; the last worker to leave removes it", e)
+    except ControllerRunning as e:
+        log.log(level, "%s: the namespace stays", e)
 
 
 def _count_round(rounds: dict[str, Any], recent: deque[float], seconds: float) -> None:

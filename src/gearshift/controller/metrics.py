@@ -8,11 +8,14 @@ The endpoint listens on `metrics_addr` (ControllerConfig's default: this host on
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from gearshift.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def check_endpoint(addr: str, port: int) -> None:
@@ -42,6 +45,8 @@ def serve_metrics(
         server, thread = client.start_http_server(port, addr=addr, registry=registry)
     except OSError as e:
         raise _unavailable(addr, port, e) from None
+    host = f"[{addr}]" if ":" in addr else addr
+    log.info("metrics served at http://%s:%d/metrics", host, server.server_address[1])
 
     def stop() -> None:
         server.shutdown()
