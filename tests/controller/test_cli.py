@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -155,8 +156,10 @@ def test_metrics_without_prometheus_client_is_a_clear_error(
 def test_an_absent_namespace_means_not_running(namespace: str, command: str) -> None:
     result = gs(command, "-n", namespace)
     assert result.exit_code == EXIT_NOT_RUNNING and namespace in result.stderr
-    if command in ("status", "stop"):
+    if command == "status":
         assert f"gearshift serve -n {namespace}" in result.stderr  # how to start one
+    if command == "stop":  # nothing to stop: no advice to start one
+        assert result.stderr == f"error: no controller is running on namespace {namespace!r}\n"
 
 
 def test_a_metrics_port_in_use_is_named_before_anything_is_created(
@@ -434,3 +437,41 @@ def _has_prometheus() -> bool:
     except ImportError:
         return False
     return True
+
+
+def test_stop_of_a_stopped_controllers_namespace_just_says_none_runs(
+    live: tuple[Controller, Worker],
+) -> None:
+    controller, worker = live
+    controller.close()  # the namespace stays for the worker
+    result = gs("stop", "-n", controller.config.namespace)
+    worker.close()
+    cleanup(controller.config.namespace)
+    assert result.exit_code == EXIT_NOT_RUNNING
+    assert result.stderr == (
+        f"error: no controller is running on namespace {controller.config.namespace!r}\n"
+    )
+
+
+def test_export_of_gears_a_stopped_controller_left_gives_their_age(
+    namespace: str, tmp_path: Path
+) -> None:
+    config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))
+    controller = Controller.open(config, PolicyConfig())  # the host's clock: ages are real
+    worker = Worker(namespace, 0, controller.clock)
+    try:
+        worker.register(0, "decode", serve=controller.step)
+        controller.step()
+        running = gs("export", "-n", namespace)
+        assert running.exit_code == EXIT_OK and "no controller" not in running.stderr
+        controller.close()  # the namespace and its snapshot stay for the worker
+        stale = gs("export", "-n", namespace)
+    finally:
+        controller.close()
+        worker.close()
+        cleanup(namespace)
+    assert stale.exit_code == EXIT_OK and stale.stdout == running.stdout
+    assert re.fullmatch(
+        f"note: no controller is running on namespace {namespace!r}: these are the gears it "
+        r"left \d+ s ago, and may be stale\n", stale.stderr
+    )

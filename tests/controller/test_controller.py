@@ -196,6 +196,7 @@ def test_dead_worker_is_drained_and_reclaimed(controller: Controller, clock: Fak
     clock.advance(controller.config.scan_interval_seconds)
     controller.step()
     assert controller.counts["reclaimed_workers"] == 1 and controller.counts["folded"] == 100
+    assert controller.counts["exited_workers"] == 0  # killed: it died, it did not exit
     assert slot not in controller.workers
     assert names.ring(controller.config.namespace, slot)[1:] not in _shm(
         controller.config.namespace
@@ -235,7 +236,8 @@ def test_a_corrupt_ring_fails_alone_and_is_discarded_with_its_worker(
     bad.close()
     clock.advance(controller.config.scan_interval_seconds)
     controller.step()
-    assert controller.counts["reclaimed_workers"] == 1
+    assert controller.counts["exited_workers"] == 1  # it released its slot: no dead worker
+    assert controller.counts["reclaimed_workers"] == 0
     assert names.ring(controller.config.namespace, bad.slot)[1:] not in _shm(
         controller.config.namespace
     )

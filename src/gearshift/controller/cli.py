@@ -29,7 +29,7 @@ from gearshift.errors import (
     NamespaceBusy,
     NamespaceError,
 )
-from gearshift.shm import Snapshot, SnapshotRegion, cleanup, liveness, names
+from gearshift.shm import Registry, Snapshot, SnapshotRegion, cleanup, liveness, names
 
 log = logging.getLogger(__name__)
 EXITS = (  # the first class an error is an instance of decides the exit status
@@ -314,7 +314,8 @@ def export(
     `gearshift serve --initial-gears` on another node. Every format reads back with
     `serve --initial-gears`. An engine's file holds one profile of one device; what the
     engine cannot express (other dims) is said on stderr, and gears beyond its limits are
-    refused (exit status 2)."""
+    refused (exit status 2). Gears a stopped controller left are exported with a note of
+    their age on stderr."""
     with _exits():
         snapshots = _snapshots(names.resolve(namespace), None)
         published = {  # what reads as gears: a payload is not trusted
@@ -327,7 +328,8 @@ def export(
         }
         out = engines.render(published, fmt, profile=profile, dim=dim, device=device, fit=fit,
                              axes=engines.parse_axes(axes))
-    for note in out.notes:
+        stale = _staleness(names.resolve(namespace), MonotonicClock())
+    for note in [*([stale] if stale else []), *out.notes]:
         click.echo(f"note: {note}", err=True)
     click.echo(out.text, nl=False)
 
@@ -348,13 +350,16 @@ def stop(namespace: str | None, timeout: float) -> None:
     clock = MonotonicClock()
     with _exits():
         namespace = names.resolve(namespace)
-        registry = view.attach(namespace)
+        try:
+            registry = Registry.attach(namespace)
+        except ControllerNotFound:
+            raise _none_running(namespace) from None
         try:
             owner = registry.controller()
         finally:
             registry.close()
         if not owner.alive:
-            raise view.not_running(namespace)
+            raise _none_running(namespace)
         doc = status_doc.read(namespace)
         if doc and doc["embedded"] and doc["pid"] == owner.pid:
             raise NamespaceBusy(
@@ -382,6 +387,38 @@ def cleanup_command(namespace: str | None) -> None:
         namespace = names.resolve(namespace)
         removed = cleanup(namespace)
     click.echo("\n".join(removed) if removed else f"namespace {namespace!r}: nothing to remove")
+
+
+def _none_running(namespace: str) -> ControllerNotFound:
+    return ControllerNotFound(f"no controller is running on namespace {namespace!r}")
+
+
+def _staleness(namespace: str, clock: MonotonicClock) -> str | None:
+    """A note when no live controller keeps the namespace's snapshots current: how long ago its
+    last controller ran (its heartbeat, bounded: shared memory is not trusted)."""
+    try:
+        registry = Registry.attach(namespace)
+    except (GearshiftError, OSError):
+        info = None
+    else:
+        try:
+            info = registry.controller()
+        finally:
+            registry.close()
+    if info is not None and info.alive:
+        return None
+    note = f"no controller is running on namespace {namespace!r}: these are the gears it left"
+    age = clock.now() - info.heartbeat_ns / 1e9 if info is not None else -1.0
+    if info is None or info.heartbeat_ns <= 0 or not 0 <= age < 1e9:
+        return note + ", of unknown age"
+    return note + f" {_duration(age)} ago, and may be stale"
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def _log_seed(path: str, seed: engines.InitialGears, controller: Controller) -> None:

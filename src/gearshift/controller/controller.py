@@ -91,6 +91,7 @@ class Controller:
         """The event counters of the status document (a new dict)."""
         measured = self.costs.counts
         counts = {**self.batch.counts, "reclaimed_workers": self.slots.reclaimed,
+                  "exited_workers": self.slots.exited,
                   "errors": self.errors, "corrupt_slots": len(self.slots.corrupt),
                   "measured": measured["measured"]}
         counts["unknown"] += measured["unknown"]  # records of either kind refused

@@ -111,6 +111,10 @@ class _Collector:
             "gearshift_workers_reclaimed", "Dead workers whose slot was reclaimed"
         )
         reclaimed.add_metric([], doc["events"]["reclaimed_workers"])
+        exited = CounterMetricFamily(
+            "gearshift_workers_exited", "Workers that released their slot (closed cleanly)"
+        )
+        exited.add_metric([], doc["events"].get("exited_workers", 0))
         rounds = SummaryMetricFamily(
             "gearshift_decision_round_seconds",
             "Duration of the decision rounds (all profiles of a device)",
@@ -143,8 +147,8 @@ class _Collector:
                     gears.add_metric([device, p["name"], d["name"]], len(d["gears"]))
                     padding.add_metric([device, p["name"], d["name"]], d["padding"])
                     costs.add([device, p["name"], d["name"]], d.get("costs"))
-        yield from (consumed, dropped, rejected, reclaimed, rounds, version, lag, gears, padding,
-                    measured, *costs.families)
+        yield from (consumed, dropped, rejected, reclaimed, exited, rounds, version, lag, gears,
+                    padding, measured, *costs.families)
 
 
 class _CostFamilies:

@@ -87,7 +87,8 @@ class Slots:
         self.measured = measured
         self.workers: dict[int, Worker] = {}
         self.lags: dict[int, Lag] = {}
-        self.reclaimed = 0  # workers whose slot was reclaimed
+        self.reclaimed = 0  # dead workers whose slot was reclaimed (killed, crashed)
+        self.exited = 0  # workers that released their slot (closed cleanly), freed alike
         self.corrupt: set[int] = set()  # slots skipped at the last scan: words not ours
         self._awaiting: dict[int, tuple[int, float]] = {}  # device -> (version, published at)
 
@@ -206,12 +207,17 @@ class Slots:
             self.batch.flush(now)
         self.registry.reclaim(w.info.slot, w.ring)
         self._forget(w.info.slot)
-        self.reclaimed += 1
+        exited = w.info.state == SlotState.RELEASED
+        if exited:
+            self.exited += 1
+        else:
+            self.reclaimed += 1
         log.info(
-            "worker pid %d (slot %d, device %d) gone: slot reclaimed after %d events, %d dropped",
+            "worker pid %d (slot %d, device %d) %s after %d events, %d dropped",
             w.info.pid,
             w.info.slot,
             w.info.device,
+            "exited: slot freed" if exited else "died: slot reclaimed",
             w.consumed,
             w.info.dropped,
         )

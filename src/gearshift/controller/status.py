@@ -6,8 +6,8 @@ in another process never sees it torn). msgpack, so JSON-compatible except that 
 NaN-free floats only:
 
     {"format": 1, "namespace", "pid", "embedded", "time": controller monotonic seconds,
-     "events": {"consumed", "folded", "unknown", "invalid", "reclaimed_workers", "errors",
-                "corrupt_slots", "measured"},
+     "events": {"consumed", "folded", "unknown", "invalid", "reclaimed_workers",
+                "exited_workers", "errors", "corrupt_slots", "measured"},
      "rounds": {"count", "seconds_sum", "last_seconds"},
      "workers": [{"slot", "generation", "pid", "device", "alive", "consumed", "dropped",
                   "applied", "profiles": [[local id, name], ...]}],

@@ -116,8 +116,8 @@ def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> s
         lines += _wrap(
             f"events: {e['consumed']} consumed, {e['folded']} folded, "
             f"{e.get('measured', 0)} measurements, {e['unknown']} "
-            f"unknown profile, {e['invalid']} invalid; {e['reclaimed_workers']} dead "
-            f"workers reclaimed; {r['count']} rounds, last "
+            f"unknown profile, {e['invalid']} invalid; {e.get('exited_workers', 0)} workers "
+            f"exited, {e['reclaimed_workers']} died; {r['count']} rounds, last "
             f"{_ms(r['last_seconds'])}; {e['errors']} loop errors", width, "  ")
     consumed = {(w["slot"], w["generation"]): w for w in (doc or {}).get("workers", [])}
     lines.append(
