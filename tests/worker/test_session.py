@@ -479,3 +479,46 @@ def _consumed(namespace: str, slot: int) -> int:
 
     doc = status.read(namespace) or {"workers": []}
     return sum(w["consumed"] for w in doc["workers"] if w["slot"] == slot)
+
+
+def _controller_alive(namespace: str) -> bool:
+    try:
+        registry = Registry.attach(namespace)
+    except gs.ControllerNotFound:
+        return False
+    try:
+        return registry.controller().alive
+    finally:
+        registry.close()
+
+
+def test_the_last_worker_to_leave_a_namespace_whose_controller_stopped_removes_it(
+    namespace: str, tmp_path: Path
+) -> None:
+    def objects() -> list[str]:
+        return sorted(n for n in os.listdir("/dev/shm") if namespace in n)
+
+    controller = _serve(namespace, tmp_path)
+    clients = []
+    try:
+        wait_until(lambda: _controller_alive(namespace) or controller.poll() is not None)
+        clients = [gs.connect(namespace, background=False) for _ in range(3)]
+        clients.pop().close()  # its controller lives: nothing is removed
+        assert names.control(namespace)[1:] in objects()
+        controller.send_signal(signal.SIGTERM)
+        _, err = controller.communicate(timeout=WAIT)
+        assert controller.returncode == 0, err
+        kept = objects()  # control, lock, status, both rings: kept for the two workers
+        ring = names.ring(namespace, clients[0].slot)
+        assert {names.control(namespace)[1:], ring[1:]} < set(kept)
+        clients.pop().close()  # another worker lives: nothing is removed
+        assert objects() == kept
+        clients.pop().close()
+        assert not objects()
+    finally:
+        for client in clients:
+            client.close()
+        if controller.poll() is None:
+            controller.kill()
+            controller.communicate()
+        cleanup(namespace)

@@ -16,6 +16,10 @@ inode; the others while the checked control segment is still in place). Hence:
 Another user's objects are left in place; `cleanup` removes the rest, then raises NotOwned
 naming them.
 
+`leave(namespace)` is a worker's last act, its slot released: the same `cleanup`, whose checks
+under the lock leave the namespace in place while its controller or another worker lives; so
+the last worker to leave a namespace whose controller is gone removes it.
+
 `own(namespace, slots)` is the controller's start: the namespace's registry, created or taken
 over, with this process as its controller (ControllerRunning if another live one is). It waits
 up to the lock timeout for a cleanup under way and finishes one whose process died.
@@ -74,6 +78,15 @@ def cleanup(namespace: str) -> list[str]:
             + "; ".join(left)
         )
     return removed
+
+
+def leave(namespace: str) -> list[str]:
+    """`cleanup(namespace)` if nobody else lives in it (see the module docstring); [] when it
+    stays for a live controller or worker, or for another user's objects."""
+    try:
+        return cleanup(namespace)
+    except (ControllerRunning, NamespaceBusy):  # NotOwned is a NamespaceBusy
+        return []
 
 
 def own(namespace: str, slots: int, clock: Clock | None = None) -> Registry:

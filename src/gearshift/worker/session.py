@@ -47,6 +47,7 @@ from gearshift.errors import (
     SpaceError,
 )
 from gearshift.shm import EventRing, Registry, SnapshotRegion
+from gearshift.shm.cleanup import leave
 from gearshift.shm.ring import DEFAULT_CAPACITY
 from gearshift.worker import forking
 from gearshift.worker.interfaces import Runner
@@ -376,7 +377,8 @@ class Client:
 
     def close(self) -> None:
         """Stop the swap thread, release the slot and close the ring (the controller drains and
-        unlinks it); stop the embedded controller this client started. Idempotent."""
+        unlinks it); remove the namespace if its controller is gone and no other worker lives
+        (`leave`); stop the embedded controller this client started. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -395,6 +397,9 @@ class Client:
                 log.warning("namespace %r: releasing slot %d: %s", self.namespace, slot, e)
             ring.close()  # a request thread's later record is a no-op
             registry.close()
+            if self._embedded is None and (removed := leave(self.namespace)):
+                log.info("namespace %r: no controller, no other worker: removed %d objects",
+                         self.namespace, len(removed))
         if self._embedded is not None:
             self._embedded.stop()
 
