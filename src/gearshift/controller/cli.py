@@ -18,9 +18,10 @@ from gearshift.clikit import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_U
 from gearshift.clock import MonotonicClock
 from gearshift.controller import engines, footprint, statefile, view
 from gearshift.controller import status as status_doc
-from gearshift.controller.config import load_configs, load_initial_gears
+from gearshift.controller.config import ControllerConfig, load_configs, load_initial_gears
 from gearshift.controller.controller import Controller
 from gearshift.controller.metrics import check_endpoint
+from gearshift.controller.stateclear import remove_state
 from gearshift.errors import (
     ConfigError,
     ControllerNotFound,
@@ -142,8 +143,9 @@ def serve(
     its GEARSHIFT_* variable, else --config; an option and a --set that disagree are refused.
 
     On SIGTERM/SIGINT: final drain, state saved, exit 0. Live workers keep serving on their
-    last snapshot and every shared-memory object stays for the next controller; with no
-    live worker the namespace is removed. It warns at start when /dev/shm is smaller than
+    last snapshot and every shared-memory object stays for the next controller, or until the
+    last worker leaves; with no live worker the namespace is removed. The state file stays
+    (`gearshift cleanup --state` removes it). It warns at start when /dev/shm is smaller than
     its slots need (README, "Deployment").
     """
     logging.getLogger().setLevel(log_level.upper())
@@ -378,15 +380,35 @@ def stop(namespace: str | None, timeout: float) -> None:
 
 @click.command("cleanup", epilog=EPILOG)
 @namespace_option
-def cleanup_command(namespace: str | None) -> None:
-    """Remove a dead namespace's shared memory.
+@click.option(
+    "--state",
+    "with_state",
+    is_flag=True,
+    help="Also remove the namespace's state: the state file a controller resumes from (gears, "
+    "statistics, versions), a set-aside .corrupt copy and the lock file; then the default state "
+    "directory if that empties it. Refused while a controller holds it.",
+)
+@click.option(
+    "--state-dir",
+    metavar="DIR",
+    help="The state directory, with --state [default: serve's]." + _env("state_dir"),
+)
+def cleanup_command(namespace: str | None, with_state: bool, state_dir: str | None) -> None:
+    """Remove a dead namespace's shared memory (--state: its state).
 
     Every shared-memory object of a namespace whose controller and workers are all dead
-    (refused, removing nothing, while any of them lives)."""
+    (refused, removing nothing, while any of them lives). The state file stays, for the
+    next controller to resume from, unless --state is given."""
     with _exits():
         namespace = names.resolve(namespace)
+        given = state_dir or environment.read("state_dir")
+        state = ControllerConfig(namespace=namespace, state_dir=given or "").state_path
         removed = cleanup(namespace)
+        if with_state:
+            removed += map(str, remove_state(state, remove_directory=not given))
     click.echo("\n".join(removed) if removed else f"namespace {namespace!r}: nothing to remove")
+    if not with_state and (state / statefile.STATE_FILE).exists():
+        click.echo(f"namespace {namespace!r}: its state stays in {state} (--state removes it)")
 
 
 def _none_running(namespace: str) -> ControllerNotFound:
