@@ -158,6 +158,8 @@ def test_an_absent_namespace_means_not_running(namespace: str, command: str) -> 
     assert result.exit_code == EXIT_NOT_RUNNING and namespace in result.stderr
     if command == "status":
         assert f"gearshift serve -n {namespace}" in result.stderr  # how to start one
+    if command in ("snapshot", "export"):  # say when there will be one
+        assert "published when a worker registers a profile" in result.stderr
     if command == "stop":  # nothing to stop: no advice to start one
         assert result.stderr == f"error: no controller is running on namespace {namespace!r}\n"
 

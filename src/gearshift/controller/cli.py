@@ -479,5 +479,6 @@ def _snapshots(namespace: str, device: int | None) -> dict[int, Snapshot]:
         raise ControllerNotFound(
             f"namespace {namespace!r} has no published snapshot"
             + (f" of device {device}" if device is not None else "")
+            + " (a device's first is published when a worker registers a profile on it)"
         )
     return out
