@@ -319,7 +319,8 @@ def export(
     refused (exit status 2). Gears a stopped controller left are exported with a note of
     their age on stderr."""
     with _exits():
-        snapshots = _snapshots(names.resolve(namespace), None)
+        namespace = names.resolve(namespace)
+        snapshots = _snapshots(namespace, None)
         published = {  # what reads as gears: a payload is not trusted
             d: {
                 name: gears
@@ -330,7 +331,7 @@ def export(
         }
         out = engines.render(published, fmt, profile=profile, dim=dim, device=device, fit=fit,
                              axes=engines.parse_axes(axes))
-        stale = _staleness(names.resolve(namespace), MonotonicClock())
+        stale = _staleness(namespace, MonotonicClock())
     for note in [*([stale] if stale else []), *out.notes]:
         click.echo(f"note: {note}", err=True)
     click.echo(out.text, nl=False)
