@@ -18,7 +18,12 @@ from gearshift.clikit import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_U
 from gearshift.clock import MonotonicClock
 from gearshift.controller import engines, footprint, statefile, view
 from gearshift.controller import status as status_doc
-from gearshift.controller.config import ControllerConfig, load_configs, load_initial_gears
+from gearshift.controller.config import (
+    ControllerConfig,
+    load_configs,
+    load_initial_gears,
+    seed_lines,
+)
 from gearshift.controller.controller import Controller
 from gearshift.controller.metrics import check_endpoint
 from gearshift.controller.stateclear import remove_state
@@ -30,7 +35,7 @@ from gearshift.errors import (
     NamespaceBusy,
     NamespaceError,
 )
-from gearshift.shm import Registry, Snapshot, SnapshotRegion, cleanup, liveness, names
+from gearshift.shm import Registry, cleanup, liveness, names
 
 log = logging.getLogger(__name__)
 EXITS = (  # the first class an error is an instance of decides the exit status
@@ -173,8 +178,8 @@ def serve(
             controller = Controller.open(
                 config, policy, initial_gears=seed, fresh_on_corrupt_state=fresh_on_corrupt_state
             )
-            if seed is not None:
-                _log_seed(str(initial_gears), seed, controller)
+            for line in seed_lines(str(initial_gears), seed or {}, controller.devices):
+                log.info("%s", line)
         controller.run(stop)
         log.info("controller pid %d stopped, state saved to %s", os.getpid(),
                  config.state_path / statefile.STATE_FILE)
@@ -247,7 +252,7 @@ def snapshot(namespace: str | None, device: int | None, as_json: bool) -> None:
     Per device its version, the gears of every profile and dim, and the last round's changes
     with their reasons."""
     with _exits():
-        snapshots = _snapshots(names.resolve(namespace), device)
+        snapshots = view.snapshots(names.resolve(namespace), device)
     if as_json:
         click.echo(
             json.dumps(
@@ -320,18 +325,18 @@ def export(
     their age on stderr."""
     with _exits():
         namespace = names.resolve(namespace)
-        snapshots = _snapshots(namespace, None)
+        snapshots = view.snapshots(namespace, None)
         published = {  # what reads as gears: a payload is not trusted
             d: {
                 name: gears
-                for name in _profile_names(s.payload)
+                for name in view.profile_names(s.payload)
                 if (gears := protocol.profile_gears(s.payload, name))
             }
             for d, s in snapshots.items()
         }
         out = engines.render(published, fmt, profile=profile, dim=dim, device=device, fit=fit,
                              axes=engines.parse_axes(axes))
-        stale = _staleness(namespace, MonotonicClock())
+        stale = view.staleness(namespace, MonotonicClock())
     for note in [*([stale] if stale else []), *out.notes]:
         click.echo(f"note: {note}", err=True)
     click.echo(out.text, nl=False)
@@ -356,13 +361,13 @@ def stop(namespace: str | None, timeout: float) -> None:
         try:
             registry = Registry.attach(namespace)
         except ControllerNotFound:
-            raise _none_running(namespace) from None
+            raise view.none_running(namespace) from None
         try:
             owner = registry.controller()
         finally:
             registry.close()
         if not owner.alive:
-            raise _none_running(namespace)
+            raise view.none_running(namespace)
         doc = status_doc.read(namespace)
         if doc and doc["embedded"] and doc["pid"] == owner.pid:
             raise NamespaceBusy(
@@ -410,76 +415,3 @@ def cleanup_command(namespace: str | None, with_state: bool, state_dir: str | No
     click.echo("\n".join(removed) if removed else f"namespace {namespace!r}: nothing to remove")
     if not with_state and (state / statefile.STATE_FILE).exists():
         click.echo(f"namespace {namespace!r}: its state stays in {state} (--state removes it)")
-
-
-def _none_running(namespace: str) -> ControllerNotFound:
-    return ControllerNotFound(f"no controller is running on namespace {namespace!r}")
-
-
-def _staleness(namespace: str, clock: MonotonicClock) -> str | None:
-    """A note when no live controller keeps the namespace's snapshots current: how long ago its
-    last controller ran (its heartbeat, bounded: shared memory is not trusted)."""
-    try:
-        registry = Registry.attach(namespace)
-    except (GearshiftError, OSError):
-        info = None
-    else:
-        try:
-            info = registry.controller()
-        finally:
-            registry.close()
-    if info is not None and info.alive:
-        return None
-    note = f"no controller is running on namespace {namespace!r}: these are the gears it left"
-    age = clock.now() - info.heartbeat_ns / 1e9 if info is not None else -1.0
-    if info is None or info.heartbeat_ns <= 0 or not 0 <= age < 1e9:
-        return note + ", of unknown age"
-    return note + f" {_duration(age)} ago, and may be stale"
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= 2 * size:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{seconds:.0f} s"
-
-
-def _log_seed(path: str, seed: engines.InitialGears, controller: Controller) -> None:
-    """One line per profile of `--initial-gears`: its gears, and whether they seed it."""
-    if not any(seed.values()):
-        log.warning("initial gears from %s: the file holds no profile", path)
-    for device, profiles in sorted(seed.items()):
-        known = controller.devices.get(device)
-        for name, dims in profiles.items():
-            gears = "; ".join(f"{dim} {' '.join(map(str, g))}" for dim, g in dims.items())
-            use = ("not used: the state file has this profile's gears" if known is not None
-                   and name in known.profiles else "its gears until the first decision, "
-                   "once a worker registers it")
-            log.info("initial gears from %s: device %d profile %r: %s (%s)", path, device, name,
-                     gears, use)
-
-
-def _profile_names(payload: object) -> list[str]:
-    profiles = payload.get("profiles") if isinstance(payload, dict) else None
-    return [n for n in profiles if isinstance(n, str)] if isinstance(profiles, dict) else []
-
-
-def _snapshots(namespace: str, device: int | None) -> dict[int, Snapshot]:
-    """The latest snapshot of every device of `namespace` (or of `device` only)."""
-    devices = view.devices(namespace)
-    out = {}
-    for d in devices if device is None else [d for d in devices if d == device]:
-        region = SnapshotRegion.attach(namespace, d)
-        try:
-            snap = region.read()
-        finally:
-            region.close()
-        if snap is not None:
-            out[d] = snap
-    if not out:
-        raise ControllerNotFound(
-            f"namespace {namespace!r} has no published snapshot"
-            + (f" of device {device}" if device is not None else "")
-            + " (a device's first is published when a worker registers a profile on it)"
-        )
-    return out

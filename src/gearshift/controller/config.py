@@ -9,7 +9,7 @@ the file, the default; an option and a `--set` of one key that disagree are refu
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from gearshift.configfile import (
 )
 from gearshift.controller.engines import InitialGears, parse
 from gearshift.core.config import PolicyConfig, check_value
+from gearshift.core.round import DeviceLedger
 from gearshift.errors import ConfigError, NamespaceError
 from gearshift.shm import names
 
@@ -118,3 +119,18 @@ def load_initial_gears(path: str | Path, fmt: str = "auto") -> InitialGears:
     except ConfigError as e:
         message = str(e).removeprefix("initial_gears: ")
         raise ConfigError("initial_gears", f"{path}: {message}") from None
+
+
+def seed_lines(path: str, seed: InitialGears, known: Mapping[int, DeviceLedger]) -> list[str]:
+    """What `serve` says of `--initial-gears` (`seed`, read from `path`), one line per profile:
+    its gears, and whether they seed it or the state file (`known`, its devices) has it."""
+    lines = []
+    for device, profiles in sorted(seed.items()):
+        for name, dims in profiles.items():
+            gears = "; ".join(f"{dim} {' '.join(map(str, g))}" for dim, g in dims.items())
+            use = ("not used: the state file has this profile's gears"
+                   if name in getattr(known.get(device), "profiles", {}) else
+                   "its gears until the first decision, once a worker registers it")
+            lines.append(f"initial gears from {path}: device {device} profile {name!r}: {gears} "
+                         f"({use})")
+    return lines

@@ -1,6 +1,8 @@
 """What the controller's commands read of a namespace from outside its controller: the control
 segment (ControllerNotFound saying how to start a controller when there is none), the devices
-that have a snapshot region, and the view `gearshift status` prints (`gather`, `render`).
+that have a snapshot region and their latest snapshots (`snapshots`, with `staleness`: the age
+of gears a stopped controller left), and the view `gearshift status` prints (`gather`,
+`render`).
 
 The view is the slot table as it is now, then each device's snapshot version read just after
 it (a worker acks only versions it has read, so no slot's applied version is ahead of its
@@ -23,7 +25,7 @@ from gearshift.clock import Clock
 from gearshift.controller import status as status_doc
 from gearshift.core.dims import Dim
 from gearshift.errors import ControllerNotFound, GearshiftError
-from gearshift.shm import Registry, SlotState, SnapshotRegion, names
+from gearshift.shm import Registry, SlotState, Snapshot, SnapshotRegion, names
 from gearshift.shm.segment import SHM_DIR
 
 NB = "\xa0"  # a space the text wraps at no line's end
@@ -49,6 +51,66 @@ def devices(namespace: str) -> list[int]:
     pattern = names.segment_pattern(namespace)
     found = (pattern.fullmatch(entry) for entry in os.listdir(SHM_DIR))
     return sorted(int(m[1][5:]) for m in found if m and m[1].startswith("snap."))
+
+
+def none_running(namespace: str) -> ControllerNotFound:
+    """No controller to act on (`stop`): no advice to start one."""
+    return ControllerNotFound(f"no controller is running on namespace {namespace!r}")
+
+
+def staleness(namespace: str, clock: Clock) -> str | None:
+    """A note when no live controller keeps the namespace's snapshots current: how long ago its
+    last controller ran (its heartbeat, bounded: shared memory is not trusted)."""
+    try:
+        registry = Registry.attach(namespace)
+    except (GearshiftError, OSError):
+        info = None
+    else:
+        try:
+            info = registry.controller()
+        finally:
+            registry.close()
+    if info is not None and info.alive:
+        return None
+    note = f"no controller is running on namespace {namespace!r}: these are the gears it left"
+    age = clock.now() - info.heartbeat_ns / 1e9 if info is not None else -1.0
+    if info is None or info.heartbeat_ns <= 0 or not 0 <= age < 1e9:
+        return note + ", of unknown age"
+    return note + f" {_duration(age)} ago, and may be stale"
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def profile_names(payload: object) -> list[str]:
+    """The profile names of a snapshot payload (which is not trusted)."""
+    profiles = payload.get("profiles") if isinstance(payload, dict) else None
+    return [n for n in profiles if isinstance(n, str)] if isinstance(profiles, dict) else []
+
+
+def snapshots(namespace: str, device: int | None) -> dict[int, Snapshot]:
+    """The latest snapshot of every device of `namespace` (or of `device` only)."""
+    found = devices(namespace)
+    out = {}
+    for d in found if device is None else [d for d in found if d == device]:
+        region = SnapshotRegion.attach(namespace, d)
+        try:
+            snap = region.read()
+        finally:
+            region.close()
+        if snap is not None:
+            out[d] = snap
+    if not out:
+        raise ControllerNotFound(
+            f"namespace {namespace!r} has no published snapshot"
+            + (f" of device {device}" if device is not None else "")
+            + " (a device's first is published when a worker registers a profile on it)"
+        )
+    return out
 
 
 def _versions(namespace: str) -> dict[str, int]:
