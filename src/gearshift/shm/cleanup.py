@@ -27,6 +27,7 @@ up to the lock timeout for a cleanup under way and finishes one whose process di
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 
@@ -34,6 +35,7 @@ from gearshift.clock import Clock, MonotonicClock
 from gearshift.errors import (
     ControllerNotFound,
     ControllerRunning,
+    GearshiftError,
     LayoutError,
     NamespaceBusy,
     NotOwned,
@@ -42,6 +44,7 @@ from gearshift.shm import liveness, lock, names, segment
 from gearshift.shm.control import LOCK_TIMEOUT, Registry
 from gearshift.shm.segment import Inode
 
+log = logging.getLogger(__name__)
 GRACE = 1.0  # seconds a cleanup under way (a lockless control segment) gets before `own` helps
 
 
@@ -81,12 +84,20 @@ def cleanup(namespace: str) -> list[str]:
 
 
 def leave(namespace: str) -> list[str]:
-    """`cleanup(namespace)` if nobody else lives in it (see the module docstring); [] when it
-    stays for a live controller or worker, or for another user's objects."""
+    """`cleanup(namespace)` if nobody else lives in it (see the module docstring), logged; []
+    when it stays for a live controller or worker, or for another user's objects. Never raises
+    (a worker's close calls it): another failure is logged and leaves the namespace."""
     try:
-        return cleanup(namespace)
+        removed = cleanup(namespace)
     except (ControllerRunning, NamespaceBusy):  # NotOwned is a NamespaceBusy
         return []
+    except (GearshiftError, OSError) as e:
+        log.warning("namespace %r: not removed by its last worker: %s", namespace, e)
+        return []
+    if removed:
+        log.info("namespace %r: no controller, no other worker: removed %d objects", namespace,
+                 len(removed))
+    return removed
 
 
 def own(namespace: str, slots: int, clock: Clock | None = None) -> Registry:

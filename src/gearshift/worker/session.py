@@ -397,9 +397,8 @@ class Client:
                 log.warning("namespace %r: releasing slot %d: %s", self.namespace, slot, e)
             ring.close()  # a request thread's later record is a no-op
             registry.close()
-            if self._embedded is None and (removed := leave(self.namespace)):
-                log.info("namespace %r: no controller, no other worker: removed %d objects",
-                         self.namespace, len(removed))
+            if self._embedded is None:
+                leave(self.namespace)
         if self._embedded is not None:
             self._embedded.stop()
 
