@@ -296,7 +296,10 @@ def forking_worker(namespace: str) -> dict:
         "child_exit": os.waitstatus_to_exitcode(exited[0]),
         "child": report, "parent_slot": client.slot, "state_dir_kept": state_kept,
         "claimed_after_idle_child": claimed, "routed_by_parent_meanwhile": during,
-        "slot_intact": after == row,  # state, identity, generation, heartbeat, applied, dropped
+        # state, identity, generation, heartbeat and drops as they were; the applied version
+        # only moves forward (the parent may adopt a snapshot meanwhile)
+        "slot_intact": after._replace(applied_version=row.applied_version) == row
+        and after.applied_version >= row.applied_version,
         "recorded": recorded, "consumed": counts["consumed"], "unknown": counts["unknown"],
         "all_consumed": all_consumed, "dropped": after.dropped,
         "state_dir_removed_at_close": not os.path.exists(state_dir),
