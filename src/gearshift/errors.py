@@ -80,3 +80,8 @@ class StateError(GearshiftError):
 
 class BackendUnavailable(GearshiftError):
     """A graph backend (cuda, npu) is not usable in this process."""
+
+
+class PaddingError(ShapeError):
+    """A function whose result would change with the padding gearshift adds (it reduces or
+    selects over a padded axis, or mixes padded rows into real ones): refused, with the fix."""

@@ -42,7 +42,10 @@ ONE = Transform(
     {"BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8], max=40, splittable=True)},
     inputs={"x": ("B", None)},
 )
-TWO = Transform(masked, dims2(False), inputs={"x": ("B", "S", None), "mask": ("B", "S")})
+TWO = Transform(  # the mask, padded with 0, makes the padding harmless to the pooled sum
+    masked, dims2(False), inputs={"x": ("B", "S", None), "mask": ("B", "S")},
+    handles_padding=("S",),
+)
 TWO_SPLIT = Transform(
     lambda x, mask: masked(x, mask)["y"],
     dims2(True),
@@ -135,7 +138,8 @@ def test_cut_views_or_copies_the_chunk_rows() -> None:
 
 
 def test_join_needs_the_split_axis_in_every_output() -> None:
-    t = Transform(masked, dims2(True), inputs={"x": ("B", "S", None), "mask": ("B", "S")})
+    t = Transform(masked, dims2(True), inputs={"x": ("B", "S", None), "mask": ("B", "S")},
+                  handles_padding=("S",))
     with pytest.raises(gs.ShapeError, match="output 1 has no SEQLEN axis"):
         t(inputs(2, 20))  # SEQLEN splits, but "pooled" summed it away
 

@@ -13,14 +13,25 @@ Every call is checked: ranks, bounds, and that all axes of one symbol agree.
   to its gear with the dim's `pad_value` (the last bound axis wins at corners).
 - recover: each chunk's outputs sliced back to its rows, then concatenated.
 
-Output axes come from torch's own symbolic shapes (a fake-tensor run with the
-bound axes dynamic, once per transform) unless declared with `outputs=`. An
-output axis may be exactly one symbol or static; anything else (`B*S`) must be
-declared or avoided.
+Output axes come from torch's own symbolic shapes (`padding.trace`, once per
+transform, with the bound axes dynamic) unless declared with `outputs=` (then
+checked against them when the trace runs). An output axis may be exactly one
+symbol or static; anything else (`B*S`) must be declared or avoided.
+
+The padding contract (`graphs.padding`): an output that reads an input padded
+along a dim yet has no axis of it is refused (PaddingError) on the first call,
+unless the function handles that dim's padding: `lengths={"n": "S"}` passes it
+the real size of the dim as input `n` (int64, shape (1,): the chunk's, on padded
+runs; the caller never passes it), `handles_padding=("S",)` declares that it
+already makes the padding harmless. A function the trace cannot run on (data-
+dependent control flow) must declare `outputs=`; its outputs then count as
+reading every input. Every input is passed by name: a name the function does not
+take is refused at construction.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,9 +41,10 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gearshift.core.dims import Dim, Gears, chunks_for
-from gearshift.errors import ShapeError
+from gearshift.errors import PaddingError, ShapeError
+from gearshift.graphs import padding
+from gearshift.graphs.padding import Axes
 
-Axes = tuple[str | None, ...]  # per tensor axis: the dim it carries, or None (static)
 Chunk = dict[str, "Span"]
 DEFAULT_SYMBOLS = {"B": "BATCHSIZE", "S": "SEQLEN"}
 _TRACE_SIZES = (3, 5, 7, 11, 13, 17, 19, 23)  # distinct, > 1: no 0/1 specialisation, no aliasing
@@ -71,6 +83,8 @@ class Transform:
         inputs: Mapping[str, Sequence[str | None]],
         symbols: Mapping[str, str] | None = None,
         outputs: Sequence[Any] | None = None,
+        lengths: Mapping[str, str] | None = None,
+        handles_padding: Sequence[str] = (),
     ) -> None:
         self.fn = fn
         self.dims = dict(dims)
@@ -86,11 +100,47 @@ class Transform:
         if unbound:
             raise ShapeError(f"no input axis carries dim(s) {sorted(unbound)}")
         self.bound = [n for n, axes in self.inputs.items() if any(axes)]
+        self.lengths: dict[str, str] = {}  # input -> the dim whose real size it is given
+        for name, symbol in (lengths or {}).items():
+            if name in self.inputs:
+                raise ShapeError(f"lengths input {name!r} is also in inputs: gearshift gives it")
+            self.lengths[name] = self._resolve((symbol,), f"lengths[{name!r}]")[0]  # type: ignore[assignment]
+        self.handled = {*self.lengths.values(), *self._resolve(handles_padding, "handles_padding")}
         self.outputs: list[Axes] | None = None  # one Axes per output tensor (pytree leaf)
+        self.declared = outputs is not None
         if outputs is not None:
             single = all(a is None or isinstance(a, str) for a in outputs)
             declared = [outputs] if single else list(outputs)
             self.outputs = [self._resolve(a, f"outputs[{i}]") for i, a in enumerate(declared)]
+        self._traced = False
+        self._check_signature()
+
+    def _check_signature(self) -> None:
+        """Every input (and lengths input) must be a parameter `fn` takes by name, and every
+        parameter it requires must be given: ShapeError naming both sides otherwise."""
+        fn = self.fn.forward if isinstance(self.fn, torch.nn.Module) else self.fn
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):  # no signature to read (some builtins): calls tell
+            return
+        by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        params = sig.parameters.values()
+        takes = {p.name for p in params if p.kind in by_name}
+        given = [*self.inputs, *self.lengths]
+        what = f"{getattr(self.fn, '__qualname__', type(self.fn).__name__)}{sig}"
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            for name in given:
+                if name not in takes:
+                    raise ShapeError(
+                        f"input {name!r} is not a parameter of {what}: inputs are passed by"
+                        f" name; rename it to one of {sorted(takes)}"
+                    )
+        required = [p.name for p in params if p.default is p.empty
+                    and p.kind is not inspect.Parameter.VAR_POSITIONAL
+                    and p.kind is not inspect.Parameter.VAR_KEYWORD and p.name not in given]
+        if required:
+            raise ShapeError(f"{what} requires {required}, which no input gives (inputs:"
+                             f" {given})")
 
     def _resolve(self, axes: Sequence[str | None], what: str) -> Axes:
         for i, a in enumerate(axes):
@@ -105,6 +155,10 @@ class Transform:
             raise ShapeError(f"expected inputs {sorted(self.inputs)}, got {sorted(tensors)}")
         sizes: dict[str, int] = {}
         for name, axes in self.inputs.items():
+            if not isinstance(tensors[name], torch.Tensor):
+                kind = type(tensors[name]).__name__
+                raise ShapeError(f"{name} must be a torch.Tensor, got {kind} (convert it first,"
+                                 f" e.g. torch.as_tensor)")
             shape = tensors[name].shape
             if len(shape) != len(axes):
                 raise ShapeError(f"{name}: expected {len(axes)} axes {axes}, got {tuple(shape)}")
@@ -123,8 +177,9 @@ class Transform:
                     raise ShapeError(
                         f"{name} axis {axis}: {dim}={size} is outside [{spec.min}, {spec.max}]"
                     )
-        if self.outputs is None:
+        if not self._traced:
             self.outputs = self._trace_outputs(tensors)
+            self._traced = True
         return {dim: sizes[dim] for dim in self.dims}
 
     def tile(
@@ -172,7 +227,8 @@ class Transform:
     def transform(
         self, tensors: Mapping[str, torch.Tensor], chunk: Chunk
     ) -> dict[str, torch.Tensor]:
-        """New padded inputs of one chunk; unbound inputs are passed through."""
+        """New padded inputs of one chunk, with its lengths inputs; unbound inputs are passed
+        through."""
         out = dict(tensors)
         for name in self.bound:
             t, axes = tensors[name], self.inputs[name]
@@ -180,7 +236,18 @@ class Transform:
                 [n if d is None else chunk[d].gear for d, n in zip(axes, t.shape, strict=True)]
             )
         self.fill(out, tensors, chunk)
-        return out
+        device = tensors[self.bound[0]].device
+        return out | self.real({d: s.size for d, s in chunk.items()}, device)
+
+    def real(self, sizes: Mapping[str, int], device: torch.device) -> dict[str, torch.Tensor]:
+        """The lengths inputs of a run of these real sizes."""
+        return {n: torch.tensor([sizes[d]], device=device) for n, d in self.lengths.items()}
+
+    def call(self, tensors: Mapping[str, torch.Tensor], sizes: Mapping[str, int]) -> Any:
+        """`fn` on the unpadded inputs (of these sizes), given its lengths inputs: eager."""
+        if not self.lengths:
+            return self.fn(**tensors)
+        return self.fn(**tensors, **self.real(sizes, tensors[self.bound[0]].device))
 
     def leaves(self, outputs: Any) -> tuple[list[torch.Tensor], Any]:
         """`fn`'s outputs as pytree leaves and spec; ShapeError unless the leaves are one tensor
@@ -239,9 +306,10 @@ class Transform:
         self, tensors: Mapping[str, torch.Tensor], gears: Mapping[str, Gears] | None = None
     ) -> Any:
         """`fn` run on padded chunks and recovered (eager when the tiling says so)."""
-        tiling = self.tile(self.check(tensors), gears)
+        sizes = self.check(tensors)
+        tiling = self.tile(sizes, gears)
         if tiling is None:
-            return self.fn(**tensors)
+            return self.call(tensors, sizes)
         outputs = [self.fn(**self.transform(tensors, c)) for c in tiling.chunks()]
         return self.recover(outputs, tiling)
 
@@ -250,7 +318,34 @@ class Transform:
         return self.outputs
 
     def _trace_outputs(self, tensors: Mapping[str, torch.Tensor]) -> list[Axes]:
-        """Output axes found by running `fn` on fake tensors whose bound axes are symbols."""
+        """Output axes found by tracing `fn` on fake tensors whose bound axes are symbols (the
+        declared ones, checked against them); PaddingError if an output reduces over a padded
+        dim that `fn` does not handle."""
+        try:
+            leaves, shapes = padding.trace(self.fn, self._fakes(tensors))
+        except Exception as e:
+            if self.outputs is None:
+                raise ShapeError(
+                    f"cannot trace the output axes of {self.fn!r} ({e}); declare outputs="
+                ) from e
+            found, reads = self.outputs, [frozenset(self.inputs)] * len(self.outputs)
+        else:
+            found = self._axes_of(leaves, shapes, strict=self.outputs is None)
+            reads = [leaf.reads for leaf in leaves]
+            if self.outputs is not None:
+                self._compare(self.outputs, found)
+                found = self.outputs
+        for i, (axes, read) in enumerate(zip(found, reads, strict=True)):
+            for dim in self.dims:
+                readers = [n for n in self.inputs if n in read and dim in self.inputs[n]]
+                if readers and dim not in axes and dim not in self.handled:
+                    symbol = next(s for s, d in self.symbols.items() if d == dim)
+                    raise PaddingError(padding.refusal(self.fn, i, dim, readers, symbol))
+        return found
+
+    def _fakes(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Fake inputs in a new symbolic shape environment: each bound axis a symbol (sizes
+        distinct per dim), lengths inputs included."""
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import (
             DimDynamic,
@@ -258,8 +353,7 @@ class Transform:
             StatelessSymbolicContext,
         )
 
-        env = ShapeEnv()
-        mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+        mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
         sizes = {
             d: min(max(s, spec.min), spec.max)
             for (d, spec), s in zip(self.dims.items(), _TRACE_SIZES, strict=False)
@@ -273,31 +367,41 @@ class Transform:
             dynamic = [DimDynamic.STATIC if d is None else DimDynamic.DYNAMIC for d in axes]
             context = StatelessSymbolicContext(dynamic_sizes=dynamic)
             fakes[name] = mode.from_tensor(example, symbolic_context=context)
-        try:
-            with mode:
-                leaves = tree_flatten(self.fn(**fakes))[0]
-        except Exception as e:
-            raise ShapeError(
-                f"cannot trace the output axes of {self.fn!r} ({e}); declare outputs="
-            ) from e
+        device = tensors[self.bound[0]].device
+        static = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC])
+        for name, size in self.real(sizes, device).items():
+            fakes[name] = mode.from_tensor(size, symbolic_context=static)
+        return fakes
+
+    def _axes_of(self, leaves: Sequence[padding.Leaf], shapes: Mapping[str, tuple],
+                 strict: bool) -> list[Axes]:
+        """Each output's axes: the dim whose symbol its size is, None (static), or with
+        `strict` off "*" (several dims': declared outputs say what it is)."""
         symbol_dim: dict[Any, str] = {}
         for name, axes in self.inputs.items():
             for axis, dim in enumerate(axes):
-                if dim is not None:
-                    expr = env.replace(fakes[name].shape[axis].node.expr)
-                    if symbol_dim.setdefault(expr, dim) != dim:
-                        raise ShapeError(f"{self.fn!r} requires {symbol_dim[expr]} == {dim}")
+                expr = shapes[name][axis]
+                if (dim is not None and expr.free_symbols
+                        and symbol_dim.setdefault(expr, dim) != dim):
+                    raise ShapeError(f"{self.fn!r} requires {symbol_dim[expr]} == {dim}")
         found = []
-        for i, t in enumerate(leaves):
-            if not isinstance(t, torch.Tensor):
-                raise ShapeError(f"output {i} of {self.fn!r} is not a tensor: {t!r:.60}")
-            axes = []
-            for axis, size in enumerate(t.shape):
-                expr = env.replace(size.node.expr) if isinstance(size, torch.SymInt) else None
-                if expr is not None and expr.free_symbols and expr not in symbol_dim:
+        for i, leaf in enumerate(leaves):
+            for axis, expr in enumerate(leaf.sizes):
+                if expr.free_symbols and expr not in symbol_dim and strict:
                     raise ShapeError(
                         f"output {i} axis {axis} has size {expr}, not one dim's: declare outputs="
                     )
-                axes.append(symbol_dim.get(expr))
-            found.append(tuple(axes))
+            found.append(tuple(symbol_dim.get(e, "*" if e.free_symbols else None)
+                               for e in leaf.sizes))
         return found
+
+    def _compare(self, declared: Sequence[Axes], found: Sequence[Axes]) -> None:
+        """ShapeError unless the declared output axes are the traced ones."""
+        if len(declared) != len(found) or any(
+            len(d) != len(f) or any(b not in (a, "*") for a, b in zip(d, f, strict=True))
+            for d, f in zip(declared, found, strict=False)
+        ):
+            raise ShapeError(
+                f"outputs= declares {list(declared)}, but torch's symbolic shapes find"
+                f" {list(found)}: correct or drop outputs="
+            )
