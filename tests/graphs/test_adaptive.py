@@ -85,7 +85,10 @@ def test_static_outputs_are_copies_too() -> None:
 
 def test_outputs_unlike_the_declared_ones_fail_at_capture() -> None:
     dims = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=8)}
-    transform = gs.Transform(lambda x: (x, x), dims, inputs={"x": ("B", None)}, outputs=("B", None))
+    def two_at_4(x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return (x, x) if x.shape[0] == 4 else x  # traced and checked at 3 and 2: one output
+
+    transform = gs.Transform(two_at_4, dims, inputs={"x": ("B", None)}, outputs=("B", None))
     pool = GraphResourcePool(CpuBackend())
     r = gs.AdaptiveRunner(transform, {"x": torch.ones(1, H)}, pool=pool)
     with pytest.raises(gs.ShapeError, match="fn returned 2 tensors, expected 1"):

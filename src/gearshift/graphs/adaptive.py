@@ -22,11 +22,20 @@ caller's thread, meant to be a warm-up thread; a failed one leaves nothing
 behind (its graph is reset) and is counted. Every graph captured is measured there
 (`graphs.measure`: capture and replay seconds, bytes) before any request replays it, and its
 cost waits in `measured` (bounded) for `take_measurements`.
+
+The padding contract (`graphs.padding`): the transform refuses a function that reduces over
+a padded dim; the runner also checks that padding leaves real rows alone, on random inputs
+with about half a gear of real rows: once eagerly at construction (PaddingError if not), and
+once per graph it captures (its replay against the function on the unpadded inputs). A graph
+that fails is dropped and the runner gives up padding: from then on every call runs eagerly
+on its unpadded inputs (`refused` says why, logged once). Lengths inputs (`lengths=`) are
+static buffers too, set to a chunk's real sizes before its replay.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import operator
 import threading
@@ -40,13 +49,15 @@ from torch.utils._pytree import tree_unflatten
 
 from gearshift.clock import Clock
 from gearshift.core.dims import Gears, gear_for
-from gearshift.errors import ShapeError
+from gearshift.errors import PaddingError, ShapeError
+from gearshift.graphs import padding
 from gearshift.graphs.backends import Graph, backend_for
 from gearshift.graphs.device import outside_capture
 from gearshift.graphs.measure import GraphCost, Meter, replays_for
 from gearshift.graphs.pool import GraphResourcePool, KeyGearIndex
 from gearshift.graphs.transform import Chunk, Span, Transform
 
+log = logging.getLogger(__name__)
 Variant = tuple[int, ...]
 MAX_MEASURED = 4096  # graph costs kept until taken (the oldest go first)
 MAX_WANTED = 4096  # variants wanted by requests kept until taken (once full, no more kept)
@@ -107,6 +118,11 @@ class AdaptiveRunner:
         self._unbound = {
             n: example[n].clone() for n in transform.inputs if n not in transform.bound
         }
+        self._example = {n: t.detach().clone() for n, t in example.items()}  # for probes
+        self._lengths = {  # lengths inputs: a chunk's real sizes, set before its replay
+            n: torch.ones(1, dtype=torch.int64, device=self.device) for n in transform.lengths
+        }
+        self.refused: str | None = None  # why padding was given up (all calls eager since)
         self._caps = tuple(g[-1] for g in self.gears.values())
         self._buffers = self._allocate(self._caps)
         self._variants: dict[Variant, _Captured] = {}  # copy-on-write, under _lock
@@ -115,6 +131,7 @@ class AdaptiveRunner:
         self._capture_lock = threading.Lock()
         self._keys: dict[Variant, list[int]] = {}  # each variant's graph keys
         self._restage = False  # the survivors of a release need smaller buffers
+        self._check_eagerly()
 
     def ready(self) -> list[Variant]:
         return sorted(self._variants)
@@ -128,7 +145,8 @@ class AdaptiveRunner:
     def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
         """Capture the given variants (dim -> gear) that are not ready, largest first; returns
         how many were captured. For the warm-up thread, never the request path. GraphLimit
-        when the pool is full; a failed capture is counted and raised (nothing is kept)."""
+        when the pool is full; a failed capture is counted and raised (nothing is kept); a
+        graph that fails the padding check is dropped, and none is captured after it."""
         todo = {self._variant(v) for v in variants} - self._variants.keys()
         if self._restage:
             with self._capture_lock:
@@ -136,10 +154,14 @@ class AdaptiveRunner:
         done = 0
         for gears in sorted(todo, key=lambda g: (math.prod(g), g), reverse=True):
             with self._capture_lock:
+                if self.refused is not None:
+                    break
                 if gears in self._variants:
                     continue
                 self.pool.admit()
                 captured = self._capture(gears)
+                if captured is None:
+                    break
                 with self._lock:
                     self._variants = {**self._variants, gears: captured}
                     self.stats["captures"] += 1
@@ -160,7 +182,8 @@ class AdaptiveRunner:
         wanted, self._wanted = self._wanted, {}
         return list(wanted.copy())  # one C call: a request may still be adding to it
 
-    def _capture(self, gears: Variant) -> _Captured:
+    def _capture(self, gears: Variant) -> _Captured | None:
+        """One variant's graph, measured; None if it failed the padding check (`refused`)."""
         inputs = self._views(gears)
         graph = self.backend.graph(functools.partial(self._body, inputs))
         began = self.meter.now()
@@ -173,6 +196,13 @@ class AdaptiveRunner:
             self.backend.collect()
             raise
         ended = self.meter.now()
+        why = self._check_graph(gears, inputs, graph, leaves)
+        if why is not None:
+            graph.reset()
+            self.backend.collect()
+            self.refused = why
+            log.warning("%s; every call runs eagerly on its unpadded inputs from now on", why)
+            return None
         self.pool.register(graph)
         self._keys[gears] = self.pool.consume_recent_keys()
         self.index.attach(self._keys[gears], zip(self.names, gears, strict=True))
@@ -194,12 +224,15 @@ class AdaptiveRunner:
         t, current = self.transform, self.gears  # read once: it may be replaced meanwhile
         sizes = t.check(tensors) if sizes is None else sizes
         self._check_static(tensors)
+        if self.refused is not None:
+            self._count_eager()
+            return t.call(tensors, sizes)
         gears = [gear_for(current[d], sizes[d]) for d in self.names]
         if None in gears:
             tiling = t.tile(sizes, current)
             if tiling is None:
                 self._count_eager()
-                return t.fn(**tensors)
+                return t.call(tensors, sizes)
             chunks = [(c, tuple(c[d].gear for d in self.names)) for c in tiling.chunks()]
         else:
             tiling = None
@@ -232,6 +265,8 @@ class AdaptiveRunner:
             return None
         t = self.transform
         t.fill(captured.inputs, tensors, chunk)
+        for name, dim in t.lengths.items():
+            self._lengths[name].fill_(chunk[dim].size)
         captured.graph.replay()
         self.stats["replays"] += 1
         return t.cut(captured.leaves, chunk, copy=True), captured.spec
@@ -298,7 +333,73 @@ class AdaptiveRunner:
         return tuple(int(gears[d]) for d in self.names)
 
     def _body(self, inputs: dict[str, torch.Tensor]) -> Any:
-        return self.transform.fn(**inputs, **self._unbound)
+        return self.transform.fn(**inputs, **self._unbound, **self._lengths)
+
+    def _probe(self, gears: Variant) -> tuple[Chunk, dict[str, torch.Tensor]] | None:
+        """A chunk of about half these gears' rows (`padding.probe_size`) and random inputs of
+        its real sizes; None when no dim would be padded."""
+        spans = {d: Span(0, padding.probe_size(self.transform.dims[d], g), g)
+                 for d, g in zip(self.names, gears, strict=True)}
+        if all(s.size == s.gear for s in spans.values()):
+            return None
+        sizes = {d: s.size for d, s in spans.items()}
+        return spans, padding.probe(self._example, self.transform.inputs, sizes, seed=sum(gears))
+
+    def _unpadded(self, chunk: Chunk, probe: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        t = self.transform
+        return t.leaves(t.call(probe, {d: s.size for d, s in chunk.items()}))[0]
+
+    def _why(self, chunk: Chunk, diff: str) -> str:
+        real = {d: s.size for d, s in chunk.items()}
+        gears = {d: s.gear for d, s in chunk.items()}
+        fn = getattr(self.transform.fn, "__qualname__", None) or repr(self.transform.fn)
+        return (
+            f"{fn} run on inputs padded from {real} to gears {gears} does not give, cut back,"
+            f" what it gives on the unpadded inputs ({diff}): the padding changes its real rows"
+            f" (attention over every position, a reduction or a flip over the padded axis)."
+            f" Make fn leave padded rows out (a mask or a lengths= input it reads, causal"
+            f" attention), or run it without gearshift"
+        )
+
+    @torch.no_grad()
+    def _check_eagerly(self) -> None:
+        """PaddingError unless fn, run eagerly on a padded probe of the smallest initial gears
+        that pad it, gives (cut back) what it gives on the probe unpadded."""
+        dims = self.transform.dims
+        gears = tuple(
+            next((g for g in self.gears[d] if padding.probe_size(dims[d], g) < g), self.gears[d][0])
+            for d in self.names
+        )
+        probe = self._probe(gears)
+        if probe is None:
+            return
+        chunk, tensors = probe
+        t = self.transform
+        got = t.cut(t.leaves(t.fn(**t.transform(tensors, chunk)))[0], chunk)
+        diff = padding.mismatch(got, self._unpadded(chunk, tensors))
+        if diff is not None:
+            raise PaddingError(self._why(chunk, diff))
+
+    @torch.no_grad()
+    def _check_graph(self, gears: Variant, inputs: dict[str, torch.Tensor], graph: Graph,
+                     leaves: list[torch.Tensor]) -> str | None:
+        """Why the new graph of `gears`, replayed on a padded probe, does not give (cut back)
+        what fn gives on the probe unpadded; None when it does (or nothing is padded)."""
+        probe = self._probe(gears)
+        if probe is None:
+            return None
+        chunk, tensors = probe
+        t = self.transform
+        with self._lock:  # the static buffers are shared with the graphs requests replay
+            for name, buffer in self._unbound.items():
+                buffer.copy_(tensors[name])
+            t.fill(inputs, tensors, chunk)
+            for name, dim in t.lengths.items():
+                self._lengths[name].fill_(chunk[dim].size)
+            graph.replay()
+            got = t.cut(leaves, chunk, copy=True)
+        diff = padding.mismatch(got, self._unpadded(chunk, tensors))
+        return None if diff is None else self._why(chunk, diff)
 
     def _allocate(self, caps: Variant) -> dict[str, torch.Tensor]:
         at = dict(zip(self.names, caps, strict=True))
