@@ -43,6 +43,8 @@ class Dim:
     Every field is checked on construction, by the client and the controller alike (a
     registration is rebuilt from its fields): ShapeError names the field. Numbers of other
     types (numpy's) are kept as Python ints and floats, so a Dim survives msgpack unchanged.
+    Gears are kept sorted and distinct; `reordered` holds the gears as given when that
+    changed them (None otherwise; not a field: the profile logs it once).
     """
 
     gears: Sequence[int] | None = None
@@ -67,6 +69,9 @@ class Dim:
             if isinstance(self.gears, (str, bytes, Mapping)) or not hasattr(self.gears, "__iter__"):
                 raise ShapeError(f"Dim.gears must be a sequence of ints, got {brief(self.gears)}")
             gears = normalize_gears(self.gears)
+            given = list(self.gears)
+            if given != list(gears):
+                object.__setattr__(self, "reordered", brief(given))
             if gears[0] < self.min or gears[-1] > self.max:
                 raise ShapeError(f"Dim.gears {brief(list(gears))} fall outside "
                                  f"[{self.min}, {self.max}]")
@@ -91,6 +96,8 @@ class Dim:
                              f"lowest first, growing with x and finite at max; "
                              f"got {brief(self.cost)}")
         object.__setattr__(self, "cost", cost)
+
+    reordered = None  # the gears as given, when sorting or de-duplicating changed them
 
     @property
     def initial_gears(self) -> Gears:
@@ -140,6 +147,11 @@ def check_profile(name: str, dims: Mapping[str, Dim]) -> dict[str, Dim]:
             raise ShapeError(f"profile {name!r}: {brief(dim)} must name a gs.Dim, "
                              f"got {brief(spec)}")
     return dims
+
+
+def describe(dims: Mapping[str, Dim]) -> str:
+    """A profile's dims as its error messages name them: `NAME=Dim(...)`, comma-separated."""
+    return ", ".join(f"{name}={dim}" for name, dim in dims.items())
 
 
 def brief(value: object, limit: int = 60) -> str:

@@ -14,19 +14,19 @@ Every call is checked: ranks, bounds, and that all axes of one symbol agree.
 - recover: each chunk's outputs sliced back to its rows, then concatenated.
 
 Output axes come from torch's own symbolic shapes (`padding.trace`, once per
-transform, with the bound axes dynamic) unless declared with `outputs=` (then
-checked against them when the trace runs). An output axis may be exactly one
-symbol or static; anything else (`B*S`) must be declared or avoided.
+transform, with the bound axes dynamic) unless declared with `outputs=` (no trace
+then: the function is never run on fake tensors). An output axis may be exactly
+one symbol or static; anything else (`B*S`) must be declared or avoided.
 
 The padding contract (`graphs.padding`): an output that reads an input padded
 along a dim yet has no axis of it is refused (PaddingError) on the first call,
 unless the function handles that dim's padding: `lengths={"n": "S"}` passes it
 the real size of the dim as input `n` (int64, shape (1,): the chunk's, on padded
 runs; the caller never passes it), `handles_padding=("S",)` declares that it
-already makes the padding harmless. A function the trace cannot run on (data-
-dependent control flow) must declare `outputs=`; its outputs then count as
-reading every input. Every input is passed by name: a name the function does not
-take is refused at construction.
+already makes the padding harmless. Declared outputs (needed where the trace
+cannot run: data-dependent control flow) count as reading every input. Every
+input is passed by name: a name the function does not take is refused at
+construction.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class Transform:
                         f"{name} axis {axis}: {dim}={size} is outside [{spec.min}, {spec.max}]"
                     )
         if not self._traced:
-            self.outputs = self._trace_outputs(tensors)
+            self.outputs = self._padding_checked(tensors)
             self._traced = True
         return {dim: sizes[dim] for dim in self.dims}
 
@@ -317,24 +317,21 @@ class Transform:
         assert self.outputs is not None, "check() resolves the output axes first"
         return self.outputs
 
-    def _trace_outputs(self, tensors: Mapping[str, torch.Tensor]) -> list[Axes]:
-        """Output axes found by tracing `fn` on fake tensors whose bound axes are symbols (the
-        declared ones, checked against them); PaddingError if an output reduces over a padded
-        dim that `fn` does not handle."""
-        try:
-            leaves, shapes = padding.trace(self.fn, self._fakes(tensors))
-        except Exception as e:
-            if self.outputs is None:
+    def _padding_checked(self, tensors: Mapping[str, torch.Tensor]) -> list[Axes]:
+        """The output axes (declared, else traced on fake tensors whose bound axes are
+        symbols); PaddingError if an output reads a padded dim without an axis of it, unless
+        `fn` handles that dim's padding."""
+        if self.outputs is not None:
+            found, reads = self.outputs, [frozenset(self.inputs)] * len(self.outputs)
+        else:
+            try:
+                leaves, shapes = padding.trace(self.fn, self._fakes(tensors))
+            except Exception as e:
                 raise ShapeError(
                     f"cannot trace the output axes of {self.fn!r} ({e}); declare outputs="
                 ) from e
-            found, reads = self.outputs, [frozenset(self.inputs)] * len(self.outputs)
-        else:
-            found = self._axes_of(leaves, shapes, strict=self.outputs is None)
+            found = self._axes_of(leaves, shapes)
             reads = [leaf.reads for leaf in leaves]
-            if self.outputs is not None:
-                self._compare(self.outputs, found)
-                found = self.outputs
         for i, (axes, read) in enumerate(zip(found, reads, strict=True)):
             for dim in self.dims:
                 readers = [n for n in self.inputs if n in read and dim in self.inputs[n]]
@@ -373,10 +370,8 @@ class Transform:
             fakes[name] = mode.from_tensor(size, symbolic_context=static)
         return fakes
 
-    def _axes_of(self, leaves: Sequence[padding.Leaf], shapes: Mapping[str, tuple],
-                 strict: bool) -> list[Axes]:
-        """Each output's axes: the dim whose symbol its size is, None (static), or with
-        `strict` off "*" (several dims': declared outputs say what it is)."""
+    def _axes_of(self, leaves: Sequence[padding.Leaf], shapes: Mapping[str, tuple]) -> list[Axes]:
+        """Each output's axes: the dim whose symbol its size is, or None (static)."""
         symbol_dim: dict[Any, str] = {}
         for name, axes in self.inputs.items():
             for axis, dim in enumerate(axes):
@@ -387,21 +382,9 @@ class Transform:
         found = []
         for i, leaf in enumerate(leaves):
             for axis, expr in enumerate(leaf.sizes):
-                if expr.free_symbols and expr not in symbol_dim and strict:
+                if expr.free_symbols and expr not in symbol_dim:
                     raise ShapeError(
                         f"output {i} axis {axis} has size {expr}, not one dim's: declare outputs="
                     )
-            found.append(tuple(symbol_dim.get(e, "*" if e.free_symbols else None)
-                               for e in leaf.sizes))
+            found.append(tuple(symbol_dim.get(e) for e in leaf.sizes))
         return found
-
-    def _compare(self, declared: Sequence[Axes], found: Sequence[Axes]) -> None:
-        """ShapeError unless the declared output axes are the traced ones."""
-        if len(declared) != len(found) or any(
-            len(d) != len(f) or any(b not in (a, "*") for a, b in zip(d, f, strict=True))
-            for d, f in zip(declared, found, strict=False)
-        ):
-            raise ShapeError(
-                f"outputs= declares {list(declared)}, but torch's symbolic shapes find"
-                f" {list(found)}: correct or drop outputs="
-            )

@@ -13,7 +13,7 @@ Warm-up is incremental: `_base` holds gears whose every combination has been cap
 tried), and the plan of new gears in use is the lazy sequence of combinations with a gear
 outside it (`beyond`), a few captures and a bounded walk per call; until a variant is ready the
 runner routes its chunks to the next larger ready one, or eagerly. A failed capture is retried
-later (backing off, a few times); a device that holds all the graphs it may (GraphLimit) stops
+later (backing off, a few times), logged once per reason (the traceback at debug level); a device that holds all the graphs it may (GraphLimit) stops
 the plan, logged once with its reason, and the state counts as warmed (its other combinations
 run on larger graphs or eagerly). Start-up gears are captured lazily (`worker.startup`; off
 with `lazy_start=False`): a plan defers each variant that holds a start-up gear other than its
@@ -122,7 +122,12 @@ class Profile(Router):
         self._retry: dict[Variant, tuple[int, int]] = {}  # failed: (attempts, due ns)
         self._limited: _InUse | None = None  # the gears in use a GraphLimit stopped
         self.stats = {"capture_failures": 0, "capture_retries": 0, "graph_limits": 0}
+        self._failure = ""  # the reason of the last capture failure logged
         super().__init__(host, pid, name, dims)  # the request path, last: it generates `route`
+        for dim, spec in self.dims.items():
+            if spec.reordered is not None:
+                log.warning("profile %r: %s gears %s were sorted and de-duplicated to %s",
+                            name, dim, spec.reordered, list(spec.initial_gears))
         self.measured = Measured(self.dims)  # graphs measured, on their way to the controller
         self._startup = StartupGears(self.dims, lazy_start)
 
@@ -156,7 +161,9 @@ class Profile(Router):
     ) -> Runner:
         """Build an `AdaptiveRunner` of `fn` on this profile's dims and `attach` it; `inputs`
         binds input axes to symbols (see `Transform`), `example` gives static sizes and dtypes,
-        `options` go to `Transform` (symbols, outputs). Imports torch."""
+        `options` go to `Transform` (symbols, outputs, lengths, handles_padding). Refuses with
+        PaddingError a `fn` whose results would change with the padding (`graphs.padding`),
+        with ShapeError an input `fn` does not take. Imports torch."""
         from gearshift.graphs.adaptive import AdaptiveRunner
         from gearshift.graphs.transform import Transform
 
@@ -339,15 +346,19 @@ class Profile(Router):
             return 0
         try:
             done = runner.capture([dict(zip(self.dims, variant, strict=True))])
-        except Exception:
+        except Exception as e:
             self.stats["capture_failures"] += 1
             attempts = self._retry.get(variant, (0, 0))[0] + 1
             wait = min(RETRY_SECONDS[0] * 2 ** (attempts - 1), RETRY_SECONDS[1])
             self._retry[variant] = (attempts, self._host.clock.now_ns() + int(wait * 1e9))
-            log.exception(
-                "profile %r: capturing %s failed (attempt %d); it runs on larger graphs or"
-                " eagerly meanwhile", self.name, dict(zip(self.dims, variant, strict=True)),
-                attempts,
+            reason = f"{type(e).__name__}: {e}"
+            level = logging.WARNING if reason != self._failure else logging.DEBUG
+            self._failure = reason
+            log.log(
+                level, "profile %r: capturing %s failed (attempt %d of %d): %s; it runs on"
+                " larger graphs or eagerly meanwhile", self.name,
+                dict(zip(self.dims, variant, strict=True)), attempts, RETRY_ATTEMPTS, reason,
+                exc_info=log.isEnabledFor(logging.DEBUG),
             )
             return 0
         self._retry.pop(variant, None)
