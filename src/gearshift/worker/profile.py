@@ -13,9 +13,10 @@ Warm-up is incremental: `_base` holds gears whose every combination has been cap
 tried), and the plan of new gears in use is the lazy sequence of combinations with a gear
 outside it (`beyond`), a few captures and a bounded walk per call; until a variant is ready the
 runner routes its chunks to the next larger ready one, or eagerly. A failed capture is retried
-later (backing off, a few times), logged once per reason (the traceback at debug level); a device that holds all the graphs it may (GraphLimit) stops
-the plan, logged once with its reason, and the state counts as warmed (its other combinations
-run on larger graphs or eagerly). Start-up gears are captured lazily (`worker.startup`; off
+later (backing off, a few times), logged once per reason (the traceback at debug level); a
+device that holds all the graphs it may (GraphLimit) stops the plan, logged once with its
+reason, and the state counts as warmed (its other combinations run on larger graphs or
+eagerly). Start-up gears are captured lazily (`worker.startup`; off
 with `lazy_start=False`): a plan defers each variant that holds a start-up gear other than its
 dim's largest, and once the plan is done each call captures, a few at a time, the variants
 requests wanted (`take_wanted`) that the gears in use hold, neither ready nor failed (those
