@@ -86,7 +86,7 @@ def test_static_outputs_are_copies_too() -> None:
 def test_outputs_unlike_the_declared_ones_fail_at_capture() -> None:
     dims = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=8)}
     def two_at_4(x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return (x, x) if x.shape[0] == 4 else x  # traced and checked at 3 and 2: one output
+        return (x, x) if x.shape[0] == 4 else x  # padding-checked at 2: one output
 
     transform = gs.Transform(two_at_4, dims, inputs={"x": ("B", None)}, outputs=("B", None))
     pool = GraphResourcePool(CpuBackend())

@@ -29,7 +29,7 @@ with about half a gear of real rows: once eagerly at construction (PaddingError 
 once per graph it captures (its replay against the function on the unpadded inputs). A graph
 that fails is dropped and the runner gives up padding: from then on every call runs eagerly
 on its unpadded inputs (`refused` says why, logged once). Lengths inputs (`lengths=`) are
-static buffers too, set to a chunk's real sizes before its replay.
+buffers of each graph (valid sizes at capture), set to a chunk's real sizes before its replay.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ class _Captured:
     graph: Graph
     leaves: list[torch.Tensor]  # the graph's outputs, checked at capture, rewritten by replays
     spec: Any  # their pytree structure
+    lengths: dict[str, torch.Tensor]  # its own lengths inputs, set before each replay
 
 
 class AdaptiveRunner:
@@ -119,9 +120,6 @@ class AdaptiveRunner:
             n: example[n].clone() for n in transform.inputs if n not in transform.bound
         }
         self._example = {n: t.detach().clone() for n, t in example.items()}  # for probes
-        self._lengths = {  # lengths inputs: a chunk's real sizes, set before its replay
-            n: torch.ones(1, dtype=torch.int64, device=self.device) for n in transform.lengths
-        }
         self.refused: str | None = None  # why padding was given up (all calls eager since)
         self._caps = tuple(g[-1] for g in self.gears.values())
         self._buffers = self._allocate(self._caps)
@@ -185,7 +183,10 @@ class AdaptiveRunner:
     def _capture(self, gears: Variant) -> _Captured | None:
         """One variant's graph, measured; None if it failed the padding check (`refused`)."""
         inputs = self._views(gears)
-        graph = self.backend.graph(functools.partial(self._body, inputs))
+        at = dict(zip(self.names, gears, strict=True))
+        lengths = {n: torch.tensor([at[d]], device=self.device)
+                   for n, d in self.transform.lengths.items()}
+        graph = self.backend.graph(functools.partial(self._body, inputs, lengths))
         began = self.meter.now()
         try:
             leaves, spec = self.transform.leaves(graph.capture())
@@ -196,7 +197,8 @@ class AdaptiveRunner:
             self.backend.collect()
             raise
         ended = self.meter.now()
-        why = self._check_graph(gears, inputs, graph, leaves)
+        captured = _Captured(inputs, graph, leaves, spec, lengths)
+        why = self._check_graph(gears, captured)
         if why is not None:
             graph.reset()
             self.backend.collect()
@@ -207,7 +209,7 @@ class AdaptiveRunner:
         self._keys[gears] = self.pool.consume_recent_keys()
         self.index.attach(self._keys[gears], zip(self.names, gears, strict=True))
         self._measure(gears, graph, began, ended, [*inputs.values(), *leaves])
-        return _Captured(inputs, graph, leaves, spec)
+        return captured
 
     def _measure(self, gears: Variant, graph: Graph, began: float | None, ended: float | None,
                  buffers: list[torch.Tensor]) -> None:
@@ -266,7 +268,7 @@ class AdaptiveRunner:
         t = self.transform
         t.fill(captured.inputs, tensors, chunk)
         for name, dim in t.lengths.items():
-            self._lengths[name].fill_(chunk[dim].size)
+            captured.lengths[name].fill_(chunk[dim].size)
         captured.graph.replay()
         self.stats["replays"] += 1
         return t.cut(captured.leaves, chunk, copy=True), captured.spec
@@ -332,8 +334,8 @@ class AdaptiveRunner:
             self.transform.dims[dim].check(dim, gear)
         return tuple(int(gears[d]) for d in self.names)
 
-    def _body(self, inputs: dict[str, torch.Tensor]) -> Any:
-        return self.transform.fn(**inputs, **self._unbound, **self._lengths)
+    def _body(self, inputs: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor]) -> Any:
+        return self.transform.fn(**inputs, **self._unbound, **lengths)
 
     def _probe(self, gears: Variant) -> tuple[Chunk, dict[str, torch.Tensor]] | None:
         """A chunk of about half these gears' rows (`padding.probe_size`) and random inputs of
@@ -381,8 +383,7 @@ class AdaptiveRunner:
             raise PaddingError(self._why(chunk, diff))
 
     @torch.no_grad()
-    def _check_graph(self, gears: Variant, inputs: dict[str, torch.Tensor], graph: Graph,
-                     leaves: list[torch.Tensor]) -> str | None:
+    def _check_graph(self, gears: Variant, captured: _Captured) -> str | None:
         """Why the new graph of `gears`, replayed on a padded probe, does not give (cut back)
         what fn gives on the probe unpadded; None when it does (or nothing is padded)."""
         probe = self._probe(gears)
@@ -393,11 +394,11 @@ class AdaptiveRunner:
         with self._lock:  # the static buffers are shared with the graphs requests replay
             for name, buffer in self._unbound.items():
                 buffer.copy_(tensors[name])
-            t.fill(inputs, tensors, chunk)
+            t.fill(captured.inputs, tensors, chunk)
             for name, dim in t.lengths.items():
-                self._lengths[name].fill_(chunk[dim].size)
-            graph.replay()
-            got = t.cut(leaves, chunk, copy=True)
+                captured.lengths[name].fill_(chunk[dim].size)
+            captured.graph.replay()
+            got = t.cut(captured.leaves, chunk, copy=True)
         diff = padding.mismatch(got, self._unpadded(chunk, tensors))
         return None if diff is None else self._why(chunk, diff)
 

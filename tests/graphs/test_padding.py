@@ -1,0 +1,152 @@
+"""The padding contract: a function whose result would change with the padding is refused
+(symbolically at construction, by a padded probe at construction and once per graph), one
+that declares how it handles padding (`lengths=`, `handles_padding=`) is exact."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import gearshift as gs
+from gearshift.graphs import padding
+from gearshift.graphs.backends import CpuBackend
+from gearshift.graphs.pool import GraphResourcePool
+
+H = 8
+torch.manual_seed(0)
+LAYER = torch.nn.Linear(H, H)
+SEQ = {"SEQLEN": gs.Dim(gears=[4, 16, 64], max=64)}
+
+
+@torch.no_grad()
+def m(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(LAYER(x))
+
+
+def runner(fn: Callable[..., Any], **options: Any) -> gs.AdaptiveRunner:
+    transform = gs.Transform(fn, SEQ, inputs={"x": ("S", None)}, **options)
+    return gs.AdaptiveRunner(transform, {"x": torch.zeros(1, H)},
+                             pool=GraphResourcePool(CpuBackend()))
+
+
+def captured(r: gs.AdaptiveRunner) -> gs.AdaptiveRunner:
+    r.capture([{"SEQLEN": g} for g in r.gears["SEQLEN"]])
+    return r
+
+
+@pytest.mark.parametrize(
+    ("fn", "options"),
+    [
+        (lambda x: m(x)[-1], {}),  # the last token
+        (lambda x: m(x).mean(0), {}),  # a mean pool
+        (lambda x: m(x)[-1], {"outputs": (None,)}),  # declaring outputs changes nothing
+        (lambda x: (m(x), m(x)[-1:]), {}),  # a per-row output does not excuse the other
+    ],
+)
+def test_a_reduction_over_the_padded_axis_is_refused_with_the_fix(
+    fn: Callable[..., Any], options: dict[str, Any]
+) -> None:
+    with pytest.raises(gs.PaddingError, match="has no SEQLEN axis, yet it reads x") as e:
+        runner(fn, **options)
+    assert "select after run()" in str(e.value) and "lengths={'n': 'S'}" in str(e.value)
+
+
+def test_declared_lengths_make_the_last_token_and_the_mean_exact() -> None:
+    last = captured(runner(lambda x, n: m(x)[n - 1], lengths={"n": "S"}))
+    arange = torch.arange
+
+    def mean(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        return (m(x) * (arange(x.shape[0]) < n)[:, None]).sum(0) / n
+
+    pool = captured(runner(mean, lengths={"n": "S"}))
+    for s in (1, 3, 5, 16, 17, 64):
+        x = torch.randn(s, H)
+        torch.testing.assert_close(last.run({"x": x}), m(x)[-1:])
+        torch.testing.assert_close(pool.run({"x": x}), m(x).mean(0))
+    assert last.stats["replays"] == pool.stats["replays"] == 6
+    assert last.stats["eager"] == 0 and last.refused is None
+
+
+def test_a_mask_the_function_reads_is_declared_with_handles_padding() -> None:
+    def pooled(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return (m(x) * mask[:, None]).sum(0)  # the mask pads with 0: the sum is exact
+
+    inputs = {"x": ("S", None), "mask": ("S",)}
+    with pytest.raises(gs.PaddingError):
+        gs.Transform(pooled, SEQ, inputs=inputs)({"x": torch.ones(2, H), "mask": torch.ones(2)})
+    t = gs.Transform(pooled, SEQ, inputs=inputs, handles_padding=("S",))
+    r = gs.AdaptiveRunner(t, {"x": torch.zeros(1, H), "mask": torch.ones(1)},
+                          pool=GraphResourcePool(CpuBackend()))
+    captured(r)
+    x, mask = torch.randn(5, H), torch.ones(5)
+    torch.testing.assert_close(r.run({"x": x, "mask": mask}), pooled(x, mask))
+    assert r.stats["replays"] == 1
+
+
+def test_row_wise_functions_stay_exact() -> None:
+    r = captured(runner(lambda x: m(x) * 2))
+    for s in (1, 3, 16, 33):
+        x = torch.randn(s, H)
+        torch.testing.assert_close(r.run({"x": x}), m(x) * 2)
+    assert r.stats["replays"] == 4 and r.refused is None
+
+
+def test_padding_that_changes_real_rows_is_refused_by_the_probe() -> None:
+    def attention(x: torch.Tensor) -> torch.Tensor:  # every position sees every other one
+        return torch.softmax(m(x) @ m(x).T, -1) @ x
+
+    with pytest.raises(gs.PaddingError, match="does not give, cut back, what it gives"):
+        runner(attention)
+    causal = runner(lambda x: torch.nn.functional.scaled_dot_product_attention(
+        m(x)[None], m(x)[None], x[None], is_causal=True)[0])
+    x = torch.randn(5, H)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        m(x)[None], m(x)[None], x[None], is_causal=True)[0]
+    torch.testing.assert_close(captured(causal).run({"x": x}), want)
+
+
+def test_a_graph_that_fails_the_probe_is_dropped_and_calls_run_eagerly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def mixes_from_9(x: torch.Tensor) -> torch.Tensor:  # exact at the construction probe (4)
+        return x + x.sum(0) if x.shape[0] > 8 else x
+
+    r = runner(mixes_from_9)
+    with caplog.at_level(logging.WARNING, "gearshift"):
+        assert r.capture([{"SEQLEN": 16}]) == 0  # probed with 8 rows: 16 of them mix
+        assert r.capture([{"SEQLEN": 4}, {"SEQLEN": 64}]) == 0  # none after it
+    assert r.refused is not None and "padded from {'SEQLEN': 8}" in r.refused
+    assert r.ready() == [] and len(r.pool) == 0
+    assert sum("runs eagerly on its unpadded inputs" in m.message for m in caplog.records) == 1
+    for s in (3, 12):
+        x = torch.randn(s, H)
+        torch.testing.assert_close(r.run({"x": x}), mixes_from_9(x))
+    assert r.stats["eager"] == 2 and r.stats["replays"] == 0
+
+
+def test_trace_finds_what_each_output_reads_through_views_and_writes() -> None:
+    def f(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.zeros(H)
+        y.add_(x[-1])  # written in place: y reads x
+        return scale * 2, y, torch.full((3,), x.shape[0]), torch.zeros(2)
+
+    t = gs.Transform(f, SEQ, inputs={"x": ("S", None), "scale": (None,)})
+    fakes = t._fakes({"x": torch.zeros(3, H), "scale": torch.zeros(H)})
+    leaves, _ = padding.trace(f, fakes)
+    assert [set(leaf.reads) for leaf in leaves] == [{"scale"}, {"x"}, {"x"}, set()]
+
+
+def test_mismatch_is_exact_on_integers_and_relative_on_floats() -> None:
+    a = torch.randn(4, 3) * 100
+    assert padding.mismatch([a, torch.arange(3)], [a + 1e-4, torch.arange(3)]) is None
+    assert "differs by up to" in str(padding.mismatch([a], [a + 1.0]))
+    assert "differs in 1 of 3" in str(padding.mismatch([torch.tensor([1, 2, 3])],
+                                                       [torch.tensor([1, 2, 4])]))
+    nan = torch.tensor([float("nan"), 1.0])
+    assert padding.mismatch([nan], [nan.clone()]) is None
+    assert padding.mismatch([nan], [torch.ones(2)]) is not None
+    assert "is (2,)" in str(padding.mismatch([torch.ones(2)], [torch.ones(3)]))
