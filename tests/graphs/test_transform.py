@@ -196,3 +196,21 @@ def test_bad_bindings_are_clear_errors() -> None:
         symbols={"b": "BATCHSIZE", "s": "SEQLEN"},
     )
     assert custom.inputs["mask"] == ("BATCHSIZE", "SEQLEN")
+
+
+def test_inputs_are_checked_against_the_signature() -> None:
+    dims = {"BATCHSIZE": gs.Dim(max=8)}
+    with pytest.raises(gs.ShapeError, match=r"input 'inp' is not a parameter of .*\(x\)"):
+        Transform(lambda x: x, dims, inputs={"inp": ("B", None)})
+    with pytest.raises(gs.ShapeError, match=r"requires \['mask'\], which no input gives"):
+        Transform(masked, dims, inputs={"x": ("B", None)})
+    with pytest.raises(gs.ShapeError, match="input 'n' is not a parameter"):
+        Transform(lambda x: x, dims, inputs={"x": ("B", None)}, lengths={"n": "B"})
+    Transform(lambda **kw: kw["inp"], dims, inputs={"inp": ("B", None)})  # takes any name
+    Transform(LAYER, dims, inputs={"input": ("B", None)})  # a module: its forward's names
+
+
+def test_an_input_that_is_not_a_tensor_is_named() -> None:
+    with pytest.raises(gs.ShapeError, match=r"x must be a torch\.Tensor, got list"):
+        ONE.check({"x": [[1.0] * H]})  # type: ignore[dict-item]
+

@@ -195,6 +195,24 @@ def test_runner_builds_and_attaches_and_its_backend_reports_memory(
     assert Kind.MEMORY in kinds and Kind.SHAPE in kinds
 
 
+def test_the_issue_s_mistakes_are_refused_at_runner_or_run_naming_the_input(
+    client: gs.Client,
+) -> None:
+    m = torch.nn.Linear(64, 64)
+    p = client.profile("prefill", {"SEQLEN": gs.Dim(max=4096)})
+    with pytest.raises(gs.PaddingError, match="select after run"):  # the last token
+        p.runner(lambda x: m(x)[-1], {"x": ("S", None)}, {"x": torch.zeros(1, 64)})
+    with pytest.raises(gs.ShapeError, match="input 'inp' is not a parameter"):
+        p.runner(lambda x: m(x), {"inp": ("S", None)}, {"inp": torch.zeros(1, 64)})
+    p.runner(torch.no_grad()(lambda x, n: m(x)[n - 1]), {"x": ("S", None)},
+             {"x": torch.zeros(1, 64)}, lengths={"n": "S"})
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(p.run(x=x), m(x)[-1:])
+    with pytest.raises(gs.ShapeError, match=r"x must be a torch\.Tensor, got list"):
+        p.run(x=[[0.0] * 64])
+
+
 def test_a_request_checks_its_tensors_once(
     prof: gs.Profile, runner: gs.AdaptiveRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:

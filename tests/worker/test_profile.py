@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import pickle
 import threading
 
@@ -164,8 +165,22 @@ def test_profile_dims_are_validated(client: gs.Client) -> None:
 
 def test_the_same_name_gives_the_same_profile(client: gs.Client, prof: gs.Profile) -> None:
     assert client.profile("decode", dict(DIMS)) is prof
-    with pytest.raises(gs.ProfileMismatch, match="other dims"):
+    with pytest.raises(gs.ProfileMismatch, match="other dims") as e:
         client.profile("decode", {"BATCHSIZE": gs.Dim()})
+    assert "(BATCHSIZE=Dim(gears=(1, 2, 4" in str(e.value)  # the known dims, then the new ones
+    assert "this call declares BATCHSIZE=Dim(gears=None" in str(e.value)
+
+
+def test_gears_sorted_or_de_duplicated_are_logged_once(
+    client: gs.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    dims = {"SEQLEN": gs.Dim(gears=[8, 2, 2], max=16), "BATCHSIZE": gs.Dim(gears=[1, 4])}
+    with caplog.at_level(logging.WARNING, "gearshift"):
+        client.profile("sorted", dims)
+        client.profile("sorted", dims)
+    notes = [r.getMessage() for r in caplog.records if "de-duplicated" in r.getMessage()]
+    assert notes == ["profile 'sorted': SEQLEN gears [8, 2, 2] were sorted and de-duplicated"
+                     " to [2, 8]"]
 
 
 # the specialised route (generated per profile) against the generic one (Profile.route)

@@ -5,6 +5,7 @@ the new gears in use outside the request lock."""
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import threading
 from collections.abc import Iterable, Mapping
@@ -126,6 +127,26 @@ def test_a_failed_capture_is_retried_later_and_counted(
     client.clock.sleep(RETRY_SECONDS[1])
     client.tick()
     assert prof.stats["capture_retries"] == 1  # nothing left to retry
+
+
+def test_a_capture_failing_on_every_retry_is_logged_once_with_its_reason(
+    client: gs.Client, fake: FakeController, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Failing(ScriptedRunner):
+        def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
+            raise TypeError("<lambda>() got an unexpected keyword argument 'inp'")
+
+    dims = {"BATCHSIZE": gs.Dim(gears=[1, 2], max=8)}
+    prof = client.profile("p", dims, lazy_start=False)
+    prof.attach(Failing(dims))
+    with caplog.at_level(logging.WARNING, "gearshift"):
+        settle(client, prof)
+        for _ in range(6):
+            client.clock.sleep(RETRY_SECONDS[1])
+            client.tick()
+    assert prof.stats["capture_failures"] == 2 * profile_module.RETRY_ATTEMPTS
+    [warned] = caplog.records  # one line, its reason, no traceback (that is at debug level)
+    assert "unexpected keyword argument 'inp'" in warned.getMessage() and not warned.exc_info
 
 
 def test_a_full_device_stops_the_plan_once_and_still_settles(
