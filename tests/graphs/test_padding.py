@@ -71,6 +71,15 @@ def test_declared_lengths_make_the_last_token_and_the_mean_exact() -> None:
     assert last.stats["eager"] == 0 and last.refused is None
 
 
+def test_bad_declarations_are_named() -> None:
+    with pytest.raises(gs.ShapeError, match=r"lengths\['x'\] must name a symbol"):
+        runner(lambda x: x, lengths={"x": "S"})
+    with pytest.raises(gs.ShapeError, match=r"lengths\['n'\] axis 0: unknown symbol 'T'"):
+        runner(lambda x, n: x, lengths={"n": "T"})
+    with pytest.raises(gs.ShapeError, match="handles_padding axis 0: unknown symbol 'T'"):
+        runner(lambda x: x, handles_padding="T")
+
+
 def test_a_mask_the_function_reads_is_declared_with_handles_padding() -> None:
     def pooled(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return (m(x) * mask[:, None]).sum(0)  # the mask pads with 0: the sum is exact

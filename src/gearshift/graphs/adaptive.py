@@ -352,16 +352,8 @@ class AdaptiveRunner:
         return t.leaves(t.call(probe, {d: s.size for d, s in chunk.items()}))[0]
 
     def _why(self, chunk: Chunk, diff: str) -> str:
-        real = {d: s.size for d, s in chunk.items()}
-        gears = {d: s.gear for d, s in chunk.items()}
-        fn = getattr(self.transform.fn, "__qualname__", None) or repr(self.transform.fn)
-        return (
-            f"{fn} run on inputs padded from {real} to gears {gears} does not give, cut back,"
-            f" what it gives on the unpadded inputs ({diff}): the padding changes its real rows"
-            f" (attention over every position, a reduction or a flip over the padded axis)."
-            f" Make fn leave padded rows out (a mask or a lengths= input it reads, causal"
-            f" attention), or run it without gearshift"
-        )
+        return padding.changed(self.transform.fn, {d: s.size for d, s in chunk.items()},
+                               {d: s.gear for d, s in chunk.items()}, diff)
 
     @torch.no_grad()
     def _check_eagerly(self) -> None:

@@ -127,6 +127,19 @@ def refusal(fn: Callable[..., Any], i: int, dim: str, readers: Sequence[str],
     )
 
 
+def changed(fn: Callable[..., Any], real: Mapping[str, int], gears: Mapping[str, int],
+            diff: str) -> str:
+    """Why `fn` is refused when a padded probe (`real` rows padded to `gears`) gave `diff`."""
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    return (
+        f"{name} run on inputs padded from {dict(real)} to gears {dict(gears)} does not give,"
+        f" cut back, what it gives on the unpadded inputs ({diff}): the padding changes its"
+        f" real rows (attention over every position, a reduction or a flip over the padded"
+        f" axis). Make fn leave padded rows out (a mask or a lengths= input it reads, causal"
+        f" attention), or run it without gearshift"
+    )
+
+
 def probe_size(dim: Dim, gear: int) -> int:
     """The real size a gear is checked with: about half of it (so that it is padded), at
     least the dim's min, at most the gear."""

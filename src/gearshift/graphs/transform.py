@@ -102,12 +102,15 @@ class Transform:
         self.bound = [n for n, axes in self.inputs.items() if any(axes)]
         self.lengths: dict[str, str] = {}  # input -> the dim whose real size it is given
         for name, symbol in (lengths or {}).items():
-            if name in self.inputs:
-                raise ShapeError(f"lengths input {name!r} is also in inputs: gearshift gives it")
-            self.lengths[name] = self._resolve((symbol,), f"lengths[{name!r}]")[0]  # type: ignore[assignment]
+            if name in self.inputs or not isinstance(symbol, str):
+                raise ShapeError(f"lengths[{name!r}] must name a symbol (gearshift passes that"
+                                 f" input: it is not one of inputs), got {symbol!r}")
+            self._resolve((symbol,), f"lengths[{name!r}]")  # an unknown symbol: ShapeError
+            self.lengths[name] = self.symbols[symbol]
+        if isinstance(handles_padding, str):
+            handles_padding = (handles_padding,)
         self.handled = {*self.lengths.values(), *self._resolve(handles_padding, "handles_padding")}
         self.outputs: list[Axes] | None = None  # one Axes per output tensor (pytree leaf)
-        self.declared = outputs is not None
         if outputs is not None:
             single = all(a is None or isinstance(a, str) for a in outputs)
             declared = [outputs] if single else list(outputs)
@@ -329,6 +332,7 @@ class Transform:
             except Exception as e:
                 raise ShapeError(
                     f"cannot trace the output axes of {self.fn!r} ({e}); declare outputs="
+                    " (each output then counts as reading every input)"
                 ) from e
             found = self._axes_of(leaves, shapes)
             reads = [leaf.reads for leaf in leaves]
