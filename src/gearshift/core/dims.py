@@ -69,7 +69,7 @@ class Dim:
             if isinstance(self.gears, (str, bytes, Mapping)) or not hasattr(self.gears, "__iter__"):
                 raise ShapeError(f"Dim.gears must be a sequence of ints, got {brief(self.gears)}")
             gears = normalize_gears(self.gears)
-            given = list(self.gears)
+            given = [int(g) for g in self.gears]  # ints: normalize_gears checked them
             if given != list(gears):
                 object.__setattr__(self, "reordered", brief(given))
             if gears[0] < self.min or gears[-1] > self.max:

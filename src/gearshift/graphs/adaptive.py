@@ -190,15 +190,15 @@ class AdaptiveRunner:
         began = self.meter.now()
         try:
             leaves, spec = self.transform.leaves(graph.capture())
+            ended = self.meter.now()
+            captured = _Captured(inputs, graph, leaves, spec, lengths)
+            why = self._check_graph(gears, captured)
         except BaseException:
             with self._count_lock:
                 self.stats["capture_failures"] += 1
             graph.reset()  # a captured graph of unexpected outputs holds memory too
             self.backend.collect()
             raise
-        ended = self.meter.now()
-        captured = _Captured(inputs, graph, leaves, spec, lengths)
-        why = self._check_graph(gears, captured)
         if why is not None:
             graph.reset()
             self.backend.collect()
