@@ -137,6 +137,24 @@ def test_a_graph_that_fails_the_probe_is_dropped_and_calls_run_eagerly(
     assert r.stats["eager"] == 2 and r.stats["replays"] == 0
 
 
+def test_each_gear_is_probed_once() -> None:
+    calls = []
+
+    def counted(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return m(x)
+
+    r = gs.AdaptiveRunner(gs.Transform(counted, SEQ, inputs={"x": ("S", None)}),
+                          {"x": torch.zeros(1, H)}, pool=GraphResourcePool(CpuBackend()),
+                          replays=0)
+    calls.clear()  # the trace and the construction probe
+    r.capture([{"SEQLEN": 16}])
+    assert calls == [16, 16, 8]  # the capture, the probe's replay, fn on the probe unpadded
+    r.release("SEQLEN", 16)
+    r.capture([{"SEQLEN": 16}])
+    assert calls == [16, 16, 8, 16]  # captured again, not probed again
+
+
 def test_trace_finds_what_each_output_reads_through_views_and_writes() -> None:
     def f(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
         y = torch.zeros(H)

@@ -23,13 +23,11 @@ behind (its graph is reset) and is counted. Every graph captured is measured the
 (`graphs.measure`: capture and replay seconds, bytes) before any request replays it, and its
 cost waits in `measured` (bounded) for `take_measurements`.
 
-The padding contract (`graphs.padding`): the transform refuses a function that reduces over
-a padded dim; the runner also checks that padding leaves real rows alone, on random inputs
-with about half a gear of real rows: once eagerly at construction (PaddingError if not), and
-once per graph it captures (its replay against the function on the unpadded inputs). A graph
-that fails is dropped and the runner gives up padding: from then on every call runs eagerly
-on its unpadded inputs (`refused` says why, logged once). Lengths inputs (`lengths=`) are
-buffers of each graph (valid sizes at capture), set to a chunk's real sizes before its replay.
+The padding contract (`graphs.padding`): beyond the transform's refusals, a random probe of
+about half a gear's rows, padded, must give what it gives unpadded: run eagerly at
+construction (PaddingError), and replayed on the first graph of each gear. A graph that fails
+is dropped and every call runs eagerly, unpadded, from then on (`refused`, logged once).
+Lengths inputs (`lengths=`) are buffers of each graph, set to a chunk's real sizes.
 """
 
 from __future__ import annotations
@@ -121,6 +119,7 @@ class AdaptiveRunner:
         }
         self._example = {n: t.detach().clone() for n, t in example.items()}  # for probes
         self.refused: str | None = None  # why padding was given up (all calls eager since)
+        self._checked: dict[str, set[int]] = {d: set() for d in self.names}  # gears probed
         self._caps = tuple(g[-1] for g in self.gears.values())
         self._buffers = self._allocate(self._caps)
         self._variants: dict[Variant, _Captured] = {}  # copy-on-write, under _lock
@@ -377,7 +376,11 @@ class AdaptiveRunner:
     @torch.no_grad()
     def _check_graph(self, gears: Variant, captured: _Captured) -> str | None:
         """Why the new graph of `gears`, replayed on a padded probe, does not give (cut back)
-        what fn gives on the probe unpadded; None when it does (or nothing is padded)."""
+        what fn gives on the probe unpadded; None when it does (or nothing is padded, or every
+        gear of it was probed before)."""
+        checked = self._checked
+        if all(g in checked[d] for d, g in zip(self.names, gears, strict=True)):
+            return None
         probe = self._probe(gears)
         if probe is None:
             return None
@@ -392,7 +395,11 @@ class AdaptiveRunner:
             captured.graph.replay()
             got = t.cut(captured.leaves, chunk, copy=True)
         diff = padding.mismatch(got, self._unpadded(chunk, tensors))
-        return None if diff is None else self._why(chunk, diff)
+        if diff is not None:
+            return self._why(chunk, diff)
+        for d, g in zip(self.names, gears, strict=True):
+            checked[d].add(g)
+        return None
 
     def _allocate(self, caps: Variant) -> dict[str, torch.Tensor]:
         at = dict(zip(self.names, caps, strict=True))
