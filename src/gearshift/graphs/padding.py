@@ -1,9 +1,9 @@
 """The padding contract: a function run on inputs padded up to a gear, its outputs cut back to
 the real rows, must give what it gives on the unpadded inputs; else gearshift refuses it.
 
-- `trace`: the function traced once (make_fx, functionalized) on fake inputs whose bound axes
-  are symbols: per output (pytree leaf), its sizes and the inputs it reads (their data or
-  their sizes).
+- `trace`: the function traced once (make_fx, symbolic) on fake inputs whose bound axes are
+  symbols: per output (pytree leaf), its sizes and the inputs it reads (their data or their
+  sizes; through views and in-place writes).
 - An output that reads an input padded along a dim and has no axis of that dim reduces or
   selects over the padding (the last token, a mean pool): `Transform` refuses it
   (PaddingError) unless the function handles that dim's padding itself (`lengths=`,
