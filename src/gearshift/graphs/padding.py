@@ -11,7 +11,7 @@ the real rows, must give what it gives on the unpadded inputs; else gearshift re
 - `probe` and `mismatch`: random inputs with fewer real rows than a gear, and whether a padded
   run's outputs, cut back, equal the unpadded run's (within the dtype's tolerance). An output
   that keeps the dim may still mix padded rows into real ones (attention over every position,
-  a flip): `AdaptiveRunner` checks this at construction and once per graph it captures.
+  a flip): `AdaptiveRunner` checks this at construction and on the first graph of each gear.
 """
 
 from __future__ import annotations
