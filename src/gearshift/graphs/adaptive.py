@@ -23,10 +23,11 @@ behind (its graph is reset) and is counted. Every graph captured is measured the
 (`graphs.measure`: capture and replay seconds, bytes) before any request replays it, and its
 cost waits in `measured` (bounded) for `take_measurements`.
 
-The padding contract (`graphs.padding`): beyond the transform's refusals, a random probe of
-about half a gear's rows, padded, must give what it gives unpadded: run eagerly at
-construction (PaddingError), and replayed on the first graph of each gear. A graph that fails
-is dropped and every call runs eagerly, unpadded, from then on (`refused`, logged once).
+The padding contract (`graphs.padding`, `graphs.probe`): beyond the transform's refusals, a
+random probe of about half a gear's rows, padded, must give what it gives unpadded: run
+eagerly at construction (PaddingError), and replayed on the first graph of each gear. A graph
+that fails is dropped and every call runs eagerly, unpadded, from then on (`refused`, logged
+once).
 Lengths inputs (`lengths=`) are buffers of each graph, set to a chunk's real sizes.
 """
 
@@ -47,12 +48,12 @@ from torch.utils._pytree import tree_unflatten
 
 from gearshift.clock import Clock
 from gearshift.core.dims import Gears, gear_for
-from gearshift.errors import PaddingError, ShapeError
-from gearshift.graphs import padding
+from gearshift.errors import ShapeError
 from gearshift.graphs.backends import Graph, backend_for
 from gearshift.graphs.device import outside_capture
 from gearshift.graphs.measure import GraphCost, Meter, replays_for
 from gearshift.graphs.pool import GraphResourcePool, KeyGearIndex
+from gearshift.graphs.probe import Prober
 from gearshift.graphs.transform import Chunk, Span, Transform
 
 log = logging.getLogger(__name__)
@@ -117,9 +118,8 @@ class AdaptiveRunner:
         self._unbound = {
             n: example[n].clone() for n in transform.inputs if n not in transform.bound
         }
-        self._example = {n: t.detach().clone() for n, t in example.items()}  # for probes
         self.refused: str | None = None  # why padding was given up (all calls eager since)
-        self._checked: dict[str, set[int]] = {d: set() for d in self.names}  # gears probed
+        self._prober = Prober(transform, example)
         self._caps = tuple(g[-1] for g in self.gears.values())
         self._buffers = self._allocate(self._caps)
         self._variants: dict[Variant, _Captured] = {}  # copy-on-write, under _lock
@@ -128,7 +128,7 @@ class AdaptiveRunner:
         self._capture_lock = threading.Lock()
         self._keys: dict[Variant, list[int]] = {}  # each variant's graph keys
         self._restage = False  # the survivors of a release need smaller buffers
-        self._check_eagerly()
+        self._prober.check_eagerly(self.gears)
 
     def ready(self) -> list[Variant]:
         return sorted(self._variants)
@@ -309,6 +309,8 @@ class AdaptiveRunner:
         for gears in sorted(self._variants, key=lambda g: (math.prod(g), g), reverse=True):
             old = self._keys.get(gears, [])
             captured = self._capture(gears)
+            if captured is None:  # refused by the padding probe: every call runs eagerly
+                break
             with self._lock:
                 self._variants = {**self._variants, gears: captured}
                 self.stats["captures"] += 1
@@ -336,70 +338,22 @@ class AdaptiveRunner:
     def _body(self, inputs: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor]) -> Any:
         return self.transform.fn(**inputs, **self._unbound, **lengths)
 
-    def _probe(self, gears: Variant) -> tuple[Chunk, dict[str, torch.Tensor]] | None:
-        """A chunk of about half these gears' rows (`padding.probe_size`) and random inputs of
-        its real sizes; None when no dim would be padded."""
-        spans = {d: Span(0, padding.probe_size(self.transform.dims[d], g), g)
-                 for d, g in zip(self.names, gears, strict=True)}
-        if all(s.size == s.gear for s in spans.values()):
-            return None
-        sizes = {d: s.size for d, s in spans.items()}
-        return spans, padding.probe(self._example, self.transform.inputs, sizes, seed=sum(gears))
-
-    def _unpadded(self, chunk: Chunk, probe: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        t = self.transform
-        return t.leaves(t.call(probe, {d: s.size for d, s in chunk.items()}))[0]
-
-    def _why(self, chunk: Chunk, diff: str) -> str:
-        return padding.changed(self.transform.fn, {d: s.size for d, s in chunk.items()},
-                               {d: s.gear for d, s in chunk.items()}, diff)
-
-    @torch.no_grad()
-    def _check_eagerly(self) -> None:
-        """PaddingError unless fn, run eagerly on a padded probe of the smallest initial gears
-        that pad it, gives (cut back) what it gives on the probe unpadded."""
-        dims = self.transform.dims
-        gears = tuple(
-            next((g for g in self.gears[d] if padding.probe_size(dims[d], g) < g), self.gears[d][0])
-            for d in self.names
-        )
-        probe = self._probe(gears)
-        if probe is None:
-            return
-        chunk, tensors = probe
-        t = self.transform
-        got = t.cut(t.leaves(t.fn(**t.transform(tensors, chunk)))[0], chunk)
-        diff = padding.mismatch(got, self._unpadded(chunk, tensors))
-        if diff is not None:
-            raise PaddingError(self._why(chunk, diff))
-
-    @torch.no_grad()
     def _check_graph(self, gears: Variant, captured: _Captured) -> str | None:
-        """Why the new graph of `gears`, replayed on a padded probe, does not give (cut back)
-        what fn gives on the probe unpadded; None when it does (or nothing is padded, or every
-        gear of it was probed before)."""
-        checked = self._checked
-        if all(g in checked[d] for d, g in zip(self.names, gears, strict=True)):
-            return None
-        probe = self._probe(gears)
-        if probe is None:
-            return None
-        chunk, tensors = probe
+        """Why the new graph of `gears` fails the padding probe (`Prober.check`), or None."""
         t = self.transform
-        with self._lock:  # the static buffers are shared with the graphs requests replay
-            for name, buffer in self._unbound.items():
-                buffer.copy_(tensors[name])
-            t.fill(captured.inputs, tensors, chunk)
-            for name, dim in t.lengths.items():
-                captured.lengths[name].fill_(chunk[dim].size)
-            captured.graph.replay()
-            got = t.cut(captured.leaves, chunk, copy=True)
-        diff = padding.mismatch(got, self._unpadded(chunk, tensors))
-        if diff is not None:
-            return self._why(chunk, diff)
-        for d, g in zip(self.names, gears, strict=True):
-            checked[d].add(g)
-        return None
+
+        @torch.no_grad()
+        def replay(chunk: Chunk, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+            with outside_capture(), self._lock:  # the static buffers are the requests' too
+                for name, buffer in self._unbound.items():
+                    buffer.copy_(tensors[name])
+                t.fill(captured.inputs, tensors, chunk)
+                for name, dim in t.lengths.items():
+                    captured.lengths[name].fill_(chunk[dim].size)
+                captured.graph.replay()
+                return t.cut(captured.leaves, chunk, copy=True)
+
+        return self._prober.check(gears, replay)
 
     def _allocate(self, caps: Variant) -> dict[str, torch.Tensor]:
         at = dict(zip(self.names, caps, strict=True))
