@@ -154,6 +154,12 @@ def describe(dims: Mapping[str, Dim]) -> str:
     return ", ".join(f"{name}={dim}" for name, dim in dims.items())
 
 
+def redeclared(name: str, known: Mapping[str, Dim], dims: Mapping[str, Dim]) -> str:
+    """Why profile `name`, known in this process with `known`, is refused with `dims`."""
+    return (f"profile {name!r} is already registered in this process with other dims"
+            f" ({describe(known)}); this call declares {describe(dims)}")
+
+
 def brief(value: object, limit: int = 60) -> str:
     """`repr(value)` cut to `limit` characters: error messages never carry a whole input."""
     text = repr(value) if not isinstance(value, (str, bytes)) or len(value) <= limit \

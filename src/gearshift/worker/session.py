@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from gearshift import protocol
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.core.dims import Dim, describe
+from gearshift.core.dims import Dim, redeclared
 from gearshift.errors import (
     ConfigError,
     ControllerNotFound,
@@ -153,9 +153,7 @@ class Client:
                 self._profiles = {**self._profiles, name: prof}
         if known is not None:
             if known.dims != dims:
-                raise ProfileMismatch(f"profile {name!r} is already registered in this process"
-                                      f" with other dims ({describe(known.dims)}); this call"
-                                      f" declares {describe(dims)}")
+                raise ProfileMismatch(redeclared(name, known.dims, dims))
             return known
         self._registrations.add(prof)
         if self.registry is not None and self.registry.controller().alive:
