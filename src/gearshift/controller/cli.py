@@ -34,8 +34,9 @@ from gearshift.errors import (
     GearshiftError,
     NamespaceBusy,
     NamespaceError,
+    StateError,
 )
-from gearshift.shm import Registry, cleanup, liveness, names
+from gearshift.shm import Registry, SnapshotRegion, cleanup, liveness, names
 
 log = logging.getLogger(__name__)
 EXITS = (  # the first class an error is an instance of decides the exit status
@@ -180,7 +181,7 @@ def serve(
             )
             for line in seed_lines(str(initial_gears), seed or {}, controller.devices):
                 log.info("%s", line)
-        controller.run(stop)
+            controller.run(stop)  # StateError (exit status 1) if the final save failed
         log.info("controller pid %d stopped, state saved to %s", os.getpid(),
                  config.state_path / statefile.STATE_FILE)
     finally:
@@ -354,7 +355,8 @@ def export(
 def stop(namespace: str | None, timeout: float) -> None:
     """Stop a namespace's controller and wait until it has exited.
 
-    SIGTERM: final drain, state saved. An embedded controller is refused: stop its worker."""
+    SIGTERM: final drain, state saved. An embedded controller is refused: stop its worker.
+    Exit status 1 if the controller says its final state save failed."""
     clock = MonotonicClock()
     with _exits():
         namespace = names.resolve(namespace)
@@ -375,12 +377,21 @@ def stop(namespace: str | None, timeout: float) -> None:
                 f"worker pid {owner.pid}: stop that worker instead"
             )
         ident = liveness.identity(owner.pid)
-        os.kill(owner.pid, signal.SIGTERM)
-        deadline = clock.now() + timeout
-        while liveness.alive(ident):
-            if clock.now() >= deadline:
-                raise GearshiftError(f"controller pid {owner.pid} still runs after {timeout} s")
-            clock.sleep(0.02)
+        last = _status_region(namespace)  # stays mapped when the namespace is removed
+        try:
+            os.kill(owner.pid, signal.SIGTERM)
+            deadline = clock.now() + timeout
+            while liveness.alive(ident):
+                if clock.now() >= deadline:
+                    raise GearshiftError(f"controller pid {owner.pid} still runs after {timeout} s")
+                clock.sleep(0.02)
+            failed = _save_failure(last, owner.pid)
+        finally:
+            if last is not None:
+                last.close()
+        if failed:
+            raise StateError(f"controller pid {owner.pid} of namespace {namespace!r} stopped, but "
+                             f"its final state save {failed}")
     click.echo(f"controller pid {owner.pid} of namespace {namespace!r} stopped")
 
 
@@ -415,3 +426,22 @@ def cleanup_command(namespace: str | None, with_state: bool, state_dir: str | No
     click.echo("\n".join(removed) if removed else f"namespace {namespace!r}: nothing to remove")
     if not with_state and (state / statefile.STATE_FILE).exists():
         click.echo(f"namespace {namespace!r}: its state stays in {state} (--state removes it)")
+
+
+def _status_region(namespace: str) -> SnapshotRegion | None:
+    try:
+        return SnapshotRegion.attach_named(names.status(namespace))
+    except (OSError, GearshiftError):
+        return None
+
+
+def _save_failure(region: SnapshotRegion | None, pid: int) -> str | None:
+    """"failed: why" if the last status document of controller `pid` in `region` says its
+    final save failed; None if it was saved or that is not known."""
+    try:
+        doc = region.read() if region is not None else None
+    except GearshiftError:
+        return None
+    said = doc.payload if doc is not None and isinstance(doc.payload, dict) else {}
+    outcome = said.get("final_save") if said.get("pid") == pid else None
+    return outcome if isinstance(outcome, str) and outcome.startswith("failed") else None

@@ -12,7 +12,9 @@ phase is counted and logged (at most every 10 s per phase), and the loop goes on
 Versions only increase: a device's snapshot is published at max(region version, saved
 version) + 1, across restarts, takeovers and recreated segments; on start every restored
 device is published once. Graceful stop (`close`): final drain, state saved, status published,
-identity released; the namespace stays while live workers hold slots, else it is removed.
+identity released; the namespace stays while live workers hold slots, else it is removed. The
+final save's failure is logged every time (not throttled as the loop's errors are), marked in
+the last status document (`final_save`) and raised (StateError) once the rest is done.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from gearshift.controller.ingest import Batch, ProfileKeys
 from gearshift.controller.slots import Slots, Worker
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger, ProfileLedger, Round, decide_round
-from gearshift.errors import ControllerRunning, NamespaceBusy, NotOwned
+from gearshift.errors import ControllerRunning, NamespaceBusy, NotOwned, StateError
 from gearshift.protocol import snapshot_payload
 from gearshift.shm import Registry, SnapshotRegion, cleanup
 from gearshift.shm.cleanup import own
@@ -85,6 +87,7 @@ class Controller:
         self._stop_metrics: Callable[[], None] | None = None
         self._state_lock: statefile.StateLock | None = None
         self._closed = False
+        self.final_save: str | None = None  # at close: "saved" or "failed: why"
 
     @property
     def counts(self) -> dict[str, int]:
@@ -152,7 +155,8 @@ class Controller:
             self.close()
 
     def close(self) -> None:
-        """Graceful stop (see the module docstring); idempotent."""
+        """Graceful stop (see the module docstring); idempotent. StateError, once everything
+        else is done, if the final save failed."""
         if self._closed:
             return
         now = self.clock.now()
@@ -162,9 +166,25 @@ class Controller:
             self._guard("final drain", self._drain, now)
             if self.batch.counts["consumed"] == before:
                 break
-        self._guard("state save", self._save)
+        failure = self._final_save()
         self._guard("status", self._publish_status, now)
         self._release()
+        if failure is not None:
+            raise StateError(f"the final state save to {self.config.state_path} failed "
+                             f"({failure}): what changed since the last save is lost")
+
+    def _final_save(self) -> str | None:
+        """The state saved at close; a failure is logged every time (never throttled: it is
+        the last word on the state) and said, also in the last status document."""
+        try:
+            self._save()
+        except Exception as e:
+            self.errors += 1
+            self.final_save = f"failed: {type(e).__name__}: {str(e)[:200]}"
+            log.error("final state save to %s failed", self.config.state_path, exc_info=e)
+            return self.final_save.removeprefix("failed: ")
+        self.final_save = "saved"
+        return None
 
     def __enter__(self) -> Controller:
         return self
@@ -318,7 +338,8 @@ class Controller:
             now, namespace=self.config.namespace, embedded=self.embedded, policy=self.policy,
             counts=self.counts, rounds=self.rounds, workers=self.slots.workers.values(),
             devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
-            lags=self.slots.lags, changes=self.changes, costs=self.costs)
+            lags=self.slots.lags, changes=self.changes, costs=self.costs,
+            final_save=self.final_save)
 
     def _publish_status(self, now: float) -> None:
         self._next_status = now + self.config.status_interval_seconds
@@ -372,10 +393,16 @@ class EmbeddedController:
     def __init__(self, controller: Controller) -> None:
         self.controller = controller
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=controller.run, args=(self._stop,), name="gearshift-controller", daemon=True
-        )
+        self.error: StateError | None = None  # the final save's failure (logged already)
+        self._thread = threading.Thread(target=self._run, name="gearshift-controller",
+                                        daemon=True)
         self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.controller.run(self._stop)
+        except StateError as e:
+            self.error = e
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop gracefully (final drain, state saved); False if it did not end in `timeout`."""

@@ -9,6 +9,7 @@ NaN-free floats only:
      "events": {"consumed", "folded", "unknown", "invalid", "reclaimed_workers",
                 "exited_workers", "errors", "corrupt_slots", "measured"},
      "rounds": {"count", "seconds_sum", "last_seconds"},
+     "final_save": None while running; at close "saved" or "failed: why",
      "workers": [{"slot", "generation", "pid", "device", "alive", "consumed", "dropped",
                   "applied", "profiles": [[local id, name], ...]}],
      "devices": [{"device", "version", "memory_usage", "last_update",
@@ -114,6 +115,7 @@ def document(
     lags: Mapping[int, Lag],
     changes: Mapping[int, Mapping[str, list[list[Any]]]],
     costs: CostBook | None = None,
+    final_save: str | None = None,
 ) -> dict[str, Any]:
     """The status document at `now`: the event `counts`, decision `rounds`, the `workers`,
     and per device of `devices` its `memory_usage`, `lags`, last round's `changes` and the
@@ -160,6 +162,7 @@ def document(
         "time": now,
         "events": dict(counts),
         "rounds": dict(rounds),
+        "final_save": final_save,
         "workers": worker_entries,
         "devices": device_entries,
     }
