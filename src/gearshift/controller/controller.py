@@ -28,15 +28,14 @@ from collections.abc import Callable
 from typing import Any
 
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.controller import registrations, statefile, status
+from gearshift.controller import publish, registrations, statefile, status
 from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.ingest import Batch, ProfileKeys
 from gearshift.controller.slots import Slots, Worker
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger, ProfileLedger, Round, decide_round
-from gearshift.errors import ControllerRunning, NamespaceBusy, NotOwned, StateError
-from gearshift.protocol import snapshot_payload
+from gearshift.errors import ControllerRunning, NamespaceBusy, NotOwned, PayloadError, StateError
 from gearshift.shm import Registry, SnapshotRegion, cleanup
 from gearshift.shm.cleanup import own
 
@@ -216,8 +215,8 @@ class Controller:
         for device, dev in self.devices.items():
             for name in dev.profiles:
                 self.profile_keys.key(device, name)
-            if dev.profiles:
-                self._publish(device, now)
+            if dev.profiles:  # one that does not fit its region is said, never fatal
+                self._guard(f"publish of device {device}", self._publish, device, now)
         self._previous = status.read(self.config.namespace)
         self._status_region = status.open_region(self.config.namespace)
         self._scan(now)
@@ -300,13 +299,17 @@ class Controller:
             if self.costs.counts["measured"] != self._saved_measured:
                 self._guard("state save", self._save)
             return
-        dev.apply(round)
         seconds = self.clock.now() - began  # the policy's part; publish and save follow
+        if round.changed:
+            try:
+                self._publish(device, now, round)
+            except PayloadError as e:
+                raise PayloadError(f"device {device}: round not applied: {e}; lower "
+                                   "max_gears_per_type or register fewer profiles") from None
+        dev.apply(round)
         _count_round(self.rounds, self.round_seconds, seconds)
         _log_round(device, round, usage, seconds)
         self.changes[device] = changes = _change_lists(round)
-        if round.changed:
-            self._publish(device, now)
         if any(changes.values()) or self.costs.counts["measured"] != self._saved_measured:
             self._guard("state save", self._save)
 
@@ -318,12 +321,16 @@ class Controller:
             region = self._regions[device] = self.region_type.open(self.config.namespace, device)
         return region
 
-    def _publish(self, device: int, now: float) -> None:
+    def _publish(self, device: int, now: float, round: Round | None = None) -> None:
+        """Publish the device's gears (`round`'s where it has them): `publish.snapshot`."""
         dev = self.devices[device]
         region = self._region(device)
         gears = {name: p.gear_lists() for name, p in dev.profiles.items()}
-        payload = snapshot_payload(device, gears, self.changes.get(device))
-        dev.version = region.publish(payload, at_least=dev.version + 1)
+        if round is not None:
+            gears.update({name: {d: list(g.gears) for d, g in dims.items()}
+                          for name, dims in round.gears.items()})
+        changes = _change_lists(round) if round is not None else self.changes.get(device)
+        dev.version = publish.snapshot(region, device, dev.version, gears, changes)
         self.slots.published(device, dev.version, now)
         log.info("device %d: snapshot version %d published", device, dev.version)
 
@@ -343,10 +350,13 @@ class Controller:
 
     def _publish_status(self, now: float) -> None:
         self._next_status = now + self.config.status_interval_seconds
-        doc = self.status_document(now)
         assert self._status_region is not None
-        self._status_region.publish(doc)
-        self.status = doc
+        self.status = doc = publish.status_document(self._status_region,
+                                                    self.status_document(now))
+        truncated = doc.get("truncated")
+        if truncated and now - self._logged.get("truncated", -math.inf) >= ERROR_LOG_SECONDS:
+            self._logged["truncated"] = now
+            log.warning("status document published truncated: %s", truncated)
 
 
 def _remove_namespace(namespace: str, level: int = logging.INFO) -> None:

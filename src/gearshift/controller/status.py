@@ -29,6 +29,10 @@ a + b·gear), None before any; `measured` counts the measurement records kept (`
 controller reads the last document to map the live workers' profile ids again before they
 re-register (events in their rings are then folded, not counted as unknown).
 
+A document over the region's capacity is published shrunk (`shrinking`), with `"truncated": why`
+added: first without the per-gear `hit_rate`, `avg_pad` and `costs`, then without the devices'
+`profiles`.
+
 `document` builds it from plain data (ledgers, workers, counters), so this module knows
 nothing of the controller itself.
 """
@@ -37,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from gearshift.controller.costbook import CostBook
@@ -166,6 +170,22 @@ def document(
         "workers": worker_entries,
         "devices": device_entries,
     }
+
+
+def shrinking(doc: dict[str, Any], capacity: int) -> Iterator[dict[str, Any]]:
+    """`doc`, then smaller copies of it for a region of `capacity` bytes: each dim's per-gear
+    statistics and costs left out, then every device's profiles; `truncated` says what (the
+    workers' entries, from which a successor maps their ids, stay whole)."""
+    yield doc
+    why = f"the document exceeds the status region's {capacity} bytes"
+    yield {**doc, "truncated": f"per-gear statistics left out: {why}", "devices": [
+        {**dev, "profiles": [
+            {**p, "dims": [{**d, "hit_rate": [], "avg_pad": [], "costs": None}
+                           for d in p["dims"]]}
+            for p in dev["profiles"]]}
+        for dev in doc["devices"]]}
+    yield {**doc, "truncated": f"profiles left out: {why}",
+           "devices": [{**dev, "profiles": []} for dev in doc["devices"]]}
 
 
 def profile_ids(doc: Mapping[str, Any] | None, info: SlotInfo) -> list[tuple[int, str]]:
