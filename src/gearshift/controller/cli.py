@@ -36,7 +36,7 @@ from gearshift.errors import (
     NamespaceError,
     StateError,
 )
-from gearshift.shm import Registry, SnapshotRegion, cleanup, liveness, names
+from gearshift.shm import Registry, cleanup, liveness, names
 
 log = logging.getLogger(__name__)
 EXITS = (  # the first class an error is an instance of decides the exit status
@@ -377,7 +377,7 @@ def stop(namespace: str | None, timeout: float) -> None:
                 f"worker pid {owner.pid}: stop that worker instead"
             )
         ident = liveness.identity(owner.pid)
-        last = _status_region(namespace)  # stays mapped when the namespace is removed
+        last = status_doc.attach_region(namespace)  # stays mapped when the namespace goes
         try:
             os.kill(owner.pid, signal.SIGTERM)
             deadline = clock.now() + timeout
@@ -385,7 +385,7 @@ def stop(namespace: str | None, timeout: float) -> None:
                 if clock.now() >= deadline:
                     raise GearshiftError(f"controller pid {owner.pid} still runs after {timeout} s")
                 clock.sleep(0.02)
-            failed = _save_failure(last, owner.pid)
+            failed = status_doc.save_failure(last, owner.pid)
         finally:
             if last is not None:
                 last.close()
@@ -426,22 +426,3 @@ def cleanup_command(namespace: str | None, with_state: bool, state_dir: str | No
     click.echo("\n".join(removed) if removed else f"namespace {namespace!r}: nothing to remove")
     if not with_state and (state / statefile.STATE_FILE).exists():
         click.echo(f"namespace {namespace!r}: its state stays in {state} (--state removes it)")
-
-
-def _status_region(namespace: str) -> SnapshotRegion | None:
-    try:
-        return SnapshotRegion.attach_named(names.status(namespace))
-    except (OSError, GearshiftError):
-        return None
-
-
-def _save_failure(region: SnapshotRegion | None, pid: int) -> str | None:
-    """"failed: why" if the last status document of controller `pid` in `region` says its
-    final save failed; None if it was saved or that is not known."""
-    try:
-        doc = region.read() if region is not None else None
-    except GearshiftError:
-        return None
-    said = doc.payload if doc is not None and isinstance(doc.payload, dict) else {}
-    outcome = said.get("final_save") if said.get("pid") == pid else None
-    return outcome if isinstance(outcome, str) and outcome.startswith("failed") else None

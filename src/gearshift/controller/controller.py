@@ -35,7 +35,7 @@ from gearshift.controller.ingest import Batch, ProfileKeys
 from gearshift.controller.slots import Slots, Worker
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger, ProfileLedger, Round, decide_round
-from gearshift.errors import ControllerRunning, NamespaceBusy, NotOwned, PayloadError, StateError
+from gearshift.errors import ControllerRunning, NamespaceBusy, NotOwned, StateError
 from gearshift.shm import Registry, SnapshotRegion, cleanup
 from gearshift.shm.cleanup import own
 
@@ -165,25 +165,22 @@ class Controller:
             self._guard("final drain", self._drain, now)
             if self.batch.counts["consumed"] == before:
                 break
-        failure = self._final_save()
+        self._final_save()
         self._guard("status", self._publish_status, now)
         self._release()
-        if failure is not None:
-            raise StateError(f"the final state save to {self.config.state_path} failed "
-                             f"({failure}): what changed since the last save is lost")
+        if self.final_save != "saved":
+            raise StateError(f"the final state save to {self.config.state_path} "
+                             f"{self.final_save}: what changed since the last save is lost")
 
-    def _final_save(self) -> str | None:
-        """The state saved at close; a failure is logged every time (never throttled: it is
-        the last word on the state) and said, also in the last status document."""
+    def _final_save(self) -> None:
+        """The save at close; a failure is logged every time (not throttled) and kept."""
         try:
             self._save()
+            self.final_save = "saved"
         except Exception as e:
             self.errors += 1
             self.final_save = f"failed: {type(e).__name__}: {str(e)[:200]}"
             log.error("final state save to %s failed", self.config.state_path, exc_info=e)
-            return self.final_save.removeprefix("failed: ")
-        self.final_save = "saved"
-        return None
 
     def __enter__(self) -> Controller:
         return self
@@ -300,12 +297,8 @@ class Controller:
                 self._guard("state save", self._save)
             return
         seconds = self.clock.now() - began  # the policy's part; publish and save follow
-        if round.changed:
-            try:
-                self._publish(device, now, round)
-            except PayloadError as e:
-                raise PayloadError(f"device {device}: round not applied: {e}; lower "
-                                   "max_gears_per_type or register fewer profiles") from None
+        if round.changed:  # PayloadError, the round not applied, if it does not fit
+            self._publish(device, now, round)
         dev.apply(round)
         _count_round(self.rounds, self.round_seconds, seconds)
         _log_round(device, round, usage, seconds)
@@ -351,12 +344,8 @@ class Controller:
     def _publish_status(self, now: float) -> None:
         self._next_status = now + self.config.status_interval_seconds
         assert self._status_region is not None
-        self.status = doc = publish.status_document(self._status_region,
-                                                    self.status_document(now))
-        truncated = doc.get("truncated")
-        if truncated and now - self._logged.get("truncated", -math.inf) >= ERROR_LOG_SECONDS:
-            self._logged["truncated"] = now
-            log.warning("status document published truncated: %s", truncated)
+        self.status = publish.status_document(self._status_region, self.status_document(now),
+                                              self.status)
 
 
 def _remove_namespace(namespace: str, level: int = logging.INFO) -> None:

@@ -10,7 +10,8 @@ what MAX_PROFILES profiles of 4 dims of 64 gears need, even with 256-character n
   round is not applied). So what the controller saves always fits the region it was published
   in, and a restart publishes it again.
 - `status_document`: per-gear statistics, then the devices' profiles, are left out until it
-  fits (`status.shrinking`; its `truncated` says what), never left stale.
+  fits (`status.shrinking`; its `truncated` says what, and a warning when that changes), never
+  left stale.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ def snapshot(region: SnapshotRegion, device: int, version: int,
     return published
 
 
-def status_document(region: SnapshotRegion, doc: dict[str, Any]) -> dict[str, Any]:
+def status_document(region: SnapshotRegion, doc: dict[str, Any],
+                    before: dict[str, Any] | None = None) -> dict[str, Any]:
     """Publish `doc` in `region`, shrunk (`status.shrinking`) until it fits; returns what was
-    published. PayloadError if even the smallest does not fit."""
+    published (a warning when it is truncated where the one `before` was not, or otherwise).
+    PayloadError if even the smallest does not fit."""
     error: PayloadError | None = None
     for candidate in status.shrinking(doc, region.capacity):
         try:
@@ -53,6 +56,10 @@ def status_document(region: SnapshotRegion, doc: dict[str, Any]) -> dict[str, An
         except PayloadError as e:
             error = e
             continue
+        truncated = candidate.get("truncated")
+        if truncated != (before or {}).get("truncated"):
+            log.warning("status document %s", f"truncated: {truncated}" if truncated else
+                        "whole again")
         return candidate
     assert error is not None
     raise error

@@ -49,7 +49,7 @@ from gearshift.controller.slots import Lag, Worker
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger, ProfileLedger
 from gearshift.core.seed import gear_stats
-from gearshift.errors import LayoutError, PayloadError
+from gearshift.errors import GearshiftError, LayoutError, PayloadError
 from gearshift.shm import SlotInfo, SnapshotRegion, names
 
 FORMAT = 1
@@ -59,6 +59,26 @@ CAPACITY = 1 << 20
 def open_region(namespace: str) -> SnapshotRegion:
     """The namespace's status region, created if needed (the controller)."""
     return SnapshotRegion.open_named(names.status(namespace), CAPACITY)
+
+
+def attach_region(namespace: str) -> SnapshotRegion | None:
+    """The namespace's status region, attached; None if there is no readable one."""
+    try:
+        return SnapshotRegion.attach_named(names.status(namespace))
+    except (OSError, GearshiftError):
+        return None
+
+
+def save_failure(region: SnapshotRegion | None, pid: int) -> str | None:
+    """"failed: why" if the last document of controller `pid` in `region` says its final save
+    failed; None if it was saved, or that is not known."""
+    try:
+        snapshot = region.read() if region is not None else None
+    except PayloadError:
+        return None
+    doc = snapshot.payload if snapshot is not None and isinstance(snapshot.payload, dict) else {}
+    outcome = doc.get("final_save") if doc.get("pid") == pid else None
+    return outcome if isinstance(outcome, str) and outcome.startswith("failed") else None
 
 
 def read(namespace: str) -> dict[str, Any] | None:
