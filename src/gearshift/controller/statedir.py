@@ -34,7 +34,8 @@ def _checked(path: Path, info: os.stat_result, what: str) -> None:
         raise UnsafeStateDir(
             f"{what} {path} belongs to uid {info.st_uid} with mode {mode:04o}; gearshift uses "
             f"only a state directory and files of its own user (uid {os.geteuid()}) that no "
-            "other user may write: fix its owner and mode, or choose another --state-dir"
+            f"other user may write: `chown {os.geteuid()}` and `chmod go-w` it, or choose "
+            "another --state-dir (one gearshift creates is 0700)"
         )
 
 
