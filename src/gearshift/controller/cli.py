@@ -148,11 +148,11 @@ def serve(
     A controller key comes from its option (-n, --state-dir, --metrics-*), else --set, else
     its GEARSHIFT_* variable, else --config; an option and a --set that disagree are refused.
 
-    On SIGTERM/SIGINT: final drain, state saved, exit 0. Live workers keep serving on their
-    last snapshot and every shared-memory object stays for the next controller, or until the
-    last worker leaves; with no live worker the namespace is removed. The state file stays
-    (`gearshift cleanup --state` removes it). It warns at start when /dev/shm is smaller than
-    its slots need (README, "Deployment").
+    On SIGTERM/SIGINT: final drain, state saved, exit 0 (1 if that save failed). Live workers
+    keep serving on their last snapshot and every shared-memory object stays for the next
+    controller, or until the last worker leaves; with no live worker the namespace is
+    removed. The state file stays (`gearshift cleanup --state` removes it). It warns at start
+    when /dev/shm is smaller than its slots need (README, "Deployment").
     """
     logging.getLogger().setLevel(log_level.upper())
     stop = threading.Event()  # handlers first: `gearshift stop` may signal as soon as we own it
