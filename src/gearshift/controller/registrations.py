@@ -315,7 +315,7 @@ class Registrations:
                 dev.profiles[name] = previous
             if isinstance(e, PayloadError):
                 raise PayloadError(
-                    f"profile {name!r} not registered on device {device}: {e} (it holds "
+                    f"profile {name!r} not registered on device {device}: {e} (a region holds "
                     f"{MAX_PROFILES} profiles of {MAX_DIMS} dims of 64 gears); register fewer "
                     "gears or profiles") from None
             raise
