@@ -377,8 +377,7 @@ def stop(namespace: str | None, timeout: float) -> None:
                 f"worker pid {owner.pid}: stop that worker instead"
             )
         ident = liveness.identity(owner.pid)
-        last = status_doc.attach_region(namespace)  # stays mapped when the namespace goes
-        try:
+        with status_doc.kept_region(namespace) as last:  # its last word on the final save
             os.kill(owner.pid, signal.SIGTERM)
             deadline = clock.now() + timeout
             while liveness.alive(ident):
@@ -386,9 +385,6 @@ def stop(namespace: str | None, timeout: float) -> None:
                     raise GearshiftError(f"controller pid {owner.pid} still runs after {timeout} s")
                 clock.sleep(0.02)
             failed = status_doc.save_failure(last, owner.pid)
-        finally:
-            if last is not None:
-                last.close()
         if failed:
             raise StateError(f"controller pid {owner.pid} of namespace {namespace!r} stopped, but "
                              f"its final state save {failed}")

@@ -165,22 +165,18 @@ class Controller:
             self._guard("final drain", self._drain, now)
             if self.batch.counts["consumed"] == before:
                 break
-        self._final_save()
-        self._guard("status", self._publish_status, now)
-        self._release()
-        if self.final_save != "saved":
-            raise StateError(f"the final state save to {self.config.state_path} "
-                             f"{self.final_save}: what changed since the last save is lost")
-
-    def _final_save(self) -> None:
-        """The save at close; a failure is logged every time (not throttled) and kept."""
-        try:
+        try:  # its failure is logged every time, not throttled as the loop's are
             self._save()
             self.final_save = "saved"
         except Exception as e:
             self.errors += 1
             self.final_save = f"failed: {type(e).__name__}: {str(e)[:200]}"
             log.error("final state save to %s failed", self.config.state_path, exc_info=e)
+        self._guard("status", self._publish_status, now)
+        self._release()
+        if self.final_save != "saved":
+            raise StateError(f"the final state save to {self.config.state_path} "
+                             f"{self.final_save}: what changed since the last save is lost")
 
     def __enter__(self) -> Controller:
         return self

@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from gearshift.controller.costbook import CostBook
@@ -61,12 +62,19 @@ def open_region(namespace: str) -> SnapshotRegion:
     return SnapshotRegion.open_named(names.status(namespace), CAPACITY)
 
 
-def attach_region(namespace: str) -> SnapshotRegion | None:
-    """The namespace's status region, attached; None if there is no readable one."""
+@contextmanager
+def kept_region(namespace: str) -> Iterator[SnapshotRegion | None]:
+    """The namespace's status region (None if there is no readable one), kept mapped until
+    the end: the mapping outlives the namespace's removal."""
     try:
-        return SnapshotRegion.attach_named(names.status(namespace))
+        region = SnapshotRegion.attach_named(names.status(namespace))
     except (OSError, GearshiftError):
-        return None
+        region = None
+    try:
+        yield region
+    finally:
+        if region is not None:
+            region.close()
 
 
 def save_failure(region: SnapshotRegion | None, pid: int) -> str | None:
