@@ -78,6 +78,11 @@ class StateError(GearshiftError):
     """The controller's state file is corrupt or of a newer format."""
 
 
+class UnsafeStateDir(GearshiftError):
+    """The state directory, or a file in it, is a symlink, belongs to another user or lets
+    other users write: nothing in it is opened, written or set aside."""
+
+
 class BackendUnavailable(GearshiftError):
     """A graph backend (cuda, npu) is not usable in this process."""
 

@@ -34,6 +34,7 @@ from gearshift.errors import (
     GearshiftError,
     NamespaceBusy,
     NamespaceError,
+    StateError,
 )
 from gearshift.shm import Registry, cleanup, liveness, names
 
@@ -147,11 +148,11 @@ def serve(
     A controller key comes from its option (-n, --state-dir, --metrics-*), else --set, else
     its GEARSHIFT_* variable, else --config; an option and a --set that disagree are refused.
 
-    On SIGTERM/SIGINT: final drain, state saved, exit 0. Live workers keep serving on their
-    last snapshot and every shared-memory object stays for the next controller, or until the
-    last worker leaves; with no live worker the namespace is removed. The state file stays
-    (`gearshift cleanup --state` removes it). It warns at start when /dev/shm is smaller than
-    its slots need (README, "Deployment").
+    On SIGTERM/SIGINT: final drain, state saved, exit 0 (1 if that save failed). Live workers
+    keep serving on their last snapshot and every shared-memory object stays for the next
+    controller, or until the last worker leaves; with no live worker the namespace is
+    removed. The state file stays (`gearshift cleanup --state` removes it). It warns at start
+    when /dev/shm is smaller than its slots need (README, "Deployment").
     """
     logging.getLogger().setLevel(log_level.upper())
     stop = threading.Event()  # handlers first: `gearshift stop` may signal as soon as we own it
@@ -180,7 +181,7 @@ def serve(
             )
             for line in seed_lines(str(initial_gears), seed or {}, controller.devices):
                 log.info("%s", line)
-        controller.run(stop)
+            controller.run(stop)  # StateError (exit status 1) if the final save failed
         log.info("controller pid %d stopped, state saved to %s", os.getpid(),
                  config.state_path / statefile.STATE_FILE)
     finally:
@@ -354,7 +355,8 @@ def export(
 def stop(namespace: str | None, timeout: float) -> None:
     """Stop a namespace's controller and wait until it has exited.
 
-    SIGTERM: final drain, state saved. An embedded controller is refused: stop its worker."""
+    SIGTERM: final drain, state saved. An embedded controller is refused: stop its worker.
+    Exit status 1 if the controller says its final state save failed."""
     clock = MonotonicClock()
     with _exits():
         namespace = names.resolve(namespace)
@@ -375,12 +377,17 @@ def stop(namespace: str | None, timeout: float) -> None:
                 f"worker pid {owner.pid}: stop that worker instead"
             )
         ident = liveness.identity(owner.pid)
-        os.kill(owner.pid, signal.SIGTERM)
-        deadline = clock.now() + timeout
-        while liveness.alive(ident):
-            if clock.now() >= deadline:
-                raise GearshiftError(f"controller pid {owner.pid} still runs after {timeout} s")
-            clock.sleep(0.02)
+        with status_doc.kept_region(namespace) as last:  # its last word on the final save
+            os.kill(owner.pid, signal.SIGTERM)
+            deadline = clock.now() + timeout
+            while liveness.alive(ident):
+                if clock.now() >= deadline:
+                    raise GearshiftError(f"controller pid {owner.pid} still runs after {timeout} s")
+                clock.sleep(0.02)
+            failed = status_doc.save_failure(last, owner.pid)
+        if failed:
+            raise StateError(f"controller pid {owner.pid} of namespace {namespace!r} stopped, but "
+                             f"its final state save {failed}")
     click.echo(f"controller pid {owner.pid} of namespace {namespace!r} stopped")
 
 

@@ -12,7 +12,9 @@ phase is counted and logged (at most every 10 s per phase), and the loop goes on
 Versions only increase: a device's snapshot is published at max(region version, saved
 version) + 1, across restarts, takeovers and recreated segments; on start every restored
 device is published once. Graceful stop (`close`): final drain, state saved, status published,
-identity released; the namespace stays while live workers hold slots, else it is removed.
+identity released; the namespace stays while live workers hold slots, else it is removed. The
+final save's failure is logged every time (not throttled as the loop's errors are), marked in
+the last status document (`final_save`) and raised (StateError) once the rest is done.
 """
 
 from __future__ import annotations
@@ -26,15 +28,14 @@ from collections.abc import Callable
 from typing import Any
 
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.controller import registrations, statefile, status
+from gearshift.controller import publish, registrations, statefile, status
 from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.ingest import Batch, ProfileKeys
 from gearshift.controller.slots import Slots, Worker
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger, ProfileLedger, Round, decide_round
-from gearshift.errors import ControllerRunning, NamespaceBusy, NotOwned
-from gearshift.protocol import snapshot_payload
+from gearshift.errors import ControllerRunning, NamespaceBusy, NotOwned, StateError
 from gearshift.shm import Registry, SnapshotRegion, cleanup
 from gearshift.shm.cleanup import own
 
@@ -85,6 +86,7 @@ class Controller:
         self._stop_metrics: Callable[[], None] | None = None
         self._state_lock: statefile.StateLock | None = None
         self._closed = False
+        self.final_save: str | None = None  # at close: "saved" or "failed: why"
 
     @property
     def counts(self) -> dict[str, int]:
@@ -152,7 +154,8 @@ class Controller:
             self.close()
 
     def close(self) -> None:
-        """Graceful stop (see the module docstring); idempotent."""
+        """Graceful stop (see the module docstring); idempotent. StateError, once everything
+        else is done, if the final save failed."""
         if self._closed:
             return
         now = self.clock.now()
@@ -162,9 +165,18 @@ class Controller:
             self._guard("final drain", self._drain, now)
             if self.batch.counts["consumed"] == before:
                 break
-        self._guard("state save", self._save)
+        try:  # its failure is logged every time, not throttled as the loop's are
+            self._save()
+            self.final_save = "saved"
+        except Exception as e:
+            self.errors += 1
+            self.final_save = f"failed: {type(e).__name__}: {str(e)[:200]}"
+            log.error("final state save to %s failed", self.config.state_path, exc_info=e)
         self._guard("status", self._publish_status, now)
         self._release()
+        if self.final_save != "saved":
+            raise StateError(f"the final state save to {self.config.state_path} "
+                             f"{self.final_save}: what changed since the last save is lost")
 
     def __enter__(self) -> Controller:
         return self
@@ -196,8 +208,8 @@ class Controller:
         for device, dev in self.devices.items():
             for name in dev.profiles:
                 self.profile_keys.key(device, name)
-            if dev.profiles:
-                self._publish(device, now)
+            if dev.profiles:  # one that does not fit its region is said, never fatal
+                self._guard(f"publish of device {device}", self._publish, device, now)
         self._previous = status.read(self.config.namespace)
         self._status_region = status.open_region(self.config.namespace)
         self._scan(now)
@@ -280,13 +292,13 @@ class Controller:
             if self.costs.counts["measured"] != self._saved_measured:
                 self._guard("state save", self._save)
             return
-        dev.apply(round)
         seconds = self.clock.now() - began  # the policy's part; publish and save follow
+        if round.changed:  # PayloadError, the round not applied, if it does not fit
+            self._publish(device, now, round)
+        dev.apply(round)
         _count_round(self.rounds, self.round_seconds, seconds)
         _log_round(device, round, usage, seconds)
         self.changes[device] = changes = _change_lists(round)
-        if round.changed:
-            self._publish(device, now)
         if any(changes.values()) or self.costs.counts["measured"] != self._saved_measured:
             self._guard("state save", self._save)
 
@@ -298,12 +310,16 @@ class Controller:
             region = self._regions[device] = self.region_type.open(self.config.namespace, device)
         return region
 
-    def _publish(self, device: int, now: float) -> None:
+    def _publish(self, device: int, now: float, round: Round | None = None) -> None:
+        """Publish the device's gears (`round`'s where it has them): `publish.snapshot`."""
         dev = self.devices[device]
         region = self._region(device)
         gears = {name: p.gear_lists() for name, p in dev.profiles.items()}
-        payload = snapshot_payload(device, gears, self.changes.get(device))
-        dev.version = region.publish(payload, at_least=dev.version + 1)
+        if round is not None:
+            gears.update({name: {d: list(g.gears) for d, g in dims.items()}
+                          for name, dims in round.gears.items()})
+        changes = _change_lists(round) if round is not None else self.changes.get(device)
+        dev.version = publish.snapshot(region, device, dev.version, gears, changes)
         self.slots.published(device, dev.version, now)
         log.info("device %d: snapshot version %d published", device, dev.version)
 
@@ -318,14 +334,14 @@ class Controller:
             now, namespace=self.config.namespace, embedded=self.embedded, policy=self.policy,
             counts=self.counts, rounds=self.rounds, workers=self.slots.workers.values(),
             devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
-            lags=self.slots.lags, changes=self.changes, costs=self.costs)
+            lags=self.slots.lags, changes=self.changes, costs=self.costs,
+            final_save=self.final_save)
 
     def _publish_status(self, now: float) -> None:
         self._next_status = now + self.config.status_interval_seconds
-        doc = self.status_document(now)
         assert self._status_region is not None
-        self._status_region.publish(doc)
-        self.status = doc
+        self.status = publish.status_document(self._status_region, self.status_document(now),
+                                              self.status)
 
 
 def _remove_namespace(namespace: str, level: int = logging.INFO) -> None:
@@ -372,10 +388,16 @@ class EmbeddedController:
     def __init__(self, controller: Controller) -> None:
         self.controller = controller
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=controller.run, args=(self._stop,), name="gearshift-controller", daemon=True
-        )
+        self.error: StateError | None = None  # the final save's failure (logged already)
+        self._thread = threading.Thread(target=self._run, name="gearshift-controller",
+                                        daemon=True)
         self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.controller.run(self._stop)
+        except StateError as e:
+            self.error = e
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop gracefully (final drain, state saved); False if it did not end in `timeout`."""

@@ -5,7 +5,9 @@ initial gears when they have it); a known name must be declared with the same di
 order, else the worker is refused with ProfileMismatch naming the live worker that holds it;
 with no live holder the re-declaration replaces the profile (its learned gears are reset). The
 worker's local id then maps to the profile's global key, and the reply carries the device's
-snapshot version. A device holds at most MAX_PROFILES profiles (NamespaceBusy beyond). `serve`
+snapshot version. A device holds at most MAX_PROFILES profiles (NamespaceBusy beyond), and a
+new profile is kept only once the device's snapshot with it is published: one that does not fit
+the snapshot region is refused alone (PayloadError naming the limit), the device as it was. `serve`
 and `answer` hold that logic and need only a `Registrar` (the state side): the controller's is
 `Registrations`; the worker tests' fake controller is another.
 
@@ -27,7 +29,7 @@ from gearshift.controller.config import InitialGears
 from gearshift.controller.ingest import ProfileKeys
 from gearshift.controller.slots import Slots, Worker
 from gearshift.core.config import PolicyConfig
-from gearshift.core.dims import Dim
+from gearshift.core.dims import MAX_DIMS, Dim
 from gearshift.core.gears import starting_gears
 from gearshift.core.round import DeviceLedger, ProfileLedger
 from gearshift.errors import (
@@ -221,8 +223,9 @@ class Registrations:
     `rescan(now)` reads the slot table again (a request may come before the scan that sees its
     slot); a new profile's device gets its snapshot region first (`region(device)`: a
     SpaceError there refuses the registration before anything changes); the profile is
-    published (`publish(device, now)`) and saved (`save()`), and what was learned of a profile
-    declared anew is forgotten (`reset(device, name)`: its measured costs); then
+    published (`publish(device, now)`: kept only if that succeeds) and saved (`save()`), and
+    what was learned of a profile declared anew is forgotten (`reset(device, name)`: its
+    measured costs); then
     `registered(now)` publishes the status document, before the reply, so that a successor
     maps the worker's id even if this controller dies right after answering.
     """
@@ -290,15 +293,32 @@ class Registrations:
             raise NamespaceBusy(f"device {device} holds {MAX_PROFILES} profiles: no more")
         if new:
             self.region(device)
+            self._publish_new(device, dev, name, request.dims, now)
             self.reset(device, name)
-            dev.profiles[name] = new_profile(
-                device, name, request.dims, now, self.policy, self.initial_gears
-            )
-            self.publish(device, now)
             self.save()
         w.map(request.local, self.keys.key(device, name), name)
         self.registered(now)
         return dev.version
+
+    def _publish_new(self, device: int, dev: DeviceLedger, name: str, dims: dict[str, Dim],
+                     now: float) -> None:
+        """Add profile `name` and publish it; if that fails, the device is left as it was and
+        the registration refused (PayloadError naming the limit when it does not fit)."""
+        previous = dev.profiles.get(name)
+        dev.profiles[name] = new_profile(device, name, dims, now, self.policy, self.initial_gears)
+        try:
+            self.publish(device, now)
+        except BaseException as e:
+            if previous is None:
+                del dev.profiles[name]
+            else:
+                dev.profiles[name] = previous
+            if isinstance(e, PayloadError):
+                raise PayloadError(
+                    f"profile {name!r} not registered on device {device}: {e} (a region holds "
+                    f"{MAX_PROFILES} profiles of {MAX_DIMS} dims of 64 gears); register fewer "
+                    "gears or profiles") from None
+            raise
 
     def _live(self, slot: int) -> Worker | None:
         w = self.slots.workers.get(slot)

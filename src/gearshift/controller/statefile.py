@@ -24,7 +24,9 @@ One controller process at a time: `StateLock` holds an exclusive POSIX lock on
 pid otherwise; the kernel drops it when the process dies; a process may take it again, as it
 may take its own namespace over), and removes temp files a killed writer left. A save fsyncs
 the file, renames it over the old one and fsyncs the directory, so the rename survives a crash
-too.
+too. The directory and every file in it are opened through `statedir`'s checks (ours alone, no
+symlink, a bounded regular file): a FIFO, a symlink or an oversized file in place of the state
+file is a StateError, a directory or file others may write is UnsafeStateDir.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ import fcntl
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from gearshift.controller import statedir
 from gearshift.controller.costbook import CostBook, from_state
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Measurement
@@ -194,28 +196,10 @@ def _restore_stats(saved: dict[str, Any], config: PolicyConfig, profile: str, di
 def save(directory: Path, devices: dict[int, DeviceLedger],
          costs: CostBook | None = None) -> Path:
     """Write the state file (and `costs`' measurements) atomically; returns its path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / STATE_FILE
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(encode(devices, costs))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_directory(directory)
-    return path
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    blob = encode(devices, costs)
+    with statedir.opened(directory) as dfd:
+        statedir.write_atomic(directory, dfd, STATE_FILE, blob, TEMP_PREFIX)
+    return directory / STATE_FILE
 
 
 class StateLock:
@@ -229,22 +213,21 @@ class StateLock:
     def acquire(cls, directory: Path) -> StateLock:
         """Lock `directory` (created if needed) and remove stale temp files; NamespaceBusy
         naming the pid of another controller holding it."""
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if e.errno not in (errno.EACCES, errno.EAGAIN):
-                raise
-            raise NamespaceBusy(
-                f"state directory {directory} is in use by another controller, pid {holder}"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        for stale in directory.glob(TEMP_PREFIX + "*"):  # a writer killed before its rename
-            stale.unlink(missing_ok=True)
+        with statedir.opened(directory) as dfd:
+            fd = statedir.open_lock(directory, dfd, LOCK_FILE)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                if e.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise
+                raise NamespaceBusy(
+                    f"state directory {directory} is in use by another controller, pid {holder}"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            statedir.remove(dfd, TEMP_PREFIX)  # a writer killed before its rename
         return cls(directory, fd)
 
     def release(self) -> None:
@@ -259,9 +242,9 @@ def load(directory: Path, now: float, config: PolicyConfig,
     """The saved devices (their measurements into `costs`), or {} when there is no state
     file yet."""
     path = directory / STATE_FILE
-    try:
-        blob = path.read_bytes()
-    except FileNotFoundError:
+    with statedir.opened(directory) as dfd:
+        blob = statedir.read(directory, dfd, STATE_FILE)
+    if blob is None:
         return {}
     try:
         return decode(blob, now, config, costs)
@@ -281,6 +264,7 @@ def restore(
         if not fresh_on_corrupt:
             raise
         aside = directory / (STATE_FILE + ".corrupt")
-        os.replace(directory / STATE_FILE, aside)
+        with statedir.opened(directory) as dfd:
+            statedir.set_aside(dfd, STATE_FILE, aside.name)
         log.warning("%s; starting fresh (the file is kept as %s)", e, aside)
         return {}

@@ -9,6 +9,7 @@ NaN-free floats only:
      "events": {"consumed", "folded", "unknown", "invalid", "reclaimed_workers",
                 "exited_workers", "errors", "corrupt_slots", "measured"},
      "rounds": {"count", "seconds_sum", "last_seconds"},
+     "final_save": None while running; at close "saved" or "failed: why",
      "workers": [{"slot", "generation", "pid", "device", "alive", "consumed", "dropped",
                   "applied", "profiles": [[local id, name], ...]}],
      "devices": [{"device", "version", "memory_usage", "last_update",
@@ -28,6 +29,10 @@ a + b·gear), None before any; `measured` counts the measurement records kept (`
 controller reads the last document to map the live workers' profile ids again before they
 re-register (events in their rings are then folded, not counted as unknown).
 
+A document over the region's capacity is published shrunk (`shrinking`), with `"truncated": why`
+added: first without the per-gear `hit_rate`, `avg_pad` and `costs`, then without the devices'
+`profiles`.
+
 `document` builds it from plain data (ledgers, workers, counters), so this module knows
 nothing of the controller itself.
 """
@@ -36,7 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from gearshift.controller.costbook import CostBook
@@ -44,7 +50,7 @@ from gearshift.controller.slots import Lag, Worker
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger, ProfileLedger
 from gearshift.core.seed import gear_stats
-from gearshift.errors import LayoutError, PayloadError
+from gearshift.errors import GearshiftError, LayoutError, PayloadError
 from gearshift.shm import SlotInfo, SnapshotRegion, names
 
 FORMAT = 1
@@ -54,6 +60,33 @@ CAPACITY = 1 << 20
 def open_region(namespace: str) -> SnapshotRegion:
     """The namespace's status region, created if needed (the controller)."""
     return SnapshotRegion.open_named(names.status(namespace), CAPACITY)
+
+
+@contextmanager
+def kept_region(namespace: str) -> Iterator[SnapshotRegion | None]:
+    """The namespace's status region (None if there is no readable one), kept mapped until
+    the end: the mapping outlives the namespace's removal."""
+    try:
+        region = SnapshotRegion.attach_named(names.status(namespace))
+    except (OSError, GearshiftError):
+        region = None
+    try:
+        yield region
+    finally:
+        if region is not None:
+            region.close()
+
+
+def save_failure(region: SnapshotRegion | None, pid: int) -> str | None:
+    """"failed: why" if the last document of controller `pid` in `region` says its final save
+    failed; None if it was saved, or that is not known."""
+    try:
+        snapshot = region.read() if region is not None else None
+    except PayloadError:
+        return None
+    doc = snapshot.payload if snapshot is not None and isinstance(snapshot.payload, dict) else {}
+    outcome = doc.get("final_save") if doc.get("pid") == pid else None
+    return outcome if isinstance(outcome, str) and outcome.startswith("failed") else None
 
 
 def read(namespace: str) -> dict[str, Any] | None:
@@ -114,6 +147,7 @@ def document(
     lags: Mapping[int, Lag],
     changes: Mapping[int, Mapping[str, list[list[Any]]]],
     costs: CostBook | None = None,
+    final_save: str | None = None,
 ) -> dict[str, Any]:
     """The status document at `now`: the event `counts`, decision `rounds`, the `workers`,
     and per device of `devices` its `memory_usage`, `lags`, last round's `changes` and the
@@ -160,9 +194,26 @@ def document(
         "time": now,
         "events": dict(counts),
         "rounds": dict(rounds),
+        "final_save": final_save,
         "workers": worker_entries,
         "devices": device_entries,
     }
+
+
+def shrinking(doc: dict[str, Any], capacity: int) -> Iterator[dict[str, Any]]:
+    """`doc`, then smaller copies of it for a region of `capacity` bytes: each dim's per-gear
+    statistics and costs left out, then every device's profiles; `truncated` says what (the
+    workers' entries, from which a successor maps their ids, stay whole)."""
+    yield doc
+    why = f"the document exceeds the status region's {capacity} bytes"
+    yield {**doc, "truncated": f"per-gear statistics left out: {why}", "devices": [
+        {**dev, "profiles": [
+            {**p, "dims": [{**d, "hit_rate": [], "avg_pad": [], "costs": None}
+                           for d in p["dims"]]}
+            for p in dev["profiles"]]}
+        for dev in doc["devices"]]}
+    yield {**doc, "truncated": f"profiles left out: {why}",
+           "devices": [{**dev, "profiles": []} for dev in doc["devices"]]}
 
 
 def profile_ids(doc: Mapping[str, Any] | None, info: SlotInfo) -> list[tuple[int, str]]:

@@ -181,6 +181,8 @@ def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> s
             f"unknown profile, {e['invalid']} invalid; {e.get('exited_workers', 0)} workers "
             f"exited, {e['reclaimed_workers']} died; {r['count']} rounds, last "
             f"{_ms(r['last_seconds'])}; {e['errors']} loop errors", width, "  ")
+        if doc.get("truncated"):
+            lines += _wrap(f"status truncated: {doc['truncated']}", width, "  ")
     consumed = {(w["slot"], w["generation"]): w for w in (doc or {}).get("workers", [])}
     lines.append(
         f"{'slot':>4} {'pid':>8} {'device':>6} {'state':>8} {'applied':>7} "

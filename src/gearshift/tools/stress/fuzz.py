@@ -3,8 +3,9 @@
 Each boundary of `boundaries.BOUNDARIES` is a hypothesis strategy of cases (arbitrary bytes and
 well-formed but wrong values: ring header and records, snapshot header and payload, slot table
 words, mailbox messages, registration fields, the state file, the TOML configuration, a trace
-CSV) and an attack that writes one case into a `target.Live` namespace and lets it run; `run`
-sizes each boundary by examples (the tests) or by time (the command) and returns a
+CSV; and the deployment faults of `fault_boundaries.FAULTS`: oversize registrations, a hostile
+state directory) and an attack that writes one case into a `target.Live` namespace and lets it
+run; `run` sizes each boundary by examples (the tests) or by time (the command) and returns a
 `target.Tally` per boundary. `real_processes` attacks a `gearshift serve` process and a worker
 process from the outside. Hypothesis only generates: a failure is tallied, not raised, so
 nothing shrinks it.
@@ -27,7 +28,7 @@ import numpy as np
 from gearshift.clock import MonotonicClock
 from gearshift.errors import GearshiftError
 from gearshift.shm import EventRing, Registry, SnapshotRegion, control
-from gearshift.tools.stress import boundaries
+from gearshift.tools.stress import boundaries, fault_boundaries
 from gearshift.tools.stress.target import DIMS, SIZES, WALL, Tally, objects, remove, serial
 
 
@@ -37,7 +38,8 @@ def run(examples: int | None = None, seconds: float | None = None,
     `seconds` are spent, shared equally (`gearshift stress --fuzz`)."""
     from hypothesis import HealthCheck, Phase, given, settings
 
-    chosen = [b for b in boundaries.BOUNDARIES if only is None or b.name in only]
+    chosen = [b for b in (*boundaries.BOUNDARIES, *fault_boundaries.FAULTS)
+              if only is None or b.name in only]
     tallies = {b.name: Tally() for b in chosen}
     quiet = logging.getLogger("gearshift")
     level, quiet.level = quiet.level, logging.CRITICAL  # the refusals log by design

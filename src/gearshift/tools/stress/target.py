@@ -16,7 +16,8 @@ closed and the namespace must be gone. A case counts, per boundary:
 - lost: recorded events never consumed (the deployment faults of `faults`);
 - unserved: a worker joining after the attack got no answer to its registration (a typed
   refusal, such as a namespace a participant marked closed, is an answer); the live client's
-  own registration is checked likewise after a configuration was accepted.
+  own registration is checked likewise after a configuration was accepted;
+- trusted: a file of a hostile state directory followed or written (`fault_boundaries`).
 
 Failures are tallied with a short description, never raised.
 """
@@ -70,11 +71,12 @@ class Tally:
     leaked: int = 0
     lost: int = 0  # recorded events never consumed (the deployment faults')
     unserved: int = 0
+    trusted: int = 0  # a file of a hostile state directory followed or written
     interrupted: int = 0  # iterations over STALL_SECONDS that only lost their CPU
     failures: list[str] = field(default_factory=list)
 
     FIGURES = ("cases", "refused", "crashes", "request_errors", "stalls", "out_of_bounds",
-               "leaked", "lost", "unserved", "interrupted")
+               "leaked", "lost", "unserved", "trusted", "interrupted")
 
     def fail(self, figure: str, what: str) -> None:
         setattr(self, figure, getattr(self, figure) + 1)
@@ -84,7 +86,7 @@ class Tally:
     @property
     def clean(self) -> bool:
         return not (self.crashes or self.request_errors or self.stalls or self.out_of_bounds
-                    or self.leaked or self.lost or self.unserved)
+                    or self.leaked or self.lost or self.unserved or self.trusted)
 
     def figures(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.FIGURES}
@@ -105,14 +107,15 @@ class Live:
     worker (`registry`, `slot`, `ring`), all in this process; `tally` counts what goes wrong."""
 
     def __init__(self, tally: Tally, directory: Path, policy: PolicyConfig = POLICY,
-                 config: ControllerConfig | None = None, fresh: bool = False) -> None:
+                 config: ControllerConfig | None = None, fresh: bool = False,
+                 controller: type[Controller] = Controller) -> None:
         self.tally = tally
         self.namespace = f"fuzz{os.getpid()}x{next(serial)}"
         base = config or ControllerConfig()
         self.config = ControllerConfig(**{**base.__dict__, "namespace": self.namespace,
                                           "state_dir": str(directory), "metrics_port": None})
         self.clock = SteppingClock(WALL.now())
-        self.controller = Controller.open(self.config, policy, clock=self.clock,
+        self.controller = controller.open(self.config, policy, clock=self.clock,
                                           fresh_on_corrupt_state=fresh)
         try:
             self.clock.step = self.step  # type: ignore[method-assign]

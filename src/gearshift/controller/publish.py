@@ -1,0 +1,65 @@
+"""Publishing what fits: a device's snapshot and the status document, each in its region.
+
+A region's capacity is fixed when it is created (`shm.snapshot.DEFAULT_CAPACITY` for a device:
+what MAX_PROFILES profiles of 4 dims of 64 gears need, even with 256-character names;
+`status.CAPACITY` for the status document). What does not fit is never half-published:
+
+- `snapshot`: the last round's changes, which only explain the gears, are left out when the
+  gears alone fit; gears that do not fit raise PayloadError naming the region's limit before
+  anything is written, and the caller keeps its ledger as it was (a registration is refused, a
+  round is not applied). So what the controller saves always fits the region it was published
+  in, and a restart publishes it again.
+- `status_document`: per-gear statistics, then the devices' profiles, are left out until it
+  fits (`status.shrinking`; its `truncated` says what, and a warning when that changes), never
+  left stale.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gearshift.controller import status
+from gearshift.errors import PayloadError
+from gearshift.protocol import snapshot_payload
+from gearshift.shm import SnapshotRegion
+
+log = logging.getLogger(__name__)
+
+
+def snapshot(region: SnapshotRegion, device: int, version: int,
+             gears: Mapping[str, Mapping[str, Sequence[int]]],
+             changes: Mapping[str, list[list[Any]]] | None) -> int:
+    """Publish `device`'s `gears` (and `changes` when they fit too) in `region` as a version
+    above `version`; returns it. PayloadError when the gears alone do not fit."""
+    try:
+        return region.publish(snapshot_payload(device, gears, changes), at_least=version + 1)
+    except PayloadError:
+        if not changes or not any(changes.values()):
+            raise
+    published = region.publish(snapshot_payload(device, gears), at_least=version + 1)
+    log.warning("device %d: snapshot version %d leaves the last round's changes out: with them "
+                "it exceeds the region's %d bytes", device, published, region.capacity)
+    return published
+
+
+def status_document(region: SnapshotRegion, doc: dict[str, Any],
+                    before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Publish `doc` in `region`, shrunk (`status.shrinking`) until it fits; returns what was
+    published (a warning when it is truncated where the one `before` was not, or otherwise).
+    PayloadError if even the smallest does not fit."""
+    error: PayloadError | None = None
+    for candidate in status.shrinking(doc, region.capacity):
+        try:
+            region.publish(candidate)
+        except PayloadError as e:
+            error = e
+            continue
+        truncated = candidate.get("truncated")
+        if truncated != (before or {}).get("truncated"):
+            log.warning("status document %s", f"truncated: {truncated}" if truncated else
+                        "whole again")
+        return candidate
+    assert error is not None
+    raise error
