@@ -167,3 +167,17 @@ def test_the_history_holds_every_event_within_a_slice_of_decay(events, batches):
 def test_empty_histogram():
     assert DimStats(CFG).view(0.0).total_count == 0
     assert Histogram.empty().total_weight == 0.0
+
+
+def test_a_recycled_ring_row_forgets_its_old_slice() -> None:
+    """The row of slice 0 (an event at t=5) is reused for slice 31 (t=315): at 315 only the
+    events at 100 and 315 count (mutation caught: `_claim` not zeroing a recycled row's
+    weights, which gives the t=5 event full weight again)."""
+    stats = DimStats(CFG)
+    rows = math.ceil(CFG.window_seconds / CFG.slice_seconds) + 1
+    assert math.floor(315 / CFG.slice_seconds) % rows == math.floor(5 / CFG.slice_seconds) % rows
+    for t in (5.0, 100.0, 315.0):
+        stats.fold(np.array([t]), np.array([7], np.int64))
+    got = stats.view(315.0)
+    assert got.values.tolist() == [7] and got.counts.tolist() == [2]
+    assert got.weights[0] == pytest.approx(math.exp(-LAM * 215.0) + 1.0, rel=1e-12)
