@@ -108,6 +108,28 @@ def test_not_ready_variant_routes_to_smallest_ready_cover_else_eager() -> None:
     assert r.stats["eager"] == 1 and r.stats["replays"] == 1
 
 
+def test_a_call_replays_the_smallest_ready_variant_covering_it() -> None:
+    """(2, 16) and (4, 16) ready: a (1, 3) call replays (2, 16), seen by the shapes the graph's
+    function runs on (mutation caught: `_ready` picking the largest cover, `max` for `min`)."""
+    shapes: list[tuple[int, ...]] = []
+
+    def seen(x: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        shapes.append(tuple(x.shape))
+        return model(x, mask, scale)
+
+    dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=64), "SEQLEN": gs.Dim(gears=[8, 16], max=64)}
+    transform = gs.Transform(
+        seen, dims, inputs={"x": ("B", "S", None), "mask": ("B", "S"), "scale": (None,)}
+    )
+    r = gs.AdaptiveRunner(transform, call(1, 1), pool=GraphResourcePool(CpuBackend()))
+    r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16}])
+    shapes.clear()
+    t = call(1, 3)
+    torch.testing.assert_close(r.run(t), model(**t))
+    assert shapes == [(2, 16, H)]  # a CPU graph's replay runs its function on its inputs
+    assert r.stats["replays"] == 1 and r.stats["eager"] == 0
+
+
 def test_chunks_remember_the_variants_they_wanted_until_taken() -> None:
     r = make(s_splittable=True)
     assert r.take_wanted() == []
