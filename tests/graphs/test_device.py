@@ -210,6 +210,29 @@ def test_the_backend_captures_on_its_own_stream_without_sync_or_empty_cache() ->
     torch.testing.assert_close(graphs[3].outputs, torch.tanh(x @ W) * 2)
 
 
+def test_a_capture_orders_the_callers_stream_and_its_own_both_ways() -> None:
+    """The capture stream waits on the caller's (its buffer writes) before `fn` first runs, and
+    the caller's waits on the capture stream afterwards, not before (mutations caught: either
+    `wait_stream` dropped)."""
+    fake = FakeCuda()
+    backend, x = fake.backend(), torch.randn(2, 64)
+    caller = fake.Stream()
+    assert caller is not backend.stream
+    runs: list[tuple[bool, bool, bool]] = []
+
+    def fn() -> torch.Tensor:
+        runs.append((fake.current_stream() is backend.stream, caller in backend.stream.waited,
+                     backend.stream in caller.waited))
+        return body(fake, x)
+
+    graph = backend.graph(fn)
+    with fake.stream(caller):
+        graph.capture()
+        assert fake.current_stream() is caller
+    assert runs and all(run == (True, True, False) for run in runs)  # warm-ups and the record
+    assert caller.waited == [backend.stream]
+
+
 def test_releasing_a_graph_returns_its_memory_through_collect() -> None:
     fake = FakeCuda()
     backend, x = fake.backend(), torch.randn(2, 64)
