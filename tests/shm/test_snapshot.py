@@ -194,3 +194,42 @@ def test_readers_never_accept_a_torn_payload_from_a_writer_publishing_flat_out(
     for accepted, torn, versions, monotonic in reports:
         assert torn == 0
         assert accepted > 0 and versions > 1 and monotonic
+
+
+class _Watched:
+    """A segment's mapping or words, asserting on every store into a buffer's length, crc32 or
+    payload that the buffer's seq is odd at that moment (`stores` counts them)."""
+
+    def __init__(self, inner: object, words: memoryview, itemsize: int, capacity: int) -> None:
+        self.inner, self.words, self.itemsize, self.capacity = inner, words, itemsize, capacity
+        self.stores = 0
+
+    def __getitem__(self, key: object) -> object:
+        return self.inner[key]
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __setitem__(self, key: int | slice, value: object) -> None:
+        start = (key.start if isinstance(key, slice) else key) * self.itemsize
+        size = snapshot.PAYLOAD + self.capacity
+        b, at = divmod(start - snapshot.BUFFERS, size)
+        if start >= snapshot.BUFFERS and at != snapshot.SEQ:
+            seq = self.words[(snapshot.BUFFERS + b * size) // 8]
+            assert seq % 2 == 1, f"buffer {b} written at +{at} under the even seq {seq}"
+            self.stores += 1
+        self.inner[key] = value
+
+
+def test_a_buffer_is_written_only_while_its_seq_is_odd(region: SnapshotRegion) -> None:
+    """Deterministic (no racing readers): every store into a buffer's length, crc32 or payload
+    happens under an odd seq (mutation caught: `publish` not marking seq[1-b] odd first)."""
+    real = region.segment
+    mm = _Watched(real.mm, real.words, 1, region.capacity)
+    words = _Watched(real.words, real.words, 8, region.capacity)
+    proxy = type("WatchedSegment", (), {"name": real.name, "mm": mm, "words": words})()
+    writer = SnapshotRegion(proxy)  # type: ignore[arg-type]
+    for v in range(1, 4):  # both buffers, one of them twice
+        assert writer.publish({"v": v}) == v
+        assert region.read() == (v, {"v": v})
+    assert mm.stores == 3 and words.stores == 6  # each publish: payload, length, crc32
