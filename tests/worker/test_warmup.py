@@ -129,6 +129,39 @@ def test_a_failed_capture_is_retried_later_and_counted(
     assert prof.stats["capture_retries"] == 1  # nothing left to retry
 
 
+def test_a_capture_that_always_fails_backs_off_1_2_4_s_then_waits_for_new_gears(
+    client: gs.Client, fake: FakeController
+) -> None:
+    """Tried RETRY_ATTEMPTS times, 1, 2 then 4 s apart on the fake clock, then not at all until
+    the gears change, then again (mutations caught: `<=` for `<` in the attempts bound, waits
+    not doubling, the attempts not reset by new gears)."""
+    assert profile_module.RETRY_ATTEMPTS == 4 and RETRY_SECONDS[0] == 1.0
+    tried: list[float] = []
+
+    class Failing(ScriptedRunner):
+        def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
+            variants = list(variants)
+            if [v["BATCHSIZE"] for v in variants] == [2]:
+                tried.append(client.clock.now())
+                raise RuntimeError("capture failed")
+            return super().capture(variants)
+
+    dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=8)}
+    prof = client.profile("p", dims, lazy_start=False)
+    runner = prof.attach(Failing(dims))
+    settle(client, prof)
+    for _ in range(4 * 120):  # two minutes in quarter seconds, far beyond the last wait
+        client.clock.sleep(0.25)
+        client.tick()
+    assert [t - tried[0] for t in tried] == pytest.approx([0.0, 1.0, 3.0, 7.0])
+    assert prof.stats["capture_failures"] == 4 and prof.stats["capture_retries"] == 3
+    fake.publish({"p": {"BATCHSIZE": [1, 2, 4, 8]}})  # new gears: (2,) is tried again
+    settle(client, prof)
+    for _ in range(4):
+        client.tick()
+    assert len(tried) == 5 and (8,) in runner.captured
+
+
 def test_a_capture_failing_on_every_retry_is_logged_once_with_its_reason(
     client: gs.Client, fake: FakeController, caplog: pytest.LogCaptureFixture
 ) -> None:
