@@ -154,6 +154,17 @@ def lock_and_die(namespace: str) -> None:
     os._exit(0)
 
 
+def hold_unrecorded_until(namespace: str, held: Event, release: Event, released: Event) -> None:
+    """Hold the namespace lock, alive and unrecorded (a holder that has not recorded itself
+    yet), until `release`; then release it."""
+    lock = Registry.attach(namespace).lock
+    lock._sem.acquire()
+    held.set()
+    release.wait(WAIT)
+    lock._sem.release()
+    released.set()
+
+
 def acquire_and_die_unrecorded(namespace: str) -> None:
     """Die holding the namespace lock before recording itself as its holder."""
     Registry.attach(namespace).lock._sem.acquire()

@@ -8,6 +8,7 @@ from multiprocessing.context import BaseContext
 
 import pytest
 
+from gearshift.clock import FakeClock
 from gearshift.errors import (
     ConfigError,
     ControllerNotFound,
@@ -34,6 +35,7 @@ from shm.procs import (
     claim_and_hold,
     claim_put_exit,
     control_until,
+    hold_unrecorded_until,
     layout_table,
     lock_and_die,
     register_profile,
@@ -192,6 +194,36 @@ def test_a_lock_left_held_unrecorded_by_a_dead_process_is_repaired_after_a_timeo
         registry.claim_slot(0)
     assert registry.repair_lock()
     assert not registry.repair_lock()  # free now
+    assert registry.claim_slot(0) == 0
+
+
+def test_a_live_holders_lock_is_not_repaired_before_a_whole_timeout(
+    namespace: str, registry: Registry, mp: BaseContext, spawn: Spawn
+) -> None:
+    """A live holder, unrecorded, passes through at 0.9 of `lock.timeout` (virtual time, the
+    repairer's injected clock): the repair leaves the lock alone and it counts 1, not 2
+    (mutations caught: no wait for an unrecorded holder, or a wait shorter than `timeout`)."""
+    held, release, released = mp.Event(), mp.Event(), mp.Event()
+    spawn(hold_unrecorded_until, namespace, held, release, released)
+    assert held.wait(WAIT)
+    registry.lock.timeout = 1.0
+
+    class Passing(FakeClock):
+        """The holder releases once the repairer has waited 0.9 s."""
+
+        def sleep(self, seconds: float) -> None:
+            super().sleep(seconds)
+            if self.now() >= 0.9 and not release.is_set():
+                release.set()
+                assert released.wait(WAIT)
+
+    clock = Passing()
+    try:
+        assert not registry.repair_lock(clock)
+    finally:
+        release.set()
+    assert released.wait(WAIT) and clock.now() >= 0.9
+    assert registry.lock.value == 1  # released once, by its holder
     assert registry.claim_slot(0) == 0
 
 
