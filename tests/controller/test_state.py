@@ -1,3 +1,4 @@
+import logging
 import os
 import subprocess
 import sys
@@ -132,6 +133,42 @@ def test_statistics_that_do_not_read_back_sane_start_empty(tmp_path: Path) -> No
     profile = statefile.load(tmp_path, 100.0, CONFIG)[0].profiles["decode"]
     assert profile.stats["SEQLEN"].view(100.0).total_count == 0
     assert profile.gear_lists()["BATCHSIZE"] == [1, 8, 64]
+
+
+def _every(stats: dict, key: str, value: float) -> None:
+    """Every entry of the saved array `key` (its dtype and length kept) set to `value`."""
+    saved = np.frombuffer(stats[key], "<i8" if key == "values" else "<f8")
+    stats[key] = np.full(len(saved), value, saved.dtype).tobytes()
+
+
+@pytest.mark.parametrize("poison", ["below the dim's min", "weights not finite",
+                                    "one value in two columns"])
+def test_statistics_unsane_in_any_way_restore_empty_with_a_warning(
+    tmp_path: Path, poison: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Saved by `statefile.save`, edited only in the `values` and `acc` arrays every stats
+    encoding has (mutations caught: each of the three checks of `_restore_stats` dropped; a
+    value below `min` gets there through `DimStats.fold`, which knows no dim)."""
+    devices = _devices(100.0)
+    profile = devices[0].profiles["decode"]
+    if poison == "below the dim's min":
+        profile.stats["SEQLEN"].fold(np.array([100.0]), np.array([profile.dims["SEQLEN"].min - 1]))
+    statefile.save(tmp_path, devices)
+    file = tmp_path / statefile.STATE_FILE
+    data = msgpack.unpackb(file.read_bytes(), strict_map_key=False)
+    stats = _profile(data)["stats"]["SEQLEN"]
+    if poison == "weights not finite":
+        _every(stats, "acc", np.inf)  # positive: only the finiteness check refuses it
+    elif poison == "one value in two columns":
+        _every(stats, "values", 700)
+    file.write_bytes(msgpack.packb(data))
+    with caplog.at_level(logging.WARNING, "gearshift"):
+        back = statefile.load(tmp_path, 100.0, CONFIG)[0].profiles["decode"]
+    assert back.stats["SEQLEN"].view(100.0).total_count == 0
+    assert any("statistics of decode start empty" in r.getMessage() for r in caplog.records)
+    history = back.history["SEQLEN"].view(100.0).values.tolist()  # the fold fed it the value
+    assert history == ([] if poison == "below the dim's min" else [300, 700, 900])
+    assert back.gear_lists()["BATCHSIZE"] == [1, 8, 64]
 
 
 def _book() -> CostBook:
