@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import operator
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -85,6 +86,32 @@ def test_beyond_yields_each_new_combination_once_larger_first() -> None:
     assert len(new) == len(set(new)) == 12 - 2 * 2 * 1
     assert set(new) == {v for v in itertools.product(*gears.values()) if v[0] == 2 or v[2] == 3}
     assert list(beyond(gears, gears)) == []
+
+
+def test_the_warm_up_captures_every_variant_after_all_that_cover_it(
+    client: gs.Client, fake: FakeController
+) -> None:
+    """Largest first, asserted on what the runner is asked: the largest combination first,
+    and no variant before one that covers it (>= on every dim), also for a new gear's plan
+    (mutation caught: `beyond` walking a dim's gears smallest first)."""
+    dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=64), "SEQLEN": gs.Dim(gears=[1, 16], max=64),
+            "HEADS": gs.Dim(gears=[1, 3, 8], max=64)}
+    prof = client.profile("p", dims, lazy_start=False)
+    runner = prof.attach(ScriptedRunner(dims))
+
+    def check(asked: list[tuple[int, ...]], count: int) -> None:
+        assert len(asked) == len(set(asked)) == count
+        for i, v in enumerate(asked):
+            assert not any(all(map(operator.ge, u, v)) for u in asked[i + 1 :]), (v, asked)
+
+    settle(client, prof)
+    assert runner.asked[0] == (4, 16, 8)
+    check(runner.asked, 18)
+    runner.asked.clear()
+    fake.publish({"p": {"BATCHSIZE": [1, 2, 4], "SEQLEN": [1, 8, 16], "HEADS": [1, 3, 8]}})
+    settle(client, prof)
+    assert runner.asked[0] == (4, 8, 8)
+    check(runner.asked, 9)
 
 
 def test_a_new_gear_plans_only_its_combinations(client: gs.Client, fake: FakeController) -> None:
