@@ -53,6 +53,11 @@ class SpaceError(GearshiftError):
     """A shared-memory segment cannot be reserved: /dev/shm (a tmpfs) has no room for it."""
 
 
+class NamespaceLost(GearshiftError):
+    """The controller's own shared-memory objects were removed or replaced under it (an
+    administrator's rm, systemd's RemoveIPC): new workers cannot find it."""
+
+
 class PayloadError(GearshiftError, ValueError):
     """A snapshot or mailbox payload is oversized or cannot be decoded within limits."""
 

@@ -181,7 +181,7 @@ def serve(
             )
             for line in seed_lines(str(initial_gears), seed or {}, controller.devices):
                 log.info("%s", line)
-            controller.run(stop)  # StateError (exit status 1) if the final save failed
+            controller.run(stop)  # StateError if the final save failed, NamespaceLost
         log.info("controller pid %d stopped, state saved to %s", os.getpid(),
                  config.state_path / statefile.STATE_FILE)
     finally:
@@ -376,11 +376,11 @@ def stop(namespace: str | None, timeout: float) -> None:
                 f"the controller of namespace {namespace!r} is embedded in "
                 f"worker pid {owner.pid}: stop that worker instead"
             )
-        ident = liveness.identity(owner.pid)
         with status_doc.kept_region(namespace) as last:  # its last word on the final save
-            os.kill(owner.pid, signal.SIGTERM)
+            if not liveness.send_signal(owner.ident, signal.SIGTERM):  # a pidfd: never a later pid
+                raise view.none_running(namespace)
             deadline = clock.now() + timeout
-            while liveness.alive(ident):
+            while liveness.alive(owner.ident):
                 if clock.now() >= deadline:
                     raise GearshiftError(f"controller pid {owner.pid} still runs after {timeout} s")
                 clock.sleep(0.02)

@@ -1,7 +1,11 @@
 """The controller: the imperative shell around the pure policy (docs/architecture.md, section
 "Controller", describes it in full).
 
-One iteration (`step`): heartbeat; the slot table (`slots.Slots`); registrations
+One iteration (`step`): heartbeat; a dead holder's namespace lock repaired (observed without
+waiting; the loop waits at most LOCK_WAIT for the lock, and a scan that finds it busy is
+skipped, counted `lock_busy`, and tried again next iteration); at each scan, its own objects
+checked by inode (a lost control segment or lock: NamespaceLost, the loop ends; a lost snapshot
+or status region: re-created and published again); the slot table (`slots.Slots`); registrations
 (`registrations`); drain every ring into the statistics (`ingest`) and the workers'
 measurements into the cost book (`costbook`); per device, a decision round
 (`core.round.decide_round`, priced with the book's fits) and a new snapshot if a gear changed,
@@ -35,7 +39,7 @@ from gearshift.controller.ingest import Batch, ProfileKeys
 from gearshift.controller.slots import Slots, Worker
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger, ProfileLedger, Round, decide_round
-from gearshift.errors import ControllerRunning, NamespaceBusy, NotOwned, StateError
+from gearshift.errors import ControllerRunning, NamespaceBusy, NamespaceLost, NotOwned, StateError
 from gearshift.shm import Registry, SnapshotRegion, cleanup
 from gearshift.shm.cleanup import own
 
@@ -44,6 +48,7 @@ __all__ = ["Controller", "EmbeddedController"]
 log = logging.getLogger(__name__)
 
 ERROR_LOG_SECONDS = 10.0  # an error repeating in a phase is logged at most this often
+LOCK_WAIT = 0.02  # seconds: the longest the loop waits for the namespace lock
 
 
 class Controller:
@@ -63,7 +68,10 @@ class Controller:
         self.batch = Batch(config.drain_max_events, lambda: self.profile_keys.ledgers(self.devices))
         self.costs = CostBook()
         self.slots = Slots(registry, config, self.batch, self._guard, self._inherit_profile_ids,
-                           lambda events, keys: self.costs.take(events, keys, self._profile_of))
+                           lambda events, keys: self.costs.take(events, keys, self._profile_of),
+                           lambda w, now: self._guard(
+                               f"registration of slot {w.info.slot}", registrations.serve_slot,
+                               self.registry, self.registrations, w.info.slot, now))
         self.registrations = registrations.Registrations(
             self.slots, self.devices, self.profile_keys, policy, initial_gears,
             rescan=self._scan, publish=self._publish,
@@ -73,6 +81,8 @@ class Controller:
         self._saved_measured = 0  # measurements kept when the state was last saved
         self.workers, self.lags = self.slots.workers, self.slots.lags  # by slot, by device
         self.errors = 0  # phases that failed
+        self.lock_busy = 0  # scans skipped: the namespace lock was held past LOCK_WAIT
+        self.lock_repairs = 0  # locks released after their holder died holding them
         self.round_seconds: deque[float] = deque(maxlen=1024)
         self.rounds = {"count": 0, "seconds_sum": 0.0, "last_seconds": None}
         self.status: dict[str, Any] | None = None  # the last document published
@@ -95,6 +105,7 @@ class Controller:
         counts = {**self.batch.counts, "reclaimed_workers": self.slots.reclaimed,
                   "exited_workers": self.slots.exited,
                   "errors": self.errors, "corrupt_slots": len(self.slots.corrupt),
+                  "lock_busy": self.lock_busy, "lock_repairs": self.lock_repairs,
                   "measured": measured["measured"]}
         counts["unknown"] += measured["unknown"]  # records of either kind refused
         counts["invalid"] += measured["invalid"]
@@ -116,6 +127,7 @@ class Controller:
         asked for without prometheus_client.
         """
         registry = own(config.namespace, config.slots)
+        registry.wait = LOCK_WAIT
         self = cls(config, policy or PolicyConfig(), registry, clock or MonotonicClock(),
                    initial_gears or {}, embedded)
         try:
@@ -144,12 +156,16 @@ class Controller:
         return EmbeddedController(cls.open(config, policy, embedded=True, **options))
 
     def run(self, stop: threading.Event) -> None:
-        """Iterate every drain interval until `stop` is set, then `close()`."""
+        """Iterate every drain interval until `stop` is set, then `close()`; NamespaceLost
+        (logged) ends it too."""
         try:
             while not stop.is_set():
                 began = self.clock.now()
                 self.step()
                 self.clock.sleep(self.config.drain_interval_seconds - (self.clock.now() - began))
+        except NamespaceLost as e:
+            log.error("%s", e)
+            raise
         finally:
             self.close()
 
@@ -232,10 +248,12 @@ class Controller:
         if not self.registry.owns_controller():  # overwritten by another process: claim again
             self._guard("controller identity", self.registry.claim_controller)
         self.registry.beat_controller(int(now * 1e9))
+        self._guard("lock repair", self._repair_lock)
         if now >= self._next_scan or self.slots.polling(now):
+            self._check_objects(now)
             self._guard("slot scan", self._scan, now)
         self._guard("registration", registrations.serve, self.registry, self.registrations, now,
-                    self._guard)
+                    self._guard, self.slots.high_water())
         self._guard("drain", self._drain, now)
         for device in list(self.devices):
             if now >= self._next_check.get(device, -math.inf):
@@ -250,17 +268,55 @@ class Controller:
         except Exception as e:
             self._failed(what, e)
 
-    def _failed(self, what: str, error: Exception) -> None:
-        """Count a failure and log it with its traceback, at most every ERROR_LOG_SECONDS."""
-        self.errors += 1
+    def _failed(self, what: str, error: Exception, count: bool = True) -> None:
+        """Count a failure (`count`) and log it, with its traceback if counted, at most every
+        ERROR_LOG_SECONDS."""
+        self.errors += count
         now = self.clock.now()
         if now - self._logged.get(what, -math.inf) >= ERROR_LOG_SECONDS:
             self._logged[what] = now
-            log.error("%s failed; the loop goes on", what, exc_info=error)
+            if count:
+                log.error("%s failed; the loop goes on", what, exc_info=error)
+            else:
+                log.warning("%s: %s; the loop goes on", what, error)
 
-    def _scan(self, now: float) -> None:
+    def _scan(self, now: float, spare: int | None = None) -> None:
         self._next_scan = now + self.config.scan_interval_seconds
-        self.slots.scan(now)
+        try:
+            self.slots.scan(now, spare)
+        except NamespaceBusy as e:  # only the table's read raises it: the lock is busy
+            self.lock_busy += 1
+            self._next_scan = now  # the next iteration tries again
+            self._failed("slot scan (lock busy)", e, count=False)
+
+    def _repair_lock(self) -> None:
+        if self.registry.repair_lock(self.clock, wait=False):
+            self.lock_repairs += 1
+            log.warning("namespace %r: the lock, held by a dead process, was released",
+                        self.config.namespace)
+
+    def _check_objects(self, now: float) -> None:
+        """NamespaceLost if the control segment or the lock lost its name; a snapshot or status
+        region that lost its name is re-created and published again."""
+        lost = self.registry.displaced()
+        if lost:
+            raise NamespaceLost(
+                f"namespace {self.config.namespace!r}: {', '.join(lost)} removed or replaced "
+                "under its controller (an administrator's rm, or systemd's RemoveIPC=yes: set "
+                "RemoveIPC=no); new workers cannot find it, so this controller stops: start it "
+                "again to re-create the namespace")
+        for device, region in list(self._regions.items()):
+            if region.segment.displaced():
+                log.error("%s was removed under the controller: re-created", region.segment.name)
+                region.close()
+                del self._regions[device]
+                self._guard(f"publish of device {device}", self._publish, device, now)
+        if self._status_region is not None and self._status_region.segment.displaced():
+            log.error("%s was removed under the controller: re-created",
+                      self._status_region.segment.name)
+            self._status_region.close()
+            self._status_region = status.open_region(self.config.namespace)
+            self._next_status = now
 
     def _drain(self, now: float) -> None:
         self.slots.drain(now)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from gearshift.controller.config import InitialGears
 from gearshift.controller.ingest import ProfileKeys
-from gearshift.controller.slots import Slots, Worker
+from gearshift.controller.slots import Slots
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import MAX_DIMS, Dim
 from gearshift.core.gears import starting_gears
@@ -82,14 +82,23 @@ class Registrar(Protocol):
         ...
 
 
-def serve(registry: Registry, registrar: Registrar, now: float, guard: Guard | None = None) -> int:
-    """Answer every waiting request of `registry`'s slots, each under `guard` (default: a
-    failure is logged); returns how many were answered."""
+def serve(registry: Registry, registrar: Registrar, now: float, guard: Guard | None = None,
+          high_water: int | None = None) -> int:
+    """Answer every waiting request of `registry`'s slots (those below `high_water`, default
+    the registry's), each under `guard` (default: a failure is logged); returns how many were
+    answered."""
     answered: list[int] = []
-    for slot in range(registry.nslots):
+    for slot in range(registry.high_water() if high_water is None else high_water):
         (guard or _logged)(f"registration of slot {slot}", _serve_one, registry, registrar, slot,
                            now, answered)
     return len(answered)
+
+
+def serve_slot(registry: Registry, registrar: Registrar, slot: int, now: float) -> bool:
+    """Answer `slot`'s waiting request, if any (a gone worker's, before its reclaim)."""
+    answered: list[int] = []
+    _serve_one(registry, registrar, slot, now, answered)
+    return bool(answered)
 
 
 def _serve_one(registry: Registry, registrar: Registrar, slot: int, now: float,
@@ -220,8 +229,10 @@ def new_profile(
 class Registrations:
     """The controller's Registrar over its `slots`, `devices` and profile `keys`.
 
-    `rescan(now)` reads the slot table again (a request may come before the scan that sees its
-    slot); a new profile's device gets its snapshot region first (`region(device)`: a
+    A registration is served for any slot the controller follows, its worker alive or gone but
+    not reclaimed yet (what it recorded is then attributed). `rescan(now, slot)` reads the slot
+    table again, reclaiming any slot but `slot` (a request may come before the scan that sees
+    its slot); a new profile's device gets its snapshot region first (`region(device)`: a
     SpaceError there refuses the registration before anything changes); the profile is
     published (`publish(device, now)`: kept only if that succeeds) and saved (`save()`), and
     what was learned of a profile declared anew is forgotten (`reset(device, name)`: its
@@ -238,7 +249,7 @@ class Registrations:
         policy: PolicyConfig,
         initial_gears: InitialGears,
         *,
-        rescan: Callable[[float], None],
+        rescan: Callable[[float, int], None],
         publish: Callable[[int, float], None],
         save: Callable[[], None],
         registered: Callable[[float], None],
@@ -258,12 +269,12 @@ class Registrations:
         self.region = region
 
     def claimant(self, slot: int, now: float) -> tuple[int, int]:
-        w = self._live(slot)
+        w = self.slots.workers.get(slot)
         if w is None:
-            self.rescan(now)
-            w = self._live(slot)
+            self.rescan(now, slot)
+            w = self.slots.workers.get(slot)
         if w is None:
-            raise NamespaceBusy(f"slot {slot} is not held by a live worker")
+            raise NamespaceBusy(f"slot {slot} is not held by a worker")
         return w.info.device, w.info.pid
 
     def dims_of(self, device: int, name: str) -> Mapping[str, Dim] | None:
@@ -319,10 +330,6 @@ class Registrations:
                     f"{MAX_PROFILES} profiles of {MAX_DIMS} dims of 64 gears); register fewer "
                     "gears or profiles") from None
             raise
-
-    def _live(self, slot: int) -> Worker | None:
-        w = self.slots.workers.get(slot)
-        return w if w is not None and w.info.alive else None
 
 
 def _describe(dims: Mapping[str, Dim]) -> str:

@@ -1,13 +1,16 @@
 """The worker slots as the controller follows them: rings attached, gone workers reclaimed.
 
-A scan reads the slot table: a new claim (or a slot claimed anew, a new generation) becomes a
-`Worker` and gets its ring attached (without waiting: a ring its worker has not sealed yet, or
-another user's, is tried again at the next scan); a CORRUPT slot is counted and skipped; a slot
-whose worker is gone (RELEASED, or ACTIVE with a dead identity) has its ring drained to the end
-into the batch, then `Registry.reclaim` frees the slot and unlinks the ring, so no recorded
-event is lost to a reclaim. A scan also reads the
-applied versions back: a device's propagation lag runs from a publish until every live worker
-with a profile on it acknowledged that version.
+A scan reads the slot table below its high-water mark (what was ever claimed: the idle cost
+follows the workers, not the slots): a new claim (or a slot claimed anew, a new generation)
+becomes a `Worker` and gets its ring attached (without waiting: a ring its worker has not
+sealed yet, or another user's, is tried again at the next scan); a CORRUPT slot is counted and
+skipped; a slot whose worker is gone (RELEASED, or ACTIVE with a dead identity) has the
+registration it left pending served (`gone`), its ring drained to the end into the batch, then
+`Registry.reclaim` frees the slot and unlinks the ring, so no recorded event is lost to a
+reclaim. A slot claimed from another pid namespace (`foreign`: its liveness cannot be read
+here) is never reclaimed while ACTIVE, and logged as the misdeployment it is. A scan also reads
+the applied versions back: a device's propagation lag runs from a publish until every live
+worker with a profile on it acknowledged that version.
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ class Slots:
     `guard(what, fn, *args)` runs one slot's handling so that its failure stays its own;
     `on_new(worker)` is called for each new claim before its ring is read (the controller maps
     the profile ids a predecessor knew); drained records go to `batch`, and to
-    `measured(events, keys)` (the cost book's, guarded apart: its failure loses no sample).
+    `measured(events, keys)` (the cost book's, guarded apart: its failure loses no sample);
+    `gone(worker, now)` serves the registration a gone worker left pending, before its reclaim.
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class Slots:
         guard: Callable[..., None],
         on_new: Callable[[Worker], None],
         measured: Callable[[np.ndarray, np.ndarray], None] | None = None,
+        gone: Callable[[Worker, float], None] | None = None,
     ) -> None:
         self.registry = registry
         self.config = config
@@ -85,6 +90,7 @@ class Slots:
         self.guard = guard
         self.on_new = on_new
         self.measured = measured
+        self.gone = gone
         self.workers: dict[int, Worker] = {}
         self.lags: dict[int, Lag] = {}
         self.reclaimed = 0  # dead workers whose slot was reclaimed (killed, crashed)
@@ -92,15 +98,20 @@ class Slots:
         self.corrupt: set[int] = set()  # slots skipped at the last scan: words not ours
         self._awaiting: dict[int, tuple[int, float]] = {}  # device -> (version, published at)
 
-    def scan(self, now: float) -> None:
-        """Follow every claimed slot, forget the freed ones, read the acknowledgements."""
+    def high_water(self) -> int:
+        """The slots to poll: below the table's high-water mark, or one we follow."""
+        return max(self.registry.high_water(), max(self.workers, default=-1) + 1)
+
+    def scan(self, now: float, spare: int | None = None) -> None:
+        """Follow every claimed slot, forget the freed ones, read the acknowledgements; the
+        slot `spare` (a registration is being answered for it) is not reclaimed this time."""
         claimed, corrupt = set(), set()
-        for info in self.registry.slots():
+        for info in self.registry.slots(self.high_water()):
             if info.state == SlotState.CORRUPT:
                 corrupt.add(info.slot)
             elif info.state != SlotState.FREE:
                 claimed.add(info.slot)
-                self.guard(f"slot {info.slot}", self._track, info, now)
+                self.guard(f"slot {info.slot}", self._track, info, now, info.slot != spare)
         for slot in set(self.workers) - claimed:  # freed behind our back, or corrupt now
             self._forget(slot)
         if corrupt - self.corrupt:
@@ -159,7 +170,7 @@ class Slots:
         assert w.ring is not None
         self.take(w, w.ring.drain(self.config.drain_max_events), now)
 
-    def _track(self, info: SlotInfo, now: float) -> None:
+    def _track(self, info: SlotInfo, now: float, reclaim: bool = True) -> None:
         """Follow a claimed slot: attach its ring; drain and reclaim it once its worker is gone."""
         w = self.workers.get(info.slot)
         if w is not None and w.info.generation != info.generation:  # claimed anew meanwhile
@@ -168,10 +179,16 @@ class Slots:
         if w is None:
             w = self.workers[info.slot] = Worker(info)
             self.on_new(w)
+            if info.foreign:
+                log.error(
+                    "slot %d is held by pid %d of another pid namespace: its liveness cannot be "
+                    "checked from here, so it is never reclaimed unless released. Run the "
+                    "controller and its workers in one pid namespace (docker: --pid=host or a "
+                    "shared --pid=container:...)", info.slot, info.pid)
         w.info = info
         if w.ring is None:
             w.ring = self._attach_ring(info)
-        if info.reclaimable:
+        if info.reclaimable and reclaim:
             self._reclaim(w, now)
 
     def _attach_ring(self, info: SlotInfo) -> EventRing | None:
@@ -192,7 +209,10 @@ class Slots:
             return None
 
     def _reclaim(self, w: Worker, now: float) -> None:
-        """Drain a gone worker's ring to the end, fold it, free the slot, unlink the ring."""
+        """Serve its pending registration, drain a gone worker's ring to the end, fold it, free
+        the slot, unlink the ring."""
+        if self.gone is not None:
+            self.gone(w, now)
         if w.ring is not None:
             limit = self.config.drain_max_events
             try:

@@ -7,7 +7,8 @@ NaN-free floats only:
 
     {"format": 1, "namespace", "pid", "embedded", "time": controller monotonic seconds,
      "events": {"consumed", "folded", "unknown", "invalid", "reclaimed_workers",
-                "exited_workers", "errors", "corrupt_slots", "measured"},
+                "exited_workers", "errors", "corrupt_slots", "lock_busy", "lock_repairs",
+                "measured"},
      "rounds": {"count", "seconds_sum", "last_seconds"},
      "final_save": None while running; at close "saved" or "failed: why",
      "workers": [{"slot", "generation", "pid", "device", "alive", "consumed", "dropped",

@@ -7,9 +7,11 @@
     24             8     slot_size         creator            once (S below)
     32             8     mailbox_capacity  creator            once (M below)
     40             8     closed            cleanup            under the lock, before unlinking
-    64             8     controller        controller         under the lock (an identity)
+    64             8     controller        controller         claim under the lock (an identity)
     72             8     controller_beat   controller         any time (monotonic ns)
     80             8     lock_owner        lock holder        on acquiring; 0 before releasing
+    88             8     lock_count        lock holder        on acquiring, +1 (a repairer: +1)
+    96             8     high_water        claimer            under the lock (top slot claimed + 1)
     128+i*S        8     state[i]          claimer/releaser   under the lock, last of a claim
     128+i*S+8      8     ident[i]          claimer            under the lock (pid + start time)
     128+i*S+16     8     device[i]         claimer            under the lock
@@ -17,6 +19,7 @@
     128+i*S+32     8     heartbeat[i]      worker             any time (monotonic ns)
     128+i*S+40     8     applied[i]        worker             any time (snapshot version)
     128+i*S+48     8     dropped[i]        worker             any time (its ring's counter)
+    128+i*S+56     8     pidns[i]          claimer            under the lock (its pid namespace)
     128+i*S+64     64+M  requests[i]       worker/controller  mailbox protocol (mailbox.py)
     128+i*S+128+M  64+M  replies[i]        controller/worker  mailbox protocol (mailbox.py)
     (slot i of `slots`; S = 64 + 2 * (64 + M) bytes per slot, M = mailbox payload bytes)
@@ -34,20 +37,23 @@ counters wrap at 64 bits. `closed` holds the identity of the cleanup that closed
 no slot and no controller is claimed in a closed namespace.
 
 Liveness is an identity check (pid and start time, robust to pid reuse), not a heartbeat; the
-heartbeats are for display and hang detection. A holder of the semaphore that dies would block
-everyone: holders record their identity in `lock_owner`, waiters give up after `lock.timeout`
-with NamespaceBusy naming it, and the controller's `repair_lock()` (also run by `cleanup`)
-releases a lock whose holder is dead (recorded, or none recorded for a whole `lock.timeout`);
-lock.py has the details.
+heartbeats are for display and hang detection. A slot claimed from another pid namespace (its
+`pidns`, the claimer's /proc/self/ns/pid inode, is not ours) reads as `foreign`: its identity
+means nothing here, so it is never alive nor reclaimable (only released). A lock holder that
+dies would block everyone: holders record themselves in `lock_owner`, waiters give up after
+`wait` (default `lock.timeout`) with NamespaceBusy naming it, and `repair_lock()` (run by the
+controller every iteration, and by `cleanup` and `own`) releases a dead holder's lock (lock.py).
+The controller clears its identity without the lock: only a claimant overwrites a live one's.
+Claims take the lowest free slot and raise `high_water`, which bounds what the controller polls.
 
 Worker: `slot = claim_slot(device)`; `EventRing.create(ns, slot)`; register profiles by
 `requests(slot).post(msg)` and poll `replies(slot).take()` (`mailbox.raise_for_error`); then
 `beat(slot, ...)` now and then; on exit close the ring (do not unlink it) and `release_slot(slot)`.
 Controller: `Registry.open(ns)`, `repair_lock()`, `claim_controller()`; every tick
-`beat_controller(now)`, `slots()`, drain each ACTIVE/RELEASED slot's ring (re-attach when its
-generation changes), answer requests; for a `reclaimable` slot drain its ring to the end, then
-`reclaim(slot, ring)`, which unlinks the ring and frees the slot. A slot is never freed while
-its ring holds events.
+`beat_controller(now)`, `slots(high_water())`, drain each ACTIVE/RELEASED slot's ring
+(re-attach when its generation changes), answer requests; for a `reclaimable` slot drain its
+ring to the end, then `reclaim(slot, ring)`, which unlinks the ring and frees the slot. A slot
+is never freed while its ring holds events.
 """
 
 from __future__ import annotations
@@ -76,11 +82,13 @@ MAGIC = int.from_bytes(b"gs.ctl\0\0", "little")
 LAYOUT = 1
 SLOTS, SLOT_SIZE, MAILBOX_CAPACITY = 2, 3, 4  # header constant word indices
 CLOSED, CONTROLLER, CONTROLLER_BEAT, LOCK_OWNER = 40, 64, 72, 80  # byte offsets
+LOCK_COUNT, HIGH_WATER = 88, 96  # byte offsets (lock_count: the lock's, lock.py)
 TABLE = 128
 STATE, IDENT, DEVICE, GENERATION = 0, 8, 16, 24  # offsets inside a slot: under the lock
 HEARTBEAT, APPLIED, DROPPED = 32, 40, 48  # written by the slot's worker
+PIDNS = 56  # the claimer's pid namespace, under the lock
 REQUESTS = 64  # then the two mailboxes
-_ROW = (STATE, IDENT, DEVICE, GENERATION, HEARTBEAT, APPLIED, DROPPED)  # SlotInfo's words
+_ROW = (STATE, IDENT, DEVICE, GENERATION, HEARTBEAT, APPLIED, DROPPED, PIDNS)  # SlotInfo's
 DEFAULT_SLOTS = 64
 DEFAULT_MAILBOX_CAPACITY = 8192
 MAX_SLOTS = 4096  # bounds of the header constants an attacher accepts
@@ -107,12 +115,13 @@ class SlotInfo(NamedTuple):
     heartbeat_ns: int
     applied_version: int
     dropped: int
+    foreign: bool = False  # ACTIVE, claimed from another pid namespace: liveness unknown here
 
     @property
     def reclaimable(self) -> bool:
         """Its worker is gone: drain the ring, then `Registry.reclaim`."""
         return self.state == SlotState.RELEASED or (
-            self.state == SlotState.ACTIVE and not self.alive
+            self.state == SlotState.ACTIVE and not self.alive and not self.foreign
         )
 
 
@@ -120,6 +129,7 @@ class ControllerInfo(NamedTuple):
     pid: int  # 0: none ever claimed, or released
     alive: bool
     heartbeat_ns: int
+    ident: int = 0  # its identity (liveness.py), as recorded
 
 
 class Registry:
@@ -128,6 +138,7 @@ class Registry:
     def __init__(self, namespace: str, seg: Segment, lock: NamespaceLock) -> None:
         self.namespace, self.segment, self.lock, self._words = namespace, seg, lock, seg.words
         self._me = 0  # this process's identity once it claimed the controller
+        self.wait: float | None = None  # the longest wait for the lock (None: lock.timeout)
         self.nslots, self._slot_size, capacity = seg.words[SLOTS : MAILBOX_CAPACITY + 1]
         base = [TABLE + slot * self._slot_size for slot in range(self.nslots)]
         self._requests = [Mailbox(seg, b + REQUESTS, capacity) for b in base]
@@ -224,15 +235,15 @@ class Registry:
         return self._me != 0 and self._word(CONTROLLER) == self._me
 
     def release_controller(self) -> None:
-        me = liveness.current()
-        with self._locked():
-            if self._word(CONTROLLER) == me:
-                self._set(CONTROLLER, 0)
+        """Clear the controller word if it names this process; without the lock (it may be
+        held by a stopped or dead process): while this process lives, no claimant writes it."""
+        if self._word(CONTROLLER) == liveness.current():
+            self._set(CONTROLLER, 0)
 
     def controller(self) -> ControllerInfo:
         owner = self._word(CONTROLLER)
         return ControllerInfo(
-            liveness.pid_of(owner), liveness.alive(owner), self._word(CONTROLLER_BEAT)
+            liveness.pid_of(owner), liveness.alive(owner), self._word(CONTROLLER_BEAT), owner
         )
 
     def beat_controller(self, now_ns: int) -> None:
@@ -256,13 +267,15 @@ class Registry:
                 )
             slot = free[0]
             generation = (self._slot_word(slot, GENERATION) + 1) & _WORD
-            fields = {IDENT: me, DEVICE: device, GENERATION: generation}
+            pidns = liveness.pid_namespace()
+            fields = {IDENT: me, DEVICE: device, GENERATION: generation, PIDNS: pidns}
             fields.update(dict.fromkeys((HEARTBEAT, APPLIED, DROPPED), 0))
             for offset, value in fields.items():
                 self._set_slot(slot, offset, value)
             self._requests[slot].reset()
             self._replies[slot].reset()
             self._set_slot(slot, STATE, SlotState.ACTIVE)
+            self._set(HIGH_WATER, max(min(self._word(HIGH_WATER), self.nslots), slot + 1))
             return slot
 
     def release_slot(self, slot: int) -> bool:
@@ -293,10 +306,17 @@ class Registry:
 
     # controller side
 
-    def slots(self) -> list[SlotInfo]:
-        """A consistent copy of the slot table (FREE slots included)."""
+    def high_water(self) -> int:
+        """1 + the highest slot ever claimed (bounded by `nslots`): every slot at or above it
+        is FREE, unless a process that is not ours wrote the table."""
+        return min(self._word(HIGH_WATER), self.nslots)
+
+    def slots(self, limit: int | None = None) -> list[SlotInfo]:
+        """A consistent copy of the slot table, or of its first `limit` slots (FREE ones
+        included)."""
+        count = self.nslots if limit is None else max(0, min(limit, self.nslots))
         with self._locked():
-            rows = [self._row(slot) for slot in range(self.nslots)]
+            rows = [self._row(slot) for slot in range(count)]
         return [self._info(slot, row) for slot, row in enumerate(rows)]
 
     def reclaim(self, slot: int, ring: EventRing | None) -> None:
@@ -323,12 +343,14 @@ class Registry:
             self._set_slot(slot, IDENT, 0)
             self._set_slot(slot, STATE, SlotState.FREE)
 
-    def repair_lock(self, clock: Clock | None = None) -> bool:
+    def repair_lock(self, clock: Clock | None = None, wait: bool = True) -> bool:
         """Release the lock if its holder died holding it: the recorded holder is dead, or none
         is recorded for a whole `lock.timeout` (a holder killed between acquiring and recording
         itself, or between clearing and releasing; a live one passes there in microseconds).
-        Two repairers at once are serialised (lock.py): the lock is released once."""
-        return self.lock.repair(self.segment, clock)
+        `wait`: wait until an unrecorded holder is judged; else this call only observes and
+        the judgement comes at a later call. Two repairers at once are serialised (lock.py):
+        the lock is released once."""
+        return self.lock.repair(self.segment, clock, wait)
 
     def retire(self) -> None:
         """Close the namespace for good (before cleanup unlinks it), recording this process as
@@ -347,6 +369,16 @@ class Registry:
                     )
             self._set(CLOSED, me)
 
+    def displaced(self) -> list[str]:
+        """The files of its control segment and lock whose names no longer stand for them
+        (removed or replaced: an administrator's rm, systemd's RemoveIPC)."""
+        lock_file = lock.semaphore_name(self.namespace)
+        info = segment.stat_of(lock_file)
+        lost = [self.segment.name] if self.segment.displaced() else []
+        if info is None or (info.st_dev, info.st_ino) != self.lock.inode:
+            lost.append(lock_file)
+        return [segment.path(name) for name in lost]
+
     def close(self) -> None:
         self.lock.close()
         self.segment.close()
@@ -360,22 +392,25 @@ class Registry:
     # internals
 
     def _locked(self) -> AbstractContextManager[None]:
-        return self.lock.held()
+        return self.lock.held(self.wait)
 
     def _row(self, slot: int) -> tuple[int, ...]:
         return tuple(self._slot_word(slot, offset) for offset in _ROW)
 
     def _info(self, slot: int, row: tuple[int, ...]) -> SlotInfo:
-        word, ident, device, generation, heartbeat, applied, dropped = row
+        word, ident, device, generation, heartbeat, applied, dropped, pidns = row
         try:
             state = SlotState(word)
         except ValueError:
             state = SlotState.CORRUPT
         if state != SlotState.FREE and device > MAX_DEVICE:
             state = SlotState.CORRUPT
-        alive = state == SlotState.ACTIVE and liveness.alive(ident)
+        foreign = state == SlotState.ACTIVE and pidns not in (0, liveness.pid_namespace())
+        alive = state == SlotState.ACTIVE and not foreign and liveness.alive(ident)
         pid = liveness.pid_of(ident)
-        return SlotInfo(slot, state, pid, alive, device, generation, heartbeat, applied, dropped)
+        return SlotInfo(
+            slot, state, pid, alive, device, generation, heartbeat, applied, dropped, foreign
+        )
 
     def _word(self, offset: int) -> int:
         return self._words[offset // 8]

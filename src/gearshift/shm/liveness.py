@@ -6,12 +6,14 @@ Linux pids are below 2**22 (PID_MAX_LIMIT) and start ticks (clock ticks since bo
 /proc/<pid>/stat) fit the remaining 42 bits for centuries. Being one word, an identity is
 published with one aligned 8-byte store and never read torn. A process is alive iff /proc still
 shows the same pid with the same start time and it is not a zombie; a recycled pid has another
-start time, so it never passes for the dead process.
+start time, so it never passes for the dead process. Pids, hence identities, mean something
+only inside the pid namespace they were read in (`pid_namespace`).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
 PID_BITS = 22
 PID_MASK = (1 << PID_BITS) - 1
@@ -43,3 +45,48 @@ def alive(ident: int) -> bool:
 
 def pid_of(ident: int) -> int:
     return ident & PID_MASK
+
+
+def send_signal(ident: int, sig: int) -> bool:
+    """Send `sig` to the process `ident` names; False if it is not alive. Where the kernel has
+    pidfds (Linux 5.3+) a pidfd is opened first and the identity checked after, so the signal
+    reaches that process and never a later one with its pid; elsewhere the check and the kill
+    are two steps."""
+    pid = pid_of(ident)
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # no pidfd on this system
+        if not alive(ident):
+            return False
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+    try:
+        if not alive(ident):  # the pid is another process's now (or a zombie's)
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
+
+
+_namespace: tuple[int, int] = (0, 0)  # (pid, its pid namespace) of the last reading
+
+
+def pid_namespace() -> int:
+    """The inode of this process's pid namespace (0 if /proc does not show it); read once per
+    process (a process never changes its own pid namespace)."""
+    global _namespace
+    pid = os.getpid()
+    if _namespace[0] != pid:
+        try:
+            _namespace = (pid, os.stat("/proc/self/ns/pid").st_ino)
+        except OSError:
+            _namespace = (pid, 0)
+    return _namespace[1]

@@ -2,11 +2,19 @@
 `/dev/shm/sem.gearshift.<ns>.lock`), held for microseconds around every multi-word change of
 the slot table (control.py).
 
-Its holder records its identity in the control segment's `lock_owner` word; a waiter gives up
-after `timeout` with NamespaceBusy naming it; `repair` releases a lock whose holder died holding
-it (its recorded identity is dead, or none is recorded for a whole `timeout`). Repairs are
-serialised by an exclusive flock on the control segment's file, taken without waiting: of two
-repairers at once one repairs and the other leaves it, so the semaphore never counts above 1.
+Its holder bumps the control segment's `lock_count` word and records its identity in its
+`lock_owner` word; a waiter gives up after its wait (`timeout` unless it asks for less) with
+NamespaceBusy naming the holder. `repair` releases a lock whose holder died holding it: its
+recorded identity is dead, or none is recorded and `lock_count` stays the same while the lock
+stays held for a whole `timeout` (a holder killed between acquiring and recording itself, or
+between clearing and releasing; a live one passes there in microseconds), observed across calls
+no more than STALE seconds apart, so a caller that must not wait (the controller's loop) calls
+it once per iteration with `wait=False`. A live holder's lock is never released, nor one held
+unrecorded for less than a whole `timeout`. Repairs are serialised by an exclusive flock on the
+control segment's file, taken without waiting; under it the repairer checks that the holder,
+the count and the held semaphore are still the ones it judged, bumps the count and releases:
+of two repairers at once one repairs and the other finds the count changed, so the semaphore
+never counts above 1.
 
 The semaphore is checked like a segment after every open (this user's, mode 0600: else
 NotOwned), and `unlink` removes the name only while it names the semaphore this process
@@ -29,6 +37,7 @@ from gearshift.shm import liveness, names, segment
 from gearshift.shm.segment import Inode
 
 TIMEOUT = 5.0  # seconds; the critical sections are microseconds long
+STALE = 0.25  # seconds: observations of an unrecorded holder further apart start over
 Words = memoryview  # a segment's 8-byte words
 
 
@@ -38,19 +47,27 @@ def semaphore_name(namespace: str) -> str:
 
 
 class NamespaceLock:
-    """The opened semaphore of `namespace`; `words[owner]` is the `lock_owner` word."""
+    """The opened semaphore of `namespace`; `words[owner]` is the `lock_owner` word and
+    `words[owner + 1]` the `lock_count` word."""
 
     def __init__(
         self, namespace: str, sem: posix_ipc.Semaphore, inode: Inode, words: Words, owner: int
     ) -> None:
         self.namespace, self.inode, self.timeout = namespace, inode, TIMEOUT
         self._sem, self._words, self._at = sem, words, owner
+        self._suspect: tuple[int, float, float] | None = None  # (count, first seen, last seen)
 
     def _owner(self) -> int:
         return self._words[self._at]
 
     def _record(self, ident: int) -> None:
         self._words[self._at] = ident
+
+    def _count(self) -> int:
+        return self._words[self._at + 1]
+
+    def _bump(self) -> None:
+        self._words[self._at + 1] = (self._words[self._at + 1] + 1) & ((1 << 64) - 1)
 
     @classmethod
     def create(cls, namespace: str, words: Words, owner: int) -> NamespaceLock:
@@ -108,18 +125,21 @@ class NamespaceLock:
         return self._sem.value
 
     @contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the lock, recording this process as its holder; NamespaceBusy after `timeout`."""
+    def held(self, wait: float | None = None) -> Iterator[None]:
+        """Hold the lock, recording this process as its holder; NamespaceBusy after `wait`
+        seconds (default: `timeout`)."""
         me = liveness.current()  # before acquiring: a holder killed unrecorded costs a repair wait
+        wait = self.timeout if wait is None else min(wait, self.timeout)
         try:
-            self._sem.acquire(self.timeout)
+            self._sem.acquire(wait)
         except posix_ipc.BusyError:
             owner = self._owner()
             state = "alive" if liveness.alive(owner) else "dead: the controller or cleanup frees it"
             raise NamespaceBusy(
-                f"the lock of namespace {self.namespace!r} is held over {self.timeout} s by "
+                f"the lock of namespace {self.namespace!r} is held over {wait:g} s by "
                 f"pid {liveness.pid_of(owner)} ({state})"
             ) from None
+        self._bump()
         self._record(me)
         try:
             yield
@@ -127,16 +147,46 @@ class NamespaceLock:
             self._record(0)
             self._sem.release()
 
-    def repair(self, control: segment.Segment, clock: Clock | None = None) -> bool:
+    def repair(
+        self, control: segment.Segment, clock: Clock | None = None, wait: bool = True
+    ) -> bool:
         """Release the lock if its holder died holding it (see the module docstring); False if
-        it is free, held by a live process, or another repairer is at it. `control` is the
+        it is free, held by a live process, held unrecorded for less than `timeout` so far
+        (`wait`: wait until that is decided), or another repairer is at it. `control` is the
         namespace's control segment, whose file serialises the repairers."""
-        if self._sem.value != 0 or liveness.alive(self._owner()):
+        clock = clock or MonotonicClock()
+        while True:
+            judged = self._judge(clock.now())
+            if judged is False or (judged is None and not wait):
+                return False
+            if judged is not None:
+                return self._release_stuck(control, *judged)
+            clock.sleep(0.001)
+
+    def _judge(self, now: float) -> tuple[int, int] | bool | None:
+        """(owner, count) of a lock held by a dead holder; False if it is free or its holder
+        lives; None while an unrecorded holder is observed for less than `timeout` (followed
+        across calls in `_suspect`)."""
+        if self._sem.value != 0:
+            self._suspect = None
             return False
+        owner, count = self._owner(), self._count()
+        if owner:
+            self._suspect = None
+            return False if liveness.alive(owner) else (owner, count)
+        suspect = self._suspect
+        if suspect is None or suspect[0] != count or now - suspect[2] > STALE:
+            suspect = (count, now, now)
+        self._suspect = (count, suspect[1], now)
+        return (0, count) if now - suspect[1] >= self.timeout else None
+
+    def _release_stuck(self, control: segment.Segment, owner: int, count: int) -> bool:
+        """Release the lock judged stuck with (owner, count), under the repairers' flock."""
+        self._suspect = None
         try:
-            fd = os.open(segment.path(control.name), os.O_RDONLY)
-        except FileNotFoundError:
-            return False
+            fd = os.open(segment.path(control.name), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False  # gone (or replaced by a link): not ours to repair
         try:
             info = os.fstat(fd)
             if (info.st_dev, info.st_ino) != control.inode:
@@ -145,30 +195,14 @@ class NamespaceLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False  # another repairer is at it
-            return self._repair(clock or MonotonicClock())
+            if self._sem.value != 0 or self._owner() != owner or self._count() != count:
+                return False  # released, repaired or taken meanwhile: not that holder's any more
+            self._bump()
+            self._record(0)
+            self._sem.release()
+            return True
         finally:
             os.close(fd)  # releases the flock
-
-    def _repair(self, clock: Clock) -> bool:
-        owner = self._owner()
-        if self._sem.value != 0 or (owner and liveness.alive(owner)):
-            return False
-        if not owner and not self._unrecorded_for(self.timeout, clock):
-            return False
-        if self._owner() != owner:  # released meanwhile: not that dead holder's any more
-            return False
-        self._record(0)
-        self._sem.release()
-        return True
-
-    def _unrecorded_for(self, seconds: float, clock: Clock) -> bool:
-        """The lock stays held with no holder recorded for `seconds`."""
-        deadline = clock.now() + seconds
-        while clock.now() < deadline:
-            if self._sem.value != 0 or self._owner():
-                return False
-            clock.sleep(0.001)
-        return True
 
     def close(self) -> None:
         self._sem.close()

@@ -222,6 +222,11 @@ class Segment:
         self.close()
         raise LayoutError(f"{self.name}: header constants {found} do not fit its layout or size")
 
+    def displaced(self) -> bool:
+        """Whether its name no longer stands for this segment (removed, or replaced)."""
+        info = stat_of(self.name)
+        return info is None or (info.st_dev, info.st_ino) != self.inode
+
     def close(self) -> None:
         """Unmap (the object stays; see `unlink`)."""
         self.words.release()
