@@ -260,3 +260,39 @@ def retire_then(namespace: str, retired: Event, go: Event | None) -> None:
     go.wait(WAIT)
     cleanup(namespace)
     os._exit(0)
+
+
+def lock_and_stop(namespace: str) -> None:
+    """Take the namespace lock, then stop (SIGSTOP) holding it, until killed."""
+    import signal
+
+    registry = Registry.attach(namespace)
+    held = registry._locked()  # keep a reference: collecting it would release the lock
+    held.__enter__()
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(WAIT)
+    os._exit(0)
+
+
+def register_put_exit(namespace: str, events: int) -> None:
+    """A worker that claims a slot, puts `events` records of profile id 0, posts its
+    registration and exits before any answer (without releasing its slot)."""
+    from gearshift import protocol
+    from gearshift.core.dims import Dim
+
+    registry = Registry.attach(namespace)
+    slot = registry.claim_slot(device=0)
+    ring = EventRing.create(namespace, slot, 1 << 12)
+    for _ in range(events):
+        assert ring.put(time.monotonic_ns(), 0, 0, (3,), (1,))
+    dims = {"B": Dim(gears=[1, 2, 4, 8, 16, 32, 64], max=64)}
+    assert registry.requests(slot).post(protocol.register_message(0, "decode", dims))
+    os._exit(0)
+
+
+def claim_and_sleep(namespace: str) -> None:
+    """Claim a slot (device 0) and sleep until killed: run in another pid namespace."""
+    registry = Registry.attach(namespace)
+    registry.claim_slot(device=0)
+    print("claimed", flush=True)
+    time.sleep(WAIT)

@@ -346,3 +346,14 @@ def test_two_repairers_at_once_release_a_dead_holders_lock_once(
     assert registry.repair_lock()
     assert not registry.repair_lock()
     assert registry.lock.value == 1
+
+
+def test_the_high_water_mark_follows_the_claims_and_bounds_the_table_read(
+    registry: Registry,
+) -> None:
+    assert registry.high_water() == 0 and registry.slots(registry.high_water()) == []
+    first, second = registry.claim_slot(0), registry.claim_slot(0)
+    assert registry.high_water() == 2
+    registry.release_slot(second)
+    assert [i.slot for i in registry.slots(registry.high_water())] == [first, second]
+    assert len(registry.slots()) == SLOTS

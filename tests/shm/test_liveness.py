@@ -33,3 +33,28 @@ def test_an_exited_child_is_dead_even_as_an_unreaped_zombie() -> None:
         assert not liveness.alive(ident)
     finally:
         os.waitpid(pid, 0)
+
+
+def test_a_signal_reaches_the_process_named_and_never_a_later_one_with_its_pid() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ident = 0
+        while not ident:
+            ident = liveness.identity(child.pid)
+        later = ((ident >> liveness.PID_BITS) + 1) << liveness.PID_BITS | child.pid
+        assert not liveness.send_signal(later, signal.SIGTERM)  # its pid, another start time
+        assert child.poll() is None
+        assert liveness.send_signal(ident, signal.SIGTERM)
+        assert child.wait(30) == -signal.SIGTERM
+        assert not liveness.send_signal(ident, signal.SIGTERM)  # gone
+    finally:
+        child.kill()
+        child.wait(30)
+
+
+def test_the_pid_namespace_is_this_processs() -> None:
+    assert liveness.pid_namespace() == os.stat("/proc/self/ns/pid").st_ino

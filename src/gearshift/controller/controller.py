@@ -48,7 +48,7 @@ __all__ = ["Controller", "EmbeddedController"]
 log = logging.getLogger(__name__)
 
 ERROR_LOG_SECONDS = 10.0  # an error repeating in a phase is logged at most this often
-LOCK_WAIT = 0.02  # seconds: the longest the loop waits for the namespace lock
+LOCK_WAIT = 0.005  # seconds: the longest the loop waits for the namespace lock
 
 
 class Controller:
