@@ -191,7 +191,8 @@ def test_serve_stops_cleanly_beside_a_stopped_lock_holder(
                               capture_output=True, text=True, timeout=WAIT)
         assert stop.returncode == 0, stop.stderr
         assert proc.wait(WAIT) == 0
-        assert "Traceback" not in proc.stderr.read()
+        err = proc.stderr.read()
+        assert "Traceback" not in err, err
     finally:
         os.kill(holder.pid, signal.SIGKILL)
         holder.join(WAIT)

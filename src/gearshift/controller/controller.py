@@ -404,7 +404,7 @@ def _remove_namespace(namespace: str, level: int = logging.INFO) -> None:
     """Remove the namespace unless a live worker holds a slot (`cleanup` checks that under the
     namespace lock)."""
     try:
-        removed = cleanup(namespace)
+        removed = cleanup(namespace, wait=1.0)  # a stopped lock holder delays a stop 1 s at most
         log.log(level, "no live worker: namespace %r removed (%d objects)", namespace,
                 len(removed))
     except NotOwned as e:

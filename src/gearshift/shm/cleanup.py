@@ -48,11 +48,12 @@ log = logging.getLogger(__name__)
 GRACE = 1.0  # seconds a cleanup under way (a lockless control segment) gets before `own` helps
 
 
-def cleanup(namespace: str) -> list[str]:
+def cleanup(namespace: str, wait: float | None = None) -> list[str]:
     """Remove every segment and the lock of `namespace`; return the segments removed.
 
     Refuses, removing nothing, while its controller (ControllerRunning) or any worker holding a
-    slot (NamespaceBusy) is alive; NotOwned, after removing the rest, if some of its objects
+    slot (NamespaceBusy) is alive, or the lock stays held by a live process over `wait`
+    (default: the lock timeout); NotOwned, after removing the rest, if some of its objects
     belong to another user.
     """
     control: Inode | None = None
@@ -65,6 +66,7 @@ def cleanup(namespace: str) -> list[str]:
         registry = None
         control = _inode(names.control(namespace))
     if registry is not None:
+        registry.wait = wait
         try:
             owner = registry.controller()
             if owner.alive:

@@ -130,8 +130,15 @@ class NamespaceLock:
         seconds (default: `timeout`)."""
         me = liveness.current()  # before acquiring: a holder killed unrecorded costs a repair wait
         wait = self.timeout if wait is None else min(wait, self.timeout)
+        clock = MonotonicClock()
+        deadline = clock.now() + wait
         try:
-            self._sem.acquire(wait)
+            while True:
+                try:
+                    self._sem.acquire(max(0.0, deadline - clock.now()))
+                    break
+                except posix_ipc.SignalError:  # a handled signal (SIGTERM) cut the wait short
+                    continue
         except posix_ipc.BusyError:
             owner = self._owner()
             state = "alive" if liveness.alive(owner) else "dead: the controller or cleanup frees it"
