@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.controller import publish, registrations, statefile, status
+from gearshift.controller import publish, registrations, statefile, status, upkeep
 from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.ingest import Batch, ProfileKeys
@@ -290,33 +290,20 @@ class Controller:
             self._failed("slot scan (lock busy)", e, count=False)
 
     def _repair_lock(self) -> None:
-        if self.registry.repair_lock(self.clock, wait=False):
-            self.lock_repairs += 1
-            log.warning("namespace %r: the lock, held by a dead process, was released",
-                        self.config.namespace)
+        self.lock_repairs += upkeep.repair_lock(self.registry, self.clock)
 
     def _check_objects(self, now: float) -> None:
-        """NamespaceLost if the control segment or the lock lost its name; a snapshot or status
-        region that lost its name is re-created and published again."""
-        lost = self.registry.displaced()
-        if lost:
-            raise NamespaceLost(
-                f"namespace {self.config.namespace!r}: {', '.join(lost)} removed or replaced "
-                "under its controller (an administrator's rm, or systemd's RemoveIPC=yes: set "
-                "RemoveIPC=no); new workers cannot find it, so this controller stops: start it "
-                "again to re-create the namespace")
-        for device, region in list(self._regions.items()):
-            if region.segment.displaced():
-                log.error("%s was removed under the controller: re-created", region.segment.name)
-                region.close()
-                del self._regions[device]
-                self._guard(f"publish of device {device}", self._publish, device, now)
-        if self._status_region is not None and self._status_region.segment.displaced():
-            log.error("%s was removed under the controller: re-created",
-                      self._status_region.segment.name)
-            self._status_region.close()
-            self._status_region = status.open_region(self.config.namespace)
-            self._next_status = now
+        """`upkeep.check`: NamespaceLost, or lost regions created and published again."""
+        regions: dict[object, SnapshotRegion] = {**self._regions}
+        if self._status_region is not None:
+            regions["status"] = self._status_region
+        for key in upkeep.check(self.registry, regions):
+            if key == "status":
+                self._status_region = status.open_region(self.config.namespace)
+                self._next_status = now
+            else:
+                del self._regions[key]
+                self._guard(f"publish of device {key}", self._publish, key, now)
 
     def _drain(self, now: float) -> None:
         self.slots.drain(now)

@@ -369,16 +369,6 @@ class Registry:
                     )
             self._set(CLOSED, me)
 
-    def displaced(self) -> list[str]:
-        """The files of its control segment and lock whose names no longer stand for them
-        (removed or replaced: an administrator's rm, systemd's RemoveIPC)."""
-        lock_file = lock.semaphore_name(self.namespace)
-        info = segment.stat_of(lock_file)
-        lost = [self.segment.name] if self.segment.displaced() else []
-        if info is None or (info.st_dev, info.st_ino) != self.lock.inode:
-            lost.append(lock_file)
-        return [segment.path(name) for name in lost]
-
     def close(self) -> None:
         self.lock.close()
         self.segment.close()
