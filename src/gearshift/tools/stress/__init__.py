@@ -10,6 +10,7 @@ workers and the controller are SIGKILLed at random and restarted.
 | `tally.py` | the run's books (incarnations, kills, downtime) and the counting at the end |
 | `report.py` | `StressReport`: the figures (`KEYS`), their accounting, the invariants |
 | `faults.py` | deployment faults run for real: a full /dev/shm, a worker forked after connect |
+| `lockfaults.py` | the namespace lock's faults: a holder stopped, then killed, holding it |
 | `cli.py` | the `gearshift stress` command |
 
 A run must accept no torn snapshot, lose no event (lost = sent - consumed - dropped), leak no

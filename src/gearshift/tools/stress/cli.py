@@ -48,7 +48,8 @@ from gearshift.tools.stress.report import COUNTING
     "trace CSV) for SECONDS in all, then a real `gearshift serve` from outside; a table per "
     "boundary; exit status 1 on any crash, exception into a request, stall over 100 ms, gear "
     "outside its bounds, leaked segment, lost event or unserved worker; then the deployment "
-    "faults, a full /dev/shm and a forked worker (needs hypothesis).",
+    "faults, a full /dev/shm, a forked worker and a stopped, then dead, lock holder (needs "
+    "hypothesis).",
 )
 @json_option("Print the figures as one JSON object.")
 def command(

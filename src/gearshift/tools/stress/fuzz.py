@@ -64,14 +64,15 @@ def run(examples: int | None = None, seconds: float | None = None,
 
 def everything(seconds: float) -> dict[str, Tally]:
     """`run` for most of `seconds`, then `real_processes` for the rest (2..10 s), then the
-    deployment faults (`faults.tally`: a few seconds more)."""
-    from gearshift.tools.stress import faults
+    deployment faults (`faults.tally`, `lockfaults.tally`: a few seconds more)."""
+    from gearshift.tools.stress import faults, lockfaults
 
     outside = min(10.0, max(2.0, seconds / 5))
     tallies = run(seconds=max(seconds - outside, 1.0))
     tallies["real processes"] = Tally()
     real_processes(outside, tallies["real processes"])
     faults.tally(tallies)
+    lockfaults.tally(tallies)
     return tallies
 
 
