@@ -25,11 +25,12 @@ from shm.procs import (
 )
 
 from gearshift.clock import FakeClock
+from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.errors import NamespaceLost
-from gearshift.shm import SnapshotRegion, cleanup, lock, names, segment
+from gearshift.shm import Registry, SnapshotRegion, cleanup, control, lock, names, segment
 
-from .workers import DIMS, Worker
+from .workers import DIMS, POLICY, Worker
 
 
 def _stopped(pid: int) -> bool:
@@ -216,3 +217,18 @@ def test_serve_exits_with_a_clear_error_when_its_control_segment_is_removed(
         proc.wait(WAIT)
         proc.stderr.close()
         cleanup(namespace)
+
+
+def test_a_claim_above_the_high_water_mark_is_found_by_the_first_scan(
+    config: ControllerConfig, clock: FakeClock
+) -> None:
+    registry = Registry.create(config.namespace)
+    w = Worker(config.namespace, 0, clock)
+    registry.segment.words[control.HIGH_WATER // 8] = 0  # an older version kept none
+    c = Controller.open(config, POLICY, clock=clock)
+    try:
+        assert set(c.workers) == {w.slot}
+    finally:
+        w.close()
+        c.close()
+        registry.close()

@@ -97,6 +97,8 @@ class Slots:
         self.exited = 0  # workers that released their slot (closed cleanly), freed alike
         self.corrupt: set[int] = set()  # slots skipped at the last scan: words not ours
         self._awaiting: dict[int, tuple[int, float]] = {}  # device -> (version, published at)
+        self._scanned = False  # the first scan reads the whole table (a namespace created
+        # before the high-water mark was kept has claims above it)
 
     def high_water(self) -> int:
         """The slots to poll: below the table's high-water mark, or one we follow."""
@@ -106,12 +108,13 @@ class Slots:
         """Follow every claimed slot, forget the freed ones, read the acknowledgements; the
         slot `spare` (a registration is being answered for it) is not reclaimed this time."""
         claimed, corrupt = set(), set()
-        for info in self.registry.slots(self.high_water()):
+        for info in self.registry.slots(self.high_water() if self._scanned else None):
             if info.state == SlotState.CORRUPT:
                 corrupt.add(info.slot)
             elif info.state != SlotState.FREE:
                 claimed.add(info.slot)
                 self.guard(f"slot {info.slot}", self._track, info, now, info.slot != spare)
+        self._scanned = True
         for slot in set(self.workers) - claimed:  # freed behind our back, or corrupt now
             self._forget(slot)
         if corrupt - self.corrupt:
