@@ -81,7 +81,6 @@ class Controller:
         self._saved_measured = 0  # measurements kept when the state was last saved
         self.workers, self.lags = self.slots.workers, self.slots.lags  # by slot, by device
         self.errors = 0  # phases that failed
-        self.lock_busy = 0  # scans skipped: the namespace lock was held past LOCK_WAIT
         self.lock_repairs = 0  # locks released after their holder died holding them
         self.round_seconds: deque[float] = deque(maxlen=1024)
         self.rounds = {"count": 0, "seconds_sum": 0.0, "last_seconds": None}
@@ -105,7 +104,7 @@ class Controller:
         counts = {**self.batch.counts, "reclaimed_workers": self.slots.reclaimed,
                   "exited_workers": self.slots.exited,
                   "errors": self.errors, "corrupt_slots": len(self.slots.corrupt),
-                  "lock_busy": self.lock_busy, "lock_repairs": self.lock_repairs,
+                  "lock_busy": self.slots.lock_busy, "lock_repairs": self.lock_repairs,
                   "measured": measured["measured"]}
         counts["unknown"] += measured["unknown"]  # records of either kind refused
         counts["invalid"] += measured["invalid"]
@@ -268,26 +267,17 @@ class Controller:
         except Exception as e:
             self._failed(what, e)
 
-    def _failed(self, what: str, error: Exception, count: bool = True) -> None:
-        """Count a failure (`count`) and log it, with its traceback if counted, at most every
-        ERROR_LOG_SECONDS."""
-        self.errors += count
+    def _failed(self, what: str, error: Exception) -> None:
+        """Count a failure and log it with its traceback, at most every ERROR_LOG_SECONDS."""
+        self.errors += 1
         now = self.clock.now()
         if now - self._logged.get(what, -math.inf) >= ERROR_LOG_SECONDS:
             self._logged[what] = now
-            if count:
-                log.error("%s failed; the loop goes on", what, exc_info=error)
-            else:
-                log.warning("%s: %s; the loop goes on", what, error)
+            log.error("%s failed; the loop goes on", what, exc_info=error)
 
     def _scan(self, now: float, spare: int | None = None) -> None:
-        self._next_scan = now + self.config.scan_interval_seconds
-        try:
-            self.slots.scan(now, spare)
-        except NamespaceBusy as e:  # only the table's read raises it: the lock is busy
-            self.lock_busy += 1
-            self._next_scan = now  # the next iteration tries again
-            self._failed("slot scan (lock busy)", e, count=False)
+        scanned = self.slots.scan(now, spare)  # False: the lock was busy, try next iteration
+        self._next_scan = now + self.config.scan_interval_seconds * scanned
 
     def _repair_lock(self) -> None:
         self.lock_repairs += upkeep.repair_lock(self.registry, self.clock)

@@ -16,6 +16,7 @@ worker with a profile on it acknowledged that version.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,12 +24,13 @@ import numpy as np
 
 from gearshift.controller import ingest
 from gearshift.controller.config import ControllerConfig
-from gearshift.errors import LayoutError, NotOwned, Unsealed
+from gearshift.errors import LayoutError, NamespaceBusy, NotOwned, Unsealed
 from gearshift.shm import EventRing, Registry, SlotInfo, SlotState, names, segment
 
 log = logging.getLogger(__name__)
 
 ACK_POLL_SECONDS = 5.0  # after a publish, poll applied versions every iteration this long
+BUSY_LOG = 10.0  # seconds: a scan skipped for a busy lock is logged at most this often
 
 
 @dataclass
@@ -96,6 +98,8 @@ class Slots:
         self.reclaimed = 0  # dead workers whose slot was reclaimed (killed, crashed)
         self.exited = 0  # workers that released their slot (closed cleanly), freed alike
         self.corrupt: set[int] = set()  # slots skipped at the last scan: words not ours
+        self.lock_busy = 0  # scans skipped: the namespace lock was held past the registry's wait
+        self._busy_logged = -math.inf  # when a skipped scan was last logged
         self._awaiting: dict[int, tuple[int, float]] = {}  # device -> (version, published at)
         self._scanned = False  # the first scan reads the whole table (a namespace created
         # before the high-water mark was kept has claims above it)
@@ -104,11 +108,21 @@ class Slots:
         """The slots to poll: below the table's high-water mark, or one we follow."""
         return max(self.registry.high_water(), max(self.workers, default=-1) + 1)
 
-    def scan(self, now: float, spare: int | None = None) -> None:
+    def scan(self, now: float, spare: int | None = None) -> bool:
         """Follow every claimed slot, forget the freed ones, read the acknowledgements; the
-        slot `spare` (a registration is being answered for it) is not reclaimed this time."""
+        slot `spare` (a registration is being answered for it) is not reclaimed this time.
+        False, the scan skipped and counted in `lock_busy` (logged at most every BUSY_LOG
+        seconds), when the namespace lock stays held past the registry's wait."""
         claimed, corrupt = set(), set()
-        for info in self.registry.slots(self.high_water() if self._scanned else None):
+        try:
+            table = self.registry.slots(self.high_water() if self._scanned else None)
+        except NamespaceBusy as e:
+            self.lock_busy += 1
+            if now - self._busy_logged >= BUSY_LOG:
+                self._busy_logged = now
+                log.warning("slot scan skipped (%d so far): %s", self.lock_busy, e)
+            return False
+        for info in table:
             if info.state == SlotState.CORRUPT:
                 corrupt.add(info.slot)
             elif info.state != SlotState.FREE:
@@ -121,6 +135,7 @@ class Slots:
             log.warning("slots %s are corrupt (state or device word): skipped", sorted(corrupt))
         self.corrupt = corrupt
         self._acks(now)
+        return True
 
     def drain(self, now: float) -> None:
         """Drain every attached ring (at most drain_max_events records each) and fold them."""
