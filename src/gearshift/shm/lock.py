@@ -3,18 +3,18 @@
 the slot table (control.py).
 
 Its holder bumps the control segment's `lock_count` word and records its identity in its
-`lock_owner` word; a waiter gives up after its wait (`timeout` unless it asks for less) with
-NamespaceBusy naming the holder. `repair` releases a lock whose holder died holding it: its
-recorded identity is dead, or none is recorded and `lock_count` stays the same while the lock
-stays held for a whole `timeout` (a holder killed between acquiring and recording itself, or
-between clearing and releasing; a live one passes there in microseconds), observed across calls
-no more than STALE seconds apart, so a caller that must not wait (the controller's loop) calls
-it once per iteration with `wait=False`. A live holder's lock is never released, nor one held
-unrecorded for less than a whole `timeout`. Repairs are serialised by an exclusive flock on the
-control segment's file, taken without waiting; under it the repairer checks that the holder,
-the count and the held semaphore are still the ones it judged, bumps the count and releases:
-of two repairers at once one repairs and the other finds the count changed, so the semaphore
-never counts above 1.
+`lock_owner` word; a waiter gives up after its wait (`timeout` unless it asks for less; a wait
+cut short by a handled signal goes on to its end) with NamespaceBusy naming the holder.
+`repair` releases a lock whose holder died holding it: its recorded identity is dead, or none
+is recorded and `lock_count` stays the same while the lock stays held for a whole `timeout` (a
+holder killed between acquiring and recording itself, or between clearing and releasing; a live
+one passes there in microseconds), observed across calls no more than STALE seconds apart, so a
+caller that must not wait (the controller's loop) calls it once per iteration with
+`wait=False`. A live holder's lock is never released, nor one held unrecorded for less than a
+whole `timeout`. Repairs are serialised by an exclusive flock on the control segment's file,
+taken without waiting; under it the repairer checks that the holder, the count and the held
+semaphore are still the ones it judged, bumps the count and releases: of two repairers at once
+one repairs and the other finds the count changed, so the semaphore never counts above 1.
 
 The semaphore is checked like a segment after every open (this user's, mode 0600: else
 NotOwned), and `unlink` removes the name only while it names the semaphore this process
