@@ -98,3 +98,17 @@ def tiny_shm() -> Callable[..., subprocess.CompletedProcess[str] | None]:
     if private_shm(["true"], 64 << 10) is None:
         pytest.skip("no private mount namespace with a tmpfs on /dev/shm can be made here")
     return private_shm
+
+
+@pytest.fixture(scope="session")
+def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One Inductor cache directory for the session's compiles (TORCHINDUCTOR_CACHE_DIR, for
+    this process and its children): a shape compiled by one test loads from it in the next."""
+    cache = tmp_path_factory.mktemp("inductor")
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    yield cache
+    if saved is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved

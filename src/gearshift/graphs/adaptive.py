@@ -39,7 +39,7 @@ import math
 import operator
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,9 +185,10 @@ class AdaptiveRunner:
         at = dict(zip(self.names, gears, strict=True))
         lengths = {n: torch.tensor([at[d]], device=self.device)
                    for n, d in self.transform.lengths.items()}
-        graph = self.backend.graph(functools.partial(self._body, inputs, lengths))
         began = self.meter.now()
+        graph = None
         try:
+            graph = self.backend.graph(self._graph_fn(gears, inputs, lengths))
             leaves, spec = self.transform.leaves(graph.capture())
             ended = self.meter.now()
             captured = _Captured(inputs, graph, leaves, spec, lengths)
@@ -195,7 +196,8 @@ class AdaptiveRunner:
         except BaseException:
             with self._count_lock:
                 self.stats["capture_failures"] += 1
-            graph.reset()  # a captured graph of unexpected outputs holds memory too
+            if graph is not None:
+                graph.reset()  # a captured graph of unexpected outputs holds memory too
             self.backend.collect()
             raise
         if why is not None:
@@ -334,6 +336,12 @@ class AdaptiveRunner:
         for dim, gear in gears.items():
             self.transform.dims[dim].check(dim, gear)
         return tuple(int(gears[d]) for d in self.names)
+
+    def _graph_fn(self, gears: Variant, inputs: dict[str, torch.Tensor],
+                  lengths: dict[str, torch.Tensor]) -> Callable[[], Any]:
+        """What the graph of `gears` records: `fn` on the static views `inputs` and `lengths`
+        (a subclass may prepare more, e.g. compile it; that time counts as the capture's)."""
+        return functools.partial(self._body, inputs, lengths)
 
     def _body(self, inputs: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor]) -> Any:
         return self.transform.fn(**inputs, **self._unbound, **lengths)

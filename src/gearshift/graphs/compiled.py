@@ -1,0 +1,172 @@
+"""The compile backend: every variant its own static-shape `torch.compile` specialisation.
+
+A `CompiledRunner` is an `AdaptiveRunner` whose variant graphs record a compiled `fn`: per
+variant (one gear per dim) a fresh `torch.compile(dynamic=False)` of a trampoline with a code
+object of its own, compiled on the static views of that variant, then captured through the
+backend's graph as any variant is (on the cpu the compiled code itself is the graph; on cuda
+and npu its replay is recorded as a device graph: compile, then capture). Hence:
+
+- Dynamo keeps its compiled entries per code object, so each variant's trampoline holds one
+  entry: no recompile limit (`recompile_limit`, 8 by default) is ever reached however many
+  gears there are, and `dynamic=False` keeps automatic dynamic shapes out.
+- Releasing a gear drops its variants' graphs, which hold the only references to their
+  compiled wrappers: the trampoline, its Dynamo cache entry and guards, and the compiled
+  graph go with them (`compiled(variant)` is None after).
+- The first attempt is `fullgraph=True`; a graph break makes it fail, and the runner then
+  lists the breaks (`torch._dynamo.explain`), logs them once as a warning, keeps them in
+  `graph_breaks` and compiles this and later variants with `fullgraph=False` (the parts
+  between breaks run eagerly inside the compiled function; nothing is silently left out).
+- Compiles run where captures do, on the caller's (the swap) thread, never a request's; the
+  compile is timed as part of the capture, so the graph's measured capture seconds include
+  it (cold or from Inductor's caches) and reach the controller as any capture's. Each compile
+  is also kept in `compiles` (seconds, FX graph cache hits and misses), bounded.
+
+Seconds are wall seconds by default (`MonotonicClock`), on every backend: a compile's work
+runs partly in other processes (the C++ compiler, Inductor's compile workers) that a
+thread's CPU clock does not see.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import types
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gearshift.clock import Clock, MonotonicClock
+from gearshift.graphs.adaptive import AdaptiveRunner, Variant
+from gearshift.graphs.pool import GraphResourcePool
+from gearshift.graphs.transform import Transform
+
+log = logging.getLogger(__name__)
+MAX_COMPILES = 4096  # compile records kept (the oldest go first)
+MAX_BREAKS = 32  # graph-break reasons kept and logged
+
+
+@dataclass(frozen=True)
+class Compile:
+    """One variant compiled: its gears (dim -> gear), wall seconds of the compiling call,
+    Inductor FX graph cache hits and misses meanwhile, and whether it is one full graph."""
+
+    variant: dict[str, int]
+    seconds: float
+    cache_hits: int
+    cache_misses: int
+    fullgraph: bool
+
+
+def _trampoline(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` behind a function with a code object of its own: Dynamo's cache entries (and
+    its recompile limit) are per code object, so each variant's are its own."""
+
+    def gear(**tensors: Any) -> Any:
+        return fn(**tensors)
+
+    code = gear.__code__.replace()
+    return types.FunctionType(code, gear.__globals__, gear.__name__, None, gear.__closure__)
+
+
+def _fxgraph_counts() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    inductor = counters["inductor"]
+    return inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"]
+
+
+class CompiledRunner(AdaptiveRunner):
+    """An adaptive runner whose graphs record `torch.compile`d specialisations of the
+    transform's function, one per variant. `mode` and `options` go to `torch.compile` (its
+    `backend` too: `compile_backend`, default Inductor); `clock` times captures and
+    compiles (default: wall seconds). `stats` adds compiles, compile seconds, FX graph
+    cache hits and misses, and graph breaks."""
+
+    def __init__(
+        self,
+        transform: Transform,
+        example: Mapping[str, torch.Tensor],
+        pool: GraphResourcePool | None = None,
+        clock: Clock | None = None,
+        replays: int | None = None,
+        *,
+        mode: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        compile_backend: str | Callable[..., Any] = "inductor",
+    ) -> None:
+        clock = clock or MonotonicClock()
+        super().__init__(transform, example, pool, clock, replays)
+        self.clock = clock
+        self._options: dict[str, Any] = {"backend": compile_backend, "mode": mode,
+                                         "options": None if options is None else dict(options)}
+        self.fullgraph = True  # until the first graph break
+        self.graph_breaks: list[str] = []
+        self.compiles: deque[Compile] = deque(maxlen=MAX_COMPILES)
+        self._compiled: weakref.WeakValueDictionary[Variant, Callable[..., Any]] = (
+            weakref.WeakValueDictionary())
+        self.stats.update(compiles=0, compile_seconds=0.0, compile_cache_hits=0,
+                          compile_cache_misses=0, graph_breaks=0)
+
+    def compiled(self, variant: Variant) -> Callable[..., Any] | None:
+        """The compiled function of a captured variant (gears in dim order); None once its
+        graph is released (or never compiled)."""
+        return self._compiled.get(tuple(variant))
+
+    def _graph_fn(self, gears: Variant, inputs: dict[str, torch.Tensor],
+                  lengths: dict[str, torch.Tensor]) -> Callable[[], Any]:
+        return self._compile(gears, {**inputs, **self._unbound, **lengths})
+
+    def _compile(self, gears: Variant, tensors: dict[str, torch.Tensor]) -> Callable[[], Any]:
+        """A fresh static-shape compile of `fn` on `tensors` (the variant's static views),
+        compiled now by one call; full graph unless a break was met."""
+        hits, misses = _fxgraph_counts()
+        began = self.clock.now()
+        fn = None
+        if self.fullgraph:
+            try:
+                fn = self._compiled_call(tensors, fullgraph=True)
+            except torch._dynamo.exc.Unsupported as e:
+                self._broke(tensors, e)
+        if fn is None:
+            fn = self._compiled_call(tensors, fullgraph=False)
+        seconds = max(self.clock.now() - began, 0.0)
+        hit, miss = (a - b for a, b in zip(_fxgraph_counts(), (hits, misses), strict=True))
+        self.compiles.append(Compile(dict(zip(self.names, gears, strict=True)), seconds, hit,
+                                     miss, self.fullgraph))
+        self._compiled[gears] = fn
+        with self._count_lock:
+            s = self.stats
+            s["compiles"] += 1
+            s["compile_seconds"] += seconds
+            s["compile_cache_hits"] += hit
+            s["compile_cache_misses"] += miss
+        return functools.partial(fn, **tensors)
+
+    def _compiled_call(self, tensors: dict[str, torch.Tensor], fullgraph: bool) -> Any:
+        fn = torch.compile(_trampoline(self.transform.fn), dynamic=False, fullgraph=fullgraph,
+                           **self._options)
+        with torch.no_grad():  # as graphs capture and replay: one grad-mode guard
+            fn(**tensors)
+        return fn
+
+    def _broke(self, tensors: dict[str, torch.Tensor], error: Exception) -> None:
+        """A graph break under fullgraph: list the breaks, warn once, compile with breaks."""
+        self.fullgraph = False
+        try:
+            with torch.no_grad():
+                explained = torch._dynamo.explain(_trampoline(self.transform.fn))(**tensors)
+            reasons = [str(getattr(b, "reason", b)) for b in explained.break_reasons]
+        except Exception as e:  # the explanation is a courtesy: the error says the first one
+            reasons = [f"{error}".splitlines()[0], f"(explain failed: {e!r})"]
+        self.graph_breaks = [r.splitlines()[0][:300] for r in reasons[:MAX_BREAKS]] or [
+            f"{error}".splitlines()[0]]
+        self.stats["graph_breaks"] = len(reasons)
+        log.warning(
+            "%r has %d graph break(s); it is compiled with them (fullgraph=False: the code"
+            " between breaks runs eagerly inside each gear's compiled function): %s",
+            self.transform.fn, len(reasons), "; ".join(self.graph_breaks),
+        )

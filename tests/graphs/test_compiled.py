@@ -1,0 +1,99 @@
+"""The compile backend: a static-shape compile per variant, correct against eager, released
+with its gear, past Dynamo's recompile limit, graph breaks reported. Few compiles (each costs
+seconds on the CPU): Inductor only where its code is checked, Dynamo's `eager` backend
+elsewhere."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+import gearshift as gs
+from gearshift.graphs.backends import CpuBackend
+from gearshift.graphs.compiled import CompiledRunner
+from gearshift.graphs.pool import GraphResourcePool
+
+H = 4
+TOLERANCE = 1e-5  # absolute and relative, float32: Inductor may reorder a reduction
+torch.manual_seed(0)
+WEIGHT = torch.randn(H, H)
+
+
+def block(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x @ WEIGHT) + x.softmax(-1)
+
+
+def make(fn: object = block, gears: tuple[int, ...] = (4, 16), **options: object) -> CompiledRunner:
+    dims = {"SEQLEN": gs.Dim(gears=list(gears), max=64, splittable=True)}
+    transform = gs.Transform(fn, dims, inputs={"x": ("S", None)}, outputs=("S", None))
+    return CompiledRunner(transform, {"x": torch.zeros(1, H)},
+                          pool=GraphResourcePool(CpuBackend()), **options)
+
+
+def test_each_gear_is_compiled_and_matches_eager_on_the_unpadded_input(
+    inductor_cache: Path,
+) -> None:
+    runner = make()
+    assert runner.capture([{"SEQLEN": 16}, {"SEQLEN": 4}]) == 2
+    assert runner.ready() == [(4,), (16,)]
+    for n in (3, 11, 20):  # 20: split into 16 + 4
+        x = torch.randn(n, H)
+        torch.testing.assert_close(runner.run({"x": x}), block(x), atol=TOLERANCE,
+                                   rtol=TOLERANCE)
+    assert runner.stats["eager"] == 0 and runner.stats["compiles"] == 2
+    assert [c.variant for c in runner.compiles] == [{"SEQLEN": 16}, {"SEQLEN": 4}]
+    assert all(c.fullgraph and c.seconds > 0 for c in runner.compiles)
+    costs = dict((v["SEQLEN"], c) for v, c in runner.take_measurements())
+    for c in runner.compiles:  # the compile is part of what the graph cost to add
+        assert costs[c.variant["SEQLEN"]].capture_seconds >= c.seconds
+    if any(inductor_cache.iterdir()):  # Inductor wrote its artifacts where it was told
+        assert runner.stats["compile_cache_hits"] + runner.stats["compile_cache_misses"] >= 2
+
+
+def test_a_released_gear_drops_its_compiled_code(inductor_cache: Path) -> None:
+    runner = make()
+    runner.capture([{"SEQLEN": 16}, {"SEQLEN": 4}])
+    assert runner.compiled((4,)) is not None
+    assert runner.release("SEQLEN", 4) == 1
+    gc.collect()
+    assert runner.compiled((4,)) is None and runner.compiled((16,)) is not None
+    x = torch.randn(3, H)  # now padded to 16
+    torch.testing.assert_close(runner.run({"x": x}), block(x), atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_more_gears_than_the_recompile_limit_stay_compiled() -> None:
+    from torch._dynamo.utils import counters
+
+    gears = (2, 3, 5, 7, 9)  # more than the limit, one function
+    runner = make(gears=gears, compile_backend="eager")
+    before = counters["stats"]["unique_graphs"]
+    with torch._dynamo.config.patch(recompile_limit=2):
+        assert runner.capture([{"SEQLEN": g} for g in gears]) == len(gears)
+    assert counters["stats"]["unique_graphs"] - before == len(gears)  # none fell back to eager
+    for n in gears:
+        x = torch.randn(n, H)
+        torch.testing.assert_close(runner.run({"x": x}), block(x))
+    assert runner.stats["eager"] == 0
+
+
+def broken(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    torch._dynamo.graph_break()
+    return y + 1
+
+
+def test_a_graph_break_is_reported_and_compiled_around(caplog: pytest.LogCaptureFixture) -> None:
+    runner = make(broken, gears=(4, 8), compile_backend="eager")
+    with caplog.at_level(logging.WARNING, "gearshift.graphs.compiled"):
+        assert runner.capture([{"SEQLEN": 8}, {"SEQLEN": 4}]) == 2
+    assert runner.graph_breaks and not runner.fullgraph
+    assert runner.stats["graph_breaks"] >= 1
+    (record,) = [r for r in caplog.records if "graph break" in r.getMessage()]  # once
+    assert "graph_break" in record.getMessage()
+    assert [c.fullgraph for c in runner.compiles] == [False, False]
+    x = torch.randn(3, H)
+    torch.testing.assert_close(runner.run({"x": x}), broken(x))
