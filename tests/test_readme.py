@@ -40,12 +40,13 @@ def test_worker_example_prints_what_the_readme_says_on_every_run(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    inductor_cache: Path,
 ) -> None:
     (code,) = blocks("python")
     assert len(code.strip().splitlines()) <= 13
     (said,) = re.findall(r"It prints `(.*?)`\s+on every run", section("A worker"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))  # where a state file would go
-    code = code.replace("gs.connect(embedded=True)", f"gs.connect({namespace!r}, embedded=True)")
+    monkeypatch.setenv("GEARSHIFT_NAMESPACE", namespace)  # gs.compile's namespace
     for _ in range(2):
         exec(compile(code, "README.md", "exec"), {})
         assert capsys.readouterr().out == said + "\n"

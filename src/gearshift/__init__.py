@@ -24,6 +24,7 @@ from gearshift.errors import (
 __all__ = [
     "BackendUnavailable",
     "Client",
+    "Compiled",
     "ConfigError",
     "ControllerNotFound",
     "ControllerRunning",
@@ -41,6 +42,7 @@ __all__ = [
     "ShapeError",
     "StateError",
     "TraceError",
+    "compile",
     "connect",
     "load_policy_config",
 ]
@@ -50,11 +52,14 @@ __all__ = [
 _LAZY = {
     "AdaptiveRunner": "gearshift.graphs.adaptive",
     "Client": "gearshift.worker.session",
+    "Compiled": "gearshift.worker.compiling",
+    "CompiledRunner": "gearshift.graphs.compiled",
     "GraphResourcePool": "gearshift.graphs.pool",
     "GraphRunner": "gearshift.graphs.runner",
     "Profile": "gearshift.worker.profile",
     "Route": "gearshift.worker.routing",
     "Transform": "gearshift.graphs.transform",
+    "compile": "gearshift.worker.compiling",
     "connect": "gearshift.worker.connecting",
     "outside_capture": "gearshift.graphs.device",
 }

@@ -170,6 +170,27 @@ class Profile(Router):
 
         return self.attach(AdaptiveRunner(Transform(fn, self.dims, inputs, **options), example))
 
+    def compile(
+        self,
+        fn: Callable[..., Any],
+        inputs: Mapping[str, tuple[str | None, ...]],
+        example: Mapping[str, Any],
+        *,
+        mode: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        backend: Any = "inductor",
+        **transform_options: Any,
+    ) -> Runner:
+        """`runner()` for a compiled model: a `CompiledRunner` (each gear combination its own
+        static-shape `torch.compile(fn, dynamic=False, mode=, options=, backend=)`, compiled by
+        the swap thread), same bindings and example; attached. Imports torch."""
+        from gearshift.graphs.compiled import CompiledRunner
+        from gearshift.graphs.transform import Transform
+
+        transform = Transform(fn, self.dims, inputs, **transform_options)
+        return self.attach(CompiledRunner(transform, example, mode=mode, options=options,
+                                          compile_backend=backend))
+
     def run(self, /, **tensors: Any) -> Any:
         """`fn(**tensors)` through the attached runner, routed, recorded and bracketed."""
         runner = self._runner

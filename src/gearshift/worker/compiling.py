@@ -1,0 +1,139 @@
+"""`gs.compile`: a function or module on adaptive, compiled gears in one call.
+
+`compile(fn, dims, inputs)` connects to the namespace of the environment (`GEARSHIFT_NAMESPACE`,
+else `default`), makes a profile (named after `fn` unless `name=`) and returns a `Compiled`:
+call it as `fn` (positional arguments bind to `inputs` in their order, keywords by name). Its
+first call gives the example (static sizes and dtypes) unless `example=` did, and attaches a
+`CompiledRunner` (`graphs.compiled`: each gear combination its own static-shape compile,
+made by the client's swap thread, never on the request path).
+
+The compiles of one process share one client per (namespace, device, embedded), counted: the
+last `Compiled.close()` of a client closes it (a client passed as `client=` is the caller's,
+never closed here).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gearshift.core.dims import Dim
+from gearshift.errors import ShapeError
+from gearshift.worker.connecting import connect
+from gearshift.worker.interfaces import Runner
+from gearshift.worker.profile import Profile
+from gearshift.worker.session import Client
+
+NAMESPACE_ENV = "GEARSHIFT_NAMESPACE"
+_shared: dict[tuple[str, int, bool], tuple[Client, int]] = {}  # client and its users
+_shared_lock = threading.Lock()
+
+
+def namespace_from_env() -> str:
+    """The namespace `GEARSHIFT_NAMESPACE` names, else `default`."""
+    return os.environ.get(NAMESPACE_ENV) or "default"
+
+
+class Compiled:
+    """`fn` on the adaptive gears of `profile` (of `client`): call it as `fn`. `runner` is
+    None until the first call (or an `example`) attaches it. `close()` lets go of the
+    client."""
+
+    def __init__(self, client: Client, profile: Profile, fn: Callable[..., Any],
+                 inputs: Mapping[str, tuple[str | None, ...]], options: Mapping[str, Any],
+                 release: Callable[[], None]) -> None:
+        self.client, self.profile, self.fn, self.inputs = client, profile, fn, dict(inputs)
+        self.runner: Runner | None = None
+        self._options, self._release = dict(options), release
+        self._names = tuple(self.inputs)
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) > len(self._names):
+            raise ShapeError(f"{self.profile.name}: {len(args)} positional inputs, expected at"
+                             f" most {len(self._names)} {list(self._names)}")
+        tensors = dict(zip(self._names, args, strict=False))
+        if twice := tensors.keys() & kwargs.keys():
+            raise ShapeError(f"{self.profile.name}: inputs {sorted(twice)} given twice")
+        tensors.update(kwargs)
+        if self.runner is None:
+            self.attach(tensors)
+        return self.profile.run(**tensors)
+
+    def attach(self, example: Mapping[str, Any]) -> Runner:
+        """Attach the compiled runner, `example` giving static sizes and dtypes (once)."""
+        with self._lock:
+            if self.runner is None:
+                self.runner = self.profile.compile(self.fn, self.inputs, example,
+                                                   **self._options)
+            return self.runner
+
+    def close(self) -> None:
+        """Let go of the client (the last user of a shared one closes it). Idempotent."""
+        release, self._release = self._release, _nothing
+        release()
+
+
+def compile(
+    fn: Callable[..., Any],
+    dims: Mapping[str, Dim],
+    inputs: Mapping[str, tuple[str | None, ...]],
+    example: Mapping[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    mode: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    backend: Any = "inductor",
+    client: Client | None = None,
+    namespace: str | None = None,
+    device: int = 0,
+    embedded: bool = False,
+    lazy_start: bool = True,
+    **transform_options: Any,
+) -> Compiled:
+    """`fn` (a function or module) on adaptive gears of `dims`, each gear combination a
+    static-shape `torch.compile(fn, dynamic=False, mode=, options=, backend=)`. `inputs` binds
+    input axes to dims as `Profile.runner`'s do (`transform_options`: `symbols=`, `outputs=`);
+    `example` (default: the first call's tensors) gives static sizes and dtypes. The client is
+    `client`, else a shared one of `namespace` (default: `GEARSHIFT_NAMESPACE`, else
+    `default`) and accelerator `device` (`embedded`: see `connect`)."""
+    options = {"mode": mode, "options": options, "backend": backend, **transform_options}
+    release = _nothing
+    if client is None:
+        client, release = _share(namespace or namespace_from_env(), device, embedded)
+    try:
+        profile_name = name or getattr(fn, "__name__", None) or type(fn).__name__
+        profile = client.profile(profile_name, dims, lazy_start=lazy_start)
+        compiled = Compiled(client, profile, fn, inputs, options, release)
+        if example is not None:
+            compiled.attach(example)
+    except BaseException:
+        release()
+        raise
+    return compiled
+
+
+def _share(namespace: str, device: int, embedded: bool) -> tuple[Client, Callable[[], None]]:
+    key = (namespace, device, embedded)
+    with _shared_lock:
+        client, users = _shared.get(key, (None, 0))
+        if client is None:
+            client, users = connect(namespace, device, embedded=embedded), 0
+        _shared[key] = (client, users + 1)
+
+    def release() -> None:
+        with _shared_lock:
+            held, left = _shared[key]
+            if left > 1:
+                _shared[key] = (held, left - 1)
+                return
+            del _shared[key]
+        held.close()
+
+    return client, release
+
+
+def _nothing() -> None:
+    pass
