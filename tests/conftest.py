@@ -112,3 +112,17 @@ def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
     else:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """XDG_CACHE_HOME (where `gs.compile` keeps a namespace's compile cache) is a temporary
+    directory for the session and its children."""
+    home = tmp_path_factory.mktemp("cache-home")
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(home)
+    yield home
+    if saved is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved

@@ -28,12 +28,16 @@ thread's CPU clock does not see.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
+import hashlib
 import logging
+import os
 import types
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,18 +51,22 @@ from gearshift.graphs.transform import Transform
 log = logging.getLogger(__name__)
 MAX_COMPILES = 4096  # compile records kept (the oldest go first)
 MAX_BREAKS = 32  # graph-break reasons kept and logged
+LOCK_WAIT_SECONDS = 600.0  # the longest wait for another process compiling the same shape
+LOCK_POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
 class Compile:
     """One variant compiled: its gears (dim -> gear), wall seconds of the compiling call,
-    Inductor FX graph cache hits and misses meanwhile, and whether it is one full graph."""
+    Inductor FX graph cache hits and misses meanwhile, whether it is one full graph, and the
+    seconds it first waited for another process compiling the same shape (`lock_dir`)."""
 
     variant: dict[str, int]
     seconds: float
     cache_hits: int
     cache_misses: int
     fullgraph: bool
+    waited: float = 0.0
 
 
 def _trampoline(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -83,8 +91,11 @@ class CompiledRunner(AdaptiveRunner):
     """An adaptive runner whose graphs record `torch.compile`d specialisations of the
     transform's function, one per variant. `mode` and `options` go to `torch.compile` (its
     `backend` too: `compile_backend`, default Inductor); `clock` times captures and
-    compiles (default: wall seconds). `stats` adds compiles, compile seconds, FX graph
-    cache hits and misses, and graph breaks."""
+    compiles (default: wall seconds). `lock_dir` (the node's, `worker.compile_cache`): a
+    capture first takes the lock file of its shape there, so that of the processes compiling
+    one shape at once one compiles and the others load its result from the shared cache
+    (waiting at most `lock_wait` seconds, then compiling anyway). `stats` adds compiles,
+    compile seconds, FX graph cache hits and misses, graph breaks, and seconds waited."""
 
     def __init__(
         self,
@@ -97,6 +108,8 @@ class CompiledRunner(AdaptiveRunner):
         mode: str | None = None,
         options: Mapping[str, Any] | None = None,
         compile_backend: str | Callable[..., Any] = "inductor",
+        lock_dir: str | os.PathLike[str] | None = None,
+        lock_wait: float = LOCK_WAIT_SECONDS,
     ) -> None:
         clock = clock or MonotonicClock()
         super().__init__(transform, example, pool, clock, replays)
@@ -108,13 +121,76 @@ class CompiledRunner(AdaptiveRunner):
         self.compiles: deque[Compile] = deque(maxlen=MAX_COMPILES)
         self._compiled: weakref.WeakValueDictionary[Variant, Callable[..., Any]] = (
             weakref.WeakValueDictionary())
+        self.lock_dir, self.lock_wait = lock_dir, lock_wait
+        self._waited = 0.0  # by the capture under way, for its Compile record
         self.stats.update(compiles=0, compile_seconds=0.0, compile_cache_hits=0,
-                          compile_cache_misses=0, graph_breaks=0)
+                          compile_cache_misses=0, graph_breaks=0, compile_wait_seconds=0.0)
 
     def compiled(self, variant: Variant) -> Callable[..., Any] | None:
         """The compiled function of a captured variant (gears in dim order); None once its
         graph is released (or never compiled)."""
         return self._compiled.get(tuple(variant))
+
+    def _capture(self, gears: Variant) -> Any:
+        with self._shape_lock(gears):  # its wait is not part of the measured capture
+            return super()._capture(gears)
+
+    @contextlib.contextmanager
+    def _shape_lock(self, gears: Variant) -> Iterator[None]:
+        """Hold the lock file of this shape in `lock_dir` (none without one, or when it cannot
+        be opened: the compile goes on unlocked, logged)."""
+        self._waited = 0.0
+        fd = None if self.lock_dir is None else self._open_lock(self._shape_key(gears))
+        if fd is None:
+            yield
+            return
+        try:
+            began = self.clock.now()
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if self.clock.now() - began >= self.lock_wait:
+                        log.warning("waited %.0f s for another process compiling %s; compiling"
+                                    " it here too", self.lock_wait, gears)
+                        break
+                    self.clock.sleep(LOCK_POLL_SECONDS)
+            self._waited = max(self.clock.now() - began, 0.0)
+            with self._count_lock:
+                self.stats["compile_wait_seconds"] += self._waited
+            yield
+        finally:
+            os.close(fd)  # and the lock with it
+
+    def _shape_key(self, gears: Variant) -> str:
+        """The same in every process compiling this function at these gears, shapes and
+        dtypes on this device, with these options."""
+        fn = self.transform.fn
+        owner = fn if isinstance(fn, types.FunctionType) else type(fn)
+        at = dict(zip(self.names, gears, strict=True))
+        shapes = sorted((n, tuple(s if s is not None else at[d] for d, s in
+                                  zip(self.transform.inputs[n], shape, strict=True)),
+                         str(self._dtypes[n])) for n, shape in self._shapes.items())
+        what = (owner.__module__, owner.__qualname__, str(self.device), shapes,
+                repr(sorted(self._options.items())), torch.__version__)
+        return hashlib.sha256(repr(what).encode()).hexdigest()[:40]
+
+    def _open_lock(self, key: str) -> int | None:
+        try:
+            d = os.open(self.lock_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fd = os.open(f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600, dir_fd=d)
+            finally:
+                os.close(d)
+            if os.fstat(fd).st_uid != os.geteuid():
+                os.close(fd)
+                raise PermissionError(f"{key}.lock is another user's")
+            return fd
+        except OSError as e:
+            log.warning("compiling without the shape lock in %s: %r", self.lock_dir, e)
+            return None
 
     def _graph_fn(self, gears: Variant, inputs: dict[str, torch.Tensor],
                   lengths: dict[str, torch.Tensor]) -> Callable[[], Any]:
@@ -136,7 +212,7 @@ class CompiledRunner(AdaptiveRunner):
         seconds = max(self.clock.now() - began, 0.0)
         hit, miss = (a - b for a, b in zip(_fxgraph_counts(), (hits, misses), strict=True))
         self.compiles.append(Compile(dict(zip(self.names, gears, strict=True)), seconds, hit,
-                                     miss, self.fullgraph))
+                                     miss, self.fullgraph, self._waited))
         self._compiled[gears] = fn
         with self._count_lock:
             s = self.stats

@@ -5,7 +5,8 @@ else `default`), makes a profile (named after `fn` unless `name=`) and returns a
 call it as `fn` (positional arguments bind to `inputs` in their order, keywords by name). Its
 first call gives the example (static sizes and dtypes) unless `example=` did, and attaches a
 `CompiledRunner` (`graphs.compiled`: each gear combination its own static-shape compile,
-made by the client's swap thread, never on the request path).
+made by the client's swap thread, never on the request path), its compiles shared by the
+namespace's workers on the node through one cache (`worker.compile_cache`).
 
 The compiles of one process share one client per (namespace, device, embedded), counted: the
 last `Compiled.close()` of a client closes it (a client passed as `client=` is the caller's,
@@ -21,6 +22,7 @@ from typing import Any
 
 from gearshift.core.dims import Dim
 from gearshift.errors import ShapeError
+from gearshift.worker import compile_cache
 from gearshift.worker.connecting import connect
 from gearshift.worker.interfaces import Runner
 from gearshift.worker.profile import Profile
@@ -91,6 +93,7 @@ def compile(
     device: int = 0,
     embedded: bool = False,
     lazy_start: bool = True,
+    shared_cache: bool = True,
     **transform_options: Any,
 ) -> Compiled:
     """`fn` (a function or module) on adaptive gears of `dims`, each gear combination a
@@ -98,12 +101,15 @@ def compile(
     input axes to dims as `Profile.runner`'s do (`transform_options`: `symbols=`, `outputs=`);
     `example` (default: the first call's tensors) gives static sizes and dtypes. The client is
     `client`, else a shared one of `namespace` (default: `GEARSHIFT_NAMESPACE`, else
-    `default`) and accelerator `device` (`embedded`: see `connect`)."""
+    `default`) and accelerator `device` (`embedded`: see `connect`). `shared_cache`: the
+    namespace's compile cache on this node (`worker.compile_cache`), with per-shape locks."""
     options = {"mode": mode, "options": options, "backend": backend, **transform_options}
     release = _nothing
     if client is None:
         client, release = _share(namespace or namespace_from_env(), device, embedded)
     try:
+        if shared_cache:
+            options["lock_dir"] = str(compile_cache.prepare(client.namespace))
         profile_name = name or getattr(fn, "__name__", None) or type(fn).__name__
         profile = client.profile(profile_name, dims, lazy_start=lazy_start)
         compiled = Compiled(client, profile, fn, inputs, options, release)

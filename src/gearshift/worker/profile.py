@@ -179,17 +179,19 @@ class Profile(Router):
         mode: str | None = None,
         options: Mapping[str, Any] | None = None,
         backend: Any = "inductor",
+        lock_dir: str | None = None,
         **transform_options: Any,
     ) -> Runner:
         """`runner()` for a compiled model: a `CompiledRunner` (each gear combination its own
         static-shape `torch.compile(fn, dynamic=False, mode=, options=, backend=)`, compiled by
-        the swap thread), same bindings and example; attached. Imports torch."""
+        the swap thread; `lock_dir`: its per-shape locks), same bindings and example;
+        attached. Imports torch."""
         from gearshift.graphs.compiled import CompiledRunner
         from gearshift.graphs.transform import Transform
 
         transform = Transform(fn, self.dims, inputs, **transform_options)
         return self.attach(CompiledRunner(transform, example, mode=mode, options=options,
-                                          compile_backend=backend))
+                                          compile_backend=backend, lock_dir=lock_dir))
 
     def run(self, /, **tensors: Any) -> Any:
         """`fn(**tensors)` through the attached runner, routed, recorded and bracketed."""

@@ -1,0 +1,105 @@
+"""The namespace's compile cache on the node: made private and checked, Inductor pointed at it
+(unless told otherwise), and a per-shape lock so that one process compiles a shape while the
+others wait, then load it."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+import gearshift as gs
+from gearshift.clock import FakeClock
+from gearshift.graphs.backends import CpuBackend
+from gearshift.graphs.compiled import CompiledRunner
+from gearshift.graphs.pool import GraphResourcePool
+from gearshift.worker import compile_cache
+
+
+def test_the_cache_is_made_private_and_inductor_pointed_at_it(
+    namespace: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    locks = compile_cache.prepare(namespace)
+    root = tmp_path / "gearshift" / namespace
+    assert locks == root / "locks" and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(
+        root / "inductor")
+    for d in (root.parent, root, root / "inductor", locks):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # the environment's is kept
+    compile_cache.prepare(namespace)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"
+
+
+def test_a_cache_others_may_write_or_a_link_is_refused(
+    namespace: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    root = tmp_path / "gearshift" / namespace
+    root.mkdir(parents=True)
+    root.chmod(0o777)
+    with pytest.raises(gs.StateError, match="writable by no one else"):
+        compile_cache.prepare(namespace)
+    root.rmdir()
+    (tmp_path / "target").mkdir(mode=0o700)
+    root.symlink_to(tmp_path / "target")
+    with pytest.raises(gs.StateError, match="without following a link"):
+        compile_cache.prepare(namespace)
+
+
+def fn(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+class Releasing(FakeClock):
+    """Virtual time whose first sleep lets go of `fd`'s lock (another process finishing)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self.fd: int | None = fd
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def make(lock_dir: Path, clock: FakeClock, wait: float = 600.0) -> CompiledRunner:
+    dims = {"SEQLEN": gs.Dim(gears=[4], max=8)}
+    transform = gs.Transform(fn, dims, inputs={"x": ("S", None)}, outputs=("S", None))
+    return CompiledRunner(transform, {"x": torch.zeros(1, 2)},
+                          pool=GraphResourcePool(CpuBackend()), clock=clock,
+                          compile_backend="eager", lock_dir=lock_dir, lock_wait=wait)
+
+
+def held(lock_dir: Path) -> int:
+    (path,) = lock_dir.iterdir()  # the one shape compiled so far
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def test_a_shape_another_process_compiles_waits_for_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert make(tmp_path, FakeClock()).capture([{"SEQLEN": 4}]) == 1
+    clock = Releasing(held(tmp_path))
+    second = make(tmp_path, clock)
+    assert second.capture([{"SEQLEN": 4}]) == 1
+    (c,) = second.compiles
+    assert c.waited == pytest.approx(0.05) and clock.fd is None
+    fd = held(tmp_path)  # one that never finishes: waited for lock_wait, then compiled here
+    try:
+        third = make(tmp_path, FakeClock(), wait=1.0)
+        with caplog.at_level(logging.WARNING, "gearshift.graphs.compiled"):
+            assert third.capture([{"SEQLEN": 4}]) == 1
+        assert third.compiles[0].waited >= 1.0 and "compiling it here too" in caplog.text
+    finally:
+        os.close(fd)
