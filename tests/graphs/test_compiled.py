@@ -97,3 +97,12 @@ def test_a_graph_break_is_reported_and_compiled_around(caplog: pytest.LogCapture
     assert [c.fullgraph for c in runner.compiles] == [False, False]
     x = torch.randn(3, H)
     torch.testing.assert_close(runner.run({"x": x}), broken(x))
+
+
+def test_a_closed_runner_compiles_nothing_more_and_keeps_its_graphs() -> None:
+    runner = make(gears=(4, 8), compile_backend="eager")
+    assert runner.capture([{"SEQLEN": 8}]) == 1
+    assert runner.close(timeout=1.0)  # no compile under way: at once
+    assert runner.capture([{"SEQLEN": 4}]) == 0 and runner.ready() == [(8,)]
+    x = torch.randn(3, H)
+    torch.testing.assert_close(runner.run({"x": x}), block(x))

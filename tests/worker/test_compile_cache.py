@@ -80,26 +80,38 @@ def make(lock_dir: Path, clock: FakeClock, wait: float = 600.0) -> CompiledRunne
 
 
 def held(lock_dir: Path) -> int:
-    (path,) = lock_dir.iterdir()  # the one shape compiled so far
-    fd = os.open(path, os.O_RDWR)
+    """The lock of the one shape compiled so far, held as by a process compiling it now (its
+    marker removed: not compiled yet)."""
+    (lock,) = lock_dir.glob("*.lock")
+    lock.with_suffix(".done").unlink(missing_ok=True)
+    fd = os.open(lock, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     return fd
 
 
-def test_a_shape_another_process_compiles_waits_for_it(
+def test_a_shape_another_process_compiles_is_waited_for_then_loaded_at_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert make(tmp_path, FakeClock()).capture([{"SEQLEN": 4}]) == 1
+    assert len(list(tmp_path.glob("*.done"))) == 1  # compiled: marked
     clock = Releasing(held(tmp_path))
     second = make(tmp_path, clock)
     assert second.capture([{"SEQLEN": 4}]) == 1
-    (c,) = second.compiles
-    assert c.waited == pytest.approx(0.05) and clock.fd is None
-    fd = held(tmp_path)  # one that never finishes: waited for lock_wait, then compiled here
+    assert second.compiles[0].waited == pytest.approx(0.05) and clock.fd is None
+    assert len(list(tmp_path.glob("*.done"))) == 1  # the second compiled it: marked again
+    fd = os.open(next(tmp_path.glob("*.lock")), os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a process holds it, but it is compiled:
     try:
         third = make(tmp_path, FakeClock(), wait=1.0)
+        assert third.capture([{"SEQLEN": 4}]) == 1
+        assert third.compiles[0].waited == 0  # loaded beside the others, no wait
+    finally:
+        os.close(fd)
+    fd = held(tmp_path)  # one that never finishes: waited for lock_wait, then compiled here
+    try:
+        fourth = make(tmp_path, FakeClock(), wait=1.0)
         with caplog.at_level(logging.WARNING, "gearshift.graphs.compiled"):
-            assert third.capture([{"SEQLEN": 4}]) == 1
-        assert third.compiles[0].waited >= 1.0 and "compiling it here too" in caplog.text
+            assert fourth.capture([{"SEQLEN": 4}]) == 1
+        assert fourth.compiles[0].waited >= 1.0 and "compiling it here too" in caplog.text
     finally:
         os.close(fd)

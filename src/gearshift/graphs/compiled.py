@@ -37,7 +37,7 @@ import os
 import types
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,7 @@ MAX_COMPILES = 4096  # compile records kept (the oldest go first)
 MAX_BREAKS = 32  # graph-break reasons kept and logged
 LOCK_WAIT_SECONDS = 600.0  # the longest wait for another process compiling the same shape
 LOCK_POLL_SECONDS = 0.05
+CLOSE_WAIT_SECONDS = 600.0  # the longest `close` waits for a compile under way
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class CompiledRunner(AdaptiveRunner):
         self._compiled: weakref.WeakValueDictionary[Variant, Callable[..., Any]] = (
             weakref.WeakValueDictionary())
         self.lock_dir, self.lock_wait = lock_dir, lock_wait
+        self.closed = False
         self._waited = 0.0  # by the capture under way, for its Compile record
         self.stats.update(compiles=0, compile_seconds=0.0, compile_cache_hits=0,
                           compile_cache_misses=0, graph_breaks=0, compile_wait_seconds=0.0)
@@ -131,64 +133,97 @@ class CompiledRunner(AdaptiveRunner):
         graph is released (or never compiled)."""
         return self._compiled.get(tuple(variant))
 
+    def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
+        """As `AdaptiveRunner.capture`; none once closed (0)."""
+        return 0 if self.closed else super().capture(variants)
+
+    def close(self, timeout: float = CLOSE_WAIT_SECONDS) -> bool:
+        """Start no compile from now on and wait (at most `timeout` seconds) for the one under
+        way, so that the process may exit (a thread left inside a compile at exit may abort
+        it); the graphs stay. False if the compile under way outlasted `timeout`."""
+        self.closed = True
+        if not self._capture_lock.acquire(timeout=timeout):
+            return False
+        self._capture_lock.release()
+        return True
+
     def _capture(self, gears: Variant) -> Any:
         with self._shape_lock(gears):  # its wait is not part of the measured capture
             return super()._capture(gears)
 
     @contextlib.contextmanager
     def _shape_lock(self, gears: Variant) -> Iterator[None]:
-        """Hold the lock file of this shape in `lock_dir` (none without one, or when it cannot
-        be opened: the compile goes on unlocked, logged)."""
+        """Hold the lock file of this shape in `lock_dir` while compiling it, unless its marker
+        says a process has compiled it already (then load it beside the others); mark it once
+        compiled. No lock without `lock_dir` or when it cannot be opened (logged)."""
         self._waited = 0.0
-        fd = None if self.lock_dir is None else self._open_lock(self._shape_key(gears))
-        if fd is None:
+        key = self._shape_key(gears) if self.lock_dir is not None else ""
+        opened = self._open_lock(key) if key else None
+        if opened is None:
             yield
             return
+        dir_fd, fd = opened
         try:
-            began = self.clock.now()
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if self.clock.now() - began >= self.lock_wait:
-                        log.warning("waited %.0f s for another process compiling %s; compiling"
-                                    " it here too", self.lock_wait, gears)
-                        break
-                    self.clock.sleep(LOCK_POLL_SECONDS)
-            self._waited = max(self.clock.now() - began, 0.0)
-            with self._count_lock:
-                self.stats["compile_wait_seconds"] += self._waited
+            held = not _exists(f"{key}.done", dir_fd) and self._wait_for(fd, gears)
+            if held and _exists(f"{key}.done", dir_fd):  # compiled while this one waited
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                held = False
             yield
+            if held:
+                os.close(os.open(f"{key}.done", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, 0o600, dir_fd=dir_fd))
         finally:
             os.close(fd)  # and the lock with it
+            os.close(dir_fd)
+
+    def _wait_for(self, fd: int, gears: Variant) -> bool:
+        """Take `fd`'s lock, polling for at most `lock_wait`; False if it never came."""
+        began, got = self.clock.now(), True
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if self.clock.now() - began >= self.lock_wait:
+                    log.warning("waited %.0f s for another process compiling %s; compiling it"
+                                " here too", self.lock_wait, gears)
+                    got = False
+                    break
+                self.clock.sleep(LOCK_POLL_SECONDS)
+        self._waited = max(self.clock.now() - began, 0.0)
+        with self._count_lock:
+            self.stats["compile_wait_seconds"] += self._waited
+        return got
 
     def _shape_key(self, gears: Variant) -> str:
         """The same in every process compiling this function at these gears, shapes and
         dtypes on this device, with these options."""
         fn = self.transform.fn
-        owner = fn if isinstance(fn, types.FunctionType) else type(fn)
+        name = getattr(fn, "__qualname__", None) or type(fn).__qualname__  # a module: its class
         at = dict(zip(self.names, gears, strict=True))
         shapes = sorted((n, tuple(s if s is not None else at[d] for d, s in
                                   zip(self.transform.inputs[n], shape, strict=True)),
                          str(self._dtypes[n])) for n, shape in self._shapes.items())
-        what = (owner.__module__, owner.__qualname__, str(self.device), shapes,
+        what = (getattr(fn, "__module__", None), name, str(self.device), shapes,
                 repr(sorted(self._options.items())), torch.__version__)
         return hashlib.sha256(repr(what).encode()).hexdigest()[:40]
 
-    def _open_lock(self, key: str) -> int | None:
+    def _open_lock(self, key: str) -> tuple[int, int] | None:
+        """The lock directory's descriptor and the shape's lock file's (made 0600, no link
+        followed, this user's); None (logged) if they cannot be opened."""
+        assert self.lock_dir is not None
+        dir_fd = fd = None
         try:
-            d = os.open(self.lock_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                fd = os.open(f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o600, dir_fd=d)
-            finally:
-                os.close(d)
+            dir_fd = os.open(self.lock_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = os.open(f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600, dir_fd=dir_fd)
             if os.fstat(fd).st_uid != os.geteuid():
-                os.close(fd)
                 raise PermissionError(f"{key}.lock is another user's")
-            return fd
+            return dir_fd, fd
         except OSError as e:
+            for opened in (fd, dir_fd):
+                if opened is not None:
+                    os.close(opened)
             log.warning("compiling without the shape lock in %s: %r", self.lock_dir, e)
             return None
 
@@ -246,3 +281,11 @@ class CompiledRunner(AdaptiveRunner):
             " between breaks runs eagerly inside each gear's compiled function): %s",
             self.transform.fn, len(reasons), "; ".join(self.graph_breaks),
         )
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True

@@ -15,6 +15,7 @@ never closed here).
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -51,6 +52,7 @@ class Compiled:
         self._options, self._release = dict(options), release
         self._names = tuple(self.inputs)
         self._lock = threading.Lock()
+        atexit.register(self.close)  # before the client's own (atexit runs last first)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) > len(self._names):
@@ -73,7 +75,14 @@ class Compiled:
             return self.runner
 
     def close(self) -> None:
-        """Let go of the client (the last user of a shared one closes it). Idempotent."""
+        """Stop compiling (waiting for a compile under way: `CompiledRunner.close`) and let go
+        of the client (the last user of a shared one closes it). Idempotent; also at exit."""
+        atexit.unregister(self.close)
+        with self._lock:
+            runner = self.runner
+        close = getattr(runner, "close", None)
+        if close is not None:
+            close()
         release, self._release = self._release, _nothing
         release()
 

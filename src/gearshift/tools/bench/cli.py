@@ -11,6 +11,7 @@ from gearshift.clikit import LazyGroup
 
 BENCHMARKS = {
     "all": "gearshift.tools.bench.report:command",
+    "compile": "gearshift.tools.bench.compiling:command",
     "controller": "gearshift.tools.bench.controller:command",
     "fuzz": "gearshift.tools.bench.fuzz:command",
     "graphs": "gearshift.tools.bench.graphs:command",

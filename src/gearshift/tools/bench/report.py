@@ -33,6 +33,7 @@ QUICK = {
     "controller": ["--workers", "2", "--seconds", "1", "--warmup", "0.5"],
     "hotpath": ["--batches", "100"],
     "graphs": ["--quick"],
+    "compile": ["--workers", "2", "--gear", "64"],
     "fuzz": ["--seconds", "30"],
     "optimal": ["--values", "2000", "--baseline-values", "500"],
     "synthetic": ["--seeds", "1"],

@@ -341,3 +341,20 @@ def _fuzz(r: dict[str, Any]) -> list[Row]:
 
 
 TABLES["fuzz"] = _fuzz
+
+
+def _compile(r: dict[str, Any]) -> list[Row]:
+    """N workers compiling one new gear at once: the node's shared cache and per-shape lock
+    against a cold cache each."""
+    n, cold = r["workers"], "a cold cache each"
+    return _rows(r, [
+        (f"seconds to the gear's graph, 1st of {n} workers", "shared_first_seconds", "s", cold,
+         "private_first_seconds", True),
+        (f"seconds to the gear's graph, workers 2..{n} (median)", "shared_others_seconds", "s",
+         cold, "private_others_seconds", True),
+        ("CPU seconds of all workers (C++ compiler included)", "shared_cpu_seconds", "s", cold,
+         "private_cpu_seconds", True),
+    ])
+
+
+TABLES["compile"] = _compile
