@@ -16,27 +16,21 @@ never closed here).
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from gearshift.core.dims import Dim
 from gearshift.errors import ShapeError
+from gearshift.shm import names
 from gearshift.worker import compile_cache
 from gearshift.worker.connecting import connect
 from gearshift.worker.interfaces import Runner
 from gearshift.worker.profile import Profile
 from gearshift.worker.session import Client
 
-NAMESPACE_ENV = "GEARSHIFT_NAMESPACE"
 _shared: dict[tuple[str, int, bool], tuple[Client, int]] = {}  # client and its users
 _shared_lock = threading.Lock()
-
-
-def namespace_from_env() -> str:
-    """The namespace `GEARSHIFT_NAMESPACE` names, else `default`."""
-    return os.environ.get(NAMESPACE_ENV) or "default"
 
 
 class Compiled:
@@ -115,7 +109,7 @@ def compile(
     options = {"mode": mode, "options": options, "backend": backend, **transform_options}
     release = _nothing
     if client is None:
-        client, release = _share(namespace or namespace_from_env(), device, embedded)
+        client, release = _share(names.resolve(namespace), device, embedded)
     try:
         if shared_cache:
             options["lock_dir"] = str(compile_cache.prepare(client.namespace))

@@ -184,8 +184,8 @@ class Profile(Router):
     ) -> Runner:
         """`runner()` for a compiled model: a `CompiledRunner` (each gear combination its own
         static-shape `torch.compile(fn, dynamic=False, mode=, options=, backend=)`, compiled by
-        the swap thread; `lock_dir`: its per-shape locks), same bindings and example;
-        attached. Imports torch."""
+        the swap thread; `lock_dir`: its per-shape locks), with the bindings, example,
+        options and refusals of `runner()`; attached. Imports torch."""
         from gearshift.graphs.compiled import CompiledRunner
         from gearshift.graphs.transform import Transform
 
