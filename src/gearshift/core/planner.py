@@ -108,7 +108,7 @@ def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: 
     size, why = _count(gears, sets, raw, len(stuck), pressure, config, pay)
     target = sets.gears(size)
     assert stuck <= set(target), (stuck, target)
-    steps += _moves(gears, size, target, work, raw, why, pressure, config, pay)
+    steps += _moves(gears, size, target, work, raw, why, pressure, config, pay, stuck)
     return steps
 
 
@@ -230,13 +230,16 @@ def _count(gears: list[int], sets: OptimalSets, raw: float, stuck: int, pressure
 
 def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, raw: float,
            why: str, pressure: bool, config: PolicyConfig,
-           pay: Payback | None = None) -> list[Step]:
+           pay: Payback | None = None, stuck: set[int] | frozenset[int] = frozenset()
+           ) -> list[Step]:
     """Exact steps toward `size` gears, taken from `target` (which may hold fewer when more
     gears save nothing, and always holds the largest gear) (step 4); `gears` is updated in
     place. Priced, the best move is the one that saves most net of its capture, and none is
-    made that does not pay it back within the horizon or whose graph does not fit."""
+    made that does not pay it back within the horizon or whose graph does not fit; an
+    addition that pays but does not fit is traded (`_trade`) for a gear not `stuck`."""
     steps: list[Step] = []
     adds = evicts = 0
+    fresh: set[int] = set()  # added this round: never traded away again in it
     limit = config.plan_max_moves
     least = config.plan_move_gain * raw
     while True:
@@ -256,11 +259,24 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
             net = net_worth(gain, a, least, pay)
             j = int(np.argmax(net))
             if net[j] <= 0:
-                return steps
+                if pay is None or pay.headroom is None or evicts >= limit:
+                    return steps
+                traded = _trade(g, a, gain, work, raw, why, least, config, pay,
+                                stuck | fresh | {gears[-1]})
+                if not traded:
+                    return steps
+                steps += traded
+                gears.remove(traded[0][1])
+                gears.append(traded[1][1])
+                gears.sort()
+                fresh.add(traded[1][1])
+                adds, evicts = adds + 1, evicts + 1
+                continue
             paid = f", {pay.why(float(pay.seconds(gain[j])), int(a[j]))}" if pay else ""
             steps.append(("add", int(a[j]), f"{why}: {_padding(gain[j], raw)}{paid}"))
             gears.append(int(a[j]))
             gears.sort()
+            fresh.add(int(a[j]))
             if pay:
                 pay.take(int(a[j]))
             adds += 1
@@ -282,9 +298,50 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
             gears.remove(old)
             gears.append(new)
             gears.sort()
+            fresh.add(new)
             adds, evicts = adds + 1, evicts + 1
         else:
             return steps
+
+
+def _trade(g: np.ndarray, a: np.ndarray, gain: np.ndarray, work: _Work, raw: float, why: str,
+           least: float, config: PolicyConfig, pay: Payback, kept: set[int]) -> list[Step]:
+    """Under the bytes bound, an addition that pays back its capture but does not fit the
+    headroom evicts the gear that earns least per byte (the padded work its eviction adds over
+    the bytes it frees; never one `kept`) among those that free enough for it; the trade is
+    made, the best first, when the swap's saving net of `plan_confidence` standard errors
+    still pays the capture back. Its two steps (evict, add), or none."""
+    worth = (gain >= least) & (pay.seconds(gain) > pay.capture(a))
+    e = np.array([i for i, x in enumerate(g[:-1].tolist()) if x not in kept], np.int64)
+    if not worth.any() or not e.size:
+        return []
+    loss, _ = _evictions(g, e, work)
+    freed = pay.prices.bytes(g[e].astype(float)) * pay.prices.workers
+    need = pay.prices.bytes(a.astype(float)) * pay.prices.workers
+    best: tuple[float, int, int] | None = None
+    for j in np.flatnonzero(worth):
+        fits = need[j] <= pay.headroom + freed
+        if not fits.any():
+            continue
+        i = int(np.argmin(np.where(fits, loss / np.maximum(freed, 1.0), np.inf)))
+        swap, sd = _swaps(g, e[i:i + 1], a[j:j + 1], work)
+        score = float(swap[0, 0] - config.plan_confidence * sd[0, 0])
+        net = float(pay.seconds(score)) - float(pay.capture([int(a[j])])[0])
+        if score >= least and net > 0 and (best is None or net > best[0]):
+            best = (net, i, int(j))
+    if best is None:
+        return []
+    _, i, j = best
+    old, new = int(g[e[i]]), int(a[j])
+    swap, sd = _swaps(g, e[i:i + 1], a[j:j + 1], work)
+    score = float(swap[0, 0] - config.plan_confidence * sd[0, 0])
+    saved = (f"{_padding(float(swap[0, 0]), raw, float(sd[0, 0]))}, "
+             f"{pay.why(float(pay.seconds(score)), new)}")
+    pay.give(old)
+    pay.take(new)
+    return [("evict", old, f"{why}: traded for {new} (earns least per byte; over the memory "
+                           f"bound), {saved}"),
+            ("add", new, f"{why}: in for {old} (over the memory bound), {saved}")]
 
 
 def _padding(saved: float, raw: float, sd: float | None = None) -> str:
