@@ -19,7 +19,9 @@ from gearshift.core.costs import Line, Prices
 from gearshift.core.dims import Dim
 
 MODEL_GRAPH_BYTES = 2 << 20  # unmeasured: a graph's private pool is at least one 2 MiB segment
-FLOOR_GRAPHS = 4  # the bound is at least this many graphs of each dim's largest start-up gear
+FLOOR_GRAPHS = 2  # at least this many graphs of each dim's largest start-up gear: a ladder of
+# powers of two already holds about that (its gears sum to about twice its largest), so the floor
+# binds only on a short start, one gear or two, which can then grow by as many bytes again
 
 
 def graph_bytes(measured: Line) -> Line:
