@@ -253,7 +253,8 @@ BYTES = {"p": {"B": Prices(FREE, bytes=Line(0.0, 1.0))}}  # a graph's bytes: its
 ])
 def test_a_round_adds_only_what_the_devices_budget_holds(
         budget: float | None, added: list[int]) -> None:
-    config = dataclasses.replace(CFG, graph_memory_budget_bytes=budget)
+    config = dataclasses.replace(CFG, graph_memory_budget_bytes=budget,
+                                 graph_memory_budget_ratio=None)  # None: unbounded
     round = decide_round(_ledger((1024,), TWO), NOW, None, config, prices=BYTES)
     assert round is not None
     assert [(c.action, c.gear) for c in round.changes["p"]] == [("add", g) for g in added]
@@ -320,3 +321,12 @@ def test_over_the_bound_an_addition_evicts_what_earns_least_per_byte() -> None:
     # a trade must still pay its capture back
     dear = Prices(Line(1e9), bytes=Line(0.0, 1.0), headroom=420.0)
     assert run((100, 200, 1000), events, dear).changes == ()
+
+
+def test_a_trade_evicts_as_many_as_the_addition_needs_least_per_byte_first() -> None:
+    # 500 needs 500 bytes, 100 are free: 200 goes (0.5 a byte), then 300 (5 a byte, 100: 20)
+    events = at(OLD, 100, 10) + at(OLD, 200) + at(OLD, 300) + at(OLD, 500, 10)
+    prices = Prices(FREE, bytes=Line(0.0, 1.0), headroom=100.0)
+    d = run((100, 200, 300, 1000), events, prices)
+    assert actions(d) == [("evict", 200), ("evict", 300), ("add", 500)]
+    assert "in for 200, 300" in d.changes[-1].reason

@@ -13,10 +13,15 @@ instead; with both None there is none. Pure: prices and dims in, bytes out.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Line, Prices
 from gearshift.core.dims import Dim
+
+if TYPE_CHECKING:
+    from gearshift.core.round import DeviceLedger
 
 MODEL_GRAPH_BYTES = 2 << 20  # unmeasured: a graph's private pool is at least one 2 MiB segment
 FLOOR_GRAPHS = 2  # at least this many graphs of each dim's largest start-up gear: a ladder of
@@ -59,7 +64,27 @@ def bound(dims: Dims, prices: PriceBook, config: PolicyConfig) -> float | None:
                floor_bytes(dims, prices))
 
 
-def held_bytes(gears: Mapping[str, Mapping[str, tuple[int, ...]]], prices: PriceBook) -> float:
+def modelled(prices: PriceBook) -> dict[str, dict[str, Prices]]:
+    """`prices` with each dim's bytes as `graph_bytes` prices them (the model where unmeasured)."""
+    return {name: {d: replace(p, bytes=graph_bytes(p.bytes)) for d, p in ps.items()}
+            for name, ps in prices.items()}
+
+
+def usage(dims: Dims, gears: Mapping[str, Mapping[str, list[int]]], prices: PriceBook,
+          config: PolicyConfig) -> tuple[float, float | None]:
+    """What the priced dims' `gears` hold, and the bound, both as a round prices them."""
+    priced = modelled(prices)
+    return held_bytes(gears, priced), bound(dims, priced, config)
+
+
+def device_usage(device: DeviceLedger, prices: PriceBook,
+                 config: PolicyConfig) -> tuple[float, float | None]:
+    """`usage` of a device's ledger: what its priced gears hold, and its bound."""
+    return usage({n: p.dims for n, p in device.profiles.items()},
+                 {n: p.gear_lists() for n, p in device.profiles.items()}, prices, config)
+
+
+def held_bytes(gears: Mapping[str, Mapping[str, list[int]]], prices: PriceBook) -> float:
     """The bytes the priced dims' `gears` (per profile, per dim) hold, on every worker."""
     return sum(p.held_bytes(gears[name][d]) for name, ps in prices.items() if name in gears
                for d, p in ps.items() if d in gears[name])

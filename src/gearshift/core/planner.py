@@ -240,6 +240,22 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
     steps: list[Step] = []
     adds = evicts = 0
     fresh: set[int] = set()  # added this round: never traded away again in it
+
+    def trade(g: np.ndarray, a: np.ndarray, gain: np.ndarray) -> bool:
+        nonlocal adds, evicts
+        if pay is None or pay.headroom is None or evicts >= limit:
+            return False
+        traded = _trade(g, a, gain, work, raw, why, least, config, pay,
+                        stuck | fresh | {gears[-1]})
+        for _, old, _ in traded[:-1]:
+            gears.remove(old)
+        if traded:
+            steps.extend(traded)
+            gears.append(traded[-1][1])
+            gears.sort()
+            fresh.add(traded[-1][1])
+            adds, evicts = adds + 1, evicts + len(traded) - 1
+        return bool(traded)
     limit = config.plan_max_moves
     least = config.plan_move_gain * raw
     while True:
@@ -259,18 +275,8 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
             net = net_worth(gain, a, least, pay)
             j = int(np.argmax(net))
             if net[j] <= 0:
-                if pay is None or pay.headroom is None or evicts >= limit:
+                if not trade(g, a, gain):
                     return steps
-                traded = _trade(g, a, gain, work, raw, why, least, config, pay,
-                                stuck | fresh | {gears[-1]})
-                if not traded:
-                    return steps
-                steps += traded
-                gears.remove(traded[0][1])
-                gears.append(traded[1][1])
-                gears.sort()
-                fresh.add(traded[1][1])
-                adds, evicts = adds + 1, evicts + 1
                 continue
             paid = f", {pay.why(float(pay.seconds(gain[j])), int(a[j]))}" if pay else ""
             steps.append(("add", int(a[j]), f"{why}: {_padding(gain[j], raw)}{paid}"))
@@ -286,7 +292,9 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
             net = net_worth(score, a, least, pay, g[e])
             i, j = np.unravel_index(int(np.argmax(net)), net.shape)
             if net[i, j] <= 0:
-                return steps
+                if not trade(g, a, _additions(g, a, work)[0]):
+                    return steps
+                continue
             old, new = int(g[e[i]]), int(a[j])
             saved = _padding(gain[i, j], raw, sd[i, j]) + (
                 f", {pay.why(float(pay.seconds(score[i, j])), new)}" if pay else "")
@@ -307,41 +315,49 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
 def _trade(g: np.ndarray, a: np.ndarray, gain: np.ndarray, work: _Work, raw: float, why: str,
            least: float, config: PolicyConfig, pay: Payback, kept: set[int]) -> list[Step]:
     """Under the bytes bound, an addition that pays back its capture but does not fit the
-    headroom evicts the gear that earns least per byte (the padded work its eviction adds over
-    the bytes it frees; never one `kept`) among those that free enough for it; the trade is
-    made, the best first, when the swap's saving net of `plan_confidence` standard errors
-    still pays the capture back. Its two steps (evict, add), or none."""
+    headroom evicts, one at a time until it fits, the gear that earns least per byte (the
+    padded work its eviction adds over the bytes it frees; never one `kept`), at most
+    `plan_max_moves` of them; the best such trade is made when its exact saving (the padded
+    work of the gears before less after) is at least `least` and pays the capture back. Its
+    steps (the evictions, then the addition), or none."""
     worth = (gain >= least) & (pay.seconds(gain) > pay.capture(a))
-    e = np.array([i for i, x in enumerate(g[:-1].tolist()) if x not in kept], np.int64)
-    if not worth.any() or not e.size:
-        return []
-    loss, _ = _evictions(g, e, work)
-    freed = pay.prices.bytes(g[e].astype(float)) * pay.prices.workers
-    need = pay.prices.bytes(a.astype(float)) * pay.prices.workers
-    best: tuple[float, int, int] | None = None
+    best: tuple[float, int, list[int], float] | None = None
     for j in np.flatnonzero(worth):
-        fits = need[j] <= pay.headroom + freed
-        if not fits.any():
+        new, held, out = int(a[j]), g.tolist(), []
+        room, need = pay.headroom, pay.prices.held_bytes([new])
+        while room < need and len(out) < config.plan_max_moves:
+            h = np.array(held, np.int64)
+            e = np.array([i for i, x in enumerate(held[:-1]) if x not in kept], np.int64)
+            if not e.size:
+                break
+            loss, _ = _evictions(h, e, work)
+            freed = pay.prices.bytes(h[e].astype(float)) * pay.prices.workers
+            i = int(np.argmin(loss / np.maximum(freed, 1.0)))
+            out.append(held.pop(int(e[i])))
+            room += float(freed[i])
+        if room < need:
             continue
-        i = int(np.argmin(np.where(fits, loss / np.maximum(freed, 1.0), np.inf)))
-        swap, sd = _swaps(g, e[i:i + 1], a[j:j + 1], work)
-        score = float(swap[0, 0] - config.plan_confidence * sd[0, 0])
-        net = float(pay.seconds(score)) - float(pay.capture([int(a[j])])[0])
-        if score >= least and net > 0 and (best is None or net > best[0]):
-            best = (net, i, int(j))
+        saving = _padded(g, work) - _padded(np.array(sorted([*held, new]), np.int64), work)
+        net = float(pay.seconds(saving)) - float(pay.capture([new])[0])
+        if saving >= least and net > 0 and (best is None or net > best[0]):
+            best = (net, new, out, saving)
     if best is None:
         return []
-    _, i, j = best
-    old, new = int(g[e[i]]), int(a[j])
-    swap, sd = _swaps(g, e[i:i + 1], a[j:j + 1], work)
-    score = float(swap[0, 0] - config.plan_confidence * sd[0, 0])
-    saved = (f"{_padding(float(swap[0, 0]), raw, float(sd[0, 0]))}, "
-             f"{pay.why(float(pay.seconds(score)), new)}")
-    pay.give(old)
+    _, new, out, saving = best
+    saved = f"{_padding(saving, raw)}, {pay.why(float(pay.seconds(saving)), new)}"
+    for old in out:
+        pay.give(old)
     pay.take(new)
-    return [("evict", old, f"{why}: traded for {new} (earns least per byte; over the memory "
-                           f"bound), {saved}"),
-            ("add", new, f"{why}: in for {old} (over the memory bound), {saved}")]
+    gone = ", ".join(map(str, out))
+    return [*(("evict", old, f"{why}: traded for {new} (earns least per byte; over the memory "
+                             f"bound), {saved}") for old in out),
+            ("add", new, f"{why}: in for {gone} (over the memory bound), {saved}")]
+
+
+def _padded(g: np.ndarray, work: _Work) -> float:
+    """The padded work of the values up to the largest of gears `g` (ascending)."""
+    lo = np.r_[0, g[:-1]]
+    return float((work.cost(g) * work.weight(lo, g)).sum())
 
 
 def _padding(saved: float, raw: float, sd: float | None = None) -> str:

@@ -17,7 +17,7 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices, spent
 from gearshift.core.dims import Dim
 from gearshift.core.gears import DimGears, GearChange, starting_gears
-from gearshift.core.memory import bound, graph_bytes
+from gearshift.core.memory import bound, modelled
 from gearshift.core.policy import decide, should_update
 from gearshift.core.stats import DimStats
 
@@ -91,8 +91,7 @@ def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
     trigger = should_update(device.last_update, now, memory_usage, config)
     if trigger is None:
         return None
-    prices = {name: {d: replace(pr, bytes=graph_bytes(pr.bytes)) for d, pr in dims.items()}
-              for name, dims in (prices or {}).items()}
+    prices = modelled(prices or {})
     budget = bound({n: p.dims for n, p in device.profiles.items()}, prices, config)
     prices = _with_headroom(device, prices, budget)
     gears, changes = {}, {}
