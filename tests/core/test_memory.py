@@ -16,6 +16,7 @@ from gearshift.core.memory import (
     FLOOR_GRAPHS,
     MODEL_GRAPH_BYTES,
     bound,
+    device_usage,
     graph_bytes,
     held_bytes,
     start_bytes,
@@ -83,3 +84,12 @@ def test_a_round_keeps_the_gears_within_the_bound(ratio: float | None, most: int
     assert held <= most and (ratio is not None or held > 10)
     if ratio is not None:  # gears were traded, not only added
         assert held == 10 and set(ledger.profiles["p"].gears["S"].gears) != set(LADDER)
+
+
+def test_device_usage_reads_a_ledger_as_a_round_prices_it() -> None:
+    ledger = _ledger(CFG)
+    assert device_usage(ledger.profiles, COUNT, CFG) == (8.0, 10.0)
+    unmeasured = {"p": {"S": Prices(Line())}}  # the model's bytes a graph
+    assert device_usage(ledger.profiles, unmeasured, CFG) == (
+        8.0 * MODEL_GRAPH_BYTES, 10.0 * MODEL_GRAPH_BYTES)
+    assert device_usage(ledger.profiles, {}, CFG) == (0.0, None)

@@ -369,7 +369,7 @@ class Controller:
             devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
             lags=self.slots.lags, changes=self.changes, costs=self.costs,
             final_save=self.final_save, graph_bytes={
-                d: memory.device_usage(dev, self.prices(d), self.policy)
+                d: memory.device_usage(dev.profiles, self.prices(d), self.policy)
                 for d, dev in self.devices.items()})
 
     def prices(self, device: int) -> dict[str, dict[str, Prices]]:

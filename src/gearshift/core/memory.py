@@ -14,14 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Line, Prices
 from gearshift.core.dims import Dim
-
-if TYPE_CHECKING:
-    from gearshift.core.round import DeviceLedger
 
 MODEL_GRAPH_BYTES = 2 << 20  # unmeasured: a graph's private pool is at least one 2 MiB segment
 FLOOR_GRAPHS = 2  # at least this many graphs of each dim's largest start-up gear: a ladder of
@@ -77,11 +74,12 @@ def usage(dims: Dims, gears: Mapping[str, Mapping[str, list[int]]], prices: Pric
     return held_bytes(gears, priced), bound(dims, priced, config)
 
 
-def device_usage(device: DeviceLedger, prices: PriceBook,
+def device_usage(profiles: Mapping[str, Any], prices: PriceBook,
                  config: PolicyConfig) -> tuple[float, float | None]:
-    """`usage` of a device's ledger: what its priced gears hold, and its bound."""
-    return usage({n: p.dims for n, p in device.profiles.items()},
-                 {n: p.gear_lists() for n, p in device.profiles.items()}, prices, config)
+    """`usage` of a device's `profiles` (each a `round.ProfileLedger`): what its priced gears
+    hold, and its bound."""
+    return usage({n: p.dims for n, p in profiles.items()},
+                 {n: p.gear_lists() for n, p in profiles.items()}, prices, config)
 
 
 def held_bytes(gears: Mapping[str, Mapping[str, list[int]]], prices: PriceBook) -> float:

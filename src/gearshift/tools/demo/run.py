@@ -196,7 +196,7 @@ class Demo:
                 c = self.controller.controller
                 if 0 in c.devices:
                     held = dict(zip(("held", "bound"), memory.device_usage(
-                        c.devices[0], c.prices(0), c.policy), strict=True))
+                        c.devices[0].profiles, c.prices(0), c.policy), strict=True))
                 book = self.controller.controller.costs
                 measured = {p: {d: c.summary() for d, c in book.costs(0, p).items()}
                             for p in mix.names}
