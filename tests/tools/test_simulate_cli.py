@@ -107,7 +107,7 @@ def test_plot_writes_a_png_and_says_where(tmp_path: Path) -> None:
 
 def test_plot_ticks_of_gears_are_ints() -> None:
     from gearshift.tools import simulate as replay
-    from gearshift.tools.simulate_cli import figure
+    from gearshift.tools.simulate_plot import figure
     from gearshift.tools.trace import load_trace
 
     data = load_trace("azure_code_batched")
@@ -284,7 +284,7 @@ def test_plot_labels_every_gear_and_marks_segments_without_requests(tmp_path: Pa
     from matplotlib.patches import Rectangle
 
     from gearshift.tools import simulate as replay
-    from gearshift.tools.simulate_cli import figure, gear_ticks
+    from gearshift.tools.simulate_plot import figure, gear_ticks
     from gearshift.tools.trace import load_trace
 
     csv = tmp_path / "gap.csv"  # requests in the first minute and after the fifth: none between
