@@ -55,6 +55,9 @@ def test_metrics_endpoint_serves_the_status_document(namespace: str, tmp_path: P
     assert f'gearshift_capture_fit_seconds{{{dim},gear="8",profile="decode"}} 0.25' in lines
     assert f'gearshift_graph_cost_bytes{{{dim},profile="decode",term="b"}} 0.0' in lines
     assert not any(line.startswith("gearshift_replay_fit_seconds{") for line in lines)  # 1 gear
+    # nothing priced yet (one gear measured): no graph bytes held, no bound
+    assert 'gearshift_graph_bytes{device="0"} 0.0' in lines
+    assert not any(line.startswith("gearshift_graph_bytes_bound{") for line in lines)
 
 
 def test_metrics_listen_on_metrics_addr_only(namespace: str, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ def _view(pid: int = 4242, alive: bool = True, doc_pid: int = 4242) -> dict[str,
            "workers": [{"slot": 0, "generation": 1, "consumed": 99999, "dropped": 0,
                         "profiles": [[i, f"profile-{i}"] for i in range(8)]}],
            "devices": [{"device": 0, "version": 17, "memory_usage": 0.5,
+                        "graph_bytes": {"held": 1.5 * (1 << 30), "bound": 2.0 * (1 << 30)},
                         "lag": {"last_seconds": 0.002},
                         "profiles": [{"name": "prefill", "dims": [dim],
                                       "changes": [["SEQLEN", 2560, "add", REASON]]}]}]}
@@ -56,3 +57,13 @@ def test_a_stopped_controller_shows_its_last_pid_not_pid_0() -> None:
     head = render(_view(pid=0, alive=False, doc_pid=4242)).splitlines()[0]
     assert "NOT RUNNING (last pid 4242)" in head and "pid 0" not in head
     assert "controller pid 4242 running" in render(_view()).splitlines()[0]
+
+
+def test_a_device_shows_its_graph_bytes_against_its_bound() -> None:
+    text = render(_view())
+    assert "graphs 1.5 GiB (bound 2 GiB)" in text
+    view = _view()
+    view["status"]["devices"][0]["graph_bytes"] = {"held": 3 << 20, "bound": None}
+    assert "graphs 3 MiB (no bound)" in render(view)
+    view["status"]["devices"][0]["graph_bytes"] = {"held": 0.0, "bound": None}
+    assert "graphs" not in render(view)  # nothing priced yet

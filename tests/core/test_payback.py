@@ -253,7 +253,8 @@ BYTES = {"p": {"B": Prices(FREE, bytes=Line(0.0, 1.0))}}  # a graph's bytes: its
 ])
 def test_a_round_adds_only_what_the_devices_budget_holds(
         budget: float | None, added: list[int]) -> None:
-    config = dataclasses.replace(CFG, graph_memory_budget_bytes=budget)
+    config = dataclasses.replace(CFG, graph_memory_budget_bytes=budget,
+                                 graph_memory_budget_ratio=None)  # None: unbounded
     round = decide_round(_ledger((1024,), TWO), NOW, None, config, prices=BYTES)
     assert round is not None
     assert [(c.action, c.gear) for c in round.changes["p"]] == [("add", g) for g in added]
@@ -305,3 +306,27 @@ def test_the_history_view_has_its_own_since() -> None:
     assert s.history is not None and s.history.view(400.0).since == 120.0
     assert s.history.view(1949.0).since == 120.0  # a window of 1800 s, in slices of 30 s
     assert s.history.view(1951.0).since == 330.0  # 125's slice [120, 150) has gone
+
+
+def test_over_the_bound_an_addition_evicts_what_earns_least_per_byte() -> None:
+    # Evicting 200 adds 2 x 800 of padding for 200 bytes (8 a byte), evicting 100 adds
+    # 10 x 100 for 100 bytes (10 a byte): 200 goes, though it loses more in all.
+    events = at(OLD, 100, 10) + at(OLD, 200, 2) + at(OLD, 500, 10)
+    prices = Prices(FREE, bytes=Line(0.0, 1.0), headroom=420.0)
+    d = run((100, 200, 1000), events, prices)
+    assert actions(d) == [("evict", 200), ("add", 500)]
+    assert "earns least per byte" in d.changes[0].reason
+    assert actions(run((100, 200, 1000), events, dataclasses.replace(prices, headroom=None))
+                   ) == [("add", 500)]
+    # a trade must still pay its capture back
+    dear = Prices(Line(1e9), bytes=Line(0.0, 1.0), headroom=420.0)
+    assert run((100, 200, 1000), events, dear).changes == ()
+
+
+def test_a_trade_evicts_as_many_as_the_addition_needs_least_per_byte_first() -> None:
+    # 500 needs 500 bytes, 100 are free: 200 goes (0.5 a byte), then 300 (5 a byte, 100: 20)
+    events = at(OLD, 100, 10) + at(OLD, 200) + at(OLD, 300) + at(OLD, 500, 10)
+    prices = Prices(FREE, bytes=Line(0.0, 1.0), headroom=100.0)
+    d = run((100, 200, 300, 1000), events, prices)
+    assert actions(d) == [("evict", 200), ("evict", 300), ("add", 500)]
+    assert "in for 200, 300" in d.changes[-1].reason

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim, ladder, padded_work
 from gearshift.core.gears import Decision, DimGears
-from gearshift.core.planner import _additions, _evictions, _swaps, _Work, blend
+from gearshift.core.moves import Work, additions, evictions, swaps
+from gearshift.core.planner import blend
 from gearshift.core.policy import decide
 from gearshift.core.stats import DimStats, Histogram
 from gearshift.tools.bench.synthetic import synthetic
@@ -170,8 +171,8 @@ def _swap_gain(n: int) -> tuple[float, float, float]:
     values = [100] * 10 + [600] * n + [1000] * 20
     stats.fold(np.full(len(values), OLD), np.array(values))
     h = stats.view(NOW)
-    work = _Work(h.values, h.weights, h.weights**2 / h.counts)
-    gain, sd = _swaps(np.array([100, 700, 1000]), np.array([1]), np.array([600]), work)
+    work = Work(h.values, h.weights, h.weights**2 / h.counts)
+    gain, sd = swaps(np.array([100, 700, 1000]), np.array([1]), np.array([600]), work)
     return float(gain[0, 0]), float(sd[0, 0]), SWAP.plan_move_gain * float(h.weights @ h.values)
 
 
@@ -345,7 +346,7 @@ def test_exact_gains_match_recomputed_padded_work(data: st.DataObject):
     w = np.array(data.draw(st.lists(st.floats(0.01, 5.0), min_size=values.size,
                                     max_size=values.size)))
     dim = Dim(cost=(0.0, 1.0, data.draw(st.sampled_from([0.0, 0.01, 1.0]))))
-    work = _Work(values, w, w * w, dim.work)
+    work = Work(values, w, w * w, dim.work)
     free = [x for x in range(1, int(g[-1])) if x not in g]
     if not free:
         return
@@ -356,12 +357,12 @@ def test_exact_gains_match_recomputed_padded_work(data: st.DataObject):
         return float((dim.work(padded_work(tuple(sorted(gears)), values, False)) * w).sum())
 
     base = cost(g)
-    add, _ = _additions(g, a, work)
+    add, _ = additions(g, a, work)
     assert add == pytest.approx([base - cost([*g, x]) for x in a], rel=1e-9, abs=1e-6)
-    loss, _ = _evictions(g, e[:-1], work)  # never the largest
+    loss, _ = evictions(g, e[:-1], work)  # never the largest
     assert loss == pytest.approx([cost(np.delete(g, i)) - base for i in e[:-1]], rel=1e-9,
                                  abs=1e-6)
-    gain, _ = _swaps(g, e[:-1], a, work)
+    gain, _ = swaps(g, e[:-1], a, work)
     for i in e[:-1]:
         for j, x in enumerate(a):
             assert gain[i, j] == pytest.approx(base - cost([*np.delete(g, i), x]), rel=1e-9,

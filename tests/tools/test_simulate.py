@@ -8,6 +8,7 @@ import pytest
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Line, Prices
 from gearshift.core.dims import Dim, chunks_for
+from gearshift.core.memory import MODEL_GRAPH_BYTES
 from gearshift.core.optimal import optimal_gears
 from gearshift.errors import ShapeError, TraceError
 from gearshift.tools.bench.priced import device_costs
@@ -245,7 +246,7 @@ def test_an_unpriced_device_only_counts_and_a_priced_one_tells_the_policy() -> N
     dims = {"SEQLEN": Dim(gears=(1024,), max=1024)}
     assert Device(Line(5.0), 4).prices(dims) is None
     assert Device(Line(5.0), 4, priced=True).prices(dims) == {
-        PROFILE: {"SEQLEN": Prices(Line(5.0), 4)}}
+        PROFILE: {"SEQLEN": Prices(Line(5.0), 4, bytes=Line(float(MODEL_GRAPH_BYTES)))}}
     trace = slice_of("azure_code_prefill", 5)
     dims = policy_dims(trace, "adaptive")
     plain = simulate(trace, dims, PolicyConfig())
@@ -270,3 +271,32 @@ def test_pricing_a_dear_capture_lowers_churn_and_device_time() -> None:
     assert (pow2.adds, pow2.evictions) == (0, 0)
     assert (pow2.captures, pow2.capture_seconds) == (len(pow2.final_gears),
                                                      5.0 * len(pow2.final_gears))
+
+
+def test_graph_bytes_are_held_per_segment_on_every_worker() -> None:
+    trace = make_trace([0, 1, 2, 3], SEQLEN=[100, 300, 300, 900])
+    dims = {"SEQLEN": Dim(gears=(64, 128, 512, 1024), max=1024)}
+    device = Device(workers=3, bytes={"SEQLEN": Line(10.0, 1.0)})
+    r = simulate(trace, dims, PolicyConfig(), adaptive=False, device=device)
+    held = 3 * sum(10.0 + g for g in (64, 128, 512, 1024))
+    assert (r.dims["SEQLEN"].peak_bytes, r.dims["SEQLEN"].mean_bytes) == (held, held)
+    assert (r.peak_bytes, r.mean_bytes, r.budget) == (held, held, None)
+    lazy = simulate(trace, dims, PolicyConfig(), adaptive=False,
+                    device=Device(workers=3, lazy=True, bytes={"SEQLEN": Line(10.0, 1.0)}))
+    assert lazy.peak_bytes == held - 3 * 74  # 64 never ran a request: never captured
+    model = simulate(trace, dims, PolicyConfig(), adaptive=False)
+    assert model.peak_bytes == 4 * MODEL_GRAPH_BYTES  # unmeasured: the model's bytes a graph
+
+
+def test_the_default_bound_holds_priced_graphs_to_the_start_up_bytes_plus_the_slack() -> None:
+    trace = slice_of("azure_code_prefill", 20)
+    dims = policy_dims(trace, "adaptive", cost=device_costs(trace))
+    bytes_ = {"SEQLEN": Line(2e6, 8e4)}
+    runs = {ratio: simulate(trace, dims, PolicyConfig(graph_memory_budget_ratio=ratio),
+                            device=Device(Line(0.05), priced=True, bytes=bytes_))
+            for ratio in (1.25, 0.8, None)}
+    start = float(Line(2e6, 8e4)(np.array(dims["SEQLEN"].initial_gears, float)).sum())
+    assert runs[1.25].budget == pytest.approx(1.25 * start) and runs[None].budget is None
+    low = runs[0.8]  # under the start-up bytes: pressure evicts down to it
+    assert low.dims["SEQLEN"].segment_bytes[-1] <= low.budget < runs[1.25].budget
+    assert runs[1.25].peak_bytes <= runs[1.25].budget < runs[None].peak_bytes

@@ -26,6 +26,8 @@ KEYS = {
     "split_events",
     "eager_events",
     "churn_per_hour",
+    "peak_graph_bytes",
+    "mean_graph_bytes",
 }
 
 
@@ -76,7 +78,7 @@ def test_static_table_counts_eager_and_split(tmp_path: Path) -> None:
         str(trace), "--policy", "static", "--gears", "BATCHSIZE=4", "--gears", "SEQLEN=128,512"
     )
     assert code == EXIT_OK
-    header, batch, seq = out.splitlines()[1:]
+    header, batch, seq = out.splitlines()[1:-1]  # the last: graph memory
     assert header.split()[:3] == ["dim", "padding", "mean"]
     assert batch.split() == ["BATCHSIZE", "42.86%", "1.00", "0", "0", "0.0", "1", "0", "4"]
     assert seq.split() == ["SEQLEN", "18.46%", "2.00", "0", "0", "0.0", "0", "1", "128,512"]
@@ -105,7 +107,7 @@ def test_plot_writes_a_png_and_says_where(tmp_path: Path) -> None:
 
 def test_plot_ticks_of_gears_are_ints() -> None:
     from gearshift.tools import simulate as replay
-    from gearshift.tools.simulate_cli import figure
+    from gearshift.tools.simulate_plot import figure
     from gearshift.tools.trace import load_trace
 
     data = load_trace("azure_code_batched")
@@ -282,7 +284,7 @@ def test_plot_labels_every_gear_and_marks_segments_without_requests(tmp_path: Pa
     from matplotlib.patches import Rectangle
 
     from gearshift.tools import simulate as replay
-    from gearshift.tools.simulate_cli import figure, gear_ticks
+    from gearshift.tools.simulate_plot import figure, gear_ticks
     from gearshift.tools.trace import load_trace
 
     csv = tmp_path / "gap.csv"  # requests in the first minute and after the fifth: none between
@@ -301,3 +303,19 @@ def test_plot_labels_every_gear_and_marks_segments_without_requests(tmp_path: Pa
     assert "no requests" in [t.get_text() for t in bottom.get_legend().get_texts()]
     many = gear_ticks([tuple(range(1, 4097))])
     assert len(many) <= 25 and many[0] == 1 and many[-1] == 4096
+
+
+def test_graph_bytes_and_budget_are_reported_and_checked() -> None:
+    args = ("azure_code_prefill", "--cost", "SEQLEN=6.85e-3,3.25e-5,5.3e-10",
+            "--capture-seconds", "0.05", "--graph-bytes", "SEQLEN=2e6,8e4")
+    code, out, _ = run(*args, "--graph-budget", "2e9", "--json")
+    assert code == EXIT_OK
+    data = json.loads(out)
+    assert data["graph_bytes"]["budget"] == 2e9 and data["graph_bytes"]["peak"] <= 2e9
+    assert data["dims"]["SEQLEN"]["peak_graph_bytes"] == data["graph_bytes"]["peak"]
+    code, out, _ = run(*args, "--graph-budget", "none")
+    assert code == EXIT_OK and "(no bound)" in out and "graph memory: peak" in out
+    for bad in (("--graph-budget", "lots"), ("--graph-bytes", "SEQLEN=1,2,3"),
+                ("--graph-bytes", "NOPE=1"), ("--graph-bytes", "SEQLEN=-1")):
+        code, _, err = run("azure_code_prefill", *bad)
+        assert code == EXIT_USAGE and bad[0] in err

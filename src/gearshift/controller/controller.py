@@ -37,7 +37,9 @@ from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.ingest import Batch, ProfileKeys
 from gearshift.controller.slots import Slots, Worker
+from gearshift.core import memory
 from gearshift.core.config import PolicyConfig
+from gearshift.core.costs import Prices
 from gearshift.core.round import DeviceLedger, ProfileLedger, Round, decide_round
 from gearshift.errors import ControllerRunning, NamespaceBusy, NamespaceLost, NotOwned, StateError
 from gearshift.shm import Registry, SnapshotRegion, cleanup
@@ -317,10 +319,8 @@ class Controller:
         dev = self.devices[device]
         usage = self.memory_usage(device, now)
         began = self.clock.now()
-        prices = {name: self.costs.prices(device, name, self._holders(device, name))
-                  for name in dev.profiles}
         round = decide_round(dev, now, usage, self.policy, lambda name, e: self._failed(
-            f"decision round of {device}/{name}", e), prices)
+            f"decision round of {device}/{name}", e), self.prices(device))
         if round is None:
             if self.costs.counts["measured"] != self._saved_measured:
                 self._guard("state save", self._save)
@@ -368,7 +368,14 @@ class Controller:
             counts=self.counts, rounds=self.rounds, workers=self.slots.workers.values(),
             devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
             lags=self.slots.lags, changes=self.changes, costs=self.costs,
-            final_save=self.final_save)
+            final_save=self.final_save, graph_bytes={
+                d: memory.device_usage(dev.profiles, self.prices(d), self.policy)
+                for d, dev in self.devices.items()})
+
+    def prices(self, device: int) -> dict[str, dict[str, Prices]]:
+        """Per profile of `device`, its priced dims (`CostBook.prices`, its live holders)."""
+        return {name: self.costs.prices(device, name, self._holders(device, name))
+                for name in self.devices[device].profiles}
 
     def _publish_status(self, now: float) -> None:
         self._next_status = now + self.config.status_interval_seconds

@@ -138,9 +138,17 @@ class _Collector:
         )
         measured.add_metric([], doc["events"].get("measured", 0))
         costs = _CostFamilies(GaugeMetricFamily, dim)
+        held = GaugeMetricFamily("gearshift_graph_bytes", "Bytes the priced graphs of the "
+                                 "device hold, on all its workers", labels=["device"])
+        bound = GaugeMetricFamily("gearshift_graph_bytes_bound", "The device's graph memory "
+                                  "bound (absent: none)", labels=["device"])
         for dev in doc["devices"]:
             device = str(dev["device"])
             version.add_metric([device], dev["version"])
+            graphs = dev.get("graph_bytes") or {}
+            held.add_metric([device], graphs.get("held", 0.0))
+            if graphs.get("bound") is not None:
+                bound.add_metric([device], graphs["bound"])
             lag.add_metric([device], dev["lag"]["count"], dev["lag"]["seconds_sum"])
             for p in dev["profiles"]:
                 for d in p["dims"]:
@@ -148,7 +156,7 @@ class _Collector:
                     padding.add_metric([device, p["name"], d["name"]], d["padding"])
                     costs.add([device, p["name"], d["name"]], d.get("costs"))
         yield from (consumed, dropped, rejected, reclaimed, exited, rounds, version, lag, gears,
-                    padding, measured, *costs.families)
+                    padding, measured, held, bound, *costs.families)
 
 
 class _CostFamilies:

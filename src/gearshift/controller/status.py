@@ -13,7 +13,7 @@ NaN-free floats only:
      "final_save": None while running; at close "saved" or "failed: why",
      "workers": [{"slot", "generation", "pid", "device", "alive", "consumed", "dropped",
                   "applied", "profiles": [[local id, name], ...]}],
-     "devices": [{"device", "version", "memory_usage", "last_update",
+     "devices": [{"device", "version", "memory_usage", "graph_bytes", "last_update",
                   "lag": {"last_seconds", "count", "seconds_sum"},
                   "profiles": [{"name", "changes": [[dim, gear, action, reason], ...],
                                 "dims": [{"name", "gears", "hit_rate", "avg_pad",
@@ -25,7 +25,9 @@ decayed mean pad ratio of the dim's requests; `samples` the events in the window
 `history_samples` those in the plan's history (`PolicyConfig.history`); `costs` what the
 workers measured of the dim's graphs (`CostBook.view`: measurements, per measured gear its
 count, median and fitted replay seconds, capture seconds and graph bytes as {a, b} of
-a + b·gear), None before any; `measured` counts the measurement records kept (`unknown` and
+a + b·gear), None before any; a device's `graph_bytes` {"held", "bound"}: what its priced
+dims' graphs hold on all its workers, and its memory bound (None: none; `core.memory`);
+`measured` counts the measurement records kept (`unknown` and
 `invalid` count the refused ones with the samples). A restarted
 controller reads the last document to map the live workers' profile ids again before they
 re-register (events in their rings are then folded, not counted as unknown).
@@ -149,10 +151,11 @@ def document(
     changes: Mapping[int, Mapping[str, list[list[Any]]]],
     costs: CostBook | None = None,
     final_save: str | None = None,
+    graph_bytes: Mapping[int, tuple[float, float | None]] | None = None,
 ) -> dict[str, Any]:
     """The status document at `now`: the event `counts`, decision `rounds`, the `workers`,
     and per device of `devices` its `memory_usage`, `lags`, last round's `changes` and the
-    measured `costs` of its profiles."""
+    measured `costs` of its profiles, and its `graph_bytes` (held, bound)."""
     worker_entries = [
         {
             "slot": w.info.slot,
@@ -176,6 +179,9 @@ def document(
                 "device": device,
                 "version": dev.version,
                 "memory_usage": memory_usage.get(device),
+                "graph_bytes": dict(zip(("held", "bound"),
+                                        (graph_bytes or {}).get(device, (0.0, None)),
+                                        strict=True)),
                 "last_update": dev.last_update,
                 "lag": dataclasses.asdict(lag)
                 if lag

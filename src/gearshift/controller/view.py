@@ -206,6 +206,7 @@ def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> s
             f"device {dev['device']}: version "
             f"{view['versions'].get(str(dev['device']), dev['version'])}, memory "
             + (f"{usage:.0%}" if usage is not None else "unknown")
+            + _graphs(dev.get("graph_bytes"))
             + f", propagation lag {_ms(dev['lag']['last_seconds'])} (last)", width, "  ")
         for p in dev["profiles"]:
             for d in p["dims"]:
@@ -281,6 +282,14 @@ def _fit(names: list[str], room: int) -> str:
         if len(shown) <= room:
             return shown
     return f"{len(names)} profiles"
+
+
+def _graphs(held: dict[str, Any] | None) -> str:
+    """The device's priced graphs against its bound, or nothing before any is priced."""
+    if not held or (not held.get("held") and held.get("bound") is None):
+        return ""
+    bound = "no bound" if held["bound"] is None else f"bound {_bytes(held['bound'])}"
+    return f", graphs{NB}{_bytes(held['held'])} ({bound})"
 
 
 def _seconds(t: float) -> str:

@@ -33,6 +33,7 @@ MAX_SECONDS = 1e8  # every duration (about 3 years)
 MAX_SLICES = 1024  # window_seconds / slice_seconds
 MAX_SLICE_HALF_LIVES = 64  # slice_seconds / half_life_seconds
 MAX_BYTES = float(1 << 50)  # graph_memory_budget_bytes: a petabyte
+MAX_RATIO = 1e6  # graph_memory_budget_ratio
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,9 @@ class PolicyConfig:
     `plan_history_seconds` is the horizon of a second, slower histogram of the same events,
     which the plan reads beside the window's at `plan_history_weight` of its weight. Priced
     (measured costs given), a gear added must save its captures within `plan_payback_seconds`
-    of device time at the traffic's rate, and the graphs of a device stay within
-    `graph_memory_budget_bytes` (None: no budget; the ratio threshold applies either way).
+    of device time at the traffic's rate, and the graphs of a device stay within its bound:
+    `graph_memory_budget_bytes`, else `graph_memory_budget_ratio` times the bytes of its
+    start-up gears (`core.memory`; both None: no bound; the usage threshold applies either way).
     A dim's gears change only once its window holds `min_window_events` events, or under
     memory pressure.
     """
@@ -78,6 +80,7 @@ class PolicyConfig:
     plan_history_weight: float = 0.5
     plan_payback_seconds: float = 1800.0
     graph_memory_budget_bytes: float | None = None
+    graph_memory_budget_ratio: float | None = 1.25
 
     def __post_init__(self) -> None:
         if self.policy_mode not in POLICY_MODES:
@@ -107,6 +110,9 @@ class PolicyConfig:
         if self.graph_memory_budget_bytes is not None:
             check_value("graph_memory_budget_bytes", self.graph_memory_budget_bytes, 0.0,
                         MAX_BYTES, low_open=True)
+        if self.graph_memory_budget_ratio is not None:
+            check_value("graph_memory_budget_ratio", self.graph_memory_budget_ratio, 0.0,
+                        MAX_RATIO, low_open=True)
         if self.device_memory_usage_threshold_ratio is not None:
             check_value("device_memory_usage_threshold_ratio",
                    self.device_memory_usage_threshold_ratio, 0.0, 1.0, low_open=True)

@@ -57,13 +57,13 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices
 from gearshift.core.dims import Dim
 from gearshift.core.gears import DimGears
+from gearshift.core.moves import Work, additions, evictions, padded, swaps
 from gearshift.core.optimal import OptimalSets, optimal_sets
 from gearshift.core.payback import Payback, net_worth, strict
 from gearshift.core.stats import Histogram
 
 K_STEP = 2
 MAX_CANDIDATES = 512
-LINEAR = Dim().work  # the default cost: a chunk's size
 
 Step = tuple[str, int, str]  # (action "add" | "evict", gear, reason)
 
@@ -98,7 +98,7 @@ def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: 
     gears = list(state.gears)
     steps = _cover(dim, gears, seen, pressure, cooling, config)
     inside = v <= gears[-1]
-    work = _Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside], cost)
+    work = Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside], cost)
     if pay is None or pressure:  # priced, a gear held costs only its bytes, and a capture
         steps += _release(gears, work, int(v[0]), protected, config)  # if it is needed back
     if not work.values.size:  # all traffic over the largest gear, too little to cover yet
@@ -108,7 +108,7 @@ def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: 
     size, why = _count(gears, sets, raw, len(stuck), pressure, config, pay)
     target = sets.gears(size)
     assert stuck <= set(target), (stuck, target)
-    steps += _moves(gears, size, target, work, raw, why, pressure, config, pay)
+    steps += _moves(gears, size, target, work, raw, why, pressure, config, pay, stuck)
     return steps
 
 
@@ -144,7 +144,7 @@ def _cover(dim: Dim, gears: list[int], hist: Histogram, pressure: bool, cooling:
     return [step]
 
 
-def _release(gears: list[int], work: _Work, floor: int, protected: Callable[[int], bool],
+def _release(gears: list[int], work: Work, floor: int, protected: Callable[[int], bool],
              config: PolicyConfig) -> list[Step]:
     """Gears below the largest without traffic in the window (step 2), `floor` being its
     smallest value; `gears` is updated in place."""
@@ -166,7 +166,7 @@ def _release(gears: list[int], work: _Work, floor: int, protected: Callable[[int
     return steps
 
 
-def _optimal(dim: Dim, gears: list[int], work: _Work, stuck: set[int], cooling: list[int],
+def _optimal(dim: Dim, gears: list[int], work: Work, stuck: set[int], cooling: list[int],
            config: PolicyConfig) -> OptimalSets:
     """The DP's optimal sets up to `len(gears) + K_STEP` gears over candidate positions: the
     aligned values in the window below the largest gear (at most MAX_CANDIDATES, none cooling
@@ -228,15 +228,34 @@ def _count(gears: list[int], sets: OptimalSets, raw: float, stuck: int, pressure
     return size, why
 
 
-def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, raw: float,
+def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw: float,
            why: str, pressure: bool, config: PolicyConfig,
-           pay: Payback | None = None) -> list[Step]:
+           pay: Payback | None = None, stuck: set[int] | frozenset[int] = frozenset()
+           ) -> list[Step]:
     """Exact steps toward `size` gears, taken from `target` (which may hold fewer when more
     gears save nothing, and always holds the largest gear) (step 4); `gears` is updated in
     place. Priced, the best move is the one that saves most net of its capture, and none is
-    made that does not pay it back within the horizon or whose graph does not fit."""
+    made that does not pay it back within the horizon or whose graph does not fit; an
+    addition that pays but does not fit is traded (`_trade`) for a gear not `stuck`."""
     steps: list[Step] = []
     adds = evicts = 0
+    fresh: set[int] = set()  # added this round: never traded away again in it
+
+    def trade(g: np.ndarray, a: np.ndarray, gain: np.ndarray) -> bool:
+        nonlocal adds, evicts
+        if pay is None or pay.headroom is None or evicts >= limit:
+            return False
+        traded = _trade(g, a, gain, work, raw, why, least, config, pay,
+                        stuck | fresh | {gears[-1]})
+        for _, old, _ in traded[:-1]:
+            gears.remove(old)
+        if traded:
+            steps.extend(traded)
+            gears.append(traded[-1][1])
+            gears.sort()
+            fresh.add(traded[-1][1])
+            adds, evicts = adds + 1, evicts + len(traded) - 1
+        return bool(traded)
     limit = config.plan_max_moves
     least = config.plan_move_gain * raw
     while True:
@@ -244,7 +263,7 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
         a = np.array([t for t in target if t not in gears], np.int64)
         e = np.array([i for i, x in enumerate(gears) if x not in target], np.int64)
         if len(gears) > size and evicts < limit and e.size:
-            loss, _ = _evictions(g, e, work)
+            loss, _ = evictions(g, e, work)
             i = int(np.argmin(loss))
             gone = gears.pop(int(e[i]))
             steps.append(("evict", gone, f"{why}: {_padding(-loss[i], raw)}"))
@@ -252,25 +271,30 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
                 pay.give(gone)
             evicts += 1
         elif len(gears) < size and adds < limit and a.size and not pressure:
-            gain, _ = _additions(g, a, work)
+            gain, _ = additions(g, a, work)
             net = net_worth(gain, a, least, pay)
             j = int(np.argmax(net))
             if net[j] <= 0:
-                return steps
+                if not trade(g, a, gain):
+                    return steps
+                continue
             paid = f", {pay.why(float(pay.seconds(gain[j])), int(a[j]))}" if pay else ""
             steps.append(("add", int(a[j]), f"{why}: {_padding(gain[j], raw)}{paid}"))
             gears.append(int(a[j]))
             gears.sort()
+            fresh.add(int(a[j]))
             if pay:
                 pay.take(int(a[j]))
             adds += 1
         elif len(gears) == size and adds < limit and evicts < limit and a.size and e.size:
-            gain, sd = _swaps(g, e, a, work)
+            gain, sd = swaps(g, e, a, work)
             score = gain - config.plan_confidence * sd
             net = net_worth(score, a, least, pay, g[e])
             i, j = np.unravel_index(int(np.argmax(net)), net.shape)
             if net[i, j] <= 0:
-                return steps
+                if not trade(g, a, additions(g, a, work)[0]):
+                    return steps
+                continue
             old, new = int(g[e[i]]), int(a[j])
             saved = _padding(gain[i, j], raw, sd[i, j]) + (
                 f", {pay.why(float(pay.seconds(score[i, j])), new)}" if pay else "")
@@ -282,9 +306,52 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: _Work, ra
             gears.remove(old)
             gears.append(new)
             gears.sort()
+            fresh.add(new)
             adds, evicts = adds + 1, evicts + 1
         else:
             return steps
+
+
+def _trade(g: np.ndarray, a: np.ndarray, gain: np.ndarray, work: Work, raw: float, why: str,
+           least: float, config: PolicyConfig, pay: Payback, kept: set[int]) -> list[Step]:
+    """Under the bytes bound, an addition that pays back its capture but does not fit the
+    headroom evicts, one at a time until it fits, the gear that earns least per byte (the
+    padded work its eviction adds over the bytes it frees; never one `kept`), at most
+    `plan_max_moves` of them; the best such trade is made when its exact saving (the padded
+    work of the gears before less after) is at least `least` and pays the capture back. Its
+    steps (the evictions, then the addition), or none."""
+    worth = (gain >= least) & (pay.seconds(gain) > pay.capture(a))
+    best: tuple[float, int, list[int], float] | None = None
+    for j in np.flatnonzero(worth):
+        new, held, out = int(a[j]), g.tolist(), []
+        room, need = pay.headroom, pay.prices.held_bytes([new])
+        while room < need and len(out) < config.plan_max_moves:
+            h = np.array(held, np.int64)
+            e = np.array([i for i, x in enumerate(held[:-1]) if x not in kept], np.int64)
+            if not e.size:
+                break
+            loss, _ = evictions(h, e, work)
+            freed = pay.prices.bytes(h[e].astype(float)) * pay.prices.workers
+            i = int(np.argmin(loss / np.maximum(freed, 1.0)))
+            out.append(held.pop(int(e[i])))
+            room += float(freed[i])
+        if room < need:
+            continue
+        saving = padded(g, work) - padded(np.array(sorted([*held, new]), np.int64), work)
+        net = float(pay.seconds(saving)) - float(pay.capture([new])[0])
+        if saving >= least and net > 0 and (best is None or net > best[0]):
+            best = (net, new, out, saving)
+    if best is None:
+        return []
+    _, new, out, saving = best
+    saved = f"{_padding(saving, raw)}, {pay.why(float(pay.seconds(saving)), new)}"
+    for old in out:
+        pay.give(old)
+    pay.take(new)
+    gone = ", ".join(map(str, out))
+    return [*(("evict", old, f"{why}: traded for {new} (earns least per byte; over the memory "
+                             f"bound), {saved}") for old in out),
+            ("add", new, f"{why}: in for {gone} (over the memory bound), {saved}")]
 
 
 def _padding(saved: float, raw: float, sd: float | None = None) -> str:
@@ -298,62 +365,3 @@ def _padding(saved: float, raw: float, sd: float | None = None) -> str:
     if round(err, 2) < round(pts, 2):  # as printed
         return f"padding {word} {pts:.2f} ± {err:.2f} pts"
     return f"padding {word} {pts:.2f} pts (standard error {err:.2f} pts, as large)"
-
-
-def _additions(g: np.ndarray, a: np.ndarray, work: _Work) -> tuple[np.ndarray, np.ndarray]:
-    """Padded work saved by adding each of `a` to `g` (none held, all below the largest),
-    and its variance."""
-    j = np.searchsorted(g, a)
-    lo = np.where(j > 0, g[np.maximum(j - 1, 0)], 0)
-    d = work.cost(g[j]) - work.cost(a)  # the values in (lo, a] drop from g[j] to a
-    return d * work.weight(lo, a), d * d * work.var(lo, a)
-
-
-def _evictions(g: np.ndarray, e: np.ndarray, work: _Work) -> tuple[np.ndarray, np.ndarray]:
-    """Padded work added by evicting each gear `g[e]` (never the largest), and its variance."""
-    assert (e < g.size - 1).all(), "the largest gear is never evicted"
-    lo = np.where(e > 0, g[np.maximum(e - 1, 0)], 0)
-    d = work.cost(g[e + 1]) - work.cost(g[e])  # the values in (lo, g] rise to the next gear
-    return d * work.weight(lo, g[e]), d * d * work.var(lo, g[e])
-
-
-def _swaps(g: np.ndarray, e: np.ndarray, a: np.ndarray,
-           work: _Work) -> tuple[np.ndarray, np.ndarray]:
-    """Padded work saved (E x A) by replacing gear g[e] (never the largest) with a, and its
-    standard error."""
-    add, add_var = _additions(g, a, work)
-    loss, loss_var = _evictions(g, e, work)
-    gain = add[None, :] - loss[:, None]
-    var = add_var[None, :] + loss_var[:, None]
-    x = g[e][:, None]
-    lo = np.where(e > 0, g[np.maximum(e - 1, 0)], 0)[:, None]
-    nxt = g[e + 1][:, None]
-    below = (a > lo) & (a < x)  # a takes the lower part of x's run, the rest rises to nxt
-    above = (a > x) & (a < nxt)  # x's run rises to a, a takes the lower part of nxt's run
-    cx, ca, cn = work.cost(x), work.cost(a), work.cost(nxt)
-    gain = np.where(below, (cx - ca) * work.weight(lo, a) - (cn - cx) * work.weight(a, x), gain)
-    var = np.where(below, (cx - ca) ** 2 * work.var(lo, a) + (cn - cx) ** 2 * work.var(a, x), var)
-    gain = np.where(above, (cn - ca) * work.weight(x, a) - (ca - cx) * work.weight(lo, x), gain)
-    var = np.where(above, (cn - ca) ** 2 * work.var(x, a) + (ca - cx) ** 2 * work.var(lo, x), var)
-    return gain, np.sqrt(var)
-
-
-class _Work:
-    """Prefix sums of a histogram's decayed weights and of their variance proxy (w² / count:
-    each event weighs w / count), for the weight of any value interval (lo, hi]; `cost` is the
-    work of a chunk of each size (`Dim.work`)."""
-
-    def __init__(self, values: np.ndarray, w: np.ndarray, q: np.ndarray,
-                 cost: Callable[[np.ndarray], np.ndarray] = LINEAR) -> None:
-        self.values, self.w, self.cost = values, w, cost
-        self._w = np.r_[0.0, np.cumsum(w)]
-        self._q = np.r_[0.0, np.cumsum(q)]
-
-    def _at(self, prefix: np.ndarray, x: np.ndarray | int) -> np.ndarray:
-        return prefix[np.searchsorted(self.values, x, "right")]
-
-    def weight(self, lo: np.ndarray | int, hi: np.ndarray | int) -> np.ndarray:
-        return self._at(self._w, hi) - self._at(self._w, lo)
-
-    def var(self, lo: np.ndarray | int, hi: np.ndarray | int) -> np.ndarray:
-        return self._at(self._q, hi) - self._at(self._q, lo)

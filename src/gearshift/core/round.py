@@ -17,6 +17,7 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices, spent
 from gearshift.core.dims import Dim
 from gearshift.core.gears import DimGears, GearChange, starting_gears
+from gearshift.core.memory import bound, modelled
 from gearshift.core.policy import decide, should_update
 from gearshift.core.stats import DimStats
 
@@ -83,14 +84,16 @@ def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
     profile was decided. Reads the ledger, never changes it. A profile whose decision raises
     propagates the error, or with `on_error` is reported to it (name, error) and left out of
     the round: it keeps its gears, the others are decided. `prices` (per profile, per dim:
-    measured costs as data) price plan mode's moves; under `graph_memory_budget_bytes` they
-    share the device's headroom (the budget less the bytes of every priced dim's gears): each
-    profile, and each dim, gets what those decided before it left."""
+    measured costs as data) price plan mode's moves, each graph at its `memory.graph_bytes`;
+    under the device's bound (`memory.bound`) they share its headroom (the bound less the
+    bytes of every priced dim's gears): each profile, and each dim, gets what those decided
+    before it left."""
     trigger = should_update(device.last_update, now, memory_usage, config)
     if trigger is None:
         return None
-    budget = config.graph_memory_budget_bytes
-    prices = _with_headroom(device, prices or {}, budget)
+    prices = modelled(prices or {})
+    budget = bound({n: p.dims for n, p in device.profiles.items()}, prices, config)
+    prices = _with_headroom(device, prices, budget)
     gears, changes = {}, {}
     for name, p in device.profiles.items():
         try:

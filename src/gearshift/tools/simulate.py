@@ -21,6 +21,7 @@ import numpy as np
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Line, Prices
 from gearshift.core.dims import Dim, Gears, ladder, padded_cost, padded_work
+from gearshift.core.memory import bound, graph_bytes
 from gearshift.core.optimal import optimal_sets
 from gearshift.core.round import DeviceLedger, ProfileLedger, decide_round
 from gearshift.errors import ShapeError, TraceError
@@ -63,6 +64,12 @@ class DimResult:
     segment_padded: np.ndarray
     captures: int = 0
     capture_seconds: float = 0.0
+    segment_bytes: np.ndarray | None = None  # graph bytes held in each segment, all workers
+    mean_bytes: float = 0.0  # time-weighted
+
+    @property
+    def peak_bytes(self) -> float:
+        return float(self.segment_bytes.max()) if self.segment_bytes is not None else 0.0
 
     @property
     def padding_overhead(self) -> float:
@@ -96,6 +103,25 @@ class SimulationResult:
     starts: np.ndarray
     dims: dict[str, DimResult]
     changes: tuple[Change, ...]
+    budget: float | None = None  # the graph memory bound the policy ran under (None: none)
+
+    @property
+    def peak_bytes(self) -> float:
+        """The most graph bytes all dims held at once (in any segment), on every worker."""
+        return float(self._bytes().max()) if self.starts.size else 0.0
+
+    @property
+    def mean_bytes(self) -> float:
+        """The graph bytes all dims held, time-weighted."""
+        return float(np.average(self._bytes(), weights=self._weights()))
+
+    def _bytes(self) -> np.ndarray:
+        return sum((d.segment_bytes for d in self.dims.values() if d.segment_bytes is not None),
+                   np.zeros(self.starts.size))
+
+    def _weights(self) -> np.ndarray:
+        return (np.diff(np.r_[self.starts, self.duration]) if self.duration > 0
+                else np.ones(self.starts.size))
 
     def summary(self) -> dict[str, object]:
         """JSON-ready figures: per dim padding, gears, churn; every change with its reason."""
@@ -111,6 +137,8 @@ class SimulationResult:
                     "captures": d.captures,
                     "capture_seconds": d.capture_seconds,
                     "mean_gears": d.mean_gears,
+                    "peak_graph_bytes": d.peak_bytes,
+                    "mean_graph_bytes": d.mean_bytes,
                     "final_gears": list(d.final_gears),
                     "adds": d.adds,
                     "evictions": d.evictions,
@@ -120,6 +148,8 @@ class SimulationResult:
                 }
                 for name, d in self.dims.items()
             },
+            "graph_bytes": {"budget": self.budget, "peak": self.peak_bytes,
+                            "mean": self.mean_bytes},
             "decisions": [vars(c) for c in self.changes],
         }
 
@@ -176,16 +206,27 @@ class Device:
     `workers` workers; `priced` tells the policy so (`Prices`: the dims' `cost` then reads
     as device seconds). Every gear captured counts once per worker: each added, and the
     initial ones at the start, or with `lazy` only those that traffic reaches (a worker
-    captures a start-up gear the first time a request needs it)."""
+    captures a start-up gear the first time a request needs it). A graph of a dim holds
+    `bytes[dim]` (A + B·gear) on each worker, else `memory.graph_bytes`'s model; priced, the
+    policy's memory bound counts them (`memory.bound`)."""
 
     capture: Line = ZERO
     workers: int = 1
     priced: bool = False
     lazy: bool = False
+    bytes: Mapping[str, Line] | None = None
+
+    def graph_bytes(self, dim: str) -> Line:
+        return graph_bytes((self.bytes or {}).get(dim, Line()))
 
     def prices(self, dims: Mapping[str, Dim]) -> dict[str, dict[str, Prices]] | None:
-        return {PROFILE: {d: Prices(self.capture, self.workers) for d in dims}} \
-            if self.priced else None
+        return {PROFILE: {d: Prices(self.capture, self.workers, bytes=self.graph_bytes(d))
+                          for d in dims}} if self.priced else None
+
+    def budget(self, dims: Mapping[str, Dim], config: PolicyConfig) -> float | None:
+        """The memory bound a priced replay of `dims` runs under (None: unpriced, or none)."""
+        prices = self.prices(dims)
+        return bound({PROFILE: dims}, prices, config) if prices else None
 
     def seconds(self, gears: Sequence[int]) -> float:
         return float(self.capture(np.asarray(gears, float)).sum()) * self.workers
@@ -242,6 +283,7 @@ def simulate(
     sizes = np.diff(cuts)
     dim_results = {
         name: _dim_result(
+            name,
             trace.dims[name],
             dim,
             tuple(gears[name]),
@@ -258,10 +300,12 @@ def simulate(
         )
         for name, dim in dims.items()
     }
-    return SimulationResult(trace.name, t.size, end, updates, starts, dim_results, tuple(changes))
+    return SimulationResult(trace.name, t.size, end, updates, starts, dim_results, tuple(changes),
+                            device.budget(dims, config) if adaptive else None)
 
 
 def _dim_result(
+    name: str,
     values: np.ndarray,
     dim: Dim,
     gears: tuple[Gears, ...],
@@ -278,18 +322,20 @@ def _dim_result(
     """Totals of one dim from its per-segment gears (`sizes` events each) and work; the gears
     `added` and the initial ones (`start`: gear -> the segment it was captured in) each
     captured once per worker. Mean gears count graphs held: an initial gear from its capture
-    on (with lazy captures, one never reached counts for nothing)."""
+    on (with lazy captures, one never reached counts for nothing), and so do graph bytes."""
     over = int((values > np.repeat([g[-1] for g in gears], sizes)).sum())
     waiting = set(dim.initial_gears) - set(start)  # never captured
-    held = [len(g) - sum(1 for x in g if x in waiting or start.get(x, -1) > i)
+    held = [[x for x in g if x not in waiting and start.get(x, -1) <= i]
             for i, g in enumerate(gears)]
     captured = [*start, *added]
+    line = device.graph_bytes(name)
+    held_bytes = np.array([float(line(np.asarray(h, float)).sum()) for h in held]) * device.workers
     return DimResult(
         raw_work=int(raw.sum()),
         padded_work=int(padded.sum()),
         raw_cost=float(dim.work(values).sum()),
         padded_cost=padded_cost,
-        mean_gears=float(np.average(held, weights=weights)),
+        mean_gears=float(np.average([len(h) for h in held], weights=weights)),
         split_events=over if dim.splittable else 0,
         eager_events=0 if dim.splittable else over,
         adds=actions.count("add"),
@@ -299,6 +345,8 @@ def _dim_result(
         segment_padded=padded,
         captures=len(captured),
         capture_seconds=device.seconds(captured),
+        segment_bytes=held_bytes,
+        mean_bytes=float(np.average(held_bytes, weights=weights)),
     )
 
 

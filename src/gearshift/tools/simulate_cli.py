@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import sys
 import time
 from collections.abc import Iterable
@@ -13,11 +13,12 @@ import click
 
 from gearshift.clikit import EXIT_ERROR, EXIT_USAGE, config_options, json_option
 from gearshift.configfile import load_policy_config
-from gearshift.core.config import check_value
-from gearshift.core.costs import MAX_MEASURED_SECONDS, Line
+from gearshift.core.config import PolicyConfig, check_value
+from gearshift.core.costs import MAX_GRAPH_BYTES, MAX_MEASURED_SECONDS, Line
 from gearshift.core.dims import Gears, normalize_gears
 from gearshift.errors import ConfigError, GearshiftError, TraceError
 from gearshift.tools import simulate as replay
+from gearshift.tools.simulate_plot import figure
 from gearshift.tools.trace import Trace, load_trace
 
 
@@ -93,6 +94,22 @@ from gearshift.tools.trace import Trace, load_trace
     help="With --capture-seconds: the adaptive policy's initial gears are all captured at the "
     "start (default: each the first time traffic reaches it, as a worker does).",
 )
+@click.option(
+    "--graph-bytes",
+    "graph_bytes",
+    multiple=True,
+    metavar="DIM=A[,B]",
+    help="What a graph of DIM holds, A + B x gear bytes on each worker (default: 2 MiB a "
+    "graph, the model of unmeasured graphs): reported as peak and time-weighted graph bytes, "
+    "and priced, the adaptive policy keeps them within its memory bound.",
+)
+@click.option(
+    "--graph-budget",
+    metavar="BYTES|RATIOx|none",
+    help="The priced policy's graph memory bound: BYTES (graph_memory_budget_bytes), RATIOx "
+    "times the start-up gears' bytes (graph_memory_budget_ratio; default 1.25x, at least 2 "
+    "graphs of the largest start-up gear), or none (unbounded).",
+)
 @config_options("policy", "at top level or under [policy]")
 @json_option()
 @click.option(
@@ -113,6 +130,8 @@ def simulate(
     workers: int,
     unpriced: bool,
     eager_start: bool,
+    graph_bytes: tuple[str, ...],
+    graph_budget: str | None,
     config_path: str | None,
     overrides: tuple[str, ...],
     as_json: bool,
@@ -135,13 +154,14 @@ def simulate(
     if plot:
         _pyplot()  # before the replay: a missing extra fails at once
     try:
-        config = load_policy_config(config_path, overrides)
+        config = _budget(load_policy_config(config_path, overrides), graph_budget)
         data = load_trace(trace)
         dims = replay.policy_dims(
             data, policy, _gears(gears), _counts(k, data), _split(splittable), _costs(cost)
         )
         adaptive = policy == "adaptive"
         device = _device(capture, workers, adaptive and not unpriced, adaptive and not eager_start)
+        device = dataclasses.replace(device, bytes=_bytes(graph_bytes, data))
     except TraceError as e:
         _fail(e, EXIT_ERROR)
     except GearshiftError as e:
@@ -161,6 +181,7 @@ def simulate(
     else:
         click.echo(_table(result, summary["dims"], policy, wall, priced=bool(cost),
                           captured=capture is not None))
+        click.echo(_memory(result))
     if plot:
         _plot(result, plot)
         click.echo(f"wrote gears and padding over time to {plot}", err=True)
@@ -231,6 +252,43 @@ def _device(capture: str | None, workers: int, priced: bool, lazy: bool) -> repl
     return replay.Device(line, workers, priced=priced, lazy=lazy)
 
 
+def _bytes(items: Iterable[str], trace: Trace) -> dict[str, Line]:
+    out = {}
+    for name, value in _pairs("--graph-bytes", items):
+        if name not in trace.dims:
+            raise ConfigError("--graph-bytes", f"unknown dim {name} (the trace has "
+                                               f"{', '.join(trace.dims)})")
+        try:
+            a, b = ([float(x) for x in value.split(",")] + [0.0])[:2]
+            if value.count(",") > 1:
+                raise ValueError(value)
+        except ValueError:
+            raise ConfigError("--graph-bytes", f"expected DIM=A or DIM=A,B bytes, got "
+                                               f"{name}={value}") from None
+        for key, x in (("A", a), ("B", b)):
+            check_value(f"--graph-bytes {key}", x, 0.0, float(MAX_GRAPH_BYTES))
+        out[name] = Line(a, b)
+    return out
+
+
+def _budget(config: PolicyConfig, given: str | None) -> PolicyConfig:
+    """`config` under --graph-budget: BYTES, RATIOx or none (None: as configured)."""
+    if given is None:
+        return config
+    text = given.strip().lower()
+    try:
+        if text == "none":
+            return dataclasses.replace(config, graph_memory_budget_bytes=None,
+                                       graph_memory_budget_ratio=None)
+        if text.endswith("x"):
+            return dataclasses.replace(config, graph_memory_budget_bytes=None,
+                                       graph_memory_budget_ratio=float(text[:-1]))
+        return dataclasses.replace(config, graph_memory_budget_bytes=float(text))
+    except ValueError:
+        raise ConfigError("--graph-budget", f"expected BYTES, RATIOx or none, got {given!r}") \
+            from None
+
+
 def _split(items: Iterable[str]) -> dict[str, bool]:
     choices = {"yes": True, "no": False}
     out = {}
@@ -265,6 +323,17 @@ def _table(
     return "\n".join(lines)
 
 
+def _memory(result: replay.SimulationResult) -> str:
+    """One line: the graph bytes held (peak, time-weighted mean) against the bound."""
+    budget = "no bound" if result.budget is None else f"bound {_mib(result.budget)}"
+    return (f"graph memory: peak {_mib(result.peak_bytes)}, mean {_mib(result.mean_bytes)} "
+            f"({budget})")
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
 def _pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend; exit status 1 without the plot extra."""
     try:
@@ -286,79 +355,3 @@ def _plot(result: replay.SimulationResult, path: str) -> None:
         _fail(e, EXIT_ERROR)
     finally:
         plt.close(fig)
-
-
-def figure(result: replay.SimulationResult) -> Any:
-    """Gears (top, log scale, ticks at the gears used: `gear_ticks`) and padding (bottom, in
-    percent) over time, a column per dim; segments without requests (no padding to show)
-    are shaded and labelled as such in both rows, not left as bare gaps."""
-    import matplotlib
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    minutes = (np.r_[result.starts, result.starts[0] + result.duration] - result.starts[0]) / 60
-    fig, axes = plt.subplots(
-        2, len(result.dims), figsize=(6 * len(result.dims), 7), squeeze=False, sharex=True
-    )
-    for col, (name, d) in enumerate(result.dims.items()):
-        top, bottom = axes[0, col], axes[1, col]
-        sizes = [len(g) for g in d.gears]
-        top.hlines(
-            np.concatenate(d.gears),
-            np.repeat(minutes[:-1], sizes),
-            np.repeat(minutes[1:], sizes),
-            linewidth=1.5,
-        )
-        top.set_yscale("log", base=2)
-        top.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(gear_ticks(d.gears)))
-        top.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_tick))
-        top.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        for k, (lo, hi) in enumerate(_runs(d.segment_raw == 0)):
-            for ax in (top, bottom):
-                ax.axvspan(minutes[lo], minutes[hi], color="0.9", zorder=0,
-                           label=None if k else "no requests")
-        top.set(ylabel="gear", title=f"{result.trace} {name}")
-        with np.errstate(divide="ignore", invalid="ignore"):
-            pad = d.segment_padded / d.segment_raw - 1
-        bottom.stairs(pad, minutes, baseline=None)
-        bottom.axhline(
-            d.padding_overhead,
-            linestyle="--",
-            color="gray",
-            label=f"overall {d.padding_overhead:.1%}",
-        )
-        bottom.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
-        bottom.set(xlabel="minutes", ylabel="padding overhead")
-        bottom.legend()
-    fig.tight_layout()
-    return fig
-
-
-def gear_ticks(gears: list[tuple[int, ...]] | tuple[tuple[int, ...], ...],
-               most: int = 24) -> list[int]:
-    """The gears to label on a log-2 axis: every distinct gear used (3 and 6 as well as the
-    powers of two), thinned to about `most` (a gear closer than 1/`most` of the axis's span
-    to the one labelled below it is skipped; the largest is always labelled)."""
-    used = sorted({g for gs_ in gears for g in gs_})
-    if len(used) <= most:
-        return used
-    gap = math.log2(used[-1] / used[0]) / most
-    kept = [used[0]]
-    for g in used[1:-1]:
-        if math.log2(g / kept[-1]) >= gap and math.log2(used[-1] / g) >= gap:
-            kept.append(g)
-    return [*kept, used[-1]]
-
-
-def _runs(mask: Any) -> list[tuple[int, int]]:
-    """(start, end) segment indices of each run of True in `mask` (end exclusive)."""
-    import numpy as np
-
-    step = np.diff(np.r_[0, np.asarray(mask, dtype=np.int8), 0])
-    return list(zip(np.flatnonzero(step == 1).tolist(), np.flatnonzero(step == -1).tolist(),
-                    strict=True))
-
-
-def _tick(value: float, _: int) -> str:
-    """A gear axis tick: gears are ints (1, 2, 4, not 1.0, 2.0, 4.0); none below 1."""
-    return f"{value:.0f}" if value >= 1 else ""

@@ -11,6 +11,13 @@ import pytest
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Line
 from gearshift.core.dims import Dim
+from gearshift.tools.bench.memory_model import (
+    FLOOR_BYTES,
+    ROW_BYTES,
+    TOKEN_BYTES,
+    fitting_optimum,
+    graph_bytes,
+)
 from gearshift.tools.bench.priced import (
     ATTENTION_S,
     CAPTURE_LEVELS,
@@ -23,6 +30,7 @@ from gearshift.tools.bench.priced import (
     bench_priced,
     device_costs,
     markdown,
+    memory_markdown,
 )
 from gearshift.tools.simulate import Device, policy_dims, simulate
 from gearshift.tools.trace import Trace, load_trace
@@ -60,7 +68,8 @@ def test_every_dim_level_and_mode_is_reported(priced: dict) -> None:
                                                                               "5"]
         for row in levels.values():
             assert set(row) == {*MODES, "ratio", "held_out_ratio", "after_start",
-                                "vs_after_start", "vs_past", "vs_pow2", "vs_plan"}
+                                "vs_after_start", "vs_past", "vs_pow2", "vs_plan", "budget",
+                                "device_budget", "fit", "vs_fit"}
             assert 0 <= row["vs_past"] < math.inf
             assert 0 < row["held_out_ratio"] < math.inf
             p = row["priced"]
@@ -129,3 +138,40 @@ def test_past_compares_the_second_half_with_the_set_the_first_half_would_have_ch
     dims = policy_dims(trace, "adaptive", cost={"SEQLEN": PREFILL})
     run = simulate(trace, dims, PolicyConfig(), device=Device(Line(0.0), priced=True, lazy=True))
     assert _past(trace, run, "SEQLEN", dims["SEQLEN"]) < 0.5
+
+
+def test_graph_bytes_model_activations_per_token_and_row_over_a_floor() -> None:
+    assert graph_bytes(load_trace("azure_code_prefill")) == {
+        "SEQLEN": Line(FLOOR_BYTES, TOKEN_BYTES)}
+    assert graph_bytes(load_trace("azure_conv_decode")) == {
+        "BATCHSIZE": Line(FLOOR_BYTES, ROW_BYTES)}
+    batched = load_trace("azure_code_batched")
+    s = float(np.median(batched.dims["SEQLEN"]))
+    assert graph_bytes(batched)["BATCHSIZE"] == Line(FLOOR_BYTES, TOKEN_BYTES * s)
+    assert FLOOR_BYTES == 2 << 20 and 0 < TOKEN_BYTES < ROW_BYTES
+
+
+def test_at_equal_memory_priced_runs_within_the_bound_and_the_optimum_fits_it(
+        priced: dict) -> None:
+    for level in priced["SEQLEN"]:
+        rows = [levels[level] for levels in priced.values()]
+        device = rows[0]["device_budget"]  # the dims share the device's bound
+        assert device == pytest.approx(sum(r["budget"] for r in rows))
+        assert sum(r["priced"]["mean_bytes"] for r in rows) <= device
+        for row in rows:
+            bound, p, fit = row["budget"], row["priced"], row["fit"]
+            pow2 = row["pow2"]  # the start: every start-up gear, held at once
+            assert bound == pytest.approx(1.25 * pow2["peak_bytes"])
+            assert fit["peak_bytes"] <= bound
+            assert row["vs_fit"] == pytest.approx(p["device_overhead"] / fit["device_overhead"])
+    table = memory_markdown({"azure_code_batched": priced}).splitlines()
+    assert len(table) == 2 + 2 * len(CAPTURE_LEVELS) and table[0].count("|") == 13
+
+
+def test_the_fitting_optimum_is_the_best_count_whose_graphs_fit() -> None:
+    values, dim = np.array([10, 20, 30, 40] * 5), Dim(max=40)
+    line = Line(0.0, 1.0)  # a graph's bytes: its gear
+    assert fitting_optimum(values, dim, line, None, 0.0)["mean_gears"] == 4  # no padding
+    tight = fitting_optimum(values, dim, line, 60.0, 0.0)  # no 3 gears fit: {20, 40} does
+    assert tight["peak_bytes"] == 60.0 and tight["mean_gears"] == 2
+    assert fitting_optimum(values, dim, line, None, 1e6)["mean_gears"] == 1  # dear captures

@@ -98,7 +98,10 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
     keys = {"adaptive", "static", "speedup", "cpu_speedup", "compute_ratio", "model", "stride"}
     assert keys | {"trace", "time_compression", "round_interval"} <= set(result)
     adaptive, static = result["adaptive"], result["static"]
-    assert set(adaptive) == set(static) == FIGURES
+    assert set(adaptive) == set(static) | {"graph_bytes"} and set(static) == FIGURES
+    held = adaptive["graph_bytes"]  # the priced graphs against the device's bound
+    assert set(held) == {"held", "bound"} and held["held"] >= 0
+    assert held["bound"] is None or held["bound"] > 0
     assert adaptive["requests"] == static["requests"] == result["requests"] > 0
     assert adaptive["useful_tokens"] == static["useful_tokens"]
     assert result["speedup"] == (
@@ -280,3 +283,15 @@ def test_table_ends_on_one_plain_sentence_of_what_was_measured_the_figures_in_js
                                      "the 4 gears added was decided on those timings (--json "
                                      "has the details).")
     assert "timed" not in table(RESULT)  # nothing measured: no sentence
+
+
+def test_the_sentence_names_the_graph_bytes_held_against_the_bound() -> None:
+    costs = {"measurements": 12, "replay_seconds": {8: 0.001}, "capture_seconds": {8: 0.002},
+             "graph_bytes": {"a": 0, "b": 64}}
+    adaptive = {**ADAPTIVE, "adds": 7, "priced_adds": 5, "measured_costs": {"SEQLEN": costs},
+                "graph_bytes": {"held": 3.0 * 2**20, "bound": 4.5 * 2**20}}
+    text = table({**RESULT, "adaptive": adaptive,
+                  "profiles": {"demo": {"adaptive": adaptive, "static": RUN}}})
+    assert text.splitlines()[-1].endswith(
+        "for capturing them; its graphs hold 3.0 MiB against a 4.5 MiB bound (--json has the "
+        "details).")

@@ -1,6 +1,9 @@
 """The priced part of `gearshift bench simulate`: every shipped trace in device seconds, at
 capture costs of CAPTURE_LEVELS seconds per gear, against pow2, seed mode, today's unpriced
-plan mode and the hindsight-optimal static set at equal mean gears.
+plan mode and the hindsight-optimal static set at equal mean gears, and at equal graph memory:
+priced mode runs under the default bound (`core.memory.bound`, in the bytes model of
+`memory_model`), against the optimal static set whose graphs fit it (`fitting_optimum`),
+every mode's peak and time-weighted graph bytes beside.
 
 Device time (`device_costs`) is a roofline model of Llama-3-8B in bf16 on one H100 SXM, its
 constants in docs/policy.md ("The device-time model"). A replay's `device_overhead` is
@@ -22,6 +25,7 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Line
 from gearshift.core.dims import Dim, padded_cost
 from gearshift.core.optimal import optimal_sets
+from gearshift.tools.bench.memory_model import fitting_optimum, graph_bytes
 from gearshift.tools.simulate import (
     Device,
     DimResult,
@@ -71,7 +75,8 @@ def _figures(d: DimResult, hours: float, capture: float, per: float | None = Non
     return {"device_overhead": (d.padded_cost + seconds) / d.raw_cost - 1.0,
             "padding_overhead": d.cost_overhead, "mean_gears": d.mean_gears,
             "captures": d.captures, "capture_seconds": seconds,
-            "changes_per_hour": (d.adds + d.evictions) / hours}
+            "changes_per_hour": (d.adds + d.evictions) / hours,
+            "peak_bytes": d.peak_bytes, "mean_bytes": d.mean_bytes}
 
 
 def bench_priced(trace: Trace, levels: tuple[float, ...] = CAPTURE_LEVELS
@@ -79,8 +84,9 @@ def bench_priced(trace: Trace, levels: tuple[float, ...] = CAPTURE_LEVELS
     """Per dim, per capture level of `levels` (its str): every mode's figures, and the priced
     mode's device overhead over the optimum's (`ratio`), pow2's and unpriced plan's."""
     cost, hours = device_costs(trace), trace.duration / 3600.0
-    once = Device(Line(1.0), WORKERS, lazy=True)
-    static = Device(Line(1.0), WORKERS)
+    held = graph_bytes(trace)
+    once = Device(Line(1.0), WORKERS, lazy=True, bytes=held)
+    static = Device(Line(1.0), WORKERS, bytes=held)
     adaptive = policy_dims(trace, "adaptive", cost=cost)
     fixed = {
         "pow2": simulate(trace, policy_dims(trace, "pow2", cost=cost), PolicyConfig(),
@@ -90,9 +96,12 @@ def bench_priced(trace: Trace, levels: tuple[float, ...] = CAPTURE_LEVELS
     }
     out: dict[str, dict[str, dict]] = {d: {} for d in trace.dims}
     for level in levels:
-        device = Device(Line(level), WORKERS, priced=True, lazy=True)
+        device = Device(Line(level), WORKERS, priced=True, lazy=True, bytes=held)
         priced = simulate(trace, adaptive, PolicyConfig(), device=device)
         for dim in trace.dims:
+            # the dim's share of the device's bound: what its own start-up gears give it (the
+            # priced run's dims share the whole, `device_budget`)
+            budget = device.budget({dim: adaptive[dim]}, PolicyConfig())
             row = {m: _figures(r.dims[dim], hours, level, per=1.0) for m, r in fixed.items()}
             row["priced"] = p = _figures(priced.dims[dim], hours, level)
             row["optimal"] = o = _optimal(trace, dim, cost, p["mean_gears"], level)
@@ -103,6 +112,10 @@ def bench_priced(trace: Trace, levels: tuple[float, ...] = CAPTURE_LEVELS
             row["vs_past"] = _past(trace, priced, dim, adaptive[dim])
             row["vs_pow2"] = _ratio(p["device_overhead"], row["pow2"]["device_overhead"])
             row["vs_plan"] = _ratio(p["device_overhead"], row["plan"]["device_overhead"])
+            row["budget"], row["device_budget"] = budget, priced.budget
+            row["fit"] = f = fitting_optimum(trace.dims[dim], adaptive[dim], held[dim], budget,
+                                             level, WORKERS)
+            row["vs_fit"] = _ratio(p["device_overhead"], f["device_overhead"])
             out[dim][f"{level:g}"] = row
     return out
 
@@ -225,4 +238,29 @@ def markdown(traces: dict[str, dict[str, dict[str, dict]]]) -> str:
                     f"| {r['held_out_ratio']:.2f} | {r['vs_after_start']:.2f} "
                     f"| {r['vs_past']:.2f} "
                     f"| {r['vs_pow2']:.2f} | {r['vs_plan']:.2f} |")
+    return "\n".join(lines)
+
+
+def memory_markdown(traces: dict[str, dict[str, dict[str, dict]]]) -> str:
+    """The table at equal graph memory of docs/policy.md: per trace, dim and capture level,
+    the bound (MiB) and each mode's device overhead (padding, peak and mean MiB, mean gears,
+    changes per hour); the optimum is the static set that fits the bound."""
+    lines = ["| trace | dim | capture s | bound MiB | pow2 | seed | plan (unpriced) | priced "
+             "(bounded) | optimal that fits | priced / pow2 | priced / plan | priced / optimal |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def cell(m: dict) -> str:
+        return (f"{m['device_overhead']:.3f} ({m['padding_overhead']:.3f}, "
+                f"{m['peak_bytes'] / 2**20:,.0f}/{m['mean_bytes'] / 2**20:,.0f}, "
+                f"{m['mean_gears']:.1f}, {m.get('changes_per_hour', 0.0):.0f})")
+
+    for trace, dims in traces.items():
+        for dim, levels in dims.items():
+            for level, r in levels.items():
+                bound = "none" if r["budget"] is None else f"{r['budget'] / 2**20:,.0f}"
+                lines.append(
+                    f"| {trace.removeprefix('azure_')} | {dim} | {level} | {bound} "
+                    f"| {cell(r['pow2'])} | {cell(r['seed'])} | {cell(r['plan'])} "
+                    f"| {cell(r['priced'])} | {cell(r['fit'])} | {r['vs_pow2']:.2f} "
+                    f"| {r['vs_plan']:.2f} | {r['vs_fit']:.2f} |")
     return "\n".join(lines)

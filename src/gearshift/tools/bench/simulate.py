@@ -29,7 +29,7 @@ from gearshift.clikit import json_option
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Gears, ladder, padded_work
 from gearshift.core.optimal import optimal_gears
-from gearshift.tools.bench.priced import bench_priced
+from gearshift.tools.bench.priced import bench_priced, memory_markdown
 from gearshift.tools.bench.priced import markdown as priced_markdown
 from gearshift.tools.simulate import (
     SPLITTABLE,
@@ -152,7 +152,8 @@ def command(names: tuple[str, ...], as_json: bool) -> None:
     """Replay the shipped traces under both pow2 ladders, seed mode (every 300 s and 60 s)
     and plan mode; plan's padding against the hindsight optimum at its mean gear count (goal:
     ratio <= 1.25). Then in device seconds at capture costs of 0, 0.05, 0.5 and 5 s per gear:
-    priced plan mode against pow2, seed, unpriced plan and the optimum at equal mean gears."""
+    priced plan mode against pow2, seed, unpriced plan and the optimum at equal mean gears;
+    and at equal graph memory (priced under the default bound, the optimum that fits it)."""
     began = time.perf_counter()
     names = names or shipped_traces()
     traces = {name: bench_trace(name) for name in names}
@@ -161,4 +162,5 @@ def command(names: tuple[str, ...], as_json: bool) -> None:
     result = {"traces": traces, "worst_ratio": max(ratios), "priced": priced,
               "wall_seconds": time.perf_counter() - began}
     click.echo(json.dumps(result) if as_json
-               else markdown(result) + "\n\n" + priced_markdown(priced))
+               else markdown(result) + "\n\n" + priced_markdown(priced) + "\n\n"
+               + memory_markdown(priced))

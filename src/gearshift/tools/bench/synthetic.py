@@ -23,7 +23,7 @@ import numpy as np
 from gearshift.clikit import json_option
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import padded_work
-from gearshift.tools.bench.priced import bench_priced
+from gearshift.tools.bench.priced import bench_priced, memory_markdown
 from gearshift.tools.bench.priced import markdown as priced_markdown
 from gearshift.tools.bench.simulate import held_out_gears, optimal_at
 from gearshift.tools.simulate import policy_dims, simulate
@@ -174,4 +174,4 @@ def command(seeds: int, families: tuple[str, ...], priced: bool, as_json: bool) 
             f"{r['churn_per_hour_mean']:.0f} |"
         )
     if costs:
-        click.echo("\n" + priced_markdown(costs))
+        click.echo("\n" + priced_markdown(costs) + "\n\n" + memory_markdown(costs))

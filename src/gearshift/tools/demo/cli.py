@@ -235,8 +235,17 @@ def _measured(r: dict[str, Any]) -> list[str]:
     decided = (f"{priced} of the {adds} gears added went in because the time they save pays "
                f"for capturing them" if priced
                else f"none of the {adds} gears added was decided on those timings")
-    return ["", f"The workers timed the {graphs} graphs they captured; {decided} "
-                f"(--json has the details)."]
+    return ["", f"The workers timed the {graphs} graphs they captured; {decided}"
+                f"{_held(a.get('graph_bytes'))} (--json has the details)."]
+
+
+def _held(held: dict[str, Any] | None) -> str:
+    """The priced graphs' bytes against the bound, as a clause (nothing without them)."""
+    if not held or (not held["held"] and held["bound"] is None):
+        return ""
+    bound = ("no bound" if held["bound"] is None
+             else f"a {held['bound'] / 2**20:,.1f} MiB bound")
+    return f"; its graphs hold {held['held'] / 2**20:,.1f} MiB against {bound}"
 
 
 def _arms(r: dict[str, Any], dims: bool, device: bool) -> list[str]:

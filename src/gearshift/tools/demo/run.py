@@ -29,6 +29,7 @@ import numpy as np
 
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller, EmbeddedController
+from gearshift.core import memory
 from gearshift.core.config import PolicyConfig
 from gearshift.errors import GearshiftError
 from gearshift.shm import cleanup
@@ -189,15 +190,21 @@ class Demo:
                     wall, work, lanes = this[arm]
                     extra = outside if arm == "adaptive" else [0.0, 0.0]
                     done[arm].append((wall, work + extra[0], extra[1], lanes))
-            lag, measured = None, {}
+            lag, measured, held = None, {}, None
             if self.controller is not None:  # read before the controller stops
                 lag = propagation_lag(self.controller.controller.lags.get(0))
+                c = self.controller.controller
+                if 0 in c.devices:
+                    held = dict(zip(("held", "bound"), memory.device_usage(
+                        c.devices[0].profiles, c.prices(0), c.policy), strict=True))
                 book = self.controller.controller.costs
                 measured = {p: {d: c.summary() for d, c in book.costs(0, p).items()}
                             for p in mix.names}
             arms, profiles = self._figures(mix, costs, done, watches, lag, rss, demo, rounds)
             for p, dims in measured.items():
                 profiles[p]["adaptive"]["measured_costs"] = dims
+            if held is not None:
+                arms["adaptive"]["graph_bytes"] = held
             return arms, profiles
         finally:
             for watch in watches.values():

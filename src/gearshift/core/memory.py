@@ -1,0 +1,88 @@
+"""The graph memory bound of a device: how many bytes its priced dims' graphs may hold.
+
+A graph's bytes are its dim's measured `Line` (A + B·gear, per worker), or, where nothing was
+measured (no fit yet, or graphs measured at 0 bytes, as the CPU's static buffers can be), the
+model `MODEL_GRAPH_BYTES` a graph: the bound then counts graphs. By default a device's
+graphs hold at most what its start-up gears held (every priced dim's `Dim.initial_gears`, on
+every worker) times `graph_memory_budget_ratio` (1.25: a quarter more, the slack), and never
+less than `FLOOR_GRAPHS` graphs of each priced dim's largest start-up gear (a profile started
+on one or two gears can still grow); `graph_memory_budget_bytes` sets the bound in bytes
+instead; with both None there is none. Pure: prices and dims in, bytes out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from gearshift.core.config import PolicyConfig
+from gearshift.core.costs import Line, Prices
+from gearshift.core.dims import Dim
+
+MODEL_GRAPH_BYTES = 2 << 20  # unmeasured: a graph's private pool is at least one 2 MiB segment
+FLOOR_GRAPHS = 2  # at least this many graphs of each dim's largest start-up gear: a ladder of
+# powers of two already holds about that (its gears sum to about twice its largest), so the floor
+# binds only on a short start, one gear or two, which can then grow by as many bytes again
+
+
+def graph_bytes(measured: Line) -> Line:
+    """The bytes a graph of each gear holds: `measured`, or the model where it is zero."""
+    return measured if measured.a > 0 or measured.b > 0 else Line(float(MODEL_GRAPH_BYTES))
+
+
+Dims = Mapping[str, Mapping[str, Dim]]  # per profile, per dim
+PriceBook = Mapping[str, Mapping[str, Prices]]  # per profile, per dim
+
+
+def start_bytes(dims: Dims, prices: PriceBook) -> float:
+    """The bytes the priced dims' start-up gears hold, on every worker."""
+    return sum(p.held_bytes(dims[name][d].initial_gears)
+               for name, ps in prices.items() if name in dims
+               for d, p in ps.items() if d in dims[name])
+
+
+def floor_bytes(dims: Dims, prices: PriceBook) -> float:
+    """FLOOR_GRAPHS graphs of each priced dim's largest start-up gear, on every worker."""
+    return sum(FLOOR_GRAPHS * p.held_bytes([dims[name][d].initial_gears[-1]])
+               for name, ps in prices.items() if name in dims
+               for d, p in ps.items() if d in dims[name])
+
+
+def bound(dims: Dims, prices: PriceBook, config: PolicyConfig) -> float | None:
+    """The device's graph memory bound in bytes (None: unbounded): `graph_memory_budget_bytes`
+    when set, else the start-up gears' bytes times `graph_memory_budget_ratio`, at least the
+    floor (None when the ratio is None too, or no dim is priced)."""
+    if config.graph_memory_budget_bytes is not None:
+        return float(config.graph_memory_budget_bytes)
+    if config.graph_memory_budget_ratio is None or not any(prices.values()):
+        return None
+    return max(config.graph_memory_budget_ratio * start_bytes(dims, prices),
+               floor_bytes(dims, prices))
+
+
+def modelled(prices: PriceBook) -> dict[str, dict[str, Prices]]:
+    """`prices` with each dim's bytes as `graph_bytes` prices them (the model where unmeasured)."""
+    return {name: {d: replace(p, bytes=graph_bytes(p.bytes)) for d, p in ps.items()}
+            for name, ps in prices.items()}
+
+
+def usage(dims: Dims, gears: Mapping[str, Mapping[str, list[int]]], prices: PriceBook,
+          config: PolicyConfig) -> tuple[float, float | None]:
+    """What the priced dims' `gears` hold, and the bound, both as a round prices them."""
+    priced = modelled(prices)
+    return held_bytes(gears, priced), bound(dims, priced, config)
+
+
+def device_usage(profiles: Mapping[str, Any], prices: PriceBook,
+                 config: PolicyConfig) -> tuple[float, float | None]:
+    """`usage` of a device's `profiles` (each a `round.ProfileLedger`): what its priced gears
+    hold, and its bound."""
+    return usage({n: p.dims for n, p in profiles.items()},
+                 {n: p.gear_lists() for n, p in profiles.items()}, prices, config)
+
+
+def held_bytes(gears: Mapping[str, Mapping[str, list[int]]], prices: PriceBook) -> float:
+    """The bytes the priced dims' `gears` (per profile, per dim) hold, on every worker."""
+    return sum(p.held_bytes(gears[name][d]) for name, ps in prices.items() if name in gears
+               for d, p in ps.items() if d in gears[name])

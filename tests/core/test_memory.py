@@ -1,0 +1,95 @@
+"""The graph memory bound: by default what the start-up gears held plus the slack, at least
+the floor; the keys that set or lift it; a round under it trades gears instead of adding."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from gearshift.configfile import load_policy_config
+from gearshift.core.config import PolicyConfig
+from gearshift.core.costs import Line, Prices
+from gearshift.core.dims import Dim
+from gearshift.core.memory import (
+    FLOOR_GRAPHS,
+    MODEL_GRAPH_BYTES,
+    bound,
+    device_usage,
+    graph_bytes,
+    held_bytes,
+    start_bytes,
+)
+from gearshift.core.round import DeviceLedger, ProfileLedger, decide_round
+from gearshift.errors import ConfigError
+
+CFG = PolicyConfig()
+LADDER = (8, 16, 32, 64, 128, 256, 512, 1024)
+DIMS = {"p": {"S": Dim(gears=LADDER, max=1024)}}
+COUNT = {"p": {"S": Prices(Line(), bytes=Line(1.0))}}  # a graph's bytes: 1, whatever its gear
+
+
+def test_unmeasured_bytes_are_the_model_and_measured_ones_are_kept() -> None:
+    assert graph_bytes(Line()) == Line(float(MODEL_GRAPH_BYTES))
+    assert graph_bytes(Line(0.0, 3.0)) == Line(0.0, 3.0)
+
+
+def test_the_default_bound_is_the_start_up_bytes_plus_a_quarter() -> None:
+    assert start_bytes(DIMS, COUNT) == 8.0
+    assert bound(DIMS, COUNT, CFG) == 10.0
+    two = {"p": {"S": dataclasses.replace(COUNT["p"]["S"], workers=2)}}
+    assert bound(DIMS, two, CFG) == 20.0  # every worker holds every graph
+
+
+def test_the_bound_is_never_below_the_floor() -> None:
+    one = {"p": {"S": Dim(gears=(1024,), max=1024)}}
+    assert bound(one, COUNT, CFG) == FLOOR_GRAPHS  # a profile started on one gear can grow
+    per_gear = {"p": {"S": Prices(Line(), bytes=Line(0.0, 1.0))}}
+    assert bound(one, per_gear, CFG) == FLOOR_GRAPHS * 1024
+
+
+def test_the_keys_set_scale_or_lift_the_bound() -> None:
+    assert bound(DIMS, COUNT, PolicyConfig(graph_memory_budget_bytes=3.0)) == 3.0
+    assert bound(DIMS, COUNT, PolicyConfig(graph_memory_budget_ratio=2.0)) == 16.0
+    assert bound(DIMS, COUNT, PolicyConfig(graph_memory_budget_ratio=None)) is None
+    assert bound(DIMS, {}, CFG) is None  # nothing priced: nothing to bound
+    config = load_policy_config(None, ["graph_memory_budget_ratio=none"])
+    assert config.graph_memory_budget_ratio is None
+    with pytest.raises(ConfigError, match="graph_memory_budget_ratio"):
+        PolicyConfig(graph_memory_budget_ratio=0.0)
+
+
+def test_held_bytes_counts_the_priced_dims_only() -> None:
+    assert held_bytes({"p": {"S": (1, 2, 3), "B": (4,)}}, COUNT) == 3.0
+
+
+def _ledger(config: PolicyConfig) -> DeviceLedger:
+    p = ProfileLedger.new(DIMS["p"], 0.0, config)
+    values = np.random.default_rng(0).integers(1, 1025, 2000)
+    p.stats["S"].fold(np.linspace(0.0, 200.0, values.size), values)
+    return DeviceLedger(last_update=0.0, profiles={"p": p})
+
+
+@pytest.mark.parametrize(("ratio", "most"), [(1.25, 10), (None, 64)])
+def test_a_round_keeps_the_gears_within_the_bound(ratio: float | None, most: int) -> None:
+    config = PolicyConfig(graph_memory_budget_ratio=ratio, min_window_events=1)
+    ledger = _ledger(config)
+    prices = {"p": {"S": Prices(Line(), replay=None, bytes=Line(1.0))}}
+    for now in np.arange(15.0, 600.0, 15.0):
+        round = decide_round(ledger, float(now), None, config, prices=prices)
+        if round is not None:
+            ledger.apply(round)
+    held = len(ledger.profiles["p"].gears["S"].gears)
+    assert held <= most and (ratio is not None or held > 10)
+    if ratio is not None:  # gears were traded, not only added
+        assert held == 10 and set(ledger.profiles["p"].gears["S"].gears) != set(LADDER)
+
+
+def test_device_usage_reads_a_ledger_as_a_round_prices_it() -> None:
+    ledger = _ledger(CFG)
+    assert device_usage(ledger.profiles, COUNT, CFG) == (8.0, 10.0)
+    unmeasured = {"p": {"S": Prices(Line())}}  # the model's bytes a graph
+    assert device_usage(ledger.profiles, unmeasured, CFG) == (
+        8.0 * MODEL_GRAPH_BYTES, 10.0 * MODEL_GRAPH_BYTES)
+    assert device_usage(ledger.profiles, {}, CFG) == (0.0, None)
