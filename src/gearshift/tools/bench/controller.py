@@ -50,6 +50,7 @@ from gearshift.core.dims import Dim
 from gearshift.core.round import ProfileLedger
 from gearshift.shm import EVENT_DTYPE, EventRing, Kind, Registry, mailbox
 from gearshift.tools.bench.cli import echo_result
+from gearshift.tools.bench.controller_profiles import many_profiles
 from gearshift.tools.bench.spread import paired, summarise
 
 DIMS = {"BATCHSIZE": Dim(max=256), "SEQLEN": Dim(max=8192)}
@@ -290,6 +291,26 @@ def _baseline(n: int, runs: int) -> dict[str, object]:
     type=click.IntRange(1),
     help="Runs of the fold comparison (median and range).",
 )
+@click.option(
+    "--profiles",
+    default="16,256",
+    show_default=True,
+    help="Cases of the many-profiles run, comma-separated profile counts ('' skips it).",
+)
+@click.option(
+    "--profile-max",
+    default=8192,
+    show_default=True,
+    type=click.IntRange(2, 1 << 20),
+    help="The many-profiles run's dims range: uniform traffic over [1, max].",
+)
+@click.option(
+    "--profile-seconds",
+    default=20.0,
+    show_default=True,
+    type=click.FloatRange(min=0.5),
+    help="Duration of each many-profiles case.",
+)
 @json_option()
 def command(
     workers: int,
@@ -298,11 +319,22 @@ def command(
     baseline_events: int,
     min_rounds: int,
     runs: int,
+    profiles: str,
+    profile_max: int,
+    profile_seconds: float,
     as_json: bool,
 ) -> None:
     """Drain and fold throughput of the controller loop (events per CPU second), decision
     round time and memory while N workers put events flat out, plus the vectorised fold
-    against a per-event Python fold on the same batch."""
+    against a per-event Python fold on the same batch; then the many-profiles cases (state
+    file, save time, memory and loop stalls: `controller_profiles`)."""
+    try:
+        cases = [int(p) for p in profiles.split(",") if p.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{profiles!r} is not a list of integers",
+                                 param_hint="--profiles") from None
+    if any(not 1 <= p <= 4096 for p in cases):
+        raise click.BadParameter("profile counts are within [1, 4096]", param_hint="--profiles")
     calm = _load(workers, seconds, warmup, PolicyConfig())
     busy = _load(
         workers,
@@ -320,5 +352,6 @@ def command(
         "events_per_second": calm["events_per_second"],
         "events_per_second_busy_rounds": busy["events_per_second"],
         **_baseline(baseline_events, runs),
+        **(many_profiles(cases, profile_max, profile_seconds) if cases else {}),
     }
     echo_result(result, as_json)
