@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import select
@@ -296,12 +297,37 @@ def test_a_failing_state_save_is_logged_and_the_loop_goes_on(
     def full(*args: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(statefile, "save", full)
+    monkeypatch.setattr(statefile, "write", full)  # every save: on the loop or off it
     w = worker()
     assert w.register(0, "decode", serve=controller.step)["version"] == 1
     _run(controller, clock, 12.0, w)
     assert 40 in w.gears("decode")["B"] and controller.counts["errors"] >= 2
 
+
+def test_rounds_that_change_every_second_save_at_most_every_save_interval(
+    config: ControllerConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state file is replaced at most once per `save_interval_seconds` (5 s) of rounds
+    that change something, not after each of them."""
+    saves, real = [], os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (saves.append(dst), real(src, dst)))
+    policy = dataclasses.replace(POLICY, update_interval_seconds=1.0)
+    with Controller.open(config, policy, clock=clock) as controller:
+        w = Worker(config.namespace, 0, clock)
+        try:
+            w.register(0, "decode", {"B": Dim(gears=[1], max=4096)}, serve=controller.step)
+            saves.clear()
+            changed = 0
+            for second in range(32):  # every second, traffic over the largest gear: one added
+                before = controller.rounds["count"]
+                _run(controller, clock, 1.0, w, value=100 * (second + 1))
+                changed += (controller.rounds["count"] > before
+                            and any(controller.changes[0].values()))
+            during = len(saves)
+        finally:
+            w.close()
+    assert changed >= 24
+    assert during <= 7  # 32 s at one save per 5 s (the default save_interval_seconds)
 
 def test_embedded_controller_runs_the_same_loop_in_a_thread(config: ControllerConfig) -> None:
     embedded = Controller.start_embedded(config, POLICY)

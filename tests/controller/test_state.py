@@ -58,6 +58,47 @@ def test_a_file_from_before_the_history_restores_an_empty_one(tmp_path: Path) ->
     assert profile.history["SEQLEN"].view(100.0).total_count == 0
 
 
+def test_the_file_grows_with_the_values_seen_not_with_slices_times_values(
+    tmp_path: Path,
+) -> None:
+    """4,096 distinct values in each of three slices: ~16 B per (slice, value) seen (window
+    and history), where dense rows cost 61 slices x 4,096 values x 16 B twice (8 MB)."""
+    dims = {"A": Dim(max=8192)}
+    profile = ProfileLedger.new(dims, 0.0, CONFIG)
+    for k in range(3):
+        profile.stats["A"].fold(np.full(4096, k * 10 + 5.0), np.arange(1, 4097))
+    statefile.save(tmp_path, {0: DeviceLedger(version=1, profiles={"p": profile})})
+    entries = 3 * 4096 + 4096  # the history's one slice holds the values of the window's three
+    assert (tmp_path / statefile.STATE_FILE).stat().st_size < 40 * entries
+    assert profile.stats["A"].entries + profile.history["A"].entries == entries
+    back = statefile.load(tmp_path, 30.0, CONFIG)[0].profiles["p"]
+    assert back.stats["A"].view(30.0).counts.tolist() == [3] * 4096
+
+
+def test_a_file_of_the_dense_format_restores_its_statistics(tmp_path: Path) -> None:
+    """Format 1 held every slice row x column; it reads back as the same statistics."""
+    devices = _devices(100.0)
+    data = msgpack.unpackb(statefile.encode(devices), strict_map_key=False)
+    data["format"] = 1
+    profile = data["devices"][0]["profiles"]["decode"]
+    for kind, source in (("stats", devices[0].profiles["decode"].stats),
+                         ("history", devices[0].profiles["decode"].history)):
+        for dim, stats in source.items():
+            frozen = stats.frozen()
+            acc = np.zeros((len(frozen.keys), len(frozen.values)))
+            cnt = np.zeros(acc.shape, np.int64)
+            for i, row in enumerate(frozen.rows):
+                acc[i, row.cols], cnt[i, row.cols] = row.acc, row.cnt
+            state = profile[kind][dim]
+            for key in ("sizes", "cols", "cols_width", "cnt_width"):
+                del state[key]
+            state.update(acc=acc.astype("<f8").tobytes(), cnt=cnt.astype("<i8").tobytes())
+    (tmp_path / statefile.STATE_FILE).write_bytes(msgpack.packb(data))
+    back = statefile.load(tmp_path, 100.0, CONFIG)[0].profiles["decode"]
+    assert back.stats["SEQLEN"].view(100.0).values.tolist() == [700, 900]
+    assert back.history["SEQLEN"].view(100.0).values.tolist() == [300, 700, 900]
+
+
 def test_missing_file_is_a_fresh_start(tmp_path: Path) -> None:
     assert statefile.load(tmp_path, 0.0, CONFIG) == {}
 

@@ -97,8 +97,59 @@ def test_memory_is_bounded_by_distinct_values_not_events():
     state = stats.to_state()
     columns = len(state["values"]) // 8
     assert columns <= 20  # the live era and at most the one before it, never 200 x 5000 events
-    assert len(state["acc"]) == columns * 31 * 8
+    assert stats.entries == 31 * 10  # each slice holds its era's 10 values, no more
+    assert len(state["acc"]) == stats.entries * 8
     assert set(stats.view(2000.0).values.tolist()) == set(range(50, 70))  # t >= 1700
+
+
+def test_a_slice_holds_only_the_values_it_saw() -> None:
+    """Memory and the saved state grow with the (slice, value) pairs seen: three slices of
+    1,000 values each cost 3,000 entries, not 31 rows x 3,000 columns."""
+    stats = DimStats(CFG)
+    for k in range(3):
+        stats.fold(np.full(1000, k * 10 + 5.0), np.arange(k * 1000, (k + 1) * 1000) + 1)
+    saved = msgpack.packb(stats.to_state())
+    assert len(saved) < 3000 * 40  # 16 B an entry, 16 B a column; dense: 31 x 3,000 x 16 B
+    assert stats.entries == 3000
+    back = DimStats.from_state(msgpack.unpackb(saved), CFG)
+    assert back.entries == 3000
+    assert as_dict(back.view(30.0)) == as_dict(stats.view(30.0))
+
+
+def test_counts_too_large_for_narrow_integers_round_trip() -> None:
+    stats = DimStats(CFG)
+    stats.fold(np.array([1.0, 2.0]), np.array([4, 9]), np.array([1 << 40, 3]))
+    state = stats.to_state()
+    assert state["cnt_width"] == 8 and state["cols_width"] == 1
+    back = DimStats.from_state(msgpack.unpackb(msgpack.packb(state)), CFG)
+    assert back.view(2.0).counts.tolist() == [1 << 40, 3]
+
+
+def test_frozen_stats_do_not_change_with_later_folds() -> None:
+    stats = DimStats(CFG)
+    stats.fold(np.array([1.0, 2.0, 15.0]), np.array([4, 9, 4]))
+    frozen = stats.frozen()
+    before = msgpack.packb(frozen.to_state())
+    for t in (16.0, 200.0, 400.0, 800.0):  # into the same row, new columns, recycled rows
+        stats.fold(np.array([t, t]), np.array([4, int(t)]))
+    assert msgpack.packb(frozen.to_state()) == before
+
+
+def test_an_older_dense_state_reads_back_the_same() -> None:
+    stats = DimStats(CFG)
+    rng = np.random.default_rng(3)
+    stats.fold(rng.uniform(0, 100, 500), rng.integers(1, 40, 500))
+    state, frozen = stats.to_state(), stats.frozen()
+    n = len(frozen.values)
+    acc, cnt = np.zeros((len(frozen.keys), n)), np.zeros((len(frozen.keys), n), np.int64)
+    for i, row in enumerate(frozen.rows):
+        acc[i, row.cols], cnt[i, row.cols] = row.acc, row.cnt
+    dense = {k: state[k] for k in ("window_seconds", "half_life_seconds", "slice_seconds",
+                                   "keys", "values", "last")}
+    dense.update(acc=acc.astype("<f8").tobytes(), cnt=cnt.astype("<i8").tobytes())
+    back = DimStats.from_state(dense, CFG)
+    assert back.entries == stats.entries
+    assert as_dict(back.view(100.0)) == as_dict(stats.view(100.0))
 
 
 def test_state_round_trips_through_msgpack():
@@ -115,6 +166,11 @@ def test_state_round_trips_through_msgpack():
     ({"half_life_seconds": 60.0}, "half_life_seconds"),
     ({"acc": b"\0" * 3}, "malformed"),
     ({"keys": None}, "malformed"),
+    ({"sizes": b"\0" * 4}, "malformed"),
+    ({"cols": np.array([5], "<u4").tobytes()}, "malformed"),
+    ({"cnt_width": 1, "cnt": b"\0"}, "malformed"),
+    ({"cols_width": 3}, "malformed"),
+    ({"values": np.array([4, 4], "<i8").tobytes(), "last": b"\0" * 16}, "two columns"),
 ])
 def test_bad_state_is_a_state_error(state, message):
     stats = DimStats(CFG)

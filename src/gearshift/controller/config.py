@@ -42,6 +42,7 @@ class ControllerConfig:
     scan_interval_seconds: float = 0.5  # slot table: new and dead workers, applied versions
     memory_fresh_seconds: float = 10.0  # older memory readings are ignored
     status_interval_seconds: float = 1.0  # status document (gearshift status, metrics)
+    save_interval_seconds: float = 5.0  # state file: a change is saved within this (and at exit)
 
     def __post_init__(self) -> None:
         try:
@@ -63,6 +64,7 @@ class ControllerConfig:
             "scan_interval_seconds",
             "memory_fresh_seconds",
             "status_interval_seconds",
+            "save_interval_seconds",
         ):
             check_value(key, getattr(self, key), 0.0, 3600.0, low_open=True)
 

@@ -9,7 +9,8 @@ or status region: re-created and published again); the slot table (`slots.Slots`
 (`registrations`); drain every ring into the statistics (`ingest`) and the workers'
 measurements into the cost book (`costbook`); per device, a decision round
 (`core.round.decide_round`, priced with the book's fits) and a new snapshot if a gear changed,
-the state file (`statefile`) saved after any change or new measurement; the status document
+the state file (`statefile`) saved after any change or new measurement, at most every
+`save_interval_seconds` and written off the loop (`saving`); the status document
 (`status`). An exception in one
 phase is counted and logged (at most every 10 s per phase), and the loop goes on.
 
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.controller import publish, registrations, statefile, status, upkeep
+from gearshift.controller import publish, registrations, saving, statefile, status, upkeep
 from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.ingest import Batch, ProfileKeys
@@ -69,6 +70,9 @@ class Controller:
         self.profile_keys = ProfileKeys()
         self.batch = Batch(config.drain_max_events, lambda: self.profile_keys.ledgers(self.devices))
         self.costs = CostBook()
+        self.saver = saving.Saver(config.state_path, self.devices, self.costs,
+                                  config.save_interval_seconds, clock,
+                                  lambda e: self._failed("state save", e))
         self.slots = Slots(registry, config, self.batch, self._guard, self._inherit_profile_ids,
                            lambda events, keys: self.costs.take(events, keys, self._profile_of),
                            lambda w, now: self._guard(
@@ -77,7 +81,7 @@ class Controller:
         self.registrations = registrations.Registrations(
             self.slots, self.devices, self.profile_keys, policy, initial_gears,
             rescan=self._scan, publish=self._publish,
-            save=lambda: self._guard("state save", self._save),
+            save=lambda: self._guard("state save", self._save),  # before the reply
             registered=lambda now: self._guard("status", self._publish_status, now),
             reset=self.costs.forget, region=self._region)
         self._saved_measured = 0  # measurements kept when the state was last saved
@@ -205,6 +209,7 @@ class Controller:
         """Unmap everything, release the identity, and remove the namespace if no live worker
         holds a slot (`quiet`: logged at DEBUG)."""
         self._closed = True
+        self.saver.close()
         if self._stop_metrics is not None:
             self._stop_metrics()
         self.slots.close()
@@ -260,6 +265,7 @@ class Controller:
             if now >= self._next_check.get(device, -math.inf):
                 self._next_check[device] = now + self.policy.check_interval_seconds
                 self._guard(f"decision round of device {device}", self._decide, device, now)
+        self._guard("state save", self.saver.poll, now)
         if now >= self._next_status:
             self._guard("status", self._publish_status, now)
 
@@ -323,7 +329,7 @@ class Controller:
             f"decision round of {device}/{name}", e), self.prices(device))
         if round is None:
             if self.costs.counts["measured"] != self._saved_measured:
-                self._guard("state save", self._save)
+                self._request_save()
             return
         seconds = self.clock.now() - began  # the policy's part; publish and save follow
         if round.changed:  # PayloadError, the round not applied, if it does not fit
@@ -333,7 +339,7 @@ class Controller:
         _log_round(device, round, usage, seconds)
         self.changes[device] = changes = _change_lists(round)
         if any(changes.values()) or self.costs.counts["measured"] != self._saved_measured:
-            self._guard("state save", self._save)
+            self._request_save()
 
     def _region(self, device: int) -> SnapshotRegion:
         """The device's snapshot region, created (reserved whole) at its first use; SpaceError
@@ -356,10 +362,18 @@ class Controller:
         self.slots.published(device, dev.version, now)
         log.info("device %d: snapshot version %d published", device, dev.version)
 
+    def _request_save(self) -> None:
+        """Save within `save_interval_seconds`, off the loop (`saving.Saver`)."""
+        self._saved_measured = self.costs.counts["measured"]
+        self.saver.request()
+
     def _save(self) -> None:
+        """Save now, on the loop, after any write in flight (at open and at exit)."""
+        self.saver.wait()
         measured = self.costs.counts["measured"]
         statefile.save(self.config.state_path, self.devices, self.costs)
         self._saved_measured = measured
+        self.saver.saved(self.clock.now())
 
     def status_document(self, now: float) -> dict[str, Any]:
         """The status document at `now` (format in `status`)."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
+import io
 import logging
 import math
 import os
@@ -51,7 +52,7 @@ from gearshift.core.costs import Measurement
 from gearshift.core.dims import Dim, check_profile
 from gearshift.core.gears import DimGears
 from gearshift.core.round import DeviceLedger, ProfileLedger
-from gearshift.core.stats import DimStats
+from gearshift.core.stats import DimStats, FrozenStats
 from gearshift.errors import NamespaceBusy, StateError
 from gearshift.protocol import dim_from_dict, dim_to_dict
 from gearshift.shm.control import MAX_DEVICE
@@ -59,7 +60,7 @@ from gearshift.shm.snapshot import MAX_VERSION
 
 log = logging.getLogger(__name__)
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2  # 2: sparse statistics (`FrozenStats.to_state`); 1 still reads
 STATE_FILE = "gearshift-state.msgpack"
 LOCK_FILE = "gearshift-state.lock"
 TEMP_PREFIX = ".state-"
@@ -80,19 +81,54 @@ def _dim_state_to_dict(s: DimGears) -> dict[str, Any]:
 
 
 def encode(devices: dict[int, DeviceLedger], costs: CostBook | None = None) -> bytes:
-    return msgpack.packb({
+    return _encoded(snapshot(devices, costs))
+
+
+def snapshot(devices: dict[int, DeviceLedger], costs: CostBook | None = None) -> dict[str, Any]:
+    """The state file's tree as it is now: gears copied, statistics frozen (`DimStats.frozen`:
+    references, not copies), so it costs the loop little and is encoded later (`write`), in any
+    thread; later folds and rounds do not change it."""
+    return {
         "format": STATE_FORMAT, "boot_id": boot_id(),
         "devices": {dev: {
             "version": d.version, "last_update": d.last_update,
             "profiles": {name: {
                 "dims": {k: dim_to_dict(v) for k, v in p.dims.items()},
                 "states": {k: _dim_state_to_dict(v) for k, v in p.gears.items()},
-                "stats": {k: v.to_state() for k, v in p.stats.items()},
-                "history": {k: v.to_state() for k, v in p.history.items()},
+                "stats": {k: v.frozen() for k, v in p.stats.items()},
+                "history": {k: v.frozen() for k, v in p.history.items()},
                 "costs": costs.state(dev, name) if costs is not None else {},
             } for name, p in d.profiles.items()},
         } for dev, d in devices.items()},
-    }, use_bin_type=True)
+    }
+
+
+def _encoded(tree: dict[str, Any]) -> bytes:
+    """msgpack of `snapshot()`'s tree, packed one profile at a time (each piece holds the
+    interpreter lock only briefly)."""
+    out = io.BytesIO()
+    packer = msgpack.Packer(use_bin_type=True, default=_frozen_state)
+
+    def put(obj: Any, depth: int) -> None:  # depth 4: a profile, packed whole
+        if depth < _PROFILE_DEPTH and isinstance(obj, dict):
+            out.write(packer.pack_map_header(len(obj)))
+            for key, value in obj.items():
+                out.write(packer.pack(key))
+                put(value, depth + 1)
+        else:
+            out.write(packer.pack(obj))
+
+    put(tree, 0)
+    return out.getvalue()
+
+
+_PROFILE_DEPTH = 4  # tree -> "devices" -> device -> "profiles" -> a profile
+
+
+def _frozen_state(obj: Any) -> Any:
+    if isinstance(obj, FrozenStats):
+        return obj.to_state()
+    raise TypeError(f"cannot save a {type(obj).__name__}")
 
 
 def decode(blob: bytes, now: float, config: PolicyConfig,
@@ -196,7 +232,13 @@ def _restore_stats(saved: dict[str, Any], config: PolicyConfig, profile: str, di
 def save(directory: Path, devices: dict[int, DeviceLedger],
          costs: CostBook | None = None) -> Path:
     """Write the state file (and `costs`' measurements) atomically; returns its path."""
-    blob = encode(devices, costs)
+    return write(directory, snapshot(devices, costs))
+
+
+def write(directory: Path, tree: dict[str, Any]) -> Path:
+    """Encode a `snapshot()` and write it atomically (`statedir.write_atomic`), both in the
+    caller's thread; returns the file's path."""
+    blob = _encoded(tree)
     with statedir.opened(directory) as dfd:
         statedir.write_atomic(directory, dfd, STATE_FILE, blob, TEMP_PREFIX)
     return directory / STATE_FILE

@@ -6,9 +6,12 @@ a read at `now` scales slice k by `exp(−λ·(now − k·slice))`, so every eve
 the window, `(k + 1)·slice > now − window`: the hard window is exact to one slice (events at
 most `slice_seconds` older than the window may still count, none inside it is lost).
 
-Storage is a ring of `ceil(window / slice) + 1` slice rows × the distinct values seen in the
-ring's slices (columns, grown by doubling), never the events; columns no slice uses any more
-are dropped when a row is recycled, once they are a quarter of the columns.
+Storage is a ring of `ceil(window / slice) + 1` slice rows over the distinct values seen in the
+ring's slices (columns, grown by doubling), never the events; a row holds only the columns its
+slice saw (sparse: sorted column indices, weights, counts), so memory is one entry per (slice,
+value) seen, plus one column per value. Columns no slice uses any more are dropped when a row is
+recycled, once they are a quarter of the columns. A row's arrays are never written in place
+(replaced on change), so `frozen()` is a consistent copy at the cost of a few references.
 Pure: no clock; times are whatever clock the caller uses for `now`.
 """
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,6 +28,18 @@ from gearshift.errors import ShapeError, StateError
 
 _NO_SLICE = np.iinfo(np.int64).min
 _STATE_KEYS = ("window_seconds", "half_life_seconds", "slice_seconds")
+
+
+class _Row(NamedTuple):
+    """One slice's entries: strictly increasing column indices, their Σ exp(λ·(t − k·slice))
+    and counts (> 0). Never written in place."""
+
+    cols: np.ndarray  # int32
+    acc: np.ndarray  # float64
+    cnt: np.ndarray  # int64
+
+
+_EMPTY_ROW = _Row(np.empty(0, np.int32), np.empty(0), np.empty(0, np.int64))
 
 
 @dataclass(frozen=True)
@@ -60,11 +75,11 @@ class Histogram:
 class DimStats:
     """Decayed histogram of one (profile, dim)'s raw values in time slices.
 
-    Memory is bounded by slices × distinct values, never by the number of events. A `history`
-    (another DimStats, over a longer horizon: `PolicyConfig.history`) receives every event
-    folded here: one entry per slice and value of a batch, at the mean time of that slice's
-    events (each event weighs there within one slice of decay of its exact weight), at the
-    cost of one entry per distinct value, not per event; events a full ring behind go as
+    Memory is bounded by the (slice, value) pairs seen, never by the number of events. A
+    `history` (another DimStats, over a longer horizon: `PolicyConfig.history`) receives every
+    event folded here: one entry per slice and value of a batch, at the mean time of that
+    slice's events (each event weighs there within one slice of decay of its exact weight), at
+    the cost of one entry per distinct value, not per event; events a full ring behind go as
     they are.
     """
 
@@ -75,13 +90,17 @@ class DimStats:
         self._window = config.window_seconds
         self._lam = math.log(2) / config.half_life_seconds
         self._keys = np.full(math.ceil(self._window / self._slice) + 1, _NO_SLICE, np.int64)
-        # Columns 0..n-1 in the order values first came; spare capacity beyond n is zero.
+        self._rows = [_EMPTY_ROW] * len(self._keys)
+        # Columns 0..n-1 in the order values first came; spare capacity beyond n is unused.
         self._n = 0
         self._values = np.empty(0, np.int64)
-        self._acc = np.zeros((len(self._keys), 0))  # Σ exp(λ·(t − k·slice)) per (row, column)
-        self._cnt = np.zeros((len(self._keys), 0), np.int64)
         self._last = np.empty(0)  # latest event time per column
         self._reindex()
+
+    @property
+    def entries(self) -> int:
+        """The (slice, value) entries held: what memory and the saved state grow with."""
+        return sum(len(r.cols) for r in self._rows)
 
     def fold(self, times: np.ndarray, values: np.ndarray,
              counts: np.ndarray | None = None) -> None:
@@ -120,26 +139,43 @@ class DimStats:
             one = len(rows) == 1
             c, w, ts = (col, e, t) if one else (col[m], e[m], t[m])
             nm = None if many is None else (many if one else many[m])
-            self._acc[row, :n] += np.bincount(c, weights=w, minlength=n)
             got = (np.bincount(c, minlength=n) if nm is None
                    else np.bincount(c, weights=nm, minlength=n).astype(np.int64))
-            self._cnt[row, :n] += got
             if self.history is not None:
                 seen = np.flatnonzero(got)
                 when = float(np.average(ts, weights=nm))
                 self.history.fold(np.full(seen.size, when), self._values[seen], got[seen])
-        np.maximum.at(self._last, col, t)
+            self._add(row, np.bincount(c, weights=w, minlength=n), got)
+        last = self._last.copy()  # never in place: frozen() holds the old one
+        np.maximum.at(last, col, t)
+        self._last = last
+
+    def _add(self, row: int, acc: np.ndarray, cnt: np.ndarray) -> None:
+        """Add dense per-column sums (length n, added to in place) to a row, which keeps its
+        non-zero counts."""
+        old = self._rows[row]
+        if len(old.cols):
+            acc[old.cols] += old.acc  # the sum the dense cell made: one addition per batch
+            cnt[old.cols] += old.cnt
+        cols = np.flatnonzero(cnt)
+        self._rows[row] = _Row(cols.astype(np.int32), acc[cols], cnt[cols])
 
     def view(self, now: float) -> Histogram:
         """The histogram at `now`: slices older than the window left out, decayed exactly."""
         live = (self._keys.astype(np.float64) + 1) * self._slice > now - self._window
         live &= self._keys != _NO_SLICE
-        scale = np.exp(-self._lam * (now - self._keys[live] * self._slice))
+        rows = np.flatnonzero(live)
+        scale = np.exp(-self._lam * (now - self._keys[rows] * self._slice))
         n = self._n
-        counts = self._cnt[live, :n].sum(axis=0)
-        weights = scale @ self._acc[live, :n]
+        acc = np.zeros((len(rows), n))  # dense for the product: the same sums as ever
+        counts = np.zeros(n, np.int64)
+        for i, r in enumerate(rows.tolist()):
+            cols, a, c = self._rows[r]
+            acc[i, cols] = a
+            counts[cols] += c
+        weights = scale @ acc
         cols = self._order[counts[self._order] > 0]  # seen in the window, by value
-        held = self._keys[live][self._cnt[live, :n].any(axis=1)]
+        held = self._keys[rows][[len(self._rows[r].cols) > 0 for r in rows.tolist()]]
         since = float(held.min()) * self._slice if held.size else -math.inf
         return Histogram(self._values[cols], weights[cols], counts[cols], self._last[cols], since)
 
@@ -148,10 +184,14 @@ class DimStats:
         once they are a quarter of them (an unused column reads as count 0 until then)."""
         row = k % len(self._keys)
         if self._keys[row] != k:
-            self._keys[row] = k
-            self._acc[row] = 0.0
-            self._cnt[row] = 0
-            used = np.flatnonzero(self._cnt[:, :self._n].any(axis=0))
+            keys = self._keys.copy()  # never in place: frozen() holds the old one
+            keys[row] = k
+            self._keys = keys
+            self._rows[row] = _EMPTY_ROW
+            used = np.zeros(self._n, bool)
+            for r in self._rows:
+                used[r.cols] = True
+            used = np.flatnonzero(used)
             if 4 * len(used) <= 3 * self._n:  # a quarter or more of the columns unused: compact
                 cap = len(self._values)  # and halve or more when a quarter or less of it is used
                 self._resize(used, 2 * len(used) if 4 * len(used) <= cap else cap)
@@ -167,61 +207,131 @@ class DimStats:
             n = self._n
             if n + len(new) > len(self._values):
                 self._resize(np.arange(n), max(2 * len(self._values), n + len(new)))
-            self._values[n:n + len(new)] = new
+            self._values[n:n + len(new)] = new  # beyond n: frozen() holds only [:n]
             self._n = n + len(new)
             self._reindex()
             pos = np.searchsorted(self._sorted, v)
         return self._order[pos]
 
     def _resize(self, keep: np.ndarray, capacity: int) -> None:
-        """Keep columns `keep` (in order) as the first ones, within `capacity` columns."""
+        """Keep columns `keep` (increasing) as the first ones, within `capacity` columns."""
         values = np.zeros(capacity, np.int64)
-        acc = np.zeros((len(self._keys), capacity))
-        cnt = np.zeros((len(self._keys), capacity), np.int64)
         last = np.full(capacity, -np.inf)
         m = len(keep)
-        values[:m], acc[:, :m], cnt[:, :m], last[:m] = (
-            self._values[keep], self._acc[:, keep], self._cnt[:, keep], self._last[keep])
-        self._values, self._acc, self._cnt, self._last, self._n = values, acc, cnt, last, m
+        values[:m], last[:m] = self._values[keep], self._last[keep]
+        if m < self._n:  # renumber the rows' columns (in order: each row stays sorted)
+            new = np.full(self._n, -1, np.int32)
+            new[keep] = np.arange(m, dtype=np.int32)
+            self._rows = [r if not len(r.cols) else r._replace(cols=new[r.cols])
+                          for r in self._rows]
+        self._values, self._last, self._n = values, last, m
         self._reindex()
 
     def _reindex(self) -> None:
         self._order = np.argsort(self._values[:self._n])  # columns by value
         self._sorted = self._values[self._order]
 
-    def to_state(self) -> dict[str, Any]:
-        """A msgpack-able dict of the whole histogram (little-endian arrays as bytes)."""
+    def frozen(self) -> FrozenStats:
+        """The statistics as they are now, unaffected by later folds (references only)."""
         n = self._n
-        return {**self._params, "keys": self._keys.astype("<i8").tobytes(),
-                "values": self._values[:n].astype("<i8").tobytes(),
-                "acc": self._acc[:, :n].astype("<f8").tobytes(),
-                "cnt": self._cnt[:, :n].astype("<i8").tobytes(),
-                "last": self._last[:n].astype("<f8").tobytes()}
+        return FrozenStats(self._params, self._keys, self._values[:n], self._last[:n],
+                           tuple(self._rows))
+
+    def to_state(self) -> dict[str, Any]:
+        """A msgpack-able dict of the whole histogram (`FrozenStats.to_state`)."""
+        return self.frozen().to_state()
 
     @classmethod
     def from_state(cls, state: dict[str, Any], config: PolicyConfig,
                    history: DimStats | None = None) -> DimStats:
-        """Restore `to_state()` (its `history` is restored on its own); StateError when
-        malformed or saved under other time settings."""
+        """Restore `to_state()` (its `history` is restored on its own), or the dense arrays of
+        an older gearshift; StateError when malformed or saved under other time settings."""
         stats = cls(config, history)
         try:
             for key in _STATE_KEYS:
                 if float(state[key]) != stats._params[key]:
                     raise StateError(f"stats saved with {key}={state[key]}, config has "
                                      f"{stats._params[key]}")
-            rows = len(stats._keys)
             keys = np.frombuffer(state["keys"], "<i8").astype(np.int64)
             values = np.frombuffer(state["values"], "<i8").astype(np.int64)
-            shape = (rows, len(values))
-            acc = np.frombuffer(state["acc"], "<f8").astype(np.float64).reshape(shape)
-            cnt = np.frombuffer(state["cnt"], "<i8").astype(np.int64).reshape(shape)
             last = np.frombuffer(state["last"], "<f8").astype(np.float64)
+            rows = (_sparse_rows(state, len(keys), len(values)) if "sizes" in state
+                    else _dense_rows(state, len(keys), len(values)))
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"malformed stats state: {e}") from None
-        if len(keys) != rows or len(last) != len(values):
+        if len(keys) != len(stats._keys) or len(last) != len(values):
             raise StateError("malformed stats state: array sizes disagree")
-        stats._keys, stats._values, stats._acc, stats._cnt, stats._last = (
-            keys, values, acc, cnt, last)
+        if len(np.unique(values)) != len(values):
+            raise StateError("malformed stats state: a value has two columns")
+        stats._keys, stats._values, stats._last, stats._rows = keys, values, last, rows
         stats._n = len(values)
         stats._reindex()
         return stats
+
+
+@dataclass(frozen=True)
+class FrozenStats:
+    """A DimStats at one moment (`DimStats.frozen`), to be encoded later, e.g. in another
+    thread: nothing here is written again."""
+
+    params: dict[str, float]
+    keys: np.ndarray
+    values: np.ndarray
+    last: np.ndarray
+    rows: tuple[_Row, ...]
+
+    def to_state(self) -> dict[str, Any]:
+        """A msgpack-able dict: the columns' values and last times, and per row its number of
+        entries (`sizes`), then the entries of all rows in row order: column indices and
+        counts as the narrowest little-endian unsigned integers that hold them (`cols_width`,
+        `cnt_width`: 1, 2, 4 or 8 bytes), weights as float64."""
+        cols = np.concatenate([r.cols for r in self.rows])
+        cnt = np.concatenate([r.cnt for r in self.rows])
+        return {**self.params, "keys": self.keys.astype("<i8").tobytes(),
+                "values": self.values.astype("<i8").tobytes(),
+                "last": self.last.astype("<f8").tobytes(),
+                "sizes": np.array([len(r.cols) for r in self.rows], "<u4").tobytes(),
+                "cols_width": _width(cols), "cols": cols.astype(f"<u{_width(cols)}").tobytes(),
+                "acc": np.concatenate([r.acc for r in self.rows]).astype("<f8").tobytes(),
+                "cnt_width": _width(cnt), "cnt": cnt.astype(f"<u{_width(cnt)}").tobytes()}
+
+
+def _width(a: np.ndarray) -> int:
+    """Bytes of the narrowest unsigned integer holding the (non-negative) entries of `a`."""
+    high = int(a.max()) if len(a) else 0
+    return next(w for w in (1, 2, 4, 8) if high < 1 << (8 * w))
+
+
+def _sparse_rows(state: dict[str, Any], nrows: int, ncols: int) -> list[_Row]:
+    """The rows of `FrozenStats.to_state`; ValueError unless each row's columns are increasing
+    and within `ncols`, and its counts positive."""
+    widths = (state["cols_width"], state["cnt_width"])
+    if any(w not in (1, 2, 4, 8) or isinstance(w, bool) for w in widths):
+        raise ValueError(f"integer widths {widths} are not 1, 2, 4 or 8")
+    sizes = np.frombuffer(state["sizes"], "<u4").astype(np.int64)
+    cols = np.frombuffer(state["cols"], f"<u{widths[0]}").astype(np.int64)
+    acc = np.frombuffer(state["acc"], "<f8").astype(np.float64)
+    cnt = np.frombuffer(state["cnt"], f"<u{widths[1]}").astype(np.int64)  # u8 past 2^63: < 0
+    if len(sizes) != nrows or not int(sizes.sum()) == len(cols) == len(acc) == len(cnt):
+        raise ValueError("entry counts disagree")
+    rows = []
+    for start, end in zip(np.cumsum(sizes) - sizes, np.cumsum(sizes), strict=True):
+        c = cols[start:end]
+        if len(c) and (int(c[-1]) >= ncols or (np.diff(c) <= 0).any()
+                       or (cnt[start:end] <= 0).any()):
+            raise ValueError("a row's columns are not increasing within the columns, or a "
+                             "count is not positive")
+        rows.append(_Row(c.astype(np.int32), acc[start:end], cnt[start:end]) if len(c)
+                    else _EMPTY_ROW)
+    return rows
+
+
+def _dense_rows(state: dict[str, Any], nrows: int, ncols: int) -> list[_Row]:
+    """The rows of an older gearshift's dense `acc` and `cnt` (rows × columns)."""
+    acc = np.frombuffer(state["acc"], "<f8").astype(np.float64).reshape(nrows, ncols)
+    cnt = np.frombuffer(state["cnt"], "<i8").astype(np.int64).reshape(nrows, ncols)
+    rows = []
+    for a, c in zip(acc, cnt, strict=True):
+        cols = np.flatnonzero(c > 0)
+        rows.append(_Row(cols.astype(np.int32), a[cols], c[cols]) if len(cols) else _EMPTY_ROW)
+    return rows

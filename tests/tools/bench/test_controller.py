@@ -18,7 +18,8 @@ from gearshift.tools.bench.controller import DIMS, _fold_per_event, _sizes, chec
 
 def test_reports_ingest_at_both_cadences_and_the_rounds_it_waited_for() -> None:
     args = ["--workers", "1", "--seconds", "0.5", "--warmup", "0", "--baseline-events", "2000",
-            "--min-rounds", "3", "--runs", "2"]
+            "--min-rounds", "3", "--runs", "2", "--profiles", "3", "--profile-max", "64",
+            "--profile-seconds", "0.5"]
     result = CliRunner().invoke(command, [*args, "--json"])
     assert result.exit_code == 0, result.output
     r = json.loads(result.output)
@@ -27,6 +28,9 @@ def test_reports_ingest_at_both_cadences_and_the_rounds_it_waited_for() -> None:
     assert r["rounds"] >= 3 and 0 < r["decide_ms_p50"] <= r["decide_ms_max"]
     low, high = r["fold_speedup_range"]
     assert 0 < low <= r["fold_speedup"] <= high
+    assert r["state_mb_3"] > 0 and r["save_ms_3"] > 0 and r["rss_mb_peak_3"] > 0
+    assert r["stall_ms_p99_3"] <= r["stall_ms_max_3"] and r["events_3"] > 0
+    assert 0 < r["distinct_3"] <= 64
 
 
 def test_the_per_event_baseline_folds_what_ingest_folds() -> None:

@@ -7,10 +7,15 @@ them (dims A and B, each [1, max]) and put events flat out, uniform over [1, max
 round-robin over their profiles, for S seconds (every slice then sees most values of every dim:
 the statistics' worst case). Reported per case (`<figure>_<P>`):
 
-- state_mb: the state file after the graceful stop; save_ms: one more full save of the same
-  devices, timed (encode, write, fsync, rename);
+- state_mb: the state file after the graceful stop, against state_dense_mb, what dense rows
+  (every slice x every column, as format 1 held them in memory and on disk) take for the same
+  statistics, measured in the same run; save_ms: one more full save of the same
+  devices, timed (encode, write, fsync, rename); save_loop_ms_max: the longest a save held the
+  loop (its snapshot; the writer thread does the rest), save_write_ms_p50: the writer's median
+  save, saves: how many it wrote;
 - stall_ms_max / stall_ms_p99: the longest and 99th-percentile loop iteration over the load
-  (saves, rounds, drains: whatever the loop waited on), stop_ms: the graceful stop (`close`);
+  (saves, rounds, drains: whatever the loop waited on), round_ms_max: the longest decision
+  round's policy part in it, stop_ms: the graceful stop (`close`);
 - rss_mb / rss_mb_peak: the process's resident memory at the end of the load, and its peak;
 - distinct: the values the statistics hold per dim (mean over the dims), events: consumed.
 
@@ -38,6 +43,7 @@ from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
+from gearshift.core.stats import DimStats
 from gearshift.shm import EventRing, Registry, mailbox
 
 WORKERS = 2
@@ -109,16 +115,23 @@ def _case(profiles: int, high: int, seconds: float) -> dict[str, Any]:
                 assert clock.now() < deadline, "the workers did not register"
                 controller.step()
                 clock.sleep(interval)
-            before = controller.counts["consumed"]
+            before, rounds = controller.counts["consumed"], controller.rounds["count"]
             end = clock.now() + seconds
             while (began := clock.now()) < end:
                 controller.step()
                 stalls.append(clock.now() - began)
                 clock.sleep(interval - stalls[-1])
             events = controller.counts["consumed"] - before
+            decided = list(controller.round_seconds)[rounds:]
+            saver = getattr(controller, "saver", None)  # None: before saves left the loop
+            writes = ({"save_loop_ms_max": max(saver.loop_seconds, default=0.0) * 1e3,
+                       "save_write_ms_p50": statistics.median(saver.seconds) * 1e3
+                       if saver.seconds else 0.0, "saves": saver.saves} if saver else {})
             rss, _ = _memory_mb()
-            held = [len(s.view(clock.now()).values) for dev in controller.devices.values()
-                    for p in dev.profiles.values() for s in p.stats.values()]
+            every = [s for dev in controller.devices.values() for p in dev.profiles.values()
+                     for s in (*p.stats.values(), *p.history.values())]
+            held = [len(s.view(clock.now()).values) for s in every if s.history is not None]
+            dense = sum(_dense_bytes(s) for s in every) / 1e6
         finally:
             stop.set()
             began = time.perf_counter()
@@ -136,11 +149,18 @@ def _case(profiles: int, high: int, seconds: float) -> dict[str, Any]:
         save_ms = (time.perf_counter() - began) * 1e3
     ms = sorted(s * 1e3 for s in stalls)
     return {f"{k}_{profiles}": v for k, v in {
-        "state_mb": state_mb, "save_ms": save_ms, "stall_ms_max": ms[-1],
+        "state_mb": state_mb, "state_dense_mb": dense, "save_ms": save_ms, "stall_ms_max": ms[-1],
         "stall_ms_p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
         "stalls_over_target": sum(m > TARGET_STALL_MS for m in ms), "stop_ms": stop_ms,
         "rss_mb": rss, "rss_mb_peak": peak, "distinct": statistics.fmean(held) if held else 0.0,
-        "events": events}.items()}
+        "round_ms_max": max(decided, default=0.0) * 1e3, "events": events, **writes}.items()}
+
+
+def _dense_bytes(stats: DimStats) -> int:
+    """What format 1 (rows x columns, dense) holds of the same statistics: 16 B a cell and
+    16 B a column."""
+    frozen = stats.frozen()
+    return 16 * len(frozen.values) * (len(frozen.keys) + 1)
 
 
 def _child(profiles: int, high: int, seconds: float, out: Any) -> None:

@@ -30,7 +30,8 @@ ORDER = ("policy", "ring", "snapshot", "controller", "hotpath", "graphs", "optim
 QUICK = {
     "policy": ["--events", "1000000", "--baseline-events", "100000", "--runs", "2"],
     "ring": ["--seconds", "1", "--runs", "2"],
-    "controller": ["--workers", "2", "--seconds", "1", "--warmup", "0.5"],
+    "controller": ["--workers", "2", "--seconds", "1", "--warmup", "0.5", "--profiles", "16",
+                   "--profile-seconds", "5"],
     "hotpath": ["--batches", "100"],
     "graphs": ["--quick"],
     "compile": ["--workers", "2", "--gear", "64"],

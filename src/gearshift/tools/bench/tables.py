@@ -158,6 +158,28 @@ def _controller(r: dict[str, Any]) -> list[Row]:
             ("RSS after warm-up", "rss_mb_start", "MB", "", None, True),
             ("RSS at the end", "rss_mb_end", "MB", "", None, True),
         ],
+    ) + [row for p in _cases(r) for row in _many_profiles(r, p)]
+
+
+def _cases(r: dict[str, Any]) -> list[str]:
+    """The profile counts of the many-profiles cases in a result."""
+    return [k.removeprefix("state_mb_") for k in r if re.fullmatch(r"state_mb_\d+", k)]
+
+
+def _many_profiles(r: dict[str, Any], p: str) -> list[Row]:
+    return _rows(
+        r,
+        [
+            (f"{p} profiles: state file", f"state_mb_{p}", "MB",
+             "dense rows (format 1), same statistics", f"state_dense_mb_{p}", True),
+            (f"{p} profiles: a full save", f"save_ms_{p}", "ms", "", None, True),
+            (f"{p} profiles: a save's part on the loop, max", f"save_loop_ms_max_{p}", "ms", "",
+             None, True),
+            (f"{p} profiles: longest loop iteration", f"stall_ms_max_{p}", "ms", "", None, True),
+            (f"{p} profiles: longest decision round", f"round_ms_max_{p}", "ms", "", None, True),
+            (f"{p} profiles: graceful stop", f"stop_ms_{p}", "ms", "", None, True),
+            (f"{p} profiles: peak RSS", f"rss_mb_peak_{p}", "MB", "", None, True),
+        ],
     )
 
 
