@@ -164,7 +164,8 @@ def test_a_controller_keeps_shows_saves_and_restores_what_workers_measured(
                    "slots": [], "versions": {}, "status": doc}, verbose=True)
     assert "2 measurements" in text and "measured: 2 graphs; graph 1 MiB + 128 KiB·gear" in text
     assert "replay fit      1ms     6ms" in text and "capture fit   200ms   300ms" in text
-    _run(controller, clock, 1.5, good)  # a decision round saves what was measured
+    _run(controller, clock, 6.0, good)  # saved within save_interval_seconds of a round
+    controller.saver.wait()
     book = CostBook()
     statefile.load(controller.config.state_path, clock.now(), POLICY, book)
     assert book.measurements(0, "decode") == controller.costs.measurements(0, "decode")

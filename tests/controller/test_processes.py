@@ -34,6 +34,7 @@ FAST = [
         "slice_seconds=0.5",
         "scan_interval_seconds=0.1",
         "status_interval_seconds=0.1",
+        "save_interval_seconds=0.5",
     )
 ]
 
@@ -127,6 +128,11 @@ def test_serve_survives_and_resumes(
             "the dead worker's slot to be reclaimed",
         )
 
+        wait_for(  # saved within save_interval_seconds of the change
+            lambda: 40 in statefile.load(tmp_path, time.monotonic(), PolicyConfig())[0]
+            .profiles["decode"].gear_lists()["B"],
+            "the gear in the state file",
+        )
         first.kill()  # SIGKILL: no final drain, no goodbye
         first.wait(WAIT)
         version = worker.snapshot()[0]

@@ -141,7 +141,8 @@ def serve(
     Until SIGTERM or SIGINT it drains the workers' event rings, keeps decayed statistics
     per device, profile and dim, runs the gear policy every check interval and publishes a
     new snapshot of each device whose gears change. The state file (gears, protections,
-    statistics, versions) is saved after every change and at exit, and restored at start: a
+    statistics, versions) is saved within save_interval_seconds of a change (off the loop),
+    for a new profile before its reply, and at exit, and restored at start: a
     restart resumes where it stopped. A dead controller's namespace is taken over; a live
     one's is refused. Workers may start before it (they serve on their initial gears).
 
