@@ -111,8 +111,9 @@ def test_a_slice_holds_only_the_values_it_saw() -> None:
     saved = msgpack.packb(stats.to_state())
     assert len(saved) < 3000 * 40  # 16 B an entry, 16 B a column; dense: 31 x 3,000 x 16 B
     assert stats.entries == 3000
+    assert stats.nbytes <= 11 * 3000 + 16 * 4096  # u16 column, f64 weight, u8 count; columns
     back = DimStats.from_state(msgpack.unpackb(saved), CFG)
-    assert back.entries == 3000
+    assert back.entries == 3000 and back.nbytes <= stats.nbytes
     assert as_dict(back.view(30.0)) == as_dict(stats.view(30.0))
 
 

@@ -368,7 +368,8 @@ class Controller:
         self.saver.request()
 
     def _save(self) -> None:
-        """Save now, on the loop, after any write in flight (at open and at exit)."""
+        """Save now, on the loop, after any write in flight (at open, for a new profile before
+        its reply, and at exit)."""
         self.saver.wait()
         measured = self.costs.counts["measured"]
         statefile.save(self.config.state_path, self.devices, self.costs)

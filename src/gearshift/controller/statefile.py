@@ -64,6 +64,7 @@ STATE_FORMAT = 2  # 2: sparse statistics (`FrozenStats.to_state`); 1 still reads
 STATE_FILE = "gearshift-state.msgpack"
 LOCK_FILE = "gearshift-state.lock"
 TEMP_PREFIX = ".state-"
+_PROFILE_DEPTH = 4  # in a snapshot's tree: tree -> "devices" -> device -> "profiles" -> profile
 
 
 def boot_id() -> str:
@@ -109,7 +110,7 @@ def _encoded(tree: dict[str, Any]) -> bytes:
     out = io.BytesIO()
     packer = msgpack.Packer(use_bin_type=True, default=_frozen_state)
 
-    def put(obj: Any, depth: int) -> None:  # depth 4: a profile, packed whole
+    def put(obj: Any, depth: int) -> None:
         if depth < _PROFILE_DEPTH and isinstance(obj, dict):
             out.write(packer.pack_map_header(len(obj)))
             for key, value in obj.items():
@@ -120,9 +121,6 @@ def _encoded(tree: dict[str, Any]) -> bytes:
 
     put(tree, 0)
     return out.getvalue()
-
-
-_PROFILE_DEPTH = 4  # tree -> "devices" -> device -> "profiles" -> a profile
 
 
 def _frozen_state(obj: Any) -> Any:

@@ -32,14 +32,23 @@ _STATE_KEYS = ("window_seconds", "half_life_seconds", "slice_seconds")
 
 class _Row(NamedTuple):
     """One slice's entries: strictly increasing column indices, their Σ exp(λ·(t − k·slice))
-    and counts (> 0). Never written in place."""
+    and counts (> 0), the integers in the narrowest unsigned type that holds them (`_narrow`:
+    ~12 B an entry where a dense cell took 16). Never written in place."""
 
-    cols: np.ndarray  # int32
+    cols: np.ndarray  # unsigned
     acc: np.ndarray  # float64
-    cnt: np.ndarray  # int64
+    cnt: np.ndarray  # unsigned
 
 
-_EMPTY_ROW = _Row(np.empty(0, np.int32), np.empty(0), np.empty(0, np.int64))
+_EMPTY_ROW = _Row(np.empty(0, np.uint8), np.empty(0), np.empty(0, np.uint8))
+
+
+def _narrow(a: np.ndarray, high: int | None = None) -> np.ndarray:
+    """`a` (non-negative int64, at most `high`: default its maximum) as the narrowest unsigned
+    integers that hold them (int64 past 32 bits: it adds to int64 without a float)."""
+    top = (int(a.max()) if len(a) else 0) if high is None else high
+    return a.astype(next(t for t in (np.uint8, np.uint16, np.uint32, np.int64)
+                         if top <= np.iinfo(t).max), copy=False)
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,12 @@ class DimStats:
         """The (slice, value) entries held: what memory and the saved state grow with."""
         return sum(len(r.cols) for r in self._rows)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays held: the rows' entries and the columns' capacity."""
+        return (sum(a.nbytes for r in self._rows for a in r) + self._values.nbytes
+                + self._last.nbytes)
+
     def fold(self, times: np.ndarray, values: np.ndarray,
              counts: np.ndarray | None = None) -> None:
         """Add one batch of events (float64 seconds, int64 raw sizes), in any order; entry i
@@ -158,7 +173,7 @@ class DimStats:
             acc[old.cols] += old.acc  # the sum the dense cell made: one addition per batch
             cnt[old.cols] += old.cnt
         cols = np.flatnonzero(cnt)
-        self._rows[row] = _Row(cols.astype(np.int32), acc[cols], cnt[cols])
+        self._rows[row] = _Row(_narrow(cols, self._n), acc[cols], _narrow(cnt[cols]))
 
     def view(self, now: float) -> Histogram:
         """The histogram at `now`: slices older than the window left out, decayed exactly."""
@@ -220,8 +235,9 @@ class DimStats:
         m = len(keep)
         values[:m], last[:m] = self._values[keep], self._last[keep]
         if m < self._n:  # renumber the rows' columns (in order: each row stays sorted)
-            new = np.full(self._n, -1, np.int32)
-            new[keep] = np.arange(m, dtype=np.int32)
+            new = np.zeros(self._n, np.int64)
+            new[keep] = np.arange(m)
+            new = _narrow(new, m)
             self._rows = [r if not len(r.cols) else r._replace(cols=new[r.cols])
                           for r in self._rows]
         self._values, self._last, self._n = values, last, m
@@ -321,7 +337,7 @@ def _sparse_rows(state: dict[str, Any], nrows: int, ncols: int) -> list[_Row]:
                        or (cnt[start:end] <= 0).any()):
             raise ValueError("a row's columns are not increasing within the columns, or a "
                              "count is not positive")
-        rows.append(_Row(c.astype(np.int32), acc[start:end], cnt[start:end]) if len(c)
+        rows.append(_Row(_narrow(c, ncols), acc[start:end], _narrow(cnt[start:end])) if len(c)
                     else _EMPTY_ROW)
     return rows
 
@@ -333,5 +349,6 @@ def _dense_rows(state: dict[str, Any], nrows: int, ncols: int) -> list[_Row]:
     rows = []
     for a, c in zip(acc, cnt, strict=True):
         cols = np.flatnonzero(c > 0)
-        rows.append(_Row(cols.astype(np.int32), a[cols], c[cols]) if len(cols) else _EMPTY_ROW)
+        rows.append(_Row(_narrow(cols, ncols), a[cols], _narrow(c[cols])) if len(cols)
+                    else _EMPTY_ROW)
     return rows

@@ -17,6 +17,7 @@ the statistics' worst case). Reported per case (`<figure>_<P>`):
   (saves, rounds, drains: whatever the loop waited on), round_ms_max: the longest decision
   round's policy part in it, stop_ms: the graceful stop (`close`);
 - rss_mb / rss_mb_peak: the process's resident memory at the end of the load, and its peak;
+  stats_mb: the statistics' arrays (`DimStats.nbytes`), against state_dense_mb;
 - distinct: the values the statistics hold per dim (mean over the dims), events: consumed.
 
 Targets (what a node with many profiles needs): at 256 profiles, no loop iteration over
@@ -132,6 +133,7 @@ def _case(profiles: int, high: int, seconds: float) -> dict[str, Any]:
                      for s in (*p.stats.values(), *p.history.values())]
             held = [len(s.view(clock.now()).values) for s in every if s.history is not None]
             dense = sum(_dense_bytes(s) for s in every) / 1e6
+            held_mb = sum(getattr(s, "nbytes", 0) for s in every) / 1e6  # 0: before nbytes
         finally:
             stop.set()
             began = time.perf_counter()
@@ -149,7 +151,8 @@ def _case(profiles: int, high: int, seconds: float) -> dict[str, Any]:
         save_ms = (time.perf_counter() - began) * 1e3
     ms = sorted(s * 1e3 for s in stalls)
     return {f"{k}_{profiles}": v for k, v in {
-        "state_mb": state_mb, "state_dense_mb": dense, "save_ms": save_ms, "stall_ms_max": ms[-1],
+        "state_mb": state_mb, "state_dense_mb": dense, "stats_mb": held_mb, "save_ms": save_ms,
+        "stall_ms_max": ms[-1],
         "stall_ms_p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
         "stalls_over_target": sum(m > TARGET_STALL_MS for m in ms), "stop_ms": stop_ms,
         "rss_mb": rss, "rss_mb_peak": peak, "distinct": statistics.fmean(held) if held else 0.0,

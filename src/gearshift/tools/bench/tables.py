@@ -172,6 +172,8 @@ def _many_profiles(r: dict[str, Any], p: str) -> list[Row]:
         [
             (f"{p} profiles: state file", f"state_mb_{p}", "MB",
              "dense rows (format 1), same statistics", f"state_dense_mb_{p}", True),
+            (f"{p} profiles: statistics in memory", f"stats_mb_{p}", "MB",
+             "dense rows, same statistics", f"state_dense_mb_{p}", True),
             (f"{p} profiles: a full save", f"save_ms_{p}", "ms", "", None, True),
             (f"{p} profiles: a save's part on the loop, max", f"save_loop_ms_max_{p}", "ms", "",
              None, True),
