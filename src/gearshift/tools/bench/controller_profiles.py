@@ -124,16 +124,16 @@ def _case(profiles: int, high: int, seconds: float) -> dict[str, Any]:
                 clock.sleep(interval - stalls[-1])
             events = controller.counts["consumed"] - before
             decided = list(controller.round_seconds)[rounds:]
-            saver = getattr(controller, "saver", None)  # None: before saves left the loop
-            writes = ({"save_loop_ms_max": max(saver.loop_seconds, default=0.0) * 1e3,
-                       "save_write_ms_p50": statistics.median(saver.seconds) * 1e3
-                       if saver.seconds else 0.0, "saves": saver.saves} if saver else {})
+            saver = controller.saver
+            writes = {"save_loop_ms_max": max(saver.loop_seconds, default=0.0) * 1e3,
+                      "save_write_ms_p50": statistics.median(saver.seconds) * 1e3
+                      if saver.seconds else 0.0, "saves": saver.saves}
             rss, _ = _memory_mb()
             every = [s for dev in controller.devices.values() for p in dev.profiles.values()
                      for s in (*p.stats.values(), *p.history.values())]
-            held = [len(s.view(clock.now()).values) for s in every if s.history is not None]
+            seen = [len(s.view(clock.now()).values) for s in every if s.history is not None]
             dense = sum(_dense_bytes(s) for s in every) / 1e6
-            held_mb = sum(getattr(s, "nbytes", 0) for s in every) / 1e6  # 0: before nbytes
+            held = sum(s.nbytes for s in every) / 1e6
         finally:
             stop.set()
             began = time.perf_counter()
@@ -151,11 +151,11 @@ def _case(profiles: int, high: int, seconds: float) -> dict[str, Any]:
         save_ms = (time.perf_counter() - began) * 1e3
     ms = sorted(s * 1e3 for s in stalls)
     return {f"{k}_{profiles}": v for k, v in {
-        "state_mb": state_mb, "state_dense_mb": dense, "stats_mb": held_mb, "save_ms": save_ms,
+        "state_mb": state_mb, "state_dense_mb": dense, "stats_mb": held, "save_ms": save_ms,
         "stall_ms_max": ms[-1],
         "stall_ms_p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
         "stalls_over_target": sum(m > TARGET_STALL_MS for m in ms), "stop_ms": stop_ms,
-        "rss_mb": rss, "rss_mb_peak": peak, "distinct": statistics.fmean(held) if held else 0.0,
+        "rss_mb": rss, "rss_mb_peak": peak, "distinct": statistics.fmean(seen) if seen else 0.0,
         "round_ms_max": max(decided, default=0.0) * 1e3, "events": events, **writes}.items()}
 
 
