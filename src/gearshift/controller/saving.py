@@ -27,7 +27,7 @@ from gearshift.core.round import DeviceLedger
 class Saver:
     """Saves of one state directory (module docstring); `seconds` holds recent writes'
     durations (encode, write, fsync, rename, in the writer thread), `loop_seconds` the loop's
-    part of them (the snapshots)."""
+    part of them (the snapshot and handing it over)."""
 
     def __init__(self, directory: Path, devices: Mapping[int, DeviceLedger], costs: CostBook,
                  interval: float, clock: Clock, failed: Callable[[Exception], None]) -> None:
@@ -57,11 +57,11 @@ class Saver:
             return
         began = self.clock.now()
         tree = statefile.snapshot(dict(self.devices), self.costs)
-        self.loop_seconds.append(self.clock.now() - began)
         self.changed, self._began = False, now
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="gearshift-save")
         self._pending = self._pool.submit(_write, self.directory, tree, self.clock)
+        self.loop_seconds.append(self.clock.now() - began)
 
     def wait(self) -> None:
         """Until no write is in flight (its failure is reported as `poll` does)."""

@@ -140,6 +140,8 @@ def _case(profiles: int, high: int, seconds: float) -> dict[str, Any]:
             controller.close()
             stop_ms = (time.perf_counter() - began) * 1e3
             for p in procs:
+                if p.pid is None:  # not started
+                    continue
                 p.join(WAIT)
                 if p.is_alive():
                     p.kill()
