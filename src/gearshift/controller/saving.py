@@ -4,10 +4,11 @@
 `poll(now)`, every loop iteration, starts a save once the state changed, no write is in flight
 and `interval` seconds have passed since the last save began. The loop only takes the snapshot
 (`statefile.snapshot`: gears copied, statistics frozen by reference); one writer thread encodes,
-writes, fsyncs and renames it (`statefile.write`), so the loop never waits on encoding or the
-disk. A write that failed is reported at the next `poll` (`failed`) and the state stays changed,
-so the next interval retries it. `wait()` returns once no write is in flight (before a save on
-the loop, so that no older snapshot lands after it); `close()` ends the thread.
+writes, fsyncs and renames it (`statefile.write`), so the loop never waits on the disk (it
+shares the interpreter lock with the encoding, a few ms at a time). A write that failed is
+reported at the next `poll` (`failed`) and the state stays changed, so the next interval
+retries it. `wait()` returns once no write is in flight (before a save on the loop, so that no
+older snapshot lands after it); `close()` ends the thread.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ class Saver:
         self.directory, self.devices, self.costs, self.clock = directory, devices, costs, clock
         self.interval, self.failed = interval, failed
         self.changed = False
-        self.saves = 0  # writes completed
+        self.saves = 0  # writes the writer thread completed
         self.seconds: deque[float] = deque(maxlen=64)
-        self.loop_seconds: deque[float] = deque(maxlen=64)  # the snapshots, on the loop
+        self.loop_seconds: deque[float] = deque(maxlen=64)
         self._began = -float("inf")  # when the last save began (the caller's clock)
         self._pending: Future[float] | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -84,9 +85,9 @@ class Saver:
         if error is None:
             self.saves += 1
             self.seconds.append(done.result())
-        elif isinstance(error, Exception):
+        else:
             self.changed = True  # retried at the next interval
-            self.failed(error)
+            self.failed(error if isinstance(error, Exception) else RuntimeError(repr(error)))
 
 
 def _write(directory: Path, tree: dict[str, Any], clock: Clock) -> float:
