@@ -1,14 +1,15 @@
 """When the controller saves its state file: at a bounded rate, written off the loop.
 
-`Saver.request()` marks the state changed (a round's changes, new measurements, a new profile);
-`poll(now)`, every loop iteration, starts a save once the state changed, no write is in flight
-and `interval` seconds have passed since the last save began. The loop only takes the snapshot
-(`statefile.snapshot`: gears copied, statistics frozen by reference); one writer thread encodes,
-writes, fsyncs and renames it (`statefile.write`), so the loop never waits on the disk (it
-shares the interpreter lock with the encoding, a few ms at a time). A write that failed is
-reported at the next `poll` (`failed`) and the state stays changed, so the next interval
-retries it. `wait()` returns once no write is in flight (before a save on the loop, so that no
-older snapshot lands after it); `close()` ends the thread.
+`Saver.request()` marks the state changed (a round's changes, new measurements; a new profile
+is saved on the loop before its reply instead); `poll(now)`, every loop iteration, starts a
+save once the state changed, no write is in flight and `interval` seconds have passed since the
+last save began. The loop only takes the snapshot (`statefile.snapshot`: gears copied,
+statistics frozen by reference); one writer thread encodes, writes, fsyncs and renames it
+(`statefile.write`), so the loop never waits on the disk (it shares the interpreter lock with
+the encoding, a few ms at a time). A write that failed is reported at the next `poll`
+(`failed`) and the state stays changed, so the next interval retries it. `wait()` returns once
+no write is in flight (before a save on the loop, so that no older snapshot lands after it);
+`close()` ends the thread.
 """
 
 from __future__ import annotations
