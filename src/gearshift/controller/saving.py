@@ -4,19 +4,19 @@
 is saved on the loop before its reply instead); `poll(now)`, every loop iteration, starts a
 save once the state changed, no write is in flight and `interval` seconds have passed since the
 last save began. The loop only takes the snapshot (`statefile.snapshot`: gears copied,
-statistics frozen by reference); one writer thread encodes, writes, fsyncs and renames it
+statistics frozen by reference); a writer thread encodes, writes, fsyncs and renames it
 (`statefile.write`), so the loop never waits on the disk (it shares the interpreter lock with
 the encoding, a few ms at a time). A write that failed is reported at the next `poll`
 (`failed`) and the state stays changed, so the next interval retries it. `wait()` returns once
 no write is in flight (before a save on the loop, so that no older snapshot lands after it);
-`close()` ends the thread.
+so does `close()`.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,7 @@ class Saver:
         self.seconds: deque[float] = deque(maxlen=64)
         self.loop_seconds: deque[float] = deque(maxlen=64)
         self._began = -float("inf")  # when the last save began (the caller's clock)
-        self._pending: Future[float] | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._pending: _Write | None = None
 
     def request(self) -> None:
         """The state changed: save it within `interval` (at the next `poll` after that)."""
@@ -60,38 +59,47 @@ class Saver:
         began = self.clock.now()
         tree = statefile.snapshot(dict(self.devices), self.costs)
         self.changed, self._began = False, now
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="gearshift-save")
-        self._pending = self._pool.submit(_write, self.directory, tree, self.clock)
+        self._pending = _Write(self.directory, tree, self.clock)
+        self._pending.start()
         self.loop_seconds.append(self.clock.now() - began)
 
     def wait(self) -> None:
         """Until no write is in flight (its failure is reported as `poll` does)."""
         if self._pending is not None:
-            self._pending.exception()  # waits
+            self._pending.join()
             self._collect()
 
     def close(self) -> None:
-        """Wait for a write in flight, then end the writer thread (idempotent)."""
+        """Wait for a write in flight (idempotent)."""
         self.wait()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
 
     def _collect(self) -> None:
-        if self._pending is None or not self._pending.done():
+        if self._pending is None or self._pending.is_alive():
             return
         done, self._pending = self._pending, None
-        error = done.exception()
-        if error is None:
+        if done.error is None:
             self.saves += 1
-            self.seconds.append(done.result())
+            self.seconds.append(done.seconds)
         else:
             self.changed = True  # retried at the next interval
-            self.failed(error if isinstance(error, Exception) else RuntimeError(repr(error)))
+            self.failed(done.error)
 
 
-def _write(directory: Path, tree: dict[str, Any], clock: Clock) -> float:
-    began = clock.now()
-    statefile.write(directory, tree)
-    return clock.now() - began
+class _Write(threading.Thread):
+    """One save in its own thread (a daemon: a process that exits without `close` leaves at
+    most a temp file, which the next `StateLock.acquire` removes; the rename is atomic)."""
+
+    def __init__(self, directory: Path, tree: dict[str, Any], clock: Clock) -> None:
+        super().__init__(name="gearshift-save", daemon=True)
+        self.directory, self.tree, self.clock = directory, tree, clock
+        self.seconds = 0.0
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        began = self.clock.now()
+        try:
+            statefile.write(self.directory, self.tree)
+        except BaseException as e:  # whatever it is, the loop reports it and saves again
+            self.error = e if isinstance(e, Exception) else RuntimeError(repr(e))
+        self.seconds = self.clock.now() - began
+        self.tree = {}  # its statistics' memory goes now, not at the next save
