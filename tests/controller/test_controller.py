@@ -310,7 +310,8 @@ def test_rounds_that_change_every_second_save_at_most_every_save_interval(
     """The state file is replaced at most once per `save_interval_seconds` (5 s) of rounds
     that change something, not after each of them."""
     saves, real = [], os.replace
-    monkeypatch.setattr(os, "replace", lambda src, dst: (saves.append(dst), real(src, dst)))
+    monkeypatch.setattr(os, "replace", lambda src, dst, **fds: (saves.append(dst),
+                                                                real(src, dst, **fds)))
     policy = dataclasses.replace(POLICY, update_interval_seconds=1.0)
     with Controller.open(config, policy, clock=clock) as controller:
         w = Worker(config.namespace, 0, clock)

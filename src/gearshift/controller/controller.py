@@ -10,9 +10,9 @@ or status region: re-created and published again); the slot table (`slots.Slots`
 measurements into the cost book (`costbook`); per device, a decision round
 (`core.round.decide_round`, priced with the book's fits) and a new snapshot if a gear changed,
 the state file (`statefile`) saved after any change or new measurement, at most every
-`save_interval_seconds` and written off the loop (`saving`); the status document
-(`status`). An exception in one
-phase is counted and logged (at most every 10 s per phase), and the loop goes on.
+`save_interval_seconds` and written off the loop (`saving`); the status document (`status`).
+An exception in one phase is counted and logged (at most every 10 s per phase), and the loop
+goes on.
 
 Versions only increase: a device's snapshot is published at max(region version, saved
 version) + 1, across restarts, takeovers and recreated segments; on start every restored
@@ -30,6 +30,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from gearshift.clock import Clock, MonotonicClock
@@ -72,7 +73,7 @@ class Controller:
         self.costs = CostBook()
         self.saver = saving.Saver(config.state_path, self.devices, self.costs,
                                   config.save_interval_seconds, clock,
-                                  lambda e: self._failed("state save", e))
+                                  partial(self._failed, "state save"))
         self.slots = Slots(registry, config, self.batch, self._guard, self._inherit_profile_ids,
                            lambda events, keys: self.costs.take(events, keys, self._profile_of),
                            lambda w, now: self._guard(
@@ -84,7 +85,6 @@ class Controller:
             save=lambda: self._guard("state save", self._save),  # before the reply
             registered=lambda now: self._guard("status", self._publish_status, now),
             reset=self.costs.forget, region=self._region)
-        self._saved_measured = 0  # measurements kept when the state was last saved
         self.workers, self.lags = self.slots.workers, self.slots.lags  # by slot, by device
         self.errors = 0  # phases that failed
         self.lock_repairs = 0  # locks released after their holder died holding them
@@ -328,8 +328,7 @@ class Controller:
         round = decide_round(dev, now, usage, self.policy, lambda name, e: self._failed(
             f"decision round of {device}/{name}", e), self.prices(device))
         if round is None:
-            if self.costs.counts["measured"] != self._saved_measured:
-                self._request_save()
+            self.saver.after_round(changed=False)  # new measurements are saved all the same
             return
         seconds = self.clock.now() - began  # the policy's part; publish and save follow
         if round.changed:  # PayloadError, the round not applied, if it does not fit
@@ -338,8 +337,7 @@ class Controller:
         _count_round(self.rounds, self.round_seconds, seconds)
         _log_round(device, round, usage, seconds)
         self.changes[device] = changes = _change_lists(round)
-        if any(changes.values()) or self.costs.counts["measured"] != self._saved_measured:
-            self._request_save()
+        self.saver.after_round(changed=any(changes.values()))
 
     def _region(self, device: int) -> SnapshotRegion:
         """The device's snapshot region, created (reserved whole) at its first use; SpaceError
@@ -362,19 +360,12 @@ class Controller:
         self.slots.published(device, dev.version, now)
         log.info("device %d: snapshot version %d published", device, dev.version)
 
-    def _request_save(self) -> None:
-        """Save within `save_interval_seconds`, off the loop (`saving.Saver`)."""
-        self._saved_measured = self.costs.counts["measured"]
-        self.saver.request()
-
     def _save(self) -> None:
-        """Save now, on the loop, after any write in flight (at open, for a new profile before
-        its reply, and at exit)."""
+        """Save now, on the loop, after any write in flight (open, new profile, close)."""
         self.saver.wait()
         measured = self.costs.counts["measured"]
         statefile.save(self.config.state_path, self.devices, self.costs)
-        self._saved_measured = measured
-        self.saver.saved(self.clock.now())
+        self.saver.saved(self.clock.now(), measured)
 
     def status_document(self, now: float) -> dict[str, Any]:
         """The status document at `now` (format in `status`)."""

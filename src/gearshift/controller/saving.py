@@ -40,25 +40,32 @@ class Saver:
         self.seconds: deque[float] = deque(maxlen=64)
         self.loop_seconds: deque[float] = deque(maxlen=64)
         self._began = -float("inf")  # when the last save began (the caller's clock)
+        self._measured = 0  # the cost book's measurements when the last save began
         self._pending: _Write | None = None
 
     def request(self) -> None:
         """The state changed: save it within `interval` (at the next `poll` after that)."""
         self.changed = True
 
-    def saved(self, now: float) -> None:
-        """A save of the current state just completed on the caller's side (at `now`)."""
-        self.changed = False
-        self._began = now
+    def after_round(self, changed: bool) -> None:
+        """A decision round ran: the state changed if it `changed` something or measurements
+        arrived since the last save."""
+        if changed or self.costs.counts["measured"] != self._measured:
+            self.request()
+
+    def saved(self, now: float, measured: int) -> None:
+        """A save of the current state (`measured`: the book's count then) completed on the
+        caller's side at `now`."""
+        self.changed, self._began, self._measured = False, now, measured
 
     def poll(self, now: float) -> None:
         """Report a finished write; start the next one when one is due."""
         self._collect()
         if not self.changed or self._pending is not None or now < self._began + self.interval:
             return
-        began = self.clock.now()
+        began, measured = self.clock.now(), self.costs.counts["measured"]
         tree = statefile.snapshot(dict(self.devices), self.costs)
-        self.changed, self._began = False, now
+        self.changed, self._began, self._measured = False, now, measured
         self._pending = _Write(self.directory, tree, self.clock)
         self._pending.start()
         self.loop_seconds.append(self.clock.now() - began)
