@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from gearshift.controller import statefile
+from gearshift.controller import statedir, statefile
 from gearshift.controller.costbook import CostBook
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Measurement
@@ -73,6 +73,27 @@ def test_the_file_grows_with_the_values_seen_not_with_slices_times_values(
     assert profile.stats["A"].entries + profile.history["A"].entries == entries
     back = statefile.load(tmp_path, 30.0, CONFIG)[0].profiles["p"]
     assert back.stats["A"].view(30.0).counts.tolist() == [3] * 4096
+
+
+def test_a_state_over_the_file_bound_is_saved_without_its_statistics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Exact statistics of many profiles may outgrow MAX_STATE_BYTES: the gears, versions and
+    costs are saved all the same, the statistics restart empty, with a warning."""
+    devices = _devices(100.0)
+    devices[0].profiles["decode"].stats["SEQLEN"].fold(np.full(4000, 99.0), np.arange(1, 4001))
+    small = len(statefile.encode(devices)) - 1
+    monkeypatch.setattr(statedir, "MAX_STATE_BYTES", small)
+    statefile.save(tmp_path, devices, _book())
+    assert "saved without its statistics" in caplog.text
+    assert (tmp_path / statefile.STATE_FILE).stat().st_size < small // 10  # no statistics
+    book = CostBook()
+    back = statefile.load(tmp_path, 100.0, CONFIG, book)
+    profile = back[0].profiles["decode"]
+    assert back[0].version == 7 and profile.gear_lists()["BATCHSIZE"] == [1, 8, 64]
+    assert profile.stats["SEQLEN"].view(100.0).total_count == 0
+    assert profile.history["SEQLEN"].view(100.0).total_count == 0
+    assert book.measurements(0, "decode") == _book().measurements(0, "decode")
 
 
 def test_a_file_of_the_dense_format_restores_its_statistics(tmp_path: Path) -> None:

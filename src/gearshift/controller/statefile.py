@@ -105,6 +105,18 @@ def snapshot(devices: dict[int, DeviceLedger], costs: CostBook | None = None) ->
     }
 
 
+def _without_statistics(tree: dict[str, Any]) -> dict[str, Any]:
+    """`snapshot()`'s tree with every profile's statistics emptied."""
+    def emptied(p: dict[str, Any]) -> dict[str, Any]:
+        return {**p, **{kind: {k: s.emptied() for k, s in p[kind].items()}
+                        for kind in ("stats", "history")}}
+
+    devices = tree["devices"]
+    return {**tree, "devices": {dev: {**d, "profiles": {n: emptied(p) for n, p in
+                                                        d["profiles"].items()}}
+                                for dev, d in devices.items()}}
+
+
 @functools.lru_cache(maxsize=1024)
 def _dim_dict(dim: Dim) -> dict[str, Any]:
     """`dim_to_dict`, once per distinct Dim (immutable; the dict is only read): most of a
@@ -245,6 +257,11 @@ def write(directory: Path, tree: dict[str, Any]) -> Path:
     """Encode a `snapshot()` and write it atomically (`statedir.write_atomic`), both in the
     caller's thread; returns the file's path."""
     blob = _encoded(tree)
+    if len(blob) > statedir.MAX_STATE_BYTES:  # gears, versions and costs outlive statistics
+        log.warning("the state is %d bytes, over the %d a state file may hold: saved without "
+                    "its statistics (they restart empty, as after a reboot)", len(blob),
+                    statedir.MAX_STATE_BYTES)
+        blob = _encoded(_without_statistics(tree))
     with statedir.opened(directory) as dfd:
         statedir.write_atomic(directory, dfd, STATE_FILE, blob, TEMP_PREFIX)
     return directory / STATE_FILE

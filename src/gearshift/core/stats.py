@@ -296,6 +296,11 @@ class FrozenStats:
     last: np.ndarray
     rows: tuple[_Row, ...]
 
+    def emptied(self) -> FrozenStats:
+        """The same settings, no events (restores as an empty DimStats)."""
+        return FrozenStats(self.params, np.full(len(self.keys), _NO_SLICE, np.int64),
+                           np.empty(0, np.int64), np.empty(0), (_EMPTY_ROW,) * len(self.keys))
+
     def to_state(self) -> dict[str, Any]:
         """A msgpack-able dict: the columns' values and last times, and per row its number of
         entries (`sizes`), then the entries of all rows in row order: column indices and
