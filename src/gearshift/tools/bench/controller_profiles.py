@@ -15,7 +15,8 @@ the statistics' worst case). Reported per case (`<figure>_<P>`):
   save, saves: how many it wrote;
 - stall_ms_max / stall_ms_p99: the longest and 99th-percentile loop iteration over the load
   (saves, rounds, drains: whatever the loop waited on), round_ms_max: the longest decision
-  round's policy part in it, stop_ms: the graceful stop (`close`);
+  round's policy part in it, stop_ms: the graceful stop (`close`: final drain and save, once
+  the workers are gone);
 - rss_mb / rss_mb_peak: the process's resident memory at the end of the load, and its peak;
   stats_mb: the statistics' arrays (`DimStats.nbytes`), against state_dense_mb;
 - distinct: the values the statistics hold per dim (mean over the dims), events: consumed.
@@ -136,15 +137,15 @@ def _case(profiles: int, high: int, seconds: float) -> dict[str, Any]:
             held = sum(s.nbytes for s in every) / 1e6
         finally:
             stop.set()
-            began = time.perf_counter()
-            controller.close()
-            stop_ms = (time.perf_counter() - began) * 1e3
-            for p in procs:
+            for p in procs:  # gone before the stop, so that it removes the namespace
                 if p.pid is None:  # not started
                     continue
                 p.join(WAIT)
                 if p.is_alive():
                     p.kill()
+            began = time.perf_counter()
+            controller.close()
+            stop_ms = (time.perf_counter() - began) * 1e3
         _, peak = _memory_mb()
         path = controller.config.state_path / statefile.STATE_FILE
         state_mb = path.stat().st_size / 1e6
