@@ -11,6 +11,7 @@ import pytest
 from gearshift.clock import FakeClock
 from gearshift.controller import saving, statefile
 from gearshift.controller.costbook import CostBook
+from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger
 
 from .workers import WAIT
@@ -52,7 +53,7 @@ def test_a_write_runs_off_the_loop_and_saves_are_bounded_in_rate(
     saver.poll(105.0)
     saver.close()
     assert writes == [3, 4] and saver.saves == 2 and not failures
-    assert statefile.load(tmp_path, 105.0, statefile.PolicyConfig())[0].version == 4
+    assert statefile.load(tmp_path, 105.0, PolicyConfig())[0].version == 4
 
 
 def test_a_failed_write_is_reported_at_the_next_poll_and_retried(
