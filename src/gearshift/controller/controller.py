@@ -34,17 +34,18 @@ from functools import partial
 from typing import Any
 
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.controller import publish, registrations, saving, statefile, status, upkeep
+from gearshift.controller import publish, registrations, rounds, saving, statefile, status, upkeep
 from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
+from gearshift.controller.embedded import EmbeddedController
 from gearshift.controller.ingest import Batch, ProfileKeys
 from gearshift.controller.slots import Slots, Worker
 from gearshift.core import memory
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices
 from gearshift.core.round import DeviceLedger, ProfileLedger, Round, decide_round
-from gearshift.errors import ControllerRunning, NamespaceBusy, NamespaceLost, NotOwned, StateError
-from gearshift.shm import Registry, SnapshotRegion, cleanup
+from gearshift.errors import NamespaceLost, StateError
+from gearshift.shm import Registry, SnapshotRegion
 from gearshift.shm.cleanup import own
 
 __all__ = ["Controller", "EmbeddedController"]
@@ -153,7 +154,7 @@ class Controller:
 
     @classmethod
     def start_embedded(cls, config: ControllerConfig, policy: PolicyConfig | None = None,
-                       **options: Any) -> EmbeddedController:
+                       **options: Any) -> EmbeddedController[Controller]:
         """Open the controller here (errors raise in the caller, e.g. ControllerRunning) and
         run it in a daemon thread of this process: the same loop and shared memory as
         `gearshift serve`. A worker should release its slot before `stop()`, so that the
@@ -220,7 +221,7 @@ class Controller:
         self.registry.close()
         if self._state_lock is not None:
             self._state_lock.release()
-        _remove_namespace(self.config.namespace, logging.DEBUG if quiet else logging.INFO)
+        upkeep.remove_namespace(self.config.namespace, logging.DEBUG if quiet else logging.INFO)
 
     def _restore(self, fresh_on_corrupt_state: bool) -> None:
         """Restore the state file, publish every restored device once, take the slots over."""
@@ -334,9 +335,9 @@ class Controller:
         if round.changed:  # PayloadError, the round not applied, if it does not fit
             self._publish(device, now, round)
         dev.apply(round)
-        _count_round(self.rounds, self.round_seconds, seconds)
-        _log_round(device, round, usage, seconds)
-        self.changes[device] = changes = _change_lists(round)
+        rounds.count(self.rounds, self.round_seconds, seconds)
+        rounds.log_round(device, round, usage, seconds)
+        self.changes[device] = changes = rounds.change_lists(round)
         self.saver.after_round(changed=any(changes.values()))
 
     def _region(self, device: int) -> SnapshotRegion:
@@ -355,7 +356,7 @@ class Controller:
         if round is not None:
             gears.update({name: {d: list(g.gears) for d, g in dims.items()}
                           for name, dims in round.gears.items()})
-        changes = _change_lists(round) if round is not None else self.changes.get(device)
+        changes = rounds.change_lists(round) if round is not None else self.changes.get(device)
         dev.version = publish.snapshot(region, device, dev.version, gears, changes)
         self.slots.published(device, dev.version, now)
         log.info("device %d: snapshot version %d published", device, dev.version)
@@ -388,65 +389,3 @@ class Controller:
         assert self._status_region is not None
         self.status = publish.status_document(self._status_region, self.status_document(now),
                                               self.status)
-
-
-def _remove_namespace(namespace: str, level: int = logging.INFO) -> None:
-    """Remove the namespace unless a live worker holds a slot (`cleanup` checks that under the
-    namespace lock)."""
-    try:
-        removed = cleanup(namespace, wait=1.0)  # a stopped lock holder delays a stop 1 s at most
-        log.log(level, "no live worker: namespace %r removed (%d objects)", namespace,
-                len(removed))
-    except NotOwned as e:
-        log.warning("%s", e)
-    except NamespaceBusy as e:  # a live worker (its message names the namespace)
-        log.log(level, "%s: the namespace stays for it; the last worker to leave removes it", e)
-    except ControllerRunning as e:
-        log.log(level, "%s: the namespace stays", e)
-
-
-def _count_round(rounds: dict[str, Any], recent: deque[float], seconds: float) -> None:
-    recent.append(seconds)
-    rounds["count"] += 1
-    rounds["seconds_sum"] += seconds
-    rounds["last_seconds"] = seconds
-
-
-def _change_lists(round: Round) -> dict[str, list[list[Any]]]:
-    """The round's changes per profile as the snapshot and the status document carry them."""
-    return {name: [[c.dim, c.gear, c.action, c.reason] for c in cs]
-            for name, cs in round.changes.items()}
-
-
-def _log_round(device: int, round: Round, usage: float | None, seconds: float) -> None:
-    for name, changes in round.changes.items():
-        for c in changes:
-            log.info(
-                "device %d %s/%s: %s %d: %s", device, name, c.dim, c.action, c.gear, c.reason
-            )
-    log.debug("device %d: round (%s, memory %s) in %.1f ms", device, round.trigger, usage,
-              seconds * 1e3)
-
-
-class EmbeddedController:
-    """A controller running in a daemon thread of a worker process (`connect(embedded=True)`)."""
-
-    def __init__(self, controller: Controller) -> None:
-        self.controller = controller
-        self._stop = threading.Event()
-        self.error: StateError | None = None  # the final save's failure (logged already)
-        self._thread = threading.Thread(target=self._run, name="gearshift-controller",
-                                        daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.controller.run(self._stop)
-        except StateError as e:
-            self.error = e
-
-    def stop(self, timeout: float = 10.0) -> bool:
-        """Stop gracefully (final drain, state saved); False if it did not end in `timeout`."""
-        self._stop.set()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()

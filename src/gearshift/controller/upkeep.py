@@ -1,5 +1,6 @@
-"""The loop's upkeep of its namespace: a dead holder's lock released, and the controller's own
-shared-memory objects checked by inode.
+"""The loop's upkeep of its namespace: a dead holder's lock released, the controller's own
+shared-memory objects checked by inode, and the namespace removed at a stop if no live worker
+holds a slot.
 
 An administrator's `rm` or systemd's RemoveIPC unlinks names under a running controller: new
 workers then find no namespace (or a new one) while it serves the old objects. `check` compares
@@ -14,8 +15,8 @@ from __future__ import annotations
 import logging
 
 from gearshift.clock import Clock
-from gearshift.errors import NamespaceLost
-from gearshift.shm import Registry, SnapshotRegion, lock, segment
+from gearshift.errors import ControllerRunning, NamespaceBusy, NamespaceLost, NotOwned
+from gearshift.shm import Registry, SnapshotRegion, cleanup, lock, segment
 
 log = logging.getLogger(__name__)
 
@@ -50,3 +51,18 @@ def check(registry: Registry, regions: dict[object, SnapshotRegion]) -> list[obj
                   regions[key].segment.name)
         regions.pop(key).close()
     return gone
+
+
+def remove_namespace(namespace: str, level: int = logging.INFO) -> None:
+    """Remove the namespace unless a live worker holds a slot (`cleanup` checks that under the
+    namespace lock); what happened is logged at `level`, another user's object as a warning."""
+    try:
+        removed = cleanup(namespace, wait=1.0)  # a stopped lock holder delays a stop 1 s at most
+        log.log(level, "no live worker: namespace %r removed (%d objects)", namespace,
+                len(removed))
+    except NotOwned as e:
+        log.warning("%s", e)
+    except NamespaceBusy as e:  # a live worker (its message names the namespace)
+        log.log(level, "%s: the namespace stays for it; the last worker to leave removes it", e)
+    except ControllerRunning as e:
+        log.log(level, "%s: the namespace stays", e)
