@@ -58,9 +58,8 @@ is never freed while its ring holds events.
 
 from __future__ import annotations
 
-import enum
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from gearshift.clock import Clock
 from gearshift.errors import (
@@ -74,6 +73,7 @@ from gearshift.shm import liveness, lock, names, segment
 from gearshift.shm.lock import NamespaceLock
 from gearshift.shm.mailbox import Mailbox
 from gearshift.shm.segment import LINE, Segment
+from gearshift.shm.slotinfo import MAX_DEVICE, ControllerInfo, SlotInfo, SlotState, judge
 
 if TYPE_CHECKING:
     from gearshift.shm.ring import EventRing
@@ -93,43 +93,8 @@ DEFAULT_SLOTS = 64
 DEFAULT_MAILBOX_CAPACITY = 8192
 MAX_SLOTS = 4096  # bounds of the header constants an attacher accepts
 MAX_MAILBOX_CAPACITY = 1 << 20
-MAX_DEVICE = 0xFFFF  # devices are 0..MAX_DEVICE
 LOCK_TIMEOUT = lock.TIMEOUT
 _WORD = (1 << 64) - 1
-
-
-class SlotState(enum.IntEnum):
-    FREE = 0
-    ACTIVE = 1  # claimed by a worker (alive or not: see SlotInfo.alive)
-    RELEASED = 2  # its worker detached; the ring awaits its final drain
-    CORRUPT = -1  # never stored: a state or device word no process of ours writes (skipped)
-
-
-class SlotInfo(NamedTuple):
-    slot: int
-    state: SlotState
-    pid: int
-    alive: bool
-    device: int
-    generation: int
-    heartbeat_ns: int
-    applied_version: int
-    dropped: int
-    foreign: bool = False  # ACTIVE, claimed from another pid namespace: liveness unknown here
-
-    @property
-    def reclaimable(self) -> bool:
-        """Its worker is gone: drain the ring, then `Registry.reclaim`."""
-        return self.state == SlotState.RELEASED or (
-            self.state == SlotState.ACTIVE and not self.alive and not self.foreign
-        )
-
-
-class ControllerInfo(NamedTuple):
-    pid: int  # 0: none ever claimed, or released
-    alive: bool
-    heartbeat_ns: int
-    ident: int = 0  # its identity (liveness.py), as recorded
 
 
 class Registry:
@@ -317,7 +282,7 @@ class Registry:
         count = self.nslots if limit is None else max(0, min(limit, self.nslots))
         with self._locked():
             rows = [self._row(slot) for slot in range(count)]
-        return [self._info(slot, row) for slot, row in enumerate(rows)]
+        return [judge(slot, row) for slot, row in enumerate(rows)]
 
     def reclaim(self, slot: int, ring: EventRing | None) -> None:
         """Free a reclaimable slot and unlink its ring, which must be attached and drained.
@@ -327,7 +292,7 @@ class Registry:
         or the ring still holds events or exists but was not passed.
         """
         with self._locked():
-            info = self._info(slot, self._row(slot))
+            info = judge(slot, self._row(slot))
             if not info.reclaimable:
                 raise NamespaceBusy(f"slot {slot} is {info.state.name} with live pid {info.pid}")
             name = names.ring(self.namespace, slot)
@@ -386,21 +351,6 @@ class Registry:
 
     def _row(self, slot: int) -> tuple[int, ...]:
         return tuple(self._slot_word(slot, offset) for offset in _ROW)
-
-    def _info(self, slot: int, row: tuple[int, ...]) -> SlotInfo:
-        word, ident, device, generation, heartbeat, applied, dropped, pidns = row
-        try:
-            state = SlotState(word)
-        except ValueError:
-            state = SlotState.CORRUPT
-        if state != SlotState.FREE and device > MAX_DEVICE:
-            state = SlotState.CORRUPT
-        foreign = state == SlotState.ACTIVE and pidns not in (0, liveness.pid_namespace())
-        alive = state == SlotState.ACTIVE and not foreign and liveness.alive(ident)
-        pid = liveness.pid_of(ident)
-        return SlotInfo(
-            slot, state, pid, alive, device, generation, heartbeat, applied, dropped, foreign
-        )
 
     def _word(self, offset: int) -> int:
         return self._words[offset // 8]
