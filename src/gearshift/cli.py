@@ -19,11 +19,11 @@ COMMANDS = {
     "demo": "gearshift.tools.demo.cli:demo",
     "bench": "gearshift.tools.bench.cli:bench",
     "serve": "gearshift.controller.cli:serve",
-    "status": "gearshift.controller.cli:status",
-    "snapshot": "gearshift.controller.cli:snapshot",
+    "status": "gearshift.controller.cli_read:status",
+    "snapshot": "gearshift.controller.cli_read:snapshot",
     "stop": "gearshift.controller.cli:stop",
     "cleanup": "gearshift.controller.cli:cleanup_command",
-    "export": "gearshift.controller.cli:export",
+    "export": "gearshift.controller.cli_read:export",
     "stress": "gearshift.tools.stress.cli:command",
 }
 
