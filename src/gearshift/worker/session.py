@@ -55,6 +55,7 @@ from gearshift.worker.profile import Profile
 from gearshift.worker.registration import Registrations
 from gearshift.worker.routing import checked_dims
 from gearshift.worker.standins import NO_SNAPSHOT, NoSnapshot, Unrecorded
+from gearshift.worker.swap import SwapThread
 
 log = logging.getLogger(__name__)
 MemoryReading = Callable[[], tuple[int, int]]
@@ -115,7 +116,7 @@ class Client:
         self._profiles: dict[str, Profile] = {}
         self._ids = itertools.count()
         self._adopting = threading.Lock()
-        self._wake, self._stop = threading.Event(), threading.Event()
+        self._swap = self._swap_thread(background)
         self._quiet_until = self._next_beat = self._next_memory = float("-inf")
         self._region_stale = False
         self._ring_capacity = ring_capacity
@@ -128,8 +129,7 @@ class Client:
         self._watch_controller()
         self._attach_region()
         self.refresh()
-        self._background, self._thread = background, None
-        self._start()
+        self._swap.start()
         atexit.register(self.close)
         forking.track(self)
 
@@ -202,18 +202,18 @@ class Client:
             self.seen = version
         finally:
             self._adopting.release()
-        self._wake.set()
+        self._swap.wake()
 
     def wake(self) -> None:
         """Run the swap thread's next tick now (replaced gears drained: graphs may be freed)."""
-        self._wake.set()
+        self._swap.wake()
 
     def attached(self, runner: Runner) -> None:
         """A profile attached `runner`: its backend gives memory readings if nothing else does."""
         backend = getattr(runner, "backend", None)
         if self.memory is None and backend is not None:
             self.memory = backend.mem_get_info
-        self._wake.set()
+        self._swap.wake()
 
     # the swap thread
 
@@ -243,20 +243,9 @@ class Client:
             free, total = self.memory()
             ring.put_memory(self._now_ns(), free, total)
 
-    def _start(self) -> None:
-        """Start the swap thread (with `background`)."""
-        if self._background and self._thread is None and not self._closed:
-            self._thread = threading.Thread(target=self._run, name="gearshift-swap", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception as e:
-                self._warn("namespace %r: swap thread tick failed: %r", self.namespace, e)
-            self._wake.wait(self.poll_interval)
-            self._wake.clear()
+    def _swap_thread(self, background: bool) -> SwapThread:
+        return SwapThread(self.tick, lambda: self.poll_interval, lambda e: self._warn(
+            "namespace %r: swap thread tick failed: %r", self.namespace, e), background)
 
     def _attach(self, strict: bool, given: Registry | None = None) -> None:
         """Attach the namespace (`given`: attached already; its caller closes it if this raises)
@@ -366,10 +355,10 @@ class Client:
         if self._closed:
             return
         self._adopting = threading.Lock()  # a parent's thread may have held it at the fork
-        self._wake, self._stop = threading.Event(), threading.Event()
-        self._thread, self._embedded, self._leader = None, None, 0
+        self._swap = self._swap_thread(self._swap.background)  # the parent's does not run here
+        self._embedded, self._leader = None, 0
         self.registry, self.slot = None, None  # the parent's: closed with the child's mappings
-        self.ring = self._unrecorded = Unrecorded(first_use=self._start)
+        self.ring = self._unrecorded = Unrecorded(first_use=self._swap.start)
         for prof in self._profiles.values():
             prof.forked(self._unrecorded.write)
         self._registrations.forked()
@@ -383,10 +372,7 @@ class Client:
             return
         self._closed = True
         atexit.unregister(self.close)
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(JOIN_TIMEOUT)
+        self._swap.stop(JOIN_TIMEOUT)
         registry, slot, ring = self.registry, self.slot, self.ring
         self.region = NO_SNAPSHOT
         if registry is not None and slot is not None and isinstance(ring, EventRing):
