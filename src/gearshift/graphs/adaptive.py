@@ -50,6 +50,7 @@ from gearshift.clock import Clock
 from gearshift.core.dims import Gears, gear_for
 from gearshift.errors import ShapeError
 from gearshift.graphs.backends import Graph, backend_for
+from gearshift.graphs.buffers import StaticBuffers, Variant
 from gearshift.graphs.device import outside_capture
 from gearshift.graphs.measure import GraphCost, Meter, replays_for
 from gearshift.graphs.pool import GraphResourcePool, KeyGearIndex
@@ -57,7 +58,6 @@ from gearshift.graphs.probe import Prober
 from gearshift.graphs.transform import Chunk, Span, Transform
 
 log = logging.getLogger(__name__)
-Variant = tuple[int, ...]
 MAX_MEASURED = 4096  # graph costs kept until taken (the oldest go first)
 MAX_WANTED = 4096  # variants wanted by requests kept until taken (once full, no more kept)
 
@@ -104,24 +104,13 @@ class AdaptiveRunner:
                            replays_for(self.backend) if replays is None else replays)
         self.measured: deque[tuple[dict[str, int], GraphCost]] = deque(maxlen=MAX_MEASURED)
         self._wanted: dict[Variant, None] = {}  # written by request threads, swapped by take
-        self._shapes = {  # per input: its static sizes, None on bound axes
-            n: tuple(None if d else s for d, s in zip(axes, example[n].shape, strict=True))
-            for n, axes in transform.inputs.items()
-        }
-        self._static = [  # (input, axis, size) of every static axis
-            (n, axis, size)
-            for n, shape in self._shapes.items()
-            for axis, size in enumerate(shape)
-            if size is not None
-        ]
-        self._dtypes = {n: example[n].dtype for n in transform.inputs}
         self._unbound = {
             n: example[n].clone() for n in transform.inputs if n not in transform.bound
         }
         self.refused: str | None = None  # why padding was given up (all calls eager since)
         self._prober = Prober(transform, example)
-        self._caps = tuple(g[-1] for g in self.gears.values())
-        self._buffers = self._allocate(self._caps)
+        self._staged = StaticBuffers(transform, example,
+                                     tuple(g[-1] for g in self.gears.values()), self.device)
         self._variants: dict[Variant, _Captured] = {}  # copy-on-write, under _lock
         self._lock = threading.Lock()  # replays: the buffers, the graphs' outputs
         self._count_lock = threading.Lock()  # eager counts, outside `_lock`
@@ -129,6 +118,11 @@ class AdaptiveRunner:
         self._keys: dict[Variant, list[int]] = {}  # each variant's graph keys
         self._restage = False  # the survivors of a release need smaller buffers
         self._prober.check_eagerly(self.gears)
+
+    @property
+    def _buffers(self) -> dict[str, torch.Tensor]:
+        """The static buffers the graphs captured from now on read (`buffers.StaticBuffers`)."""
+        return self._staged.buffers
 
     def ready(self) -> list[Variant]:
         return sorted(self._variants)
@@ -181,7 +175,7 @@ class AdaptiveRunner:
 
     def _capture(self, gears: Variant) -> _Captured | None:
         """One variant's graph, measured; None if it failed the padding check (`refused`)."""
-        inputs = self._views(gears)
+        inputs = self._staged.views(gears)
         at = dict(zip(self.names, gears, strict=True))
         lengths = {n: torch.tensor([at[d]], device=self.device)
                    for n, d in self.transform.lengths.items()}
@@ -226,7 +220,7 @@ class AdaptiveRunner:
         `sizes`: `transform.check(tensors)` when the caller has already checked them."""
         t, current = self.transform, self.gears  # read once: it may be replaced meanwhile
         sizes = t.check(tensors) if sizes is None else sizes
-        self._check_static(tensors)
+        self._staged.check(tensors)
         if self.refused is not None:
             self._count_eager()
             return t.call(tensors, sizes)
@@ -289,7 +283,7 @@ class AdaptiveRunner:
         for g in [g for g in list(self._keys) if g[i] == gear]:
             self._keys.pop(g, None)
         released = self.pool.remove_by_keys(self.index.detach((dim, gear)))
-        if any(map(operator.lt, self._needed(), self._caps)):
+        if any(map(operator.lt, self._needed(), self._staged.caps)):
             self._restage = True
         return released
 
@@ -304,10 +298,9 @@ class AdaptiveRunner:
         the rest on the old buffers (consistent; they go when those variants do)."""
         self._restage = False
         needed = self._needed()
-        if not any(map(operator.lt, needed, self._caps)):
+        if not any(map(operator.lt, needed, self._staged.caps)):
             return
-        self._caps = tuple(map(min, needed, self._caps))
-        self._buffers = self._allocate(self._caps)
+        self._staged.resize(tuple(map(min, needed, self._staged.caps)))
         for gears in sorted(self._variants, key=lambda g: (math.prod(g), g), reverse=True):
             old = self._keys.get(gears, [])
             captured = self._capture(gears)
@@ -362,40 +355,3 @@ class AdaptiveRunner:
                 return t.cut(captured.leaves, chunk, copy=True)
 
         return self._prober.check(gears, replay)
-
-    def _allocate(self, caps: Variant) -> dict[str, torch.Tensor]:
-        at = dict(zip(self.names, caps, strict=True))
-        buffers = {}
-        for name in self.transform.bound:
-            axes = zip(self.transform.inputs[name], self._shapes[name], strict=True)
-            shape = [at[d] if s is None else s for d, s in axes]
-            buffers[name] = torch.zeros(shape, dtype=self._dtypes[name], device=self.device)
-        return buffers
-
-    def _views(self, gears: Variant) -> dict[str, torch.Tensor]:
-        if any(map(operator.gt, gears, self._caps)):
-            self._caps = tuple(map(max, gears, self._caps))
-            self._buffers = self._allocate(self._caps)
-        at = dict(zip(self.names, gears, strict=True))
-        views = {}
-        for name, buffer in self._buffers.items():
-            for axis, dim in enumerate(self.transform.inputs[name]):
-                if dim is not None:
-                    buffer = buffer.narrow(axis, 0, at[dim])
-            views[name] = buffer
-        return views
-
-    def _check_static(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Static axes and dtypes as the example's: ShapeError naming the input otherwise."""
-        for name, dtype in self._dtypes.items():
-            if tensors[name].dtype != dtype:
-                raise ShapeError(
-                    f"{name} is {tensors[name].dtype}; the graphs were built for {dtype} (pass"
-                    " the example's dtype: a graph cannot return another)"
-                )
-        for name, axis, size in self._static:
-            if tensors[name].shape[axis] != size:
-                raise ShapeError(
-                    f"{name} axis {axis} is {tensors[name].shape[axis]}; the graphs were built"
-                    f" for {size}"
-                )

@@ -203,7 +203,7 @@ class CompiledRunner(AdaptiveRunner):
         at = dict(zip(self.names, gears, strict=True))
         shapes = sorted((n, tuple(s if s is not None else at[d] for d, s in
                                   zip(self.transform.inputs[n], shape, strict=True)),
-                         str(self._dtypes[n])) for n, shape in self._shapes.items())
+                         str(self._staged.dtypes[n])) for n, shape in self._staged.shapes.items())
         what = (getattr(fn, "__module__", None), name, str(self.device), shapes,
                 repr(sorted(self._options.items())), torch.__version__)
         return hashlib.sha256(repr(what).encode()).hexdigest()[:40]

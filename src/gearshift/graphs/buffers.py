@@ -1,0 +1,88 @@
+"""The static buffers an adaptive runner's graphs read their inputs from, and the example's
+static parts every call must match.
+
+One buffer per bound input, sized by the largest gears so far (`caps`, one per dim in the
+transform's dim order); a graph's inputs are views of the leading rows of the buffers at its
+variant's gears (`views`). A view beyond `caps` allocates larger buffers, which the variants
+captured from then on use (older ones keep theirs until released); `resize` allocates
+smaller ones for a re-staging. `check` refuses a call whose static axes or dtypes are not the
+example's (ShapeError naming the input: a graph cannot return another dtype).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+
+import torch
+
+from gearshift.errors import ShapeError
+from gearshift.graphs.transform import Transform
+
+Variant = tuple[int, ...]
+
+
+class StaticBuffers:
+    """The bound inputs' buffers of a runner of `transform`, on `device`, from `example`."""
+
+    def __init__(self, transform: Transform, example: Mapping[str, torch.Tensor], caps: Variant,
+                 device: torch.device) -> None:
+        self.transform = transform
+        self.names = tuple(transform.dims)
+        self.device = device
+        self.shapes = {  # per input: its static sizes, None on bound axes
+            n: tuple(None if d else s for d, s in zip(axes, example[n].shape, strict=True))
+            for n, axes in transform.inputs.items()
+        }
+        self.static = [  # (input, axis, size) of every static axis
+            (n, axis, size)
+            for n, shape in self.shapes.items()
+            for axis, size in enumerate(shape)
+            if size is not None
+        ]
+        self.dtypes = {n: example[n].dtype for n in transform.inputs}
+        self.caps = caps
+        self.buffers = self.allocate(caps)
+
+    def allocate(self, caps: Variant) -> dict[str, torch.Tensor]:
+        """New zeroed buffers at the gears `caps`."""
+        at = dict(zip(self.names, caps, strict=True))
+        buffers = {}
+        for name in self.transform.bound:
+            axes = zip(self.transform.inputs[name], self.shapes[name], strict=True)
+            shape = [at[d] if s is None else s for d, s in axes]
+            buffers[name] = torch.zeros(shape, dtype=self.dtypes[name], device=self.device)
+        return buffers
+
+    def resize(self, caps: Variant) -> None:
+        """Buffers at `caps` from now on (the old ones go with their last view)."""
+        self.caps = caps
+        self.buffers = self.allocate(caps)
+
+    def views(self, gears: Variant) -> dict[str, torch.Tensor]:
+        """Per bound input, the view of its buffer at `gears` (buffers grown to hold it)."""
+        if any(map(operator.gt, gears, self.caps)):
+            self.resize(tuple(map(max, gears, self.caps)))
+        at = dict(zip(self.names, gears, strict=True))
+        views = {}
+        for name, buffer in self.buffers.items():
+            for axis, dim in enumerate(self.transform.inputs[name]):
+                if dim is not None:
+                    buffer = buffer.narrow(axis, 0, at[dim])
+            views[name] = buffer
+        return views
+
+    def check(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Static axes and dtypes as the example's: ShapeError naming the input otherwise."""
+        for name, dtype in self.dtypes.items():
+            if tensors[name].dtype != dtype:
+                raise ShapeError(
+                    f"{name} is {tensors[name].dtype}; the graphs were built for {dtype} (pass"
+                    " the example's dtype: a graph cannot return another)"
+                )
+        for name, axis, size in self.static:
+            if tensors[name].shape[axis] != size:
+                raise ShapeError(
+                    f"{name} axis {axis} is {tensors[name].shape[axis]}; the graphs were built"
+                    f" for {size}"
+                )
