@@ -1,5 +1,5 @@
 """Bodies of worker child processes of the session tests (importable by multiprocessing's
-forkserver): a worker that may start before its controller."""
+forkserver): a worker that may start before its controller; the profiles they declare."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ import gearshift as gs
 
 WAIT = 20.0  # seconds: the bound of every wait in a child
 PREFILL = {"SEQLEN": gs.Dim(max=4096)}
+DECODE = {
+    "BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8, 16, 32, 64], splittable=True),
+    "SEQLEN": gs.Dim(min=1, max=8192, align=16),
+}
 
 
 def route_on(namespace: str, sizes: tuple[int, ...], seconds: float, results, stop) -> None:
