@@ -253,7 +253,7 @@ def forking_worker(namespace: str) -> dict:
     client = gs.connect(namespace, embedded=True)
     controller = client._embedded.controller.controller  # the embedded Controller
     state_dir = getattr(client._embedded.scratch, "name", client._embedded.scratch)
-    client.heartbeat_interval = 3600.0  # after its first beat the slot's words stay put
+    client.heartbeat_interval = 3600.0  # beyond its first beat it beats only as it adopts
     prof = client.profile("prefill", DIMS)
     route(prof, BEFORE)
     wait(lambda: client.registry.slots()[client.slot].heartbeat_ns != 0)
@@ -296,10 +296,13 @@ def forking_worker(namespace: str) -> dict:
         "child_exit": os.waitstatus_to_exitcode(exited[0]),
         "child": report, "parent_slot": client.slot, "state_dir_kept": state_kept,
         "claimed_after_idle_child": claimed, "routed_by_parent_meanwhile": during,
-        # state, identity, generation, heartbeat and drops as they were; the applied version
-        # only moves forward (the parent may adopt a snapshot meanwhile)
-        "slot_intact": after._replace(applied_version=row.applied_version) == row
+        # state, identity, generation and drops as they were; the heartbeat and the applied
+        # version only move forward (the parent may adopt a snapshot meanwhile, which beats)
+        "slot_intact": after._replace(heartbeat_ns=row.heartbeat_ns,
+                                      applied_version=row.applied_version) == row
+        and after.heartbeat_ns >= row.heartbeat_ns
         and after.applied_version >= row.applied_version,
+        "row_before": list(row), "row_after": list(after),
         "recorded": recorded, "consumed": counts["consumed"], "unknown": counts["unknown"],
         "all_consumed": all_consumed, "dropped": after.dropped,
         "state_dir_removed_at_close": not os.path.exists(state_dir),
