@@ -127,3 +127,34 @@ def test_the_core_and_the_controller_load_no_torch_and_no_threads() -> None:
             "print(impure, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[] False"
+
+
+TEST_ONLY = {"pytest", "hypothesis", "ruff"}  # only the `test` extra installs them
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """The top packages a module imports when it loads: outside functions and TYPE_CHECKING."""
+    found: set[str] = set()
+
+    def walk(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+                walk(node.body + node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body + node.orelse + node.finalbody
+                     + [s for h in node.handlers for s in h.body])
+            elif isinstance(node, ast.ClassDef):
+                walk(node.body)
+
+    walk(ast.parse(path.read_text()).body)
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_the_product_loads_no_test_only_package(module: str) -> None:
+    """A test-only package is imported in the function that needs it, never as a module loads."""
+    assert not _module_level_imports(MODULES[module]) & TEST_ONLY

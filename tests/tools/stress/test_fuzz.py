@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 
 from gearshift.tools.stress import fuzz
-from gearshift.tools.stress.boundaries import BOUNDARIES
-from gearshift.tools.stress.fault_boundaries import FAULTS
+from gearshift.tools.stress.boundaries import boundaries
+from gearshift.tools.stress.fault_boundaries import faults
 from gearshift.tools.stress.target import Tally
 
 EXAMPLES = 15
 
 
-@pytest.mark.parametrize("boundary", [b.name for b in (*BOUNDARIES, *FAULTS)])
+@pytest.mark.parametrize("boundary", [b.name for b in (*boundaries(), *faults())])
 def test_a_boundary_survives_hostile_and_broken_input(boundary: str) -> None:
     tally = fuzz.run(examples=EXAMPLES, only=[boundary])[boundary]
     assert tally.cases == EXAMPLES

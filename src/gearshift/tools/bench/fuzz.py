@@ -19,8 +19,12 @@ from gearshift.tools.bench.cli import echo_result
 @json_option()
 def command(seconds: float, as_json: bool) -> None:
     """Fuzz every boundary for SECONDS: cases, refusals and failures per boundary."""
-    from gearshift.tools.stress import fuzz  # hypothesis: the `test` extra
+    from gearshift.tools.stress import fuzz
 
+    try:
+        fuzz.require()  # hypothesis: the `test` extra
+    except ImportError as e:
+        raise click.ClickException(str(e)) from e
     tallies = fuzz.everything(seconds)
     echo_result({f"{name}.{figure}": value for name, t in tallies.items()
                  for figure, value in t.figures().items()}, as_json)

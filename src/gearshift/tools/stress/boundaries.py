@@ -9,11 +9,10 @@ import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
 import numpy as np
-from hypothesis import strategies as st
 
 from gearshift import protocol
 from gearshift.controller.config import load_configs
@@ -31,34 +30,12 @@ from gearshift.tools.stress.target import (
 )
 from gearshift.tools.trace import load_trace
 
-U64 = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from(
-    [0, 1, 2, 3, 63, 64, 65, 2**16, 2**31, 2**32, 2**32 + 1, 2**62, 2**63 - 1, 2**63, 2**64 - 1]))
-I64 = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([0, 1, -1, 16, 17, 512, 513]))
-SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(),
-                   st.text(max_size=12), st.binary(max_size=12))
-VALUE = st.recursive(SCALAR, lambda inner: st.lists(inner, max_size=4)
-                     | st.dictionaries(st.text(max_size=8) | st.integers(-5, 70), inner,
-                                       max_size=4), max_leaves=12)
-DIM_FIELDS = ("gears", "min", "max", "align", "splittable", "pad_value", "cost")
-WRONG = {  # well-formed, wrong values of each Dim field
-    "gears": st.lists(st.integers(-(2**63), 2**64 - 1), max_size=6) | VALUE,
-    "min": U64 | VALUE, "max": U64 | VALUE, "align": U64 | VALUE,
-    "splittable": st.sampled_from(["no", "false", 0, 1, None]) | VALUE,
-    "pad_value": st.sampled_from([float("nan"), float("inf"), "x", None]) | VALUE,
-    "cost": st.lists(st.floats(), max_size=6) | VALUE,
-}
-
-
-ODD_MAPS = st.builds(  # msgpack maps Python cannot make: a list or a map as a key
-    lambda key, value: b"\x81" + _packed(key) + _packed(value),
-    st.lists(SCALAR, max_size=3) | st.dictionaries(st.text(max_size=3), SCALAR, max_size=2),
-    VALUE)
-LONG = st.text(min_size=1000, max_size=7000)  # what would not fit a reply, quoted whole
-
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
 
 class Boundary(NamedTuple):
     name: str
-    cases: st.SearchStrategy[Any]
+    cases: SearchStrategy[Any]
     attack: Callable[[Any, Tally], None]
 
 
@@ -269,67 +246,102 @@ _KEYS = ["window_seconds", "half_life_seconds", "slice_seconds", "check_interval
          "plan_history_seconds", "recent_use_protect_seconds", "max_gears_per_type",
          "add_min_samples", "policy_mode", "plan_max_moves", "slots", "drain_max_events",
          "scan_interval_seconds", "drain_interval_seconds", "nosuchkey"]
-_LITERALS = st.sampled_from(["0", "-1", "1", "3", "1e9", "1e300", "inf", "nan", "-inf", "0.001",
-                             "true", '"plan"', '"seed"', '"x"', "[1, 2]", "{a = 1}", "4096",
-                             "9223372036854775807", "64", "0.5"])
-TOML = st.one_of(st.text(max_size=40), st.builds(
-    lambda table, lines: (f"[{table}]\n" if table else "") + "".join(lines),
-    st.sampled_from(["", "policy", "controller", "polcy", "controler", "policy.x"]),
-    st.lists(st.builds(lambda k, v: f"{k} = {v}\n", st.sampled_from(_KEYS), _LITERALS),
-             max_size=3, unique_by=lambda line: line.split(" =")[0])),
-    st.sampled_from(["", "[policy]\n", "[controller]\n"]))
-_SIZE = st.one_of(st.sampled_from(["1", "2", "64", "4096", "100000"]),
-                 st.sampled_from(["7.5", "0", "-3", "1e30", "9.2e18", "nan", "inf", "x", ""]))
-_STEP = st.one_of(st.floats(0, 10, allow_nan=False), st.sampled_from([-1.0, 1e300, float("nan")]))
+def strategies() -> Any:
+    """hypothesis's `strategies`, imported on use: hypothesis is the `test` extra's, not the
+    product's, and only the fuzz run needs it."""
+    try:
+        from hypothesis import strategies as st
+    except ImportError as e:
+        raise ImportError("the fuzz run needs hypothesis, which only the `test` extra installs: "
+                          "pip install 'gearshift[test]'", name="hypothesis") from e
+    return st
 
 
-@st.composite
-def _traces(draw: st.DrawFn) -> str:
-    """A trace CSV: a header, then rows of a time and as many cells (wrong ones among them)."""
-    header = draw(st.sampled_from(["t,SEQLEN", "t,BATCHSIZE,SEQLEN", "t,SEQLEN,mem_usage",
-                                   "t,1bad", "SEQLEN,t"]))
-    width, t, lines = header.count(","), 0.0, [header]
-    for _ in range(draw(st.integers(0, 30))):
-        step = draw(_STEP)
-        t = t + step if 0 <= step <= 10 else step
-        lines.append(",".join([str(t), *(draw(_SIZE) for _ in range(width))]))
-    return "\n".join(lines) + "\n"
+def boundaries() -> tuple[Boundary, ...]:
+    """Every boundary, its cases drawn by hypothesis (imported here: `strategies`)."""
+    st = strategies()
+    u64 = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from(
+        [0, 1, 2, 3, 63, 64, 65, 2**16, 2**31, 2**32, 2**32 + 1, 2**62, 2**63 - 1, 2**63,
+         2**64 - 1]))
+    i64 = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([0, 1, -1, 16, 17, 512, 513]))
+    scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(),
+                       st.text(max_size=12), st.binary(max_size=12))
+    value = st.recursive(scalar, lambda inner: st.lists(inner, max_size=4)
+                         | st.dictionaries(st.text(max_size=8) | st.integers(-5, 70), inner,
+                                           max_size=4), max_leaves=12)
+    wrong = {  # well-formed, wrong values of each Dim field
+        "gears": st.lists(st.integers(-(2**63), 2**64 - 1), max_size=6) | value,
+        "min": u64 | value, "max": u64 | value, "align": u64 | value,
+        "splittable": st.sampled_from(["no", "false", 0, 1, None]) | value,
+        "pad_value": st.sampled_from([float("nan"), float("inf"), "x", None]) | value,
+        "cost": st.lists(st.floats(), max_size=6) | value,
+    }
+    odd_maps = st.builds(  # msgpack maps Python cannot make: a list or a map as a key
+        lambda key, value: b"\x81" + _packed(key) + _packed(value),
+        st.lists(scalar, max_size=3) | st.dictionaries(st.text(max_size=3), scalar, max_size=2),
+        value)
+    long = st.text(min_size=1000, max_size=7000)  # what would not fit a reply, quoted whole
 
+    literals = st.sampled_from(["0", "-1", "1", "3", "1e9", "1e300", "inf", "nan", "-inf", "0.001",
+                                "true", '"plan"', '"seed"', '"x"', "[1, 2]", "{a = 1}", "4096",
+                                "9223372036854775807", "64", "0.5"])
+    toml = st.one_of(st.text(max_size=40), st.builds(
+        lambda table, lines: (f"[{table}]\n" if table else "") + "".join(lines),
+        st.sampled_from(["", "policy", "controller", "polcy", "controler", "policy.x"]),
+        st.lists(st.builds(lambda k, v: f"{k} = {v}\n", st.sampled_from(_KEYS), literals),
+                 max_size=3, unique_by=lambda line: line.split(" =")[0])),
+        st.sampled_from(["", "[policy]\n", "[controller]\n"]))
+    size = st.one_of(st.sampled_from(["1", "2", "64", "4096", "100000"]),
+                     st.sampled_from(["7.5", "0", "-3", "1e30", "9.2e18", "nan", "inf", "x", ""]))
+    step_ = st.one_of(st.floats(0, 10, allow_nan=False),
+                      st.sampled_from([-1.0, 1e300, float("nan")]))
 
-TRACE = st.one_of(st.text(max_size=120), _traces())
+    @st.composite
+    def traces(draw: st.DrawFn) -> str:
+        """A trace CSV: a header, then rows of a time and as many cells (wrong ones among them)."""
+        header = draw(st.sampled_from(["t,SEQLEN", "t,BATCHSIZE,SEQLEN", "t,SEQLEN,mem_usage",
+                                       "t,1bad", "SEQLEN,t"]))
+        width, t, lines = header.count(","), 0.0, [header]
+        for _ in range(draw(st.integers(0, 30))):
+            step = draw(step_)
+            t = t + step if 0 <= step <= 10 else step
+            lines.append(",".join([str(t), *(draw(size) for _ in range(width))]))
+        return "\n".join(lines) + "\n"
 
+    trace = st.one_of(st.text(max_size=120), traces())
 
-BOUNDARIES = (
-    Boundary("ring header", st.tuples(st.booleans(), st.booleans(), st.lists(
-        st.tuples(st.integers(0, 31), U64), max_size=6)), _ring_header),
-    Boundary("ring records", st.tuples(st.binary(max_size=256), st.lists(st.fixed_dictionaries(
-        {}, optional={"t_ns": I64, "values": st.lists(I64, min_size=4, max_size=4),
-                      "version": st.integers(0, 2**32 - 1), "profile": st.integers(0, 2**16 - 1),
-                      "kind": st.integers(0, 255), "ndim": st.integers(0, 255),
-                      "chunks": st.lists(st.integers(0, 2**16 - 1), min_size=4, max_size=4)}),
-        max_size=8)), _ring_records),
-    Boundary("snapshot header", st.lists(st.tuples(st.integers(0, 31), U64), min_size=1,
-                                         max_size=6), _snapshot_header),
-    Boundary("snapshot payload", st.one_of(st.binary(max_size=200), ODD_MAPS, VALUE.map(
-        lambda v: _packed({"device": 0, "profiles": {"fuzz": {"gears": v}}})), st.builds(
-        lambda s, b: _packed({"device": 0, "profiles": {"fuzz": {"gears": {"S": s, "B": b}}}}),
-        st.lists(I64, max_size=5), st.lists(I64, max_size=5))), _snapshot_payload),
-    Boundary("slot table words", st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6), U64),
-                                          min_size=1, max_size=5), _slot_words),
-    Boundary("mailbox messages", st.tuples(
-        st.booleans(), st.binary(max_size=300) | ODD_MAPS | VALUE.map(lambda v: _packed(v)),
-        U64, U64),
-        _mailbox),
-    Boundary("registration fields", st.tuples(
-        st.one_of(st.just(1), st.integers(-5, 2**17), VALUE, LONG),
-        st.one_of(st.just("other"), VALUE, LONG),
-        st.fixed_dictionaries({}, optional=WRONG)), _registration),
-    Boundary("state file", st.tuples(st.lists(st.tuples(st.integers(0, 10**6), VALUE | U64),
-                                              max_size=4), st.none() | st.binary(max_size=64)),
-             _state_file),
-    Boundary("toml config", TOML, _toml),
-    Boundary("trace csv", TRACE, _trace),
-)
+    return (
+        Boundary("ring header", st.tuples(st.booleans(), st.booleans(), st.lists(
+            st.tuples(st.integers(0, 31), u64), max_size=6)), _ring_header),
+        Boundary("ring records", st.tuples(st.binary(max_size=256), st.lists(st.fixed_dictionaries(
+            {}, optional={"t_ns": i64, "values": st.lists(i64, min_size=4, max_size=4),
+                          "version": st.integers(0, 2**32 - 1),
+                          "profile": st.integers(0, 2**16 - 1),
+                          "kind": st.integers(0, 255), "ndim": st.integers(0, 255),
+                          "chunks": st.lists(st.integers(0, 2**16 - 1), min_size=4, max_size=4)}),
+            max_size=8)), _ring_records),
+        Boundary("snapshot header", st.lists(st.tuples(st.integers(0, 31), u64), min_size=1,
+                                             max_size=6), _snapshot_header),
+        Boundary("snapshot payload", st.one_of(st.binary(max_size=200), odd_maps, value.map(
+            lambda v: _packed({"device": 0, "profiles": {"fuzz": {"gears": v}}})), st.builds(
+            lambda s, b: _packed({"device": 0, "profiles": {"fuzz": {"gears": {"S": s, "B": b}}}}),
+            st.lists(i64, max_size=5), st.lists(i64, max_size=5))), _snapshot_payload),
+        Boundary("slot table words", st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6), u64),
+                                              min_size=1, max_size=5), _slot_words),
+        Boundary("mailbox messages", st.tuples(
+            st.booleans(), st.binary(max_size=300) | odd_maps | value.map(lambda v: _packed(v)),
+            u64, u64),
+            _mailbox),
+        Boundary("registration fields", st.tuples(
+            st.one_of(st.just(1), st.integers(-5, 2**17), value, long),
+            st.one_of(st.just("other"), value, long),
+            st.fixed_dictionaries({}, optional=wrong)), _registration),
+        Boundary("state file", st.tuples(st.lists(st.tuples(st.integers(0, 10**6), value | u64),
+                                                  max_size=4), st.none() | st.binary(max_size=64)),
+                 _state_file),
+        Boundary("toml config", toml, _toml),
+        Boundary("trace csv", trace, _trace),
+    )
 
 
 def _packed(value: Any) -> bytes:

@@ -102,10 +102,12 @@ def command(
 
 def _fuzz(seconds: float, as_json: bool) -> None:
     """`--fuzz SECONDS`: the fuzz run (`gearshift.tools.stress.fuzz`), its table, its verdict."""
+    from gearshift.tools.stress import fuzz
+
     try:
-        from gearshift.tools.stress import fuzz
+        fuzz.require()
     except ImportError as e:
-        click.echo(f"error: --fuzz needs {e.name} (pip install 'gearshift[test]')", err=True)
+        click.echo(f"error: --fuzz: {e}", err=True)
         sys.exit(EXIT_ERROR)
     tallies = fuzz.everything(seconds)
     if as_json:

@@ -1,4 +1,4 @@
-"""Deployment faults `fuzz` attacks beside the boundaries (`FAULTS`; `faults` runs those that need
+"""Deployment faults `fuzz` attacks beside the boundaries (`faults()`; `faults` runs those that need
 real processes), each a hypothesis strategy of cases and the attack that plays one against a
 `target.Live` namespace:
 
@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 import msgpack
-from hypothesis import strategies as st
 
 from gearshift import protocol
 from gearshift.controller.controller import Controller
@@ -30,7 +29,7 @@ from gearshift.controller.statefile import LOCK_FILE, STATE_FILE
 from gearshift.core.dims import Dim
 from gearshift.errors import GearshiftError
 from gearshift.shm import SnapshotRegion, names, segment
-from gearshift.tools.stress.boundaries import Boundary
+from gearshift.tools.stress.boundaries import Boundary, strategies
 from gearshift.tools.stress.target import POLICY, Live, Tally, live
 
 MAILBOX_BYTES = 6000  # of gears a registration carries: with its names, it fits 8 KiB
@@ -152,12 +151,15 @@ def _make(kind: str, top: Path, real: Path, victim: Path) -> Path:
     return real
 
 
-FAULTS = (
-    Boundary("oversize registrations", st.tuples(
-        st.integers(1, 64).map(lambda k: k * 1024),
-        st.lists(st.tuples(st.integers(1, 4), st.integers(1, 2400),
-                           st.sampled_from([1, 200, 70_000, 2**33]), st.integers(1, 256)),
-                 min_size=1, max_size=10)), _oversize),
-    Boundary("hostile state dir", st.tuples(st.sampled_from(HOSTILE), st.binary(max_size=64)),
-             _hostile_directory),
-)
+def faults() -> tuple[Boundary, ...]:
+    """Every deployment fault, its cases drawn by hypothesis (imported here: `strategies`)."""
+    st = strategies()
+    return (
+        Boundary("oversize registrations", st.tuples(
+            st.integers(1, 64).map(lambda k: k * 1024),
+            st.lists(st.tuples(st.integers(1, 4), st.integers(1, 2400),
+                               st.sampled_from([1, 200, 70_000, 2**33]), st.integers(1, 256)),
+                     min_size=1, max_size=10)), _oversize),
+        Boundary("hostile state dir", st.tuples(st.sampled_from(HOSTILE), st.binary(max_size=64)),
+                 _hostile_directory),
+    )

@@ -1,14 +1,15 @@
 """Fuzzing every boundary: `gearshift stress --fuzz SECONDS`, and tests/tools/stress/test_fuzz.py.
 
-Each boundary of `boundaries.BOUNDARIES` is a hypothesis strategy of cases (arbitrary bytes and
+Each boundary of `boundaries.boundaries()` is a hypothesis strategy of cases (arbitrary bytes and
 well-formed but wrong values: ring header and records, snapshot header and payload, slot table
 words, mailbox messages, registration fields, the state file, the TOML configuration, a trace
-CSV; and the deployment faults of `fault_boundaries.FAULTS`: oversize registrations, a hostile
+CSV; and the deployment faults of `fault_boundaries.faults()`: oversize registrations, a hostile
 state directory) and an attack that writes one case into a `target.Live` namespace and lets it
 run; `run` sizes each boundary by examples (the tests) or by time (the command) and returns a
 `target.Tally` per boundary. `real_processes` attacks a `gearshift serve` process and a worker
 process from the outside. Hypothesis only generates: a failure is tallied, not raised, so
-nothing shrinks it.
+nothing shrinks it. Hypothesis is the `test` extra's: it is imported only when a run starts
+(`require` says what to install when it is missing).
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def run(examples: int | None = None, seconds: float | None = None,
         only: list[str] | None = None) -> dict[str, Tally]:
     """Every boundary's tally: `examples` cases each (the tests'), or batches of cases until
     `seconds` are spent, shared equally (`gearshift stress --fuzz`)."""
+    require()
     from hypothesis import HealthCheck, Phase, given, settings
 
-    chosen = [b for b in (*boundaries.BOUNDARIES, *fault_boundaries.FAULTS)
+    chosen = [b for b in (*boundaries.boundaries(), *fault_boundaries.faults())
               if only is None or b.name in only]
     tallies = {b.name: Tally() for b in chosen}
     quiet = logging.getLogger("gearshift")
@@ -60,6 +62,11 @@ def run(examples: int | None = None, seconds: float | None = None,
         quiet.level = level
         gc.unfreeze()
     return tallies
+
+
+def require() -> None:
+    """Raise an ImportError that says what to install if hypothesis is missing."""
+    boundaries.strategies()
 
 
 def everything(seconds: float) -> dict[str, Tally]:
