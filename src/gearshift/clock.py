@@ -45,8 +45,10 @@ class ThreadCpuClock:
             time.sleep(seconds)
 
 
-class FakeClock:
-    """Virtual time for tests: `sleep` advances `now` instantly; thread-safe."""
+class ManualClock:
+    """Virtual time that moves only when told: `sleep` and `advance` move `now` at once;
+    thread-safe. The stress harness steps a controller on it (tools/stress/target.py); the
+    tests have their own (tests/fakeclock.py)."""
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = float(start)

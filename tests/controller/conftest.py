@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fakeclock import FakeClock
 
-from gearshift.clock import FakeClock, MonotonicClock
+from gearshift.clock import MonotonicClock
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 

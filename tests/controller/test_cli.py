@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from fakeclock import FakeClock
 
 from gearshift.cli import main
 from gearshift.clikit import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE
-from gearshift.clock import FakeClock
 from gearshift.controller import statefile
 from gearshift.controller.config import ControllerConfig, load_initial_gears
 from gearshift.controller.controller import Controller

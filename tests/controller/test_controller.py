@@ -13,8 +13,8 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from fakeclock import FakeClock
 
-from gearshift.clock import FakeClock
 from gearshift.controller import controller as controller_module
 from gearshift.controller import statefile
 from gearshift.controller.config import ControllerConfig

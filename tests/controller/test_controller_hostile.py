@@ -9,9 +9,10 @@ import sys
 from collections.abc import Callable
 
 import pytest
+from fakeclock import FakeClock
 
 from gearshift import protocol
-from gearshift.clock import FakeClock, MonotonicClock
+from gearshift.clock import MonotonicClock
 from gearshift.controller import registrations
 from gearshift.controller.controller import Controller
 from gearshift.core.dims import Dim

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakeclock import FakeClock
 
-from gearshift.clock import FakeClock
 from gearshift.controller import costbook, statefile
 from gearshift.controller.controller import Controller
 from gearshift.controller.costbook import (

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fakeclock import FakeClock
 from shm.procs import (
     WAIT,
     Spawn,
@@ -24,7 +25,6 @@ from shm.procs import (
     register_put_exit,
 )
 
-from gearshift.clock import FakeClock
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.errors import NamespaceLost

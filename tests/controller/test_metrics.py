@@ -6,8 +6,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from fakeclock import FakeClock
 
-from gearshift.clock import FakeClock
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fakeclock import FakeClock
 
-from gearshift.clock import FakeClock
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig

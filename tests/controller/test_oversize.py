@@ -7,8 +7,8 @@ import logging
 from collections.abc import Callable, Iterator
 
 import pytest
+from fakeclock import FakeClock
 
-from gearshift.clock import FakeClock
 from gearshift.controller import statefile, status
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller

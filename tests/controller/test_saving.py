@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from fakeclock import FakeClock
 
-from gearshift.clock import FakeClock
 from gearshift.controller import saving, statefile
 from gearshift.controller.costbook import CostBook
 from gearshift.core.config import PolicyConfig

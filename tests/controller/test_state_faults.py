@@ -176,7 +176,7 @@ def test_a_failed_final_save_fails_serve_and_stop(
 def test_the_final_save_is_logged_even_right_after_another_failed_save(
     namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from gearshift.clock import FakeClock
+    from fakeclock import FakeClock
 
     config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path / "state"))
     controller = Controller.open(config, CONFIG, clock=FakeClock(1.0))

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 import torch
+from fakeclock import FakeClock
 
 import gearshift as gs
-from gearshift.clock import FakeClock, MonotonicClock, ThreadCpuClock
+from gearshift.clock import MonotonicClock, ThreadCpuClock
 from gearshift.graphs import device as device_module
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.measure import Meter, clock_for, static_bytes

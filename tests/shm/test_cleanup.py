@@ -5,8 +5,8 @@ import time
 from multiprocessing.context import BaseContext
 
 import pytest
+from fakeclock import FakeClock
 
-from gearshift.clock import FakeClock
 from gearshift.errors import ControllerNotFound, ControllerRunning, NamespaceBusy
 from gearshift.shm import EventRing, Registry, SnapshotRegion, cleanup, names, segment
 from gearshift.shm.cleanup import _remove, own

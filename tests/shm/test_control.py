@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from multiprocessing.context import BaseContext
 
 import pytest
+from fakeclock import FakeClock
 
-from gearshift.clock import FakeClock
 from gearshift.errors import (
     ConfigError,
     ControllerNotFound,

@@ -4,8 +4,8 @@ import os
 import stat
 
 import pytest
+from fakeclock import FakeClock
 
-from gearshift.clock import FakeClock
 from gearshift.errors import LayoutError, NamespaceBusy
 from gearshift.shm import segment
 from gearshift.shm.segment import Segment

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+from fakeclock import FakeClock
 
 from gearshift import protocol
-from gearshift.clock import FakeClock
 from gearshift.controller import registrations
 from gearshift.core.dims import Dim
 from gearshift.errors import GearshiftError, NamespaceBusy

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakeclock import FakeClock
 
 import gearshift as gs
-from gearshift.clock import FakeClock
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.compiled import CompiledRunner
 from gearshift.graphs.pool import GraphResourcePool

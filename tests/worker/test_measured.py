@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fakeclock import FakeClock
+
 import gearshift as gs
-from gearshift.clock import FakeClock
 from gearshift.graphs.measure import GraphCost
 from gearshift.shm import Kind, Registry
 from gearshift.worker import measured as measured_module

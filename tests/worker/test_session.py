@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from fakeclock import FakeClock
 
 import gearshift as gs
-from gearshift.clock import FakeClock
 from gearshift.shm import Kind, Registry, SlotState, Snapshot, cleanup, names
 from gearshift.shm.segment import exists
 from worker.fake_controller import WAIT, FakeController, serve, wait_until

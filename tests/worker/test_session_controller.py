@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from fakeclock import FakeClock
 
 import gearshift as gs
-from gearshift.clock import FakeClock
 from gearshift.controller.statefile import STATE_FILE
 from gearshift.shm import Registry, cleanup, names
 from worker import procs

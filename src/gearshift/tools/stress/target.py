@@ -1,6 +1,6 @@
 """What the fuzzer attacks (`fuzz.py`): a `Live` namespace and the `Tally` of what went wrong.
 
-A `Live` is a `Controller` of its own, stepped on a FakeClock in this process, with one live
+A `Live` is a `Controller` of its own, stepped on a ManualClock in this process, with one live
 `Client` routing on profile "fuzz", and a hostile worker (a slot and ring of its own). After an
 attack (`boundaries.py`) the loop runs on and requests are routed (`run`); then everything is
 closed and the namespace must be gone. A case counts, per boundary:
@@ -36,7 +36,7 @@ from resource import RUSAGE_THREAD, getrusage
 from typing import Any
 
 from gearshift import protocol
-from gearshift.clock import FakeClock, MonotonicClock
+from gearshift.clock import ManualClock, MonotonicClock
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.controller.statefile import STATE_FILE
@@ -92,7 +92,7 @@ class Tally:
         return {name: getattr(self, name) for name in self.FIGURES}
 
 
-class SteppingClock(FakeClock):
+class SteppingClock(ManualClock):
     """Virtual time in which the controller runs whenever the client waits."""
 
     step: Callable[[], None] = staticmethod(lambda: None)
