@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gearshift as gs
-from gearshift.controller import engines, status
+from gearshift.controller import status
+from gearshift.export import engines
 from gearshift.shm import Kind, Registry
 from worker.fake_controller import FakeController
 

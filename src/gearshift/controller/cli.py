@@ -17,7 +17,7 @@ import click
 from gearshift import clikit, environment
 from gearshift.clikit import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_USAGE
 from gearshift.clock import MonotonicClock
-from gearshift.controller import engines, footprint, statefile, view
+from gearshift.controller import footprint, statefile, view
 from gearshift.controller import status as status_doc
 from gearshift.controller.config import (
     ControllerConfig,
@@ -37,6 +37,7 @@ from gearshift.errors import (
     NamespaceError,
     StateError,
 )
+from gearshift.export import engines
 from gearshift.shm import Registry, cleanup, liveness, names
 
 log = logging.getLogger(__name__)

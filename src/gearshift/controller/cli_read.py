@@ -12,9 +12,10 @@ import click
 from gearshift import protocol
 from gearshift.clikit import EXIT_NOT_RUNNING
 from gearshift.clock import MonotonicClock
-from gearshift.controller import engines, view
+from gearshift.controller import view
 from gearshift.controller.cli import EPILOG, exits, json_option, namespace_option
 from gearshift.errors import ControllerNotFound
+from gearshift.export import engines
 from gearshift.shm import names
 
 

@@ -21,10 +21,10 @@ from gearshift.configfile import (
     read_toml,
     unknown_key,
 )
-from gearshift.controller.engines import InitialGears, parse
 from gearshift.core.config import PolicyConfig, check_value
 from gearshift.core.round import DeviceLedger
 from gearshift.errors import ConfigError, NamespaceError
+from gearshift.export.engines import InitialGears, parse
 from gearshift.shm import names
 
 

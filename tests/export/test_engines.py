@@ -10,8 +10,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gearshift.controller import engines
 from gearshift.errors import ConfigError
+from gearshift.export import engines
 
 DECODE = {"BATCHSIZE": (1, 2, 8, 24, 40, 64)}
 DOC = {

@@ -39,9 +39,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from gearshift.controller import engine_text
 from gearshift.core.dims import Gears, normalize_gears
 from gearshift.errors import ConfigError, ShapeError
+from gearshift.export import engine_text
 
 InitialGears = dict[int, dict[str, dict[str, Gears]]]  # device -> profile -> dim -> gears
 
