@@ -1,51 +1,28 @@
-"""gearshift: adaptive shape gears for accelerator graphs, decided by one sidecar per node."""
+"""gearshift: adaptive shape gears for accelerator graphs, decided by one sidecar per node.
+
+`import gearshift as gs` is the worker's API: `connect` (a `Client`), its profiles (`Profile`,
+`Dim`; `run`, `route` (a `Route`), `record`), `compile`, the graph runners a worker builds,
+`outside_capture`, and the errors a worker catches. The operator's names (the policy's
+configuration, the errors of the controller and its commands) are `gearshift.operator`'s.
+"""
 
 import importlib
 
-from gearshift.configfile import load_policy_config
-from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.errors import (
     BackendUnavailable,
     ConfigError,
     ControllerNotFound,
-    ControllerRunning,
     GearshiftError,
     LayoutError,
+    NamespaceBusy,
     NamespaceError,
     PaddingError,
     PayloadError,
     ProfileMismatch,
     ShapeError,
     StateError,
-    TraceError,
 )
-
-__all__ = [
-    "BackendUnavailable",
-    "Client",
-    "Compiled",
-    "ConfigError",
-    "ControllerNotFound",
-    "ControllerRunning",
-    "Dim",
-    "GearshiftError",
-    "LayoutError",
-    "NamespaceError",
-    "PaddingError",
-    "PayloadError",
-    "Plan",
-    "PolicyConfig",
-    "Profile",
-    "ProfileMismatch",
-    "Route",
-    "ShapeError",
-    "StateError",
-    "TraceError",
-    "compile",
-    "connect",
-    "load_policy_config",
-]
 
 # Imported on first use: `import gearshift` stays light, and torch-free (the routing client
 # never imports torch; the runner side does).
@@ -63,11 +40,30 @@ _LAZY = {
     "connect": "gearshift.worker.connecting",
     "outside_capture": "gearshift.graphs.device",
 }
-_ALIASES = {"Plan": "Route"}  # Route's old name, kept for existing callers
+
+__all__ = [  # what a worker may import: the eager names, then `_LAZY`'s
+    "BackendUnavailable",
+    "ConfigError",
+    "ControllerNotFound",
+    "Dim",
+    "GearshiftError",
+    "LayoutError",
+    "NamespaceBusy",
+    "NamespaceError",
+    "PaddingError",
+    "PayloadError",
+    "ProfileMismatch",
+    "ShapeError",
+    "StateError",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> object:
-    target = _ALIASES.get(name, name)
-    if target in _LAZY:
-        return getattr(importlib.import_module(_LAZY[target]), target)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'gearshift' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import gearshift as gs
 from gearshift.cli import main
 from gearshift.clikit import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from gearshift.operator import PolicyConfig
 
 KEYS = {
     "padding_overhead",
@@ -112,7 +112,7 @@ def test_plot_ticks_of_gears_are_ints() -> None:
 
     data = load_trace("azure_code_batched")
     dims = replay.policy_dims(data, "pow2", {}, {}, {}, {})
-    fig = figure(replay.simulate(data, dims, gs.PolicyConfig(), adaptive=False))
+    fig = figure(replay.simulate(data, dims, PolicyConfig(), adaptive=False))
     fig.canvas.draw()
     for axis in fig.axes[: len(dims)]:  # the gears' row
         labels = [t.get_text() for t in axis.get_yticklabels() if t.get_text()]
@@ -292,7 +292,7 @@ def test_plot_labels_every_gear_and_marks_segments_without_requests(tmp_path: Pa
     csv.write_text("t,B\n" + "".join(f"{t},{1 + i % 6}\n" for i, t in enumerate(times)))
     data = load_trace(str(csv))
     dims = replay.policy_dims(data, "static", {"B": (1, 2, 3, 6)}, {}, {}, {})
-    fig = figure(replay.simulate(data, dims, gs.PolicyConfig(), adaptive=False))
+    fig = figure(replay.simulate(data, dims, PolicyConfig(), adaptive=False))
     fig.canvas.draw()
     top, bottom = fig.axes
     labels = [t.get_text() for t in top.get_yticklabels() if t.get_text()]

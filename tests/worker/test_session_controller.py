@@ -19,6 +19,7 @@ from fakeclock import FakeClock
 
 import gearshift as gs
 from gearshift.controller.statefile import STATE_FILE
+from gearshift.operator import PolicyConfig
 from gearshift.shm import Registry, cleanup, names
 from worker import procs
 from worker.fake_controller import WAIT, ServingClock, serve, wait_until
@@ -113,7 +114,7 @@ def test_gears_the_real_controller_learns_reach_the_client(namespace: str, tmp_p
     from gearshift.controller.config import ControllerConfig
     from gearshift.controller.controller import Controller
 
-    policy = gs.PolicyConfig(
+    policy = PolicyConfig(
         check_interval_seconds=1.0, update_interval_seconds=10.0, recent_use_protect_seconds=1.0
     )
     config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))

@@ -1,0 +1,36 @@
+"""The two public surfaces: `import gearshift as gs` for a worker, `gearshift.operator` for an
+operator; each `__all__` is exactly what a user may import."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+import gearshift as gs
+from gearshift import operator
+
+
+def test_all_is_every_public_name_of_the_package_and_each_resolves() -> None:
+    public = {n for n in dir(gs) if not n.startswith("_")
+              and not isinstance(getattr(gs, n), types.ModuleType)}
+    assert public == set(gs.__all__)
+    assert len(gs.__all__) == len(set(gs.__all__))
+
+
+def test_nothing_lazily_importable_is_missing_from_all() -> None:
+    assert set(gs._LAZY) <= set(gs.__all__)
+
+
+@pytest.mark.parametrize("name", ["PolicyConfig", "load_policy_config", "ControllerRunning",
+                                  "TraceError", "Plan"])
+def test_operator_names_and_old_aliases_are_not_the_workers(name: str) -> None:
+    with pytest.raises(AttributeError):
+        getattr(gs, name)
+
+
+def test_the_operator_module_lists_what_it_holds() -> None:
+    public = {n for n in vars(operator) if not n.startswith("_")}
+    assert public == set(operator.__all__)
+    assert operator.PolicyConfig().check_interval_seconds > 0
+    assert operator.ConfigError is gs.ConfigError
