@@ -1,4 +1,4 @@
-"""Seed 004's graph bucket runner, and its example 1 step by step."""
+"""The one-dim graph runner (one graph per gear), step by step."""
 
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ def runner() -> gs.GraphRunner:
 
 
 def test_construction_and_capture(runner: gs.GraphRunner) -> None:
-    assert runner.buckets == (1, 4, 16)
+    assert runner.gears == (1, 4, 16)
     assert runner.static_in.shape == runner.static_out.shape == (16, 3)
     assert runner.static_in.dtype == torch.float32
     assert list(runner.graphs) == [16, 4, 1]  # largest first
     assert runner.static_in.eq(0).all() and runner.static_out.eq(1).all()  # capture ran fn(0)
-    assert runner.stats == {"replays": 0, "eager": 0, "last_bucket": None}
+    assert runner.stats == {"replays": 0, "eager": 0, "last_gear": None}
 
 
 def test_seed_example_1(runner: gs.GraphRunner) -> None:
@@ -42,37 +42,37 @@ def test_seed_example_1(runner: gs.GraphRunner) -> None:
 
     y = runner.run(batch(10))  # 1.
     assert torch.equal(y, fn(batch(10)))
-    assert stats == {"replays": 1, "eager": 0, "last_bucket": 16}
+    assert stats == {"replays": 1, "eager": 0, "last_gear": 16}
     assert rows(runner.static_in) == [10] * 6 and rows(runner.static_out) == [21] * 6
     assert runner.static_out[10:16].eq(1).all()  # padding rows ran fn(0)
 
     y = runner.run(batch(3))  # 2.
     assert torch.equal(y, fn(batch(3)))
-    assert stats == {"replays": 2, "eager": 0, "last_bucket": 4}
+    assert stats == {"replays": 2, "eager": 0, "last_gear": 4}
     assert rows(runner.static_in) == [3, 3, 3, 0, 10, 10]
     assert rows(runner.static_out) == [7, 7, 7, 1, 21, 21]
 
     before = runner.static_in.clone(), runner.static_out.clone()
-    y = runner.run(batch(17))  # 3. no bucket >= 17
+    y = runner.run(batch(17))  # 3. no gear >= 17
     assert torch.equal(y, fn(batch(17)))
-    assert stats == {"replays": 2, "eager": 1, "last_bucket": 4}
+    assert stats == {"replays": 2, "eager": 1, "last_gear": 4}
     assert torch.equal(runner.static_in, before[0]) and torch.equal(runner.static_out, before[1])
 
     y = runner.run(batch(4))  # 4.
     assert torch.equal(y, fn(batch(4)))
-    assert stats == {"replays": 3, "eager": 1, "last_bucket": 4}
+    assert stats == {"replays": 3, "eager": 1, "last_gear": 4}
     assert rows(runner.static_in) == [4, 4, 4, 4, 10, 10]
     assert rows(runner.static_out) == [9, 9, 9, 9, 21, 21]
 
     before = runner.static_in.clone(), runner.static_out.clone()
     y = runner.run(batch(1), force_eager=True)  # 5.
     assert torch.equal(y, fn(batch(1)))
-    assert stats == {"replays": 3, "eager": 2, "last_bucket": 4}
+    assert stats == {"replays": 3, "eager": 2, "last_gear": 4}
     assert torch.equal(runner.static_in, before[0]) and torch.equal(runner.static_out, before[1])
 
     y = runner.run(batch(1))  # 6.
     assert torch.equal(y, fn(batch(1)))
-    assert stats == {"replays": 4, "eager": 2, "last_bucket": 1}
+    assert stats == {"replays": 4, "eager": 2, "last_gear": 1}
     assert rows(runner.static_in) == [1, 4, 4, 4, 10, 10]
     assert rows(runner.static_out) == [3, 9, 9, 9, 21, 21]
 
@@ -86,22 +86,22 @@ def test_result_is_a_clone(runner: gs.GraphRunner) -> None:  # 7.
     assert y1.data_ptr() != runner.static_out.data_ptr()
 
 
-def test_padding_rows_zeroed_only_within_bucket(runner: gs.GraphRunner) -> None:
+def test_padding_rows_zeroed_only_within_gear(runner: gs.GraphRunner) -> None:
     runner.run(batch(13))
-    runner.run(batch(5))  # bucket 16: rows [5, 16) zeroed
+    runner.run(batch(5))  # gear 16: rows [5, 16) zeroed
     assert runner.static_in[5:16].eq(0).all()
     runner.run(batch(3))
     assert runner.static_in[3].eq(0).all() and runner.static_in[4:5].eq(5).all()
 
 
-def test_uncaptured_bucket_runs_eager_without_capturing() -> None:
+def test_uncaptured_gear_runs_eager_without_capturing() -> None:
     r = gs.GraphRunner(fn, [1, 4], hidden=3)
     y = r.run(batch(2))
     assert torch.equal(y, fn(batch(2)))
     assert r.graphs == {} and r.stats["eager"] == 1 and r.static_in.eq(0).all()
 
 
-def test_bad_buckets() -> None:
+def test_bad_gears() -> None:
     with pytest.raises(gs.ShapeError):
         gs.GraphRunner(fn, [0, 4], hidden=3)
     with pytest.raises(gs.ShapeError):

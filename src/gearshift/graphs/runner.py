@@ -1,9 +1,9 @@
-"""A graph bucket runner of one batch dim: one graph per bucket over one static buffer pair.
+"""A graph runner of one batch dim: one graph per gear over one static buffer pair.
 
-Every bucket's graph is captured on the first b rows of the same `static_in`
+Every gear's graph is captured on the first b rows of the same `static_in`
 / `static_out`. A run copies its rows in, zeroes only the padding rows
 `[bs, b)` (leftovers of a larger batch), replays, and returns a clone (the
-next replay overwrites `static_out`). No bucket, an uncaptured bucket, or
+next replay overwrites `static_out`). No gear, an uncaptured gear, or
 `force_eager` runs `fn(x)` and leaves the buffers untouched. `run` never captures.
 """
 
@@ -23,22 +23,22 @@ class GraphRunner:
     def __init__(
         self,
         fn: Callable[[torch.Tensor], torch.Tensor],
-        buckets: Sequence[int],
+        gears: Sequence[int],
         hidden: int,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> None:
         self.fn = fn
-        self.buckets = normalize_gears(buckets)
+        self.gears = normalize_gears(gears)
         self.backend = backend_for(device)
-        self.static_in = torch.zeros(self.buckets[-1], hidden, dtype=dtype, device=device)
+        self.static_in = torch.zeros(self.gears[-1], hidden, dtype=dtype, device=device)
         self.static_out = torch.zeros_like(self.static_in)
         self.graphs: dict[int, Graph] = {}
-        self.stats: dict[str, Any] = {"replays": 0, "eager": 0, "last_bucket": None}
+        self.stats: dict[str, Any] = {"replays": 0, "eager": 0, "last_gear": None}
 
     def capture(self) -> None:
-        """One graph per bucket on the first b rows, largest first."""
-        for b in reversed(self.buckets):
+        """One graph per gear on the first b rows, largest first."""
+        for b in reversed(self.gears):
             graph = self.backend.graph(functools.partial(self._body, b))
             graph.capture()
             self.graphs[b] = graph
@@ -48,7 +48,7 @@ class GraphRunner:
 
     def run(self, x: torch.Tensor, force_eager: bool = False) -> torch.Tensor:
         bs = x.shape[0]
-        b = gear_for(self.buckets, bs)
+        b = gear_for(self.gears, bs)
         if force_eager or b not in self.graphs:
             self.stats["eager"] += 1
             return self.fn(x)
@@ -56,5 +56,5 @@ class GraphRunner:
         self.static_in[bs:b].zero_()
         self.graphs[b].replay()
         self.stats["replays"] += 1
-        self.stats["last_bucket"] = b
+        self.stats["last_gear"] = b
         return self.static_out[:bs].clone()
