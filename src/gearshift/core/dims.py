@@ -23,6 +23,7 @@ import numpy as np
 from gearshift.errors import ShapeError
 
 Gears = tuple[int, ...]
+Variant = tuple[int, ...]  # one gear per dim of a profile, in its dim order: one graph
 MAX_DIMS = 4  # dims of a profile: a ring record carries four values
 MAX_VALUE = (1 << 63) - 1  # raw values and gears: a ring record's values are int64
 MAX_NAME = 256  # characters of a profile's or a dim's name

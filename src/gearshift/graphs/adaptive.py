@@ -47,10 +47,10 @@ import torch
 from torch.utils._pytree import tree_unflatten
 
 from gearshift.clock import Clock
-from gearshift.core.dims import Gears, gear_for
+from gearshift.core.dims import Gears, Variant, gear_for
 from gearshift.errors import ShapeError
 from gearshift.graphs.backends import Graph, backend_for
-from gearshift.graphs.buffers import StaticBuffers, Variant
+from gearshift.graphs.buffers import StaticBuffers
 from gearshift.graphs.device import outside_capture
 from gearshift.graphs.measure import GraphCost, Meter, replays_for
 from gearshift.graphs.pool import GraphResourcePool, KeyGearIndex

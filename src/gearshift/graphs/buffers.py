@@ -16,10 +16,9 @@ from collections.abc import Mapping
 
 import torch
 
+from gearshift.core.dims import Variant
 from gearshift.errors import ShapeError
 from gearshift.graphs.transform import Transform
-
-Variant = tuple[int, ...]
 
 
 class StaticBuffers:

@@ -44,7 +44,8 @@ from typing import Any
 import torch
 
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.graphs.adaptive import AdaptiveRunner, Variant
+from gearshift.core.dims import Variant
+from gearshift.graphs.adaptive import AdaptiveRunner
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.graphs.transform import Transform
 

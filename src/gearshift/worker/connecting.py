@@ -20,7 +20,7 @@ from gearshift import environment
 from gearshift.clock import Clock
 from gearshift.errors import ControllerNotFound, ControllerRunning
 from gearshift.shm import Registry, names
-from gearshift.worker.session import NO_CONTROLLER, Client, MemoryReading, Stoppable
+from gearshift.worker.session import NO_CONTROLLER, Client, MemoryReader, Stoppable
 
 
 def connect(
@@ -31,7 +31,7 @@ def connect(
     require_controller: bool = False,
     state_dir: str | None = None,
     clock: Clock | None = None,
-    memory: MemoryReading | None = None,
+    memory: MemoryReader | None = None,
     register_timeout: float = 2.0,
     background: bool = True,
 ) -> Client:

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from gearshift import protocol
-from gearshift.core.dims import Dim, Gears, normalize_gears
+from gearshift.core.dims import Dim, Gears, Variant, normalize_gears
 from gearshift.errors import ShapeError, StateError
 from gearshift.worker.interfaces import Host, Runner
 from gearshift.worker.measured import Measured
@@ -52,7 +52,6 @@ WARM_BATCH = 8  # variants captured per maintain() call: the swap thread stays r
 WARM_WALK = 1024  # planned variants looked at per call at most (the ready ones are skipped)
 RETRY_SECONDS = (1.0, 60.0)  # a failed capture is retried after 1 s, doubling, at most 60 s,
 RETRY_ATTEMPTS = 4  # ... this many times; then only once the gears in use change
-Variant = tuple[int, ...]
 
 
 def beyond(base: Mapping[str, Gears], gears: Mapping[str, Gears]) -> Iterator[Variant]:

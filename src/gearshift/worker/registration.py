@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 REGISTER_POLL = 0.001  # seconds between looks at the reply mailbox while waiting for a reply
 
 
-class Registrations:
+class RegistrationQueue:
     """The profiles of one slot, by id, and the queue of those to register, in order. `warn`
     logs a rate-limited warning (the client's); `clock` paces the waits and the retries."""
 

@@ -2,7 +2,7 @@
 
 A client attaches its namespace (claims a worker slot for its device, creates the slot's event
 ring), attaches the device's snapshot region once the controller has created it, and registers
-each `profile` through the slot's mailbox (`Registrations`, one registration in flight; with a
+each `profile` through the slot's mailbox (`RegistrationQueue`, one registration in flight; with a
 live controller the caller waits `register_timeout` for the reply: a refusal, ProfileMismatch,
 is raised to it; no reply: the profile serves on its initial gears and registers when the
 controller answers). Until a controller has created the namespace the client serves on its
@@ -52,13 +52,13 @@ from gearshift.shm.ring import DEFAULT_CAPACITY
 from gearshift.worker import forking
 from gearshift.worker.interfaces import Runner
 from gearshift.worker.profile import Profile
-from gearshift.worker.registration import Registrations
+from gearshift.worker.registration import RegistrationQueue
 from gearshift.worker.routing import checked_dims
 from gearshift.worker.standins import NO_SNAPSHOT, NoSnapshot, Unrecorded
 from gearshift.worker.swap import SwapThread
 
 log = logging.getLogger(__name__)
-MemoryReading = Callable[[], tuple[int, int]]
+MemoryReader = Callable[[], tuple[int, int]]  # reads (free, total) bytes of the device
 JOIN_TIMEOUT = 5.0
 NO_CONTROLLER = "no controller is running on namespace %r (start one with `gearshift serve -n %s`)"
 
@@ -90,7 +90,7 @@ class Client:
         device: int,
         *,
         clock: Clock | None = None,
-        memory: MemoryReading | None = None,
+        memory: MemoryReader | None = None,
         register_timeout: float = 2.0,
         background: bool = True,
         controller: Stoppable | None = None,
@@ -120,7 +120,7 @@ class Client:
         self._quiet_until = self._next_beat = self._next_memory = float("-inf")
         self._region_stale = False
         self._ring_capacity = ring_capacity
-        self._registrations = Registrations(self.namespace, self._warn, self.clock,
+        self._registrations = RegistrationQueue(self.namespace, self._warn, self.clock,
                                             self.retry_interval)
         self._closed = False
         self._no_room = False  # the last try to create the ring found no room in /dev/shm

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gearshift.core.dims import Dim, Gears
+from gearshift.core.dims import Dim, Gears, Variant
 
 MAX_HELD = 4096  # wanted variants held for a capture (once full, no more kept)
-Variant = tuple[int, ...]
 Deferred = tuple[frozenset[int], ...]  # per dim (in dim order), the gears a plan defers
 
 
