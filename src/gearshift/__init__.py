@@ -41,21 +41,32 @@ _LAZY = {
     "outside_capture": "gearshift.graphs.device",
 }
 
-__all__ = [  # what a worker may import: the eager names, then `_LAZY`'s
+__all__ = [  # exactly what a worker may import: the names above and `_LAZY`'s
+    "AdaptiveRunner",
     "BackendUnavailable",
+    "Client",
+    "Compiled",
+    "CompiledRunner",
     "ConfigError",
     "ControllerNotFound",
     "Dim",
     "GearshiftError",
+    "GraphResourcePool",
+    "GraphRunner",
     "LayoutError",
     "NamespaceBusy",
     "NamespaceError",
     "PaddingError",
     "PayloadError",
+    "Profile",
     "ProfileMismatch",
+    "Route",
     "ShapeError",
     "StateError",
-    *_LAZY,
+    "Transform",
+    "compile",
+    "connect",
+    "outside_capture",
 ]
 
 
