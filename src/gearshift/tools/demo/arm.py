@@ -31,6 +31,7 @@ from gearshift.core.dims import Dim, Gears, padded_work
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.tools.demo import block
+from gearshift.tools.demo.figures import COMPILE_KEYS
 from gearshift.tools.demo.workload import SEQ
 
 SETTLE_POLL = 0.001  # seconds between looks at whether the swap thread has captured new gears
@@ -70,12 +71,26 @@ class Runner(gs.AdaptiveRunner):
     capture_tokens = 0
 
     def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
-        began, tokens = time.thread_time(), self.transform.fn.here()
+        began, tokens = self.cpu(), self.here()
         try:
             return super().capture(variants)
         finally:
-            self.capture_seconds += time.thread_time() - began
-            self.capture_tokens += self.transform.fn.here() - tokens
+            self.capture_seconds += self.cpu() - began
+            self.capture_tokens += self.here() - tokens
+
+    def here(self) -> int:
+        """Tokens computed on this thread so far."""
+        return self.transform.fn.here()
+
+    def cpu(self) -> float:
+        """The CPU seconds that time a capture: this thread's."""
+        return time.thread_time()
+
+
+def process_cpu() -> float:
+    """This process's CPU seconds and its children's it waited for (a compile's C++ compiler)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def features(model: Model, dims: Mapping[str, Dim]) -> tuple[int, ...]:
@@ -85,11 +100,17 @@ def features(model: Model, dims: Mapping[str, Dim]) -> tuple[int, ...]:
 
 def runner_for(model: Model, dims: Mapping[str, Dim]) -> Runner:
     """A Runner of `model` with `x` = [*dims, *features], in a pool of its own."""
+    transform, example = binding(Counted(model), model, dims)
+    return Runner(transform, example, pool=GraphResourcePool(CpuBackend()))
+
+
+def binding(fn: Callable[..., Any], model: Model,
+            dims: Mapping[str, Dim]) -> tuple[gs.Transform, dict[str, torch.Tensor]]:
+    """`fn` bound as a runner of `model` binds it, `x` = [*dims, *features]; its example."""
     tail = features(model, dims)
     axes = (*dims, *(None for _ in tail))
-    transform = gs.Transform(Counted(model), dims, {"x": axes}, outputs=axes)
     example = {"x": torch.zeros(*(1 for _ in dims), *tail)}
-    return Runner(transform, example, pool=GraphResourcePool(CpuBackend()))
+    return gs.Transform(fn, dims, {"x": axes}, outputs=axes), example
 
 
 def variants(gears: Mapping[str, Gears]) -> list[dict[str, int]]:
@@ -124,6 +145,10 @@ class Lane:
         self.inputs = inputs(model, runner.transform.dims, self.rows)
         runner.capture(variants(runner.gears))
         self._base = self._counters()
+        # a compiled runner's compiles before the arm starts (calibration's, the initial gears')
+        self._startup: dict[str, Any] | None = (
+            {k: v for k, v in self._base.items() if k in COMPILE_KEYS}
+            if "compiles" in self._base else None)
         self._clear()
 
     def _counters(self) -> dict[str, Any]:
@@ -169,6 +194,8 @@ class Lane:
             "dims": {d: [r, p] for d, r, p in zip(self.names, self.raw, self.work, strict=True)},
             **{k: v - self._base[k] for k, v in now.items()},
         }
+        if self._startup is not None:  # in the first report only
+            out["startup"], self._startup = self._startup, dict.fromkeys(self._startup, 0)
         self._base = now
         self._clear()
         return out
@@ -195,7 +222,7 @@ class Arm:
         """Run the merged rows `take(end)` gives (the next one, `end` when none is left before
         it); the slice's figures: its times and each lane's (`profiles`)."""
         parent = os.getppid()
-        began, cpu, thread = time.monotonic(), time.process_time(), time.thread_time()
+        began, cpu, thread = time.monotonic(), process_cpu(), time.thread_time()
         while (j := take(end)) < end:
             if os.getppid() != parent:
                 raise SystemExit("the demo process is gone")
@@ -208,7 +235,7 @@ class Arm:
         return {
             "began": began,
             "ended": time.monotonic(),
-            "cpu": time.process_time() - cpu,
+            "cpu": process_cpu() - cpu,
             "thread_cpu": time.thread_time() - thread,
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "profiles": self.figures(),
@@ -252,21 +279,22 @@ def static_arm(lanes: Mapping[str, tuple[Model, Runner, Mapping[str, np.ndarray]
 class AdaptiveArm(Arm):
     """The arm through `client` (connected to the controller serving its namespace): per
     profile (`profiles`: name -> its dims and its rows' sizes) a profile of the client and a
-    runner of a model of its own (`make`)."""
+    runner of a model of its own (`make`, `runner`)."""
 
     def __init__(self, client: gs.Client,
                  profiles: Mapping[str, tuple[Mapping[str, Dim], Mapping[str, np.ndarray]]],
                  which: np.ndarray, local: np.ndarray,
                  report: Callable[[int, int, int], None] = lambda *_: None,
-                 make: Callable[[], Model] = block.Model) -> None:
+                 make: Callable[[], Model] = block.Model,
+                 runner: Callable[[Model, Mapping[str, Dim]], Runner] = runner_for) -> None:
         self.client, self.profiles = client, {}
         lanes = {}
         for name, (dims, sizes) in profiles.items():
             model = make()
             # Start-up gears captured at once, as the static arm's: the arms differ in gears only
             self.profiles[name] = profile = client.profile(name, dims, lazy_start=False)
-            runner = profile.attach(runner_for(model, dims))
-            lanes[name] = Lane(model, runner, _routed(profile), sizes)
+            attached = profile.attach(runner(model, dims))
+            lanes[name] = Lane(model, attached, _routed(profile), sizes)
         super().__init__(lanes, which, local, report)
 
     def ready(self) -> None:

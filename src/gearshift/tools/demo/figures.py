@@ -19,6 +19,9 @@ from gearshift.controller.slots import Lag
 from gearshift.tools.demo.watch import GearWatch
 from gearshift.tools.demo.workload import Cost, Workload
 
+COMPILE_KEYS = ("compiles", "compile_seconds", "compile_cache_hits", "compile_cache_misses",
+                "compile_wait_seconds", "graph_breaks")  # a CompiledRunner's stats
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -124,7 +127,19 @@ def run_figures(
         "snapshot_version": watch.version if watch else None,
         "versions_missed": watch.missed if watch else None,
         "propagation_lag": lag,
+        **({"compile": compiles} if (compiles := compile_figures(results)) else {}),
     }
+
+
+def compile_figures(results: list[dict[str, Any]]) -> dict[str, dict[str, float]] | None:
+    """A compiled runner's lanes' compiles (`arm.Lane.figures`): before the arm started
+    (`startup`: calibration's, the initial gears') and during it (`run`), each `COMPILE_KEYS`
+    added up; None for eager runners."""
+    if not results or "compiles" not in results[0]:
+        return None
+    startup = [r["startup"] for r in results if "startup" in r]
+    return {"startup": {k: sum(r[k] for r in startup) for k in COMPILE_KEYS},
+            "run": {k: sum(r[k] for r in results) for k in COMPILE_KEYS}}
 
 
 SUMMED = ("requests", "useful_tokens", "padded_tokens", "model_seconds", "useful_model_seconds",
@@ -162,6 +177,9 @@ def overall(profiles: dict[str, dict[str, Any]], seconds: float, worker_cpu: flo
         priced_reasons=[r for f in figures for r in f["priced_reasons"]],
         capture_share=out["capture_cpu_seconds"] / worker_cpu if worker_cpu else 0.0,
     )
+    if "compile" in figures[0]:
+        out["compile"] = {part: {k: sum(f["compile"][part][k] for f in figures)
+                                 for k in COMPILE_KEYS} for part in ("startup", "run")}
     return {k: out[k] for k in figures[0]}  # in run_figures' order
 
 

@@ -73,9 +73,11 @@ class Demo:
         policy: PolicyConfig,
         report: Report,
         model: str = "block",
+        compile: str | None = None,
     ) -> None:
         self.full, self.workers, self.seconds = mix, workers, seconds
         self.model = model  # worker.model_for's name
+        self.compile = compile  # the Dynamo backend of the compile backend; None: eager graphs
         self.namespace, self.policy, self.report = namespace, policy, report
         self.ctx = multiprocessing.get_context("spawn")
         self.progress = self.ctx.RawArray("q", 3 * len(ARMS) * workers)
@@ -92,7 +94,10 @@ class Demo:
             self.processes.start(self.workers)
             every = range(self.workers)
             about = {"width": WIDTH, "heads": HEADS, "about": MODEL}
-            if self.model != "block":
+            if self.compile is not None:  # both arms', every worker's: one cache of its own
+                cache = (self.compile, self.namespace, os.path.join(state_dir, "compile"))
+                about = self.processes.ask(every, "model", self.model, cache)[0]
+            elif self.model != "block":
                 about = self.processes.ask(every, "model", self.model)[0]
             dims = {p: w.dims for p, w in self.full.profiles.items()}
             timed = self.processes.ask(every, "calibrate", dims)
@@ -124,6 +129,8 @@ class Demo:
         return {
             "trace": mix.name,
             "model": about,
+            "backend": "compile" if self.compile else "graphs",
+            "compile_backend": self.compile,
             "workers": self.workers,
             "rows": mix.rows,
             "stride": mix.stride,

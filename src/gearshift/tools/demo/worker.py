@@ -1,8 +1,9 @@
 """A demo worker process: replays the merged rows of every profile through a model, on the CPU.
 
 Commands come from the parent over a pipe, one reply each:
-`("model", name)`, first if at all -> the model is `model_for(name)` (default: `block`); the
-reply describes it;
+`("model", name, compile=None)`, first if at all -> the model is `model_for(name)` (default:
+`block`), its runners `compiled.CompiledRunner`s when `compile` is given (Dynamo backend,
+namespace, cache directory: `compiled.prepare_cache`), else eager ones; the reply describes it;
 `("calibrate", dims)` (profile -> its dims) -> per profile, a model and a runner kept for the
 static arm, its initial gears captured, and timed replays of each gear of its last dim:
 `{profile: [(tokens, pairs, CPU seconds), ...]}`;
@@ -55,6 +56,7 @@ from gearshift.tools.demo.arm import (
     Runner,
     inputs,
     pairs,
+    process_cpu,
     runner_for,
     static_arm,
     variants,
@@ -101,9 +103,9 @@ def model_for(name: str) -> tuple[Callable[[], Model], dict[str, Any]]:
 
 
 def _settle(arm: AdaptiveArm) -> dict[str, Any]:
-    began, cpu = time.monotonic(), time.process_time()
+    began, cpu = time.monotonic(), process_cpu()
     arm.settle()
-    return {"seconds": time.monotonic() - began, "cpu": time.process_time() - cpu,
+    return {"seconds": time.monotonic() - began, "cpu": process_cpu() - cpu,
             "profiles": arm.figures()}
 
 
@@ -114,6 +116,7 @@ def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     torch.set_num_threads(1)  # N workers share the cores: one thread each
     make: Callable[[], Model] = block.Model
+    runner: Callable[[Model, Mapping[str, Dim]], Runner] = runner_for
     kept: dict[str, tuple[Model, Runner]] = {}  # the static arm's model and runner, by profile
     arms: dict[str, Arm] = {}
     stack = ExitStack()
@@ -122,7 +125,7 @@ def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
     def static_runner(profile: str, dims: Mapping[str, Dim]) -> tuple[Model, Runner]:
         if profile not in kept:
             model = make()
-            kept[profile] = model, runner_for(model, dims)
+            kept[profile] = model, runner(model, dims)
         return kept[profile]
 
     def reporter(arm: str) -> Callable[[int, int, int], None]:
@@ -143,11 +146,17 @@ def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
         clock = TraceClock(times, origin, queues[ARMS.index("adaptive")])
         client = stack.enter_context(gs.connect(namespace, clock=clock, memory=lambda: MEMORY))
         priced = {p: (dims, sizes) for p, (_, dims, sizes) in profiles.items()}
-        arms["adaptive"] = AdaptiveArm(client, priced, which, local, reporter("adaptive"), make)
+        arms["adaptive"] = AdaptiveArm(client, priced, which, local, reporter("adaptive"), make,
+                                       runner)
 
-    def choose(name: str) -> dict[str, Any]:  # ("model", name): before any other command
-        nonlocal make
+    def choose(name: str, compile: tuple[str, str, str] | None = None) -> dict[str, Any]:
+        nonlocal make, runner  # ("model", ...): before any other command
         make, about = model_for(name)
+        if compile is not None:
+            from gearshift.tools.demo import compiled
+
+            backend, namespace, directory = compile
+            runner = compiled.runner_maker(backend, compiled.prepare_cache(namespace, directory))
         kept.clear()
         return about
 
