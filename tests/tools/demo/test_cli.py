@@ -134,6 +134,32 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm twice"])
+def test_short_compiled_demo_reports_each_arms_compiles_and_leaves_nothing(
+        namespace: str) -> None:
+    # Dynamo's eager backend: the demo's path of compiles, caches and counts, fast enough for
+    # 2 loaded cores (Inductor's gears are checked against eager in tests/graphs)
+    proc = demo(namespace, "--backend", "compile", "--compile-backend", "eager", "--seconds",
+                "10", "--workers", "2", "--json")
+    out, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0, err
+    result = json.loads(out)
+    assert result["backend"] == "compile" and result["compile_backend"] == "eager"
+    adaptive, static = result["adaptive"], result["static"]
+    assert set(adaptive) == set(static) == FIGURES | {"compile"}
+    assert adaptive["requests"] == static["requests"] == result["requests"] > 0
+    # every replay counted though the counter is outside the compiled code
+    assert static["replayed_tokens"] == static["padded_tokens"] > static["useful_tokens"]
+    gears = len(static["dims"]["SEQLEN"]["final_gears"])
+    for arm in (adaptive, static):  # each worker compiled each initial gear once, no breaks
+        assert arm["compile"]["startup"]["compiles"] == 2 * gears
+        assert arm["compile"]["startup"]["graph_breaks"] == 0
+    assert static["compile"]["run"]["compiles"] == 0  # static gears: compiled before its run
+    assert adaptive["compile"]["run"]["compiles"] == adaptive["captures"]
+    text = table(result)
+    assert "compiles: all / cold / cache hits" in text and "before the run" in text
+    assert_all_gone(proc, namespace)
+
+
 def test_an_interrupt_ends_every_process_and_segment_it_started(namespace: str,
                                                                 how: str) -> None:
     proc = demo(namespace, "--seconds", "30", "--workers", "2")
@@ -161,6 +187,8 @@ def test_bad_options_fail_before_starting_anything() -> None:
     bad_key = runner.invoke(main, ["demo", "--set", "no_such_key=1"])
     assert bad_key.exit_code == EXIT_USAGE and "no_such_key" in bad_key.output
     assert runner.invoke(main, ["demo", "--workers", "0"]).exit_code == EXIT_USAGE
+    llama = runner.invoke(main, ["demo", "--model", "llama", "--backend", "compile"])
+    assert llama.exit_code == EXIT_USAGE and "--model block" in llama.output
 
 
 RUN = {

@@ -132,7 +132,8 @@ def demo(
     arms and every worker share one compile cache of the demo's own, with a lock per shape:
     a shape compiles once, cold, and loads from the cache everywhere else. The table adds
     each arm's compiles before its run (calibration, initial gears) and during it, their
-    seconds and how many were cold (FX graph cache misses) or cache hits.
+    seconds and how many were cold (FX graph cache misses) or cache hits. --seconds then
+    leaves out the start-up (the workers' start and the initial gears' compiles).
     """
     try:
         policy = load_policy_config(None, overrides)
@@ -141,11 +142,11 @@ def demo(
         _fail(EXIT_USAGE, str(e))
     except GearshiftError as e:
         _fail(EXIT_ERROR, str(e))
+    if model == "llama" and backend == "compile":
+        _fail(EXIT_USAGE, "--backend compile runs the block model only: use --model block (the"
+              " Llama's compiled gears are not part of the demo yet)")
     if model == "llama":
         _check_llama(mix)
-        if backend == "compile":
-            _fail(EXIT_USAGE, "--backend compile runs the block model only (--model block):"
-                  " the Llama's decode cache is not traced by torch.compile here yet")
     from gearshift.tools.demo.run import Demo  # the controller: not needed for --help
 
     progress = _Progress(sys.stderr)

@@ -102,7 +102,8 @@ class Demo:
             dims = {p: w.dims for p, w in self.full.profiles.items()}
             timed = self.processes.ask(every, "calibrate", dims)
             costs = {p: Cost.fit([s for samples in timed for s in samples[p]]) for p in dims}
-            left = self.seconds - (time.monotonic() - began)
+            # compiling, the start-up (the initial gears' compiles) is not in --seconds
+            left = self.seconds - (time.monotonic() - began) * (self.compile is None)
             count = int(np.clip(round(left * RUN_SHARE / SLICE_SECONDS), *SLICES))
             budget = max(1.0, (left - count * SETTLE_WAIT) * RUN_SHARE)
             parallel = min(self.workers, len(os.sched_getaffinity(0)))
