@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -133,13 +134,16 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
     assert_all_gone(proc, namespace)
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm twice"])
 def test_short_compiled_demo_reports_each_arms_compiles_and_leaves_nothing(
-        namespace: str) -> None:
-    # Dynamo's eager backend: the demo's path of compiles, caches and counts, fast enough for
-    # 2 loaded cores (Inductor's gears are checked against eager in tests/graphs)
+        namespace: str, tmp_path: Path) -> None:
+    # Dynamo's eager backend and prefills of at most 64 tokens (7 gears): the demo's path of
+    # compiles, caches and counts, fast enough for 2 loaded cores (Inductor's gears are
+    # checked against eager in tests/graphs)
+    trace = tmp_path / "short.csv"
+    sizes = np.random.default_rng(0).integers(1, 65, 2000)
+    trace.write_text("t,SEQLEN\n" + "".join(f"{i * 0.15:.2f},{n}\n" for i, n in enumerate(sizes)))
     proc = demo(namespace, "--backend", "compile", "--compile-backend", "eager", "--seconds",
-                "10", "--workers", "2", "--json")
+                "5", "--workers", "2", "--trace", str(trace), "--json")
     out, err = proc.communicate(timeout=WAIT)
     assert proc.returncode == 0, err
     result = json.loads(out)
@@ -160,6 +164,7 @@ def test_short_compiled_demo_reports_each_arms_compiles_and_leaves_nothing(
     assert_all_gone(proc, namespace)
 
 
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm twice"])
 def test_an_interrupt_ends_every_process_and_segment_it_started(namespace: str,
                                                                 how: str) -> None:
     proc = demo(namespace, "--seconds", "30", "--workers", "2")
