@@ -3,7 +3,8 @@
 A `Lane` is one profile of one arm: its own model, a `Runner` of it and its `route`, over the
 profile's rows. `Lane.figures()` gives what the lane did since the last call (requests, tokens,
 pairs, raw and padded sizes per dim, the wall and CPU time of its requests, its captures, its
-runner's counts) and starts anew, so captures made between slices (`AdaptiveArm.settle`) count
+runner's counts; a compiled runner's compiles before the arm started, `startup`, in the first
+report only) and starts anew, so captures made between slices (`AdaptiveArm.settle`) count
 in the next report. An `Arm` replays the merged rows (`mix.Mix`) a slice at a time: row j on
 lane `which[j]`, that lane's row `local[j]`. The static arm (`static_arm`) keeps the runners'
 initial gears, with no client; the adaptive arm (`AdaptiveArm`) routes every request through
@@ -65,7 +66,8 @@ class Counted:
 class Runner(gs.AdaptiveRunner):
     """An AdaptiveRunner of a `Counted` model that adds up the CPU seconds and the tokens of
     its captures, their runs to time the new graphs included (captures and releases run on
-    one thread at a time: the caller's, then the swap thread; requests may run meanwhile)."""
+    one thread at a time: the caller's, then the swap thread; requests may run meanwhile):
+    its thread's tokens (`here`) and CPU seconds (`cpu`), which `compiled` counts its way."""
 
     capture_seconds = 0.0
     capture_tokens = 0
