@@ -37,6 +37,19 @@ def test_the_cache_is_made_private_and_inductor_pointed_at_it(
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"
 
 
+def test_the_default_that_importing_inductor_writes_in_the_environment_is_replaced(
+    namespace: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    # what `import torch._inductor.config` leaves there when nothing named a cache
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
+    compile_cache.prepare(namespace)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(
+        tmp_path / "gearshift" / namespace / "inductor")
+
+
 def test_a_cache_others_may_write_or_a_link_is_refused(
     namespace: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

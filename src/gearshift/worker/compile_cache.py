@@ -3,7 +3,8 @@
 `prepare(namespace)` makes (mode 0700) and checks `$XDG_CACHE_HOME/gearshift/<namespace>`
 (default `~/.cache/gearshift/<namespace>`) and, inside it, `inductor/` (Inductor's on-disk
 caches: `TORCHINDUCTOR_CACHE_DIR` is set to it unless the environment already names one, which
-is then kept) and `locks/` (a lock file per compiled shape, `graphs.compiled`). Every level
+is then kept; the default that importing Inductor writes there is no one's choice and is
+replaced) and `locks/` (a lock file per compiled shape, `graphs.compiled`). Every level
 from `gearshift/` down is opened without following a symlink (relative to its parent's
 descriptor) and must be a directory owned by this user that no one else may write: another
 user's files in it could be loaded as compiled code. Anything else raises StateError naming
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 
 from gearshift.errors import StateError
@@ -45,8 +47,17 @@ def prepare(namespace: str) -> Path:
             os.close(_enter(fd, inner, root))
     finally:
         os.close(fd)
-    os.environ.setdefault(CACHE_ENV, str(root / "inductor"))
+    named = os.environ.get(CACHE_ENV)
+    if named is None or named == _torch_default():
+        os.environ[CACHE_ENV] = str(root / "inductor")
     return root / "locks"
+
+
+def _torch_default() -> str | None:
+    """The directory torch itself writes into the environment when Inductor is imported
+    (its default, not a choice of the user's); None while Inductor is not imported."""
+    utils = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    return None if utils is None else os.path.abspath(utils.default_cache_dir())
 
 
 def _enter(parent: int, name: str, root: Path) -> int:

@@ -80,9 +80,9 @@ def runner_maker(backend: str, lock_dir: str | None
 def prepare_cache(namespace: str, directory: str) -> str:
     """Point this process's compiles at the demo's cache in `directory` (its own, never the
     user's: the figures count cold compiles and cache hits of this run); its lock directory."""
-    os.environ["XDG_CACHE_HOME"] = directory
-    os.environ.pop(compile_cache.CACHE_ENV, None)
-    import torch._inductor.config as inductor
+    import torch._inductor.config as inductor  # importing it names a cache in the environment
 
     inductor.compile_threads = 1
+    os.environ["XDG_CACHE_HOME"] = directory
+    os.environ.pop(compile_cache.CACHE_ENV, None)
     return str(compile_cache.prepare(namespace))
