@@ -192,8 +192,6 @@ def test_bad_options_fail_before_starting_anything() -> None:
     bad_key = runner.invoke(main, ["demo", "--set", "no_such_key=1"])
     assert bad_key.exit_code == EXIT_USAGE and "no_such_key" in bad_key.output
     assert runner.invoke(main, ["demo", "--workers", "0"]).exit_code == EXIT_USAGE
-    llama = runner.invoke(main, ["demo", "--model", "llama", "--backend", "compile"])
-    assert llama.exit_code == EXIT_USAGE and "--model block" in llama.output
 
 
 RUN = {

@@ -1,5 +1,5 @@
-"""The demo's compile backend in this process: compiled gears of the block against the eager
-model, tokens counted outside the compiled code, the demo's own cache.
+"""The demo's compile backend in this process: compiled gears of the block (and the Llama)
+against the eager model, tokens counted outside the compiled code, the demo's own cache.
 
 Dynamo's `eager` backend keeps these fast (Dynamo traces and guards as with Inductor; the
 graphs run eagerly); Inductor's gears are checked against eager in tests/graphs."""
@@ -66,3 +66,16 @@ def test_the_cache_is_the_demos_own_and_every_compile_takes_its_shape_lock(
     second.capture([{"SEQLEN": 4}])  # ... so the other loads it, without waiting
     assert len(list(Path(locks).glob("*.done"))) == 1
     assert second.compiles[0].waited == 0.0
+
+
+def test_llama_prefill_and_decode_gears_match_the_eager_model_on_the_unpadded_input() -> None:
+    llama = pytest.importorskip("gearshift.tools.demo.llama")
+    pytest.importorskip("transformers")
+    m = llama.DemoLlama()
+    for dims, x in (({"SEQLEN": Dim(gears=[8], max=8)}, torch.randn(5, m.width)),
+                    ({"BATCHSIZE": Dim(gears=[4], max=4, splittable=True)},
+                     torch.randn(3, 1, m.width))):
+        r = compiled.CompiledRunner(m, dims, "eager", None)
+        r.capture(arm.variants(r.gears))
+        assert r.stats["compiles"] == 1 and r.graph_breaks == []
+        torch.testing.assert_close(r.run({"x": x}), m(x), **TOLERANCE)

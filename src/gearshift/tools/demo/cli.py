@@ -127,7 +127,7 @@ def demo(
     timeline, each subsampled by the same k. The table then gives each profile's figures
     against static gears, and the figures over both. A source works with the block too.
 
-    --backend compile makes each gear of both arms a static-shape torch.compile of the block
+    --backend compile makes each gear of both arms a static-shape torch.compile of the model
     (Inductor by default: `gs.compile`'s backend), compiled where graphs are captured. Both
     arms and every worker share one compile cache of the demo's own, with a lock per shape:
     a shape compiles once, cold, and loads from the cache everywhere else. The table adds
@@ -142,9 +142,6 @@ def demo(
         _fail(EXIT_USAGE, str(e))
     except GearshiftError as e:
         _fail(EXIT_ERROR, str(e))
-    if model == "llama" and backend == "compile":
-        _fail(EXIT_USAGE, "--backend compile runs the block model only: use --model block (the"
-              " Llama's compiled gears are not part of the demo yet)")
     if model == "llama":
         _check_llama(mix)
     from gearshift.tools.demo.run import Demo  # the controller: not needed for --help

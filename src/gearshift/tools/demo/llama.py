@@ -179,6 +179,11 @@ class DemoLlama:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         with self._lock:
             self.tokens += x.numel() // self.width
+        return self.forward(x)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The step, uncounted (what `torch.compile` traces: no lock, no counter)."""
         model = self.llama.model
         if x.dim() == 2:
             return model(inputs_embeds=x[None], use_cache=False).logits[0]
