@@ -53,12 +53,12 @@ def test_the_cache_is_the_demos_own_and_every_compile_takes_its_shape_lock(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent")  # restored after; the demo's wins
     monkeypatch.setenv(compile_cache.CACHE_ENV, "/nonexistent/inductor")
-    monkeypatch.setattr(inductor, "compile_threads", inductor.compile_threads)
-    locks = compiled.prepare_cache("demo-1", str(tmp_path))
+    with inductor.patch(compile_threads=inductor.compile_threads):  # restored after
+        locks = compiled.prepare_cache("demo-1", str(tmp_path))
+        assert inductor.compile_threads == 1  # compiled in the worker: its CPU time counts
     assert locks == str(tmp_path / "gearshift" / "demo-1" / "locks")
     assert os.environ[compile_cache.CACHE_ENV] == str(tmp_path / "gearshift" / "demo-1"
                                                       / "inductor")
-    assert inductor.compile_threads == 1  # compiled in the worker: its CPU time is counted
     first, second = runner(Model(width=16, heads=2), locks), runner(Model(width=16, heads=2),
                                                                      locks)
     first.capture([{"SEQLEN": 4}])
