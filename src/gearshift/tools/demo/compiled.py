@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gearshift.core.dims import Dim
+from gearshift.core.dims import Dim, Variant
 from gearshift.graphs import compiled
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
@@ -58,7 +58,7 @@ class CompiledRunner(Runner, compiled.CompiledRunner):
         with self._tokens_lock:
             self.model.tokens += tokens
 
-    def _graph_fn(self, gears: compiled.Variant, inputs: dict[str, torch.Tensor],
+    def _graph_fn(self, gears: Variant, inputs: dict[str, torch.Tensor],
                   lengths: dict[str, torch.Tensor]) -> Callable[[], Any]:
         call = super()._graph_fn(gears, inputs, lengths)  # compiled: it ran once
         tokens = inputs["x"].numel() // self.model.width
