@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from gearshift.controller.config import ControllerConfig
-from gearshift.controller.controller import Controller, EmbeddedController
+from gearshift.controller.controller import Controller
+from gearshift.controller.embedded import EmbeddedController
 from gearshift.core import memory
 from gearshift.core.config import PolicyConfig
 from gearshift.errors import GearshiftError
