@@ -15,8 +15,7 @@ import msgpack
 import pytest
 from fakeclock import FakeClock
 
-from gearshift.controller import controller as controller_module
-from gearshift.controller import statefile
+from gearshift.controller import deciding, statefile
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.dims import Dim
@@ -282,7 +281,7 @@ def test_a_failing_round_is_logged_and_the_loop_goes_on(
     def broken(*args: object) -> None:
         raise RuntimeError("policy bug")
 
-    monkeypatch.setattr(controller_module, "decide_round", broken)
+    monkeypatch.setattr(deciding, "decide_round", broken)
     w = worker()
     w.register(0, "decode", serve=controller.step)
     with caplog.at_level(logging.ERROR):

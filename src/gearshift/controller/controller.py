@@ -8,7 +8,10 @@ checked by inode (a lost control segment or lock: NamespaceLost, the loop ends; 
 or status region: re-created and published again); the slot table (`slots.Slots`); registrations
 (`registrations`); drain every ring into the statistics (`ingest`) and the workers'
 measurements into the cost book (`costbook`); per device, a decision round
-(`core.round.decide_round`, priced with the book's fits) and a new snapshot if a gear changed,
+(`core.round.decide_round`, priced with the book's fits) started on a snapshot of its ledger
+in a thread of its own (`deciding`; inline with an injected clock, or `background_rounds=False`),
+and each round decided since applied, with a new snapshot if a gear changed (a round decided
+on gears that changed meanwhile is discarded and decided again at once),
 the state file (`statefile`) saved after any change or new measurement, at most every
 `save_interval_seconds` and written off the loop (`saving`); the status document (`status`).
 An exception in one phase is counted and logged (at most every 10 s per phase), and the loop
@@ -37,13 +40,14 @@ from gearshift.clock import Clock, MonotonicClock
 from gearshift.controller import publish, registrations, rounds, saving, statefile, status, upkeep
 from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
+from gearshift.controller.deciding import Decided, Decider
 from gearshift.controller.embedded import EmbeddedController
 from gearshift.controller.ingest import Batch, ProfileKeys
 from gearshift.controller.slots import Slots, Worker
 from gearshift.core import memory
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices
-from gearshift.core.round import DeviceLedger, ProfileLedger, Round, decide_round
+from gearshift.core.round import DeviceLedger, ProfileLedger, Round
 from gearshift.errors import NamespaceLost, StateError
 from gearshift.shm import Registry, SnapshotRegion
 from gearshift.shm.cleanup import own
@@ -62,7 +66,8 @@ class Controller:
     region_type: type[SnapshotRegion] = SnapshotRegion  # of the devices' snapshot regions
 
     def __init__(self, config: ControllerConfig, policy: PolicyConfig, registry: Registry,
-                 clock: Clock, initial_gears: InitialGears, embedded: bool) -> None:
+                 clock: Clock, initial_gears: InitialGears, embedded: bool,
+                 background_rounds: bool = True) -> None:
         self.config = config
         self.policy = policy
         self.registry = registry
@@ -72,6 +77,8 @@ class Controller:
         self.profile_keys = ProfileKeys()
         self.batch = Batch(config.drain_max_events, lambda: self.profile_keys.ledgers(self.devices))
         self.costs = CostBook()
+        self.decider = Decider(policy, clock, background_rounds)
+        self.stale_rounds = 0  # rounds discarded: the gears changed while they were decided
         self.saver = saving.Saver(config.state_path, self.devices, self.costs,
                                   config.save_interval_seconds, clock,
                                   partial(self._failed, "state save"))
@@ -122,7 +129,8 @@ class Controller:
     @classmethod
     def open(cls, config: ControllerConfig, policy: PolicyConfig | None = None, *,
              clock: Clock | None = None, initial_gears: InitialGears | None = None,
-             fresh_on_corrupt_state: bool = False, embedded: bool = False) -> Controller:
+             fresh_on_corrupt_state: bool = False, embedded: bool = False,
+             background_rounds: bool | None = None) -> Controller:
         """Own `config.namespace` (creating it, or taking over a dead controller's segments),
         restore the state file and publish the restored gears.
 
@@ -130,12 +138,15 @@ class Controller:
         that is another user's; NamespaceBusy a controller holding the same state directory;
         StateError on a corrupt or newer-format state file unless `fresh_on_corrupt_state`
         (then it is set aside as `<file>.corrupt`, with a warning); ConfigError if metrics are
-        asked for without prometheus_client.
+        asked for without prometheus_client. Decision rounds run in threads of their own
+        (`background_rounds`, default: unless a clock is injected; a fake clock's steps decide
+        and publish inline, as before).
         """
         registry = own(config.namespace, config.slots)
         registry.wait = LOCK_WAIT
         self = cls(config, policy or PolicyConfig(), registry, clock or MonotonicClock(),
-                   initial_gears or {}, embedded)
+                   initial_gears or {}, embedded,
+                   clock is None if background_rounds is None else background_rounds)
         try:
             self._state_lock = statefile.StateLock.acquire(config.state_path)
             log.info("controller pid %d owns namespace %r (state file %s)", os.getpid(),
@@ -210,6 +221,7 @@ class Controller:
         """Unmap everything, release the identity, and remove the namespace if no live worker
         holds a slot (`quiet`: logged at DEBUG)."""
         self._closed = True
+        self.decider.close()
         self.saver.close()
         if self._stop_metrics is not None:
             self._stop_metrics()
@@ -263,9 +275,11 @@ class Controller:
                     self._guard, self.slots.high_water())
         self._guard("drain", self._drain, now)
         for device in list(self.devices):
-            if now >= self._next_check.get(device, -math.inf):
+            if now >= self._next_check.get(device, -math.inf) and not self.decider.busy(device):
                 self._next_check[device] = now + self.policy.check_interval_seconds
                 self._guard(f"decision round of device {device}", self._decide, device, now)
+        for decided in self.decider.finished():
+            self._guard(f"decision round of device {decided.device}", self._apply, decided, now)
         self._guard("state save", self.saver.poll, now)
         if now >= self._next_status:
             self._guard("status", self._publish_status, now)
@@ -323,19 +337,33 @@ class Controller:
                    for w in self.slots.workers.values())
 
     def _decide(self, device: int, now: float) -> None:
-        dev = self.devices[device]
-        usage = self.memory_usage(device, now)
-        began = self.clock.now()
-        round = decide_round(dev, now, usage, self.policy, lambda name, e: self._failed(
-            f"decision round of {device}/{name}", e), self.prices(device))
+        """Start the device's round on a snapshot of its ledger (`deciding`)."""
+        self.decider.start(device, self.devices[device], now, self.memory_usage(device, now),
+                           self.prices(device))
+
+    def _apply(self, decided: Decided, now: float) -> None:
+        """Apply a decided round: publish if a gear changed, then the ledger; a round decided
+        on gears that changed meanwhile is discarded and the device decided again now."""
+        device = decided.device
+        for name, e in decided.errors:
+            self._failed(f"decision round of {device}/{name}", e)
+        if decided.error is not None:
+            raise decided.error
+        dev = self.devices.get(device)
+        if dev is None:
+            return
+        if decided.stale(dev):
+            self.stale_rounds += 1
+            self._next_check[device] = now  # decided again at the next iteration
+            return
+        round, usage, seconds = decided.round, decided.usage, decided.seconds
         if round is None:
             self.saver.after_round(changed=False)  # new measurements are saved all the same
             return
-        seconds = self.clock.now() - began  # the policy's part; publish and save follow
         if round.changed:  # PayloadError, the round not applied, if it does not fit
             self._publish(device, now, round)
         dev.apply(round)
-        rounds.count(self.rounds, self.round_seconds, seconds)
+        rounds.count(self.rounds, self.round_seconds, seconds)  # the policy's part
         rounds.log_round(device, round, usage, seconds)
         self.changes[device] = changes = rounds.change_lists(round)
         self.saver.after_round(changed=any(changes.values()))

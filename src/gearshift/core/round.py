@@ -3,9 +3,11 @@
 A `DeviceLedger` holds, per profile, its dims, each dim's gears (`DimGears`) and statistics:
 the window's `DimStats`, feeding the plan's history (`PolicyConfig.history`). `decide_round`
 reads a ledger at `now` with a memory reading and returns a `Round`, the new gears and why;
-`DeviceLedger.apply` makes it the ledger's. The controller, the embedded controller and the
-simulator all decide through these two calls. Pure: no clock, I/O, threads or torch; a caller
-that must outlive a failing profile passes `on_error`, and that profile keeps its gears.
+`DeviceLedger.apply` makes it the ledger's (`DeviceLedger.snapshot`: a copy to decide on in
+another thread while the ledger's statistics go on folding). The controller, the embedded
+controller and the simulator all decide through these two calls. Pure: no clock, I/O, threads
+or torch; a caller that must outlive a failing profile passes `on_error`, and that profile keeps
+its gears.
 """
 
 from __future__ import annotations
@@ -68,6 +70,14 @@ class DeviceLedger:
     version: int = 0
     last_update: float | None = None
     profiles: dict[str, ProfileLedger] = field(default_factory=dict)
+
+    def snapshot(self) -> DeviceLedger:
+        """A copy that later folds and `apply`s here leave as it is (gears by reference,
+        statistics by `DimStats.snapshot`), for a round decided in another thread."""
+        return DeviceLedger(self.version, self.last_update, {
+            name: ProfileLedger(dict(p.dims), dict(p.gears),
+                                {d: s.snapshot() for d, s in p.stats.items()})
+            for name, p in self.profiles.items()})
 
     def apply(self, round: Round) -> None:
         """Make `round`'s gears the ledger's, as of its `now`."""

@@ -11,7 +11,8 @@ ring's slices (columns, grown by doubling), never the events; a row holds only t
 slice saw (sparse: sorted column indices, weights, counts), so memory is one entry per (slice,
 value) seen, plus one column per value. Columns no slice uses any more are dropped when a row is
 recycled, once they are a quarter of the columns. A row's arrays are never written in place
-(replaced on change), so `frozen()` is a consistent copy at the cost of a few references.
+(replaced on change), so `frozen()` and `snapshot()` are consistent copies at the cost of a few
+references.
 Pure: no clock; times are whatever clock the caller uses for `now`.
 """
 
@@ -246,6 +247,16 @@ class DimStats:
     def _reindex(self) -> None:
         self._order = np.argsort(self._values[:self._n])  # columns by value
         self._sorted = self._values[self._order]
+
+    def snapshot(self) -> DimStats:
+        """A DimStats reading as this one does now, unaffected by later folds here (references
+        only, its history's snapshot with it), for a reader in another thread. Read it only
+        (`view`): never fold into it."""
+        copy = object.__new__(DimStats)
+        copy.__dict__.update(self.__dict__)
+        copy._rows = list(self._rows)  # the one container written in place
+        copy.history = None if self.history is None else self.history.snapshot()
+        return copy
 
     def frozen(self) -> FrozenStats:
         """The statistics as they are now, unaffected by later folds (references only)."""
