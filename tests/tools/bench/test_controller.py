@@ -30,7 +30,7 @@ def test_reports_ingest_at_both_cadences_and_the_rounds_it_waited_for() -> None:
     assert 0 < low <= r["fold_speedup"] <= high
     assert r["state_mb_3"] > 0 and r["save_ms_3"] > 0 and r["rss_mb_peak_3"] > 0
     assert r["stall_ms_p99_3"] <= r["stall_ms_max_3"] and r["events_3"] > 0
-    assert 0 < r["distinct_3"] <= 64
+    assert 0 < r["distinct_3"] <= 64 and r["dropped_3"] >= 0
 
 
 def test_the_per_event_baseline_folds_what_ingest_folds() -> None:

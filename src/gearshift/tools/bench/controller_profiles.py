@@ -15,8 +15,9 @@ the statistics' worst case). Reported per case (`<figure>_<P>`):
   save, saves: how many it wrote;
 - stall_ms_max / stall_ms_p99: the longest and 99th-percentile loop iteration over the load
   (saves, rounds, drains: whatever the loop waited on), round_ms_max: the longest decision
-  round's policy part in it, stop_ms: the graceful stop (`close`: final drain and save, once
-  the workers are gone);
+  round's policy part in it (decided in its own thread, the loop draining meanwhile), dropped:
+  the events the workers' full rings refused over the load, stop_ms: the graceful stop
+  (`close`: final drain and save, once the workers are gone);
 - rss_mb / rss_mb_peak: the process's resident memory at the end of the load, and its peak;
   stats_mb: the statistics' arrays (`DimStats.nbytes`), against state_dense_mb;
 - distinct: the values the statistics hold per dim (mean over the dims), events: consumed.
@@ -118,12 +119,14 @@ def _case(profiles: int, high: int, seconds: float) -> dict[str, Any]:
                 controller.step()
                 clock.sleep(interval)
             before, rounds = controller.counts["consumed"], controller.rounds["count"]
+            dropped = _dropped(controller)
             end = clock.now() + seconds
             while (began := clock.now()) < end:
                 controller.step()
                 stalls.append(clock.now() - began)
                 clock.sleep(interval - stalls[-1])
             events = controller.counts["consumed"] - before
+            dropped = _dropped(controller) - dropped
             decided = list(controller.round_seconds)[rounds:]
             saver = controller.saver
             writes = {"save_loop_ms_max": max(saver.loop_seconds, default=0.0) * 1e3,
@@ -159,7 +162,13 @@ def _case(profiles: int, high: int, seconds: float) -> dict[str, Any]:
         "stall_ms_p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
         "stalls_over_target": sum(m > TARGET_STALL_MS for m in ms), "stop_ms": stop_ms,
         "rss_mb": rss, "rss_mb_peak": peak, "distinct": statistics.fmean(seen) if seen else 0.0,
-        "round_ms_max": max(decided, default=0.0) * 1e3, "events": events, **writes}.items()}
+        "round_ms_max": max(decided, default=0.0) * 1e3, "events": events,
+        "dropped": dropped, **writes}.items()}
+
+
+def _dropped(controller: Controller) -> int:
+    """The events the workers' rings refused so far (full), over the live workers."""
+    return sum(w.ring.dropped for w in controller.workers.values() if w.ring is not None)
 
 
 def _dense_bytes(stats: DimStats) -> int:
