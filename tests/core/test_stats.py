@@ -136,6 +136,20 @@ def test_frozen_stats_do_not_change_with_later_folds() -> None:
     assert msgpack.packb(frozen.to_state()) == before
 
 
+def test_a_snapshot_reads_as_the_stats_did_whatever_is_folded_later() -> None:
+    stats = DimStats(CFG, DimStats(CFG.history()))
+    stats.fold(np.array([1.0, 2.0, 15.0]), np.array([4, 9, 4]))
+    snap, now = stats.snapshot(), 20.0
+    assert snap.history is not None and stats.history is not None
+    before, history = stats.view(now), stats.history.view(now)
+    for t in (16.0, 200.0, 400.0, 800.0):  # into the same row, new columns, recycled rows
+        stats.fold(np.array([t, t, t]), np.array([4, int(t), int(t) + 1]))
+    for got, want in ((snap.view(now), before), (snap.history.view(now), history)):
+        for field in ("values", "weights", "counts", "last_seen"):
+            assert getattr(got, field).tolist() == getattr(want, field).tolist()
+    assert stats.view(now).values.tolist() != before.values.tolist()  # the live ones moved
+
+
 def test_an_older_dense_state_reads_back_the_same() -> None:
     stats = DimStats(CFG)
     rng = np.random.default_rng(3)
