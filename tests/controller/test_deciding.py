@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gearshift.clock import FakeClock
+from fakeclock import FakeClock
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core import round as core_round
