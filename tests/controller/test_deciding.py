@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
 from fakeclock import FakeClock
+
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core import round as core_round
