@@ -94,7 +94,7 @@ def test_a_round_decided_on_changed_gears_is_decided_again(
         assert entered.wait(WAIT)
         w.register(1, "prefill", serve=background.step)  # a new profile while it is decided
         gate.set()
-        _until(background, lambda: background.stale_rounds == 1)
+        _until(background, lambda: background.decider.stale == 1)
         assert background.rounds["count"] == rounds  # discarded, not applied
         _until(background, lambda: background.rounds["count"] > rounds)  # decided again
         assert background.devices[0].profiles.keys() == {"decode", "prefill"}

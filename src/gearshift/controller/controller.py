@@ -9,9 +9,9 @@ or status region: re-created and published again); the slot table (`slots.Slots`
 (`registrations`); drain every ring into the statistics (`ingest`) and the workers'
 measurements into the cost book (`costbook`); per device, a decision round
 (`core.round.decide_round`, priced with the book's fits) started on a snapshot of its ledger
-in a thread of its own (`deciding`; inline with an injected clock, or `background_rounds=False`),
-and each round decided since applied, with a new snapshot if a gear changed (a round decided
-on gears that changed meanwhile is discarded and decided again at once),
+in a thread of its own (`deciding`; inline with an injected clock), and each round decided
+since applied, with a new snapshot if a gear changed (one decided on gears that changed
+meanwhile is decided again),
 the state file (`statefile`) saved after any change or new measurement, at most every
 `save_interval_seconds` and written off the loop (`saving`); the status document (`status`).
 An exception in one phase is counted and logged (at most every 10 s per phase), and the loop
@@ -77,8 +77,7 @@ class Controller:
         self.profile_keys = ProfileKeys()
         self.batch = Batch(config.drain_max_events, lambda: self.profile_keys.ledgers(self.devices))
         self.costs = CostBook()
-        self.decider = Decider(policy, clock, background_rounds)
-        self.stale_rounds = 0  # rounds discarded: the gears changed while they were decided
+        self.decider = Decider(policy, clock, background_rounds, self._failed)
         self.saver = saving.Saver(config.state_path, self.devices, self.costs,
                                   config.save_interval_seconds, clock,
                                   partial(self._failed, "state save"))
@@ -275,10 +274,11 @@ class Controller:
                     self._guard, self.slots.high_water())
         self._guard("drain", self._drain, now)
         for device in list(self.devices):
-            if now >= self._next_check.get(device, -math.inf) and not self.decider.busy(device):
+            due = now >= self._next_check.get(device, -math.inf) or device in self.decider.redo
+            if due and not self.decider.busy(device):
                 self._next_check[device] = now + self.policy.check_interval_seconds
                 self._guard(f"decision round of device {device}", self._decide, device, now)
-        for decided in self.decider.finished():
+        for decided in self.decider.finished(self.devices):
             self._guard(f"decision round of device {decided.device}", self._apply, decided, now)
         self._guard("state save", self.saver.poll, now)
         if now >= self._next_status:
@@ -342,21 +342,10 @@ class Controller:
                            self.prices(device))
 
     def _apply(self, decided: Decided, now: float) -> None:
-        """Apply a decided round: publish if a gear changed, then the ledger; a round decided
-        on gears that changed meanwhile is discarded and the device decided again now."""
-        device = decided.device
-        for name, e in decided.errors:
-            self._failed(f"decision round of {device}/{name}", e)
-        if decided.error is not None:
-            raise decided.error
-        dev = self.devices.get(device)
-        if dev is None:
-            return
-        if decided.stale(dev):
-            self.stale_rounds += 1
-            self._next_check[device] = now  # decided again at the next iteration
-            return
-        round, usage, seconds = decided.round, decided.usage, decided.seconds
+        """Apply a round decided on the device's gears as they are (`Decider.finished`):
+        publish if a gear changed, then the ledger."""
+        device, round, usage = decided.device, decided.round, decided.usage
+        dev, seconds = self.devices[device], decided.seconds
         if round is None:
             self.saver.after_round(changed=False)  # new measurements are saved all the same
             return

@@ -2,22 +2,22 @@
 
 `Decider.start` takes a device's ledger as it is (`DeviceLedger.snapshot`: gears and
 statistics by reference, so the loop goes on draining and folding into the live statistics)
-and runs `core.round.decide_round` on it in a thread of its own, at most one per device;
-`finished()`, every loop iteration, hands back the rounds that are done (`Decided`), for the
-loop to apply. A round decided on gears that changed meanwhile (a round applied, a profile
-registered, replaced or dropped) is `stale` and must be discarded and decided again, never
-applied. The policy is pure, so a round decided on the snapshot is the one the live ledger
-would have given at the same `now`. With `background=False` the round runs in the caller,
-done when `start` returns (a fake clock's tests: the same step decides and publishes).
-Errors (a profile's, or the round's) are handed back with the round, never raised in the
-thread. A thread is a daemon: `close` does not wait for it (the round is pure; its result is
-dropped).
+and runs `core.round.decide_round` on it in a thread of its own, at most one per device.
+`finished(ledgers)`, every loop iteration, hands back the rounds that are done (`Decided`),
+for the loop to apply. A round decided on gears that changed meanwhile (a round applied, a
+profile registered, replaced or dropped) is stale: never handed back, counted (`stale`), its
+device put in `redo` for the loop to decide again at once. The policy is pure, so a round
+decided on the snapshot is the one the live ledger would have given at the same `now`. With
+`background=False` the round runs in the caller, done when `start` returns (a fake clock's
+tests: the same step decides and publishes). Errors (a profile's, or the round's) are kept
+with the round, never raised in the thread, and reported to `failed` by `finished`. A thread
+is a daemon: `close` does not wait for it (the round is pure; its result is dropped).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gearshift.clock import Clock
@@ -58,8 +58,11 @@ def _base(ledger: DeviceLedger) -> tuple[float | None, list[tuple[str, ProfileLe
 class Decider:
     """The decision rounds of one controller (module docstring)."""
 
-    def __init__(self, policy: PolicyConfig, clock: Clock, background: bool) -> None:
-        self.policy, self.clock, self.background = policy, clock, background
+    def __init__(self, policy: PolicyConfig, clock: Clock, background: bool,
+                 failed: Callable[[str, Exception], None]) -> None:
+        self.policy, self.clock, self.background, self.failed = policy, clock, background, failed
+        self.stale = 0  # rounds discarded: the gears changed while they were decided
+        self.redo: set[int] = set()  # devices whose round was stale: decide again now
         self._running: dict[int, tuple[threading.Thread, Decided]] = {}
         self._done: list[Decided] = []
 
@@ -71,6 +74,7 @@ class Decider:
               prices: Mapping[str, Mapping[str, Prices]]) -> None:
         """Decide `device`'s round at `now` on a snapshot of `ledger` (not while `busy`)."""
         assert not self.busy(device)
+        self.redo.discard(device)
         decided = Decided(device, now, usage, _base(ledger))
         snapshot = ledger.snapshot()
         if not self.background:
@@ -82,19 +86,33 @@ class Decider:
         self._running[device] = (thread, decided)
         thread.start()
 
-    def finished(self) -> list[Decided]:
-        """The rounds decided since the last call, in the order they finished."""
+    def finished(self, ledgers: Mapping[int, DeviceLedger]) -> list[Decided]:
+        """The rounds decided since the last call on their device's gears as they are in
+        `ledgers`, in the order they finished; errors reported, stale rounds left out."""
         for device, (thread, decided) in list(self._running.items()):
             if not thread.is_alive():
                 del self._running[device]
                 self._done.append(decided)
         done, self._done = self._done, []
-        return done
+        current = []
+        for decided in done:
+            device = decided.device
+            for name, e in decided.errors:
+                self.failed(f"decision round of {device}/{name}", e)
+            if decided.error is not None:
+                self.failed(f"decision round of device {device}", decided.error)
+            elif device in ledgers and decided.stale(ledgers[device]):
+                self.stale += 1
+                self.redo.add(device)
+            elif device in ledgers:
+                current.append(decided)
+        return current
 
     def close(self) -> None:
         """Forget every round in flight (their threads end on their own)."""
         self._running.clear()
         self._done.clear()
+        self.redo.clear()
 
     def _decide(self, decided: Decided, ledger: DeviceLedger,
                 prices: Mapping[str, Mapping[str, Prices]]) -> None:
