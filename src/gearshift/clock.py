@@ -48,7 +48,7 @@ class ThreadCpuClock:
 class ManualClock:
     """Virtual time that moves only when told: `sleep` and `advance` move `now` at once;
     thread-safe. The stress harness steps a controller on it (tools/stress/target.py); the
-    tests have their own (tests/fakeclock.py)."""
+    tests name it FakeClock (tests/fakeclock.py)."""
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = float(start)

@@ -3,6 +3,7 @@ its state in a temporary directory, and in-process workers made of the shm primi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +15,14 @@ from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 
 from .workers import POLICY, Worker
+
+
+@pytest.fixture(autouse=True)
+def _root_level() -> Iterator[None]:
+    """`serve` sets the root logger's level: give it back."""
+    level = logging.getLogger().level
+    yield
+    logging.getLogger().setLevel(level)
 
 
 @pytest.fixture

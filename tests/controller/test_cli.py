@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import queue
 import signal
@@ -17,10 +16,8 @@ from contextlib import suppress
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 from fakeclock import FakeClock
 
-from gearshift.cli import main
 from gearshift.clikit import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE
 from gearshift.controller import statefile
 from gearshift.controller.config import ControllerConfig, load_initial_gears
@@ -29,21 +26,10 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.shm import SnapshotRegion
 
+from .clirun import gs
 from .workers import WAIT, Worker
 
 COMMANDS = ["serve", "status", "snapshot", "stop", "cleanup", "export"]
-
-
-@pytest.fixture(autouse=True)
-def _root_level() -> Iterator[None]:
-    """`serve` sets the root logger's level: give it back."""
-    level = logging.getLogger().level
-    yield
-    logging.getLogger().setLevel(level)
-
-
-def gs(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(main, list(args), env=env)
 
 
 @pytest.fixture

@@ -4,21 +4,17 @@ order, `stop` with no controller, `export` of gears a stopped controller left.""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 from fakeclock import FakeClock
 
-from gearshift.cli import main
 from gearshift.clikit import EXIT_CONFLICT, EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE
 from gearshift.controller import statefile
 from gearshift.controller.config import ControllerConfig
@@ -27,19 +23,8 @@ from gearshift.core.config import PolicyConfig
 from gearshift.errors import ControllerNotFound, ControllerRunning
 from gearshift.shm import Registry, cleanup
 
+from .clirun import gs
 from .workers import WAIT, Worker
-
-
-@pytest.fixture(autouse=True)
-def _root_level() -> Iterator[None]:
-    """`serve` sets the root logger's level: give it back."""
-    level = logging.getLogger().level
-    yield
-    logging.getLogger().setLevel(level)
-
-
-def gs(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(main, list(args), env=env)
 
 
 @pytest.mark.parametrize(
