@@ -77,13 +77,9 @@ def private_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
     a controller with the default state directory writes there, never in the user's."""
     before = _files(USER_STATE / "gearshift")
     home = tmp_path_factory.mktemp("state-home")
-    saved = os.environ.get("XDG_STATE_HOME")
-    os.environ["XDG_STATE_HOME"] = str(home)
-    yield home
-    if saved is None:
-        del os.environ["XDG_STATE_HOME"]
-    else:
-        os.environ["XDG_STATE_HOME"] = saved
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("XDG_STATE_HOME", str(home))
+        yield home
     added = sorted(map(str, _files(USER_STATE / "gearshift") - before))
     assert not added, f"the test run wrote under the user's state directory: {added}"
 
@@ -105,13 +101,9 @@ def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One Inductor cache directory for the session's compiles (TORCHINDUCTOR_CACHE_DIR, for
     this process and its children): a shape compiled by one test loads from it in the next."""
     cache = tmp_path_factory.mktemp("inductor")
-    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
-    yield cache
-    if saved is None:
-        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    else:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+        yield cache
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -119,10 +111,6 @@ def private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
     """XDG_CACHE_HOME (where `gs.compile` keeps a namespace's compile cache) is a temporary
     directory for the session and its children."""
     home = tmp_path_factory.mktemp("cache-home")
-    saved = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(home)
-    yield home
-    if saved is None:
-        del os.environ["XDG_CACHE_HOME"]
-    else:
-        os.environ["XDG_CACHE_HOME"] = saved
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("XDG_CACHE_HOME", str(home))
+        yield home
