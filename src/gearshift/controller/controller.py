@@ -37,17 +37,19 @@ from functools import partial
 from typing import Any
 
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.controller import publish, registrations, rounds, saving, statefile, status, upkeep
+from gearshift.controller import publish, rounds, saving, statefile, status, upkeep
+from gearshift.controller.applying import Applying
 from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.deciding import Decided, Decider
 from gearshift.controller.embedded import EmbeddedController
 from gearshift.controller.ingest import Batch, ProfileKeys
-from gearshift.controller.slots import Slots, Worker
+from gearshift.controller.registrations import Registrations
+from gearshift.controller.slots import Slots
 from gearshift.core import memory
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices
-from gearshift.core.round import DeviceLedger, ProfileLedger, Round
+from gearshift.core.round import DeviceLedger, Round
 from gearshift.errors import NamespaceLost, StateError
 from gearshift.shm import Registry, SnapshotRegion
 from gearshift.shm.cleanup import own
@@ -56,11 +58,10 @@ __all__ = ["Controller", "EmbeddedController"]
 
 log = logging.getLogger(__name__)
 
-ERROR_LOG_SECONDS = 10.0  # an error repeating in a phase is logged at most this often
 LOCK_WAIT = 0.005  # seconds: the longest the loop waits for the namespace lock
 
 
-class Controller:
+class Controller(Applying):
     """One namespace's controller; `open` it, then `run(stop)` or call `step()` yourself."""
 
     region_type: type[SnapshotRegion] = SnapshotRegion  # of the devices' snapshot regions
@@ -81,17 +82,8 @@ class Controller:
         self.saver = saving.Saver(config.state_path, self.devices, self.costs,
                                   config.save_interval_seconds, clock,
                                   partial(self._failed, "state save"))
-        self.slots = Slots(registry, config, self.batch, self._guard, self._inherit_profile_ids,
-                           lambda events, keys: self.costs.take(events, keys, self._profile_of),
-                           lambda w, now: self._guard(
-                               f"registration of slot {w.info.slot}", registrations.serve_slot,
-                               self.registry, self.registrations, w.info.slot, now))
-        self.registrations = registrations.Registrations(
-            self.slots, self.devices, self.profile_keys, policy, initial_gears,
-            rescan=self._scan, publish=self._publish,
-            save=lambda: self._guard("state save", self._save),  # before the reply
-            registered=lambda now: self._guard("status", self._publish_status, now),
-            reset=self.costs.forget, region=self._region)
+        self.slots = Slots(registry, config, self.batch)  # both return effects (`applying`)
+        self.registrations = Registrations(self.slots, self.devices, policy, initial_gears)
         self.workers, self.lags = self.slots.workers, self.slots.lags  # by slot, by device
         self.errors = 0  # phases that failed
         self.lock_repairs = 0  # locks released after their holder died holding them
@@ -250,14 +242,6 @@ class Controller:
         self._previous = None
         self._save()
 
-    def _inherit_profile_ids(self, w: Worker) -> None:
-        """Map the profile ids that the previous controller's last status document lists for
-        this claim of the slot, so that events already in the ring are folded (on open)."""
-        profiles = self.devices.get(w.info.device, DeviceLedger()).profiles
-        for local, name in status.profile_ids(self._previous, w.info):
-            if name in profiles:
-                w.map(local, self.profile_keys.key(w.info.device, name), name)
-
     # -- one iteration --
 
     def step(self) -> None:
@@ -270,8 +254,7 @@ class Controller:
         if now >= self._next_scan or self.slots.polling(now):
             self._check_objects(now)
             self._guard("slot scan", self._scan, now)
-        self._guard("registration", registrations.serve, self.registry, self.registrations, now,
-                    self._guard, self.slots.high_water())
+        self._guard("registration", self._serve, now)
         self._guard("drain", self._drain, now)
         for device in list(self.devices):
             due = now >= self._next_check.get(device, -math.inf) or device in self.decider.redo
@@ -279,28 +262,16 @@ class Controller:
                 self._next_check[device] = now + self.policy.check_interval_seconds
                 self._guard(f"decision round of device {device}", self._decide, device, now)
         for decided in self.decider.finished(self.devices):
-            self._guard(f"decision round of device {decided.device}", self._apply, decided, now)
+            self._guard(f"decision round of device {decided.device}", self._apply_round, decided,
+                        now)
         self._guard("state save", self.saver.poll, now)
         if now >= self._next_status:
             self._guard("status", self._publish_status, now)
 
-    def _guard(self, what: str, fn: Callable[..., object], *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception as e:
-            self._failed(what, e)
-
-    def _failed(self, what: str, error: Exception) -> None:
-        """Count a failure and log it with its traceback, at most every ERROR_LOG_SECONDS."""
-        self.errors += 1
-        now = self.clock.now()
-        if now - self._logged.get(what, -math.inf) >= ERROR_LOG_SECONDS:
-            self._logged[what] = now
-            log.error("%s failed; the loop goes on", what, exc_info=error)
-
     def _scan(self, now: float, spare: int | None = None) -> None:
-        scanned = self.slots.scan(now, spare)  # False: the lock was busy, try next iteration
+        scanned, effects = self.slots.scan(now, spare)  # False: the lock was busy, try again
         self._next_scan = now + self.config.scan_interval_seconds * scanned
+        self._apply(effects, now)
 
     def _repair_lock(self) -> None:
         self.lock_repairs += upkeep.repair_lock(self.registry, self.clock)
@@ -319,17 +290,13 @@ class Controller:
                 self._guard(f"publish of device {key}", self._publish, key, now)
 
     def _drain(self, now: float) -> None:
-        self.slots.drain(now)
+        self._apply(self.slots.drain(now), now)
 
     def memory_usage(self, device: int, now: float) -> float | None:
         """The highest fresh reading of the device's live workers (None: no fresh reading)."""
         return self.slots.memory_usage(device, now)
 
     # -- decisions and publication --
-
-    def _profile_of(self, key: int) -> tuple[int, str, ProfileLedger | None]:
-        device, name = self.profile_keys.profile_by_key[key]
-        return device, name, self.devices.get(device, DeviceLedger()).profiles.get(name)
 
     def _holders(self, device: int, name: str) -> int:
         """The live workers of `device` registered with profile `name`."""
@@ -341,7 +308,7 @@ class Controller:
         self.decider.start(device, self.devices[device], now, self.memory_usage(device, now),
                            self.prices(device))
 
-    def _apply(self, decided: Decided, now: float) -> None:
+    def _apply_round(self, decided: Decided, now: float) -> None:
         """Apply a round decided on the device's gears as they are (`Decider.finished`):
         publish if a gear changed, then the ledger."""
         device, round, usage = decided.device, decided.round, decided.usage

@@ -8,8 +8,10 @@ worker's local id then maps to the profile's global key, and the reply carries t
 snapshot version. A device holds at most MAX_PROFILES profiles (NamespaceBusy beyond), and a
 new profile is kept only once the device's snapshot with it is published: one that does not fit
 the snapshot region is refused alone (PayloadError naming the limit), the device as it was. `serve`
-and `answer` hold that logic and need only a `Registrar` (the state side): the controller's is
-`Registrations`; the worker tests' fake controller is another.
+and `answer` hold that logic and need only a `Registrar` (the state side): the worker tests' fake
+controller is one. The controller's `Registrations` shares `admit` and returns the answer as
+effects (`effects`) that the controller applies in order: the new profile published and saved,
+the worker's id mapped and the status document published, then the reply.
 
 Each slot is served on its own (`guard`): a request that cannot be read or answered, or a reply
 that cannot be posted, fails that slot alone, and every refusal is a short message. Warnings
@@ -26,7 +28,17 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from gearshift.controller.config import InitialGears
-from gearshift.controller.ingest import ProfileKeys
+from gearshift.controller.effects import (
+    Added,
+    Effect,
+    ForgetCosts,
+    Log,
+    Map,
+    Publish,
+    PublishStatus,
+    Reply,
+    Save,
+)
 from gearshift.controller.slots import Slots
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import MAX_DIMS, Dim
@@ -94,25 +106,27 @@ def serve(registry: Registry, registrar: Registrar, now: float, guard: Guard | N
     return len(answered)
 
 
-def serve_slot(registry: Registry, registrar: Registrar, slot: int, now: float) -> bool:
-    """Answer `slot`'s waiting request, if any (a gone worker's, before its reclaim)."""
-    answered: list[int] = []
-    _serve_one(registry, registrar, slot, now, answered)
-    return bool(answered)
+def take(registry: Registry, slot: int, now: float) -> dict | Reply | None:
+    """`slot`'s waiting request (None: there is none), or the `Reply` refusing an unreadable one."""
+    try:
+        return registry.requests(slot).take()
+    except PayloadError as e:
+        return Reply(slot, refusal(slot, e, now))
+
+
+def post(registry: Registry, slot: int, reply: dict, now: float) -> None:
+    """Post `reply` in `slot`'s reply mailbox (lost, and said, if the last one was not taken)."""
+    if not registry.replies(slot).post(reply):
+        _warn(slot, now, "slot %d has not taken its previous reply; this one is lost", slot)
 
 
 def _serve_one(registry: Registry, registrar: Registrar, slot: int, now: float,
                answered: list[int]) -> None:
-    try:
-        message = registry.requests(slot).take()
-    except PayloadError as e:
-        reply = refusal(slot, e, now)
-    else:
-        if message is None:
-            return
-        reply = answer(registrar, slot, message, now)
-    if not registry.replies(slot).post(reply):
-        _warn(slot, now, "slot %d has not taken its previous reply; this one is lost", slot)
+    taken = take(registry, slot, now)
+    if taken is None:
+        return
+    reply = taken.message if isinstance(taken, Reply) else answer(registrar, slot, taken, now)
+    post(registry, slot, reply, now)
     answered.append(slot)
 
 
@@ -127,28 +141,36 @@ def answer(registrar: Registrar, slot: int, message: Mapping[str, Any], now: flo
     """The reply to `slot`'s registration `message`: parsed, checked against the profiles of
     the worker's device and recorded; or the refusal of a malformed or mismatched one."""
     try:
-        request = Request(*parse_register(message))
-        device, pid = registrar.claimant(slot, now)
-        known = registrar.dims_of(device, request.name)
-        new = check(
-            request, device, pid, known, lambda: registrar.holder(device, request.name, slot)
-        )
+        request, device, pid, new = admit(registrar, slot, message, now)
         version = registrar.register(slot, request, new, now)
-    except REFUSED as e:
-        return refusal(slot, e, now)
-    except Exception as e:  # a failure of ours: the worker still hears of it, in one line
-        log.exception("slot %d: registration failed", slot)
-        return refusal(slot, GearshiftError(
-            f"the controller failed to register it: {type(e).__name__}: {str(e)[:100]}"), now)
-    log.info(
-        "pid %d (slot %d) registered profile %r on device %d as id %d",
-        pid,
-        slot,
-        request.name,
-        device,
-        request.local,
-    )
+    except Exception as e:
+        return failure(slot, e, now)
+    log.info(REGISTERED, pid, slot, request.name, device, request.local)
     return {"op": "registered", "profile": request.local, "version": version}
+
+
+REGISTERED = "pid %d (slot %d) registered profile %r on device %d as id %d"
+
+
+def admit(registrar: Registrar, slot: int, message: Mapping[str, Any],
+          now: float) -> tuple[Request, int, int, bool]:
+    """`slot`'s registration `message` parsed and checked against the profiles of the worker's
+    device: (request, device, pid, whether it needs a new profile); raises the refusal."""
+    request = Request(*parse_register(message))
+    device, pid = registrar.claimant(slot, now)
+    known = registrar.dims_of(device, request.name)
+    new = check(request, device, pid, known, lambda: registrar.holder(device, request.name, slot))
+    return request, device, pid, new
+
+
+def failure(slot: int, error: Exception, now: float) -> dict:
+    """The reply refusing `slot`'s registration for `error`: a refusal's own, or a failure of
+    ours (logged with its traceback), which the worker still hears of, in one line."""
+    if isinstance(error, REFUSED):
+        return refusal(slot, error, now)
+    log.error("slot %d: registration failed", slot, exc_info=error)
+    return refusal(slot, GearshiftError(
+        f"the controller failed to register it: {type(error).__name__}: {str(error)[:100]}"), now)
 
 
 def check(
@@ -227,52 +249,27 @@ def new_profile(
 
 
 class Registrations:
-    """The controller's Registrar over its `slots`, `devices` and profile `keys`.
+    """The controller's registrations over its `slots` and `devices`, answered as effects.
 
     A registration is served for any slot the controller follows, its worker alive or gone but
-    not reclaimed yet (what it recorded is then attributed). `rescan(now, slot)` reads the slot
-    table again, reclaiming any slot but `slot` (a request may come before the scan that sees
-    its slot); a new profile's device gets its snapshot region first (`region(device)`: a
-    SpaceError there refuses the registration before anything changes); the profile is
-    published (`publish(device, now)`: kept only if that succeeds) and saved (`save()`), and
-    what was learned of a profile declared anew is forgotten (`reset(device, name)`: its
-    measured costs); then
-    `registered(now)` publishes the status document, before the reply, so that a successor
-    maps the worker's id even if this controller dies right after answering.
+    not reclaimed yet (what it recorded is then attributed); the controller scans the slot table
+    again first if a request comes before the scan that sees its slot. `plan` returns, in order:
+    for a new profile (added to the ledger at once), `Publish` (the profile kept only if that
+    succeeds: a SpaceError for its region or a PayloadError refuses it, the device as it was),
+    `ForgetCosts` (what was measured of a profile declared anew) and `Save`; then `Map` (the
+    worker's id), `PublishStatus` (before the reply, so that a successor maps the worker's id
+    even if this controller dies right after answering), `Log` and the `Reply`.
     """
 
-    def __init__(
-        self,
-        slots: Slots,
-        devices: dict[int, DeviceLedger],
-        keys: ProfileKeys,
-        policy: PolicyConfig,
-        initial_gears: InitialGears,
-        *,
-        rescan: Callable[[float, int], None],
-        publish: Callable[[int, float], None],
-        save: Callable[[], None],
-        registered: Callable[[float], None],
-        reset: Callable[[int, str], None] = lambda device, name: None,
-        region: Callable[[int], object] = lambda device: None,
-    ) -> None:
+    def __init__(self, slots: Slots, devices: dict[int, DeviceLedger], policy: PolicyConfig,
+                 initial_gears: InitialGears) -> None:
         self.slots = slots
         self.devices = devices
-        self.keys = keys
         self.policy = policy
         self.initial_gears = initial_gears
-        self.rescan = rescan
-        self.publish = publish
-        self.save = save
-        self.registered = registered
-        self.reset = reset
-        self.region = region
 
     def claimant(self, slot: int, now: float) -> tuple[int, int]:
         w = self.slots.workers.get(slot)
-        if w is None:
-            self.rescan(now, slot)
-            w = self.slots.workers.get(slot)
         if w is None:
             raise NamespaceBusy(f"slot {slot} is not held by a worker")
         return w.info.device, w.info.pid
@@ -296,40 +293,45 @@ class Registrations:
         )
         return other.info.pid if other is not None else None
 
-    def register(self, slot: int, request: Request, new: bool, now: float) -> int:
-        w = self.slots.workers[slot]
-        device, name = w.info.device, request.name
-        dev = self.devices.setdefault(device, DeviceLedger())
-        if new and name not in dev.profiles and len(dev.profiles) >= MAX_PROFILES:
-            raise NamespaceBusy(f"device {device} holds {MAX_PROFILES} profiles: no more")
-        if new:
-            self.region(device)
-            self._publish_new(device, dev, name, request.dims, now)
-            self.reset(device, name)
-            self.save()
-        w.map(request.local, self.keys.key(device, name), name)
-        self.registered(now)
-        return dev.version
-
-    def _publish_new(self, device: int, dev: DeviceLedger, name: str, dims: dict[str, Dim],
-                     now: float) -> None:
-        """Add profile `name` and publish it; if that fails, the device is left as it was and
-        the registration refused (PayloadError naming the limit when it does not fit)."""
-        previous = dev.profiles.get(name)
-        dev.profiles[name] = new_profile(device, name, dims, now, self.policy, self.initial_gears)
+    def plan(self, slot: int, message: Mapping[str, Any], now: float) -> list[Effect]:
+        """The effects answering `slot`'s registration `message` (see the class docstring), or
+        the `Reply` refusing it."""
         try:
-            self.publish(device, now)
-        except BaseException as e:
-            if previous is None:
-                del dev.profiles[name]
-            else:
-                dev.profiles[name] = previous
-            if isinstance(e, PayloadError):
-                raise PayloadError(
-                    f"profile {name!r} not registered on device {device}: {e} (a region holds "
-                    f"{MAX_PROFILES} profiles of {MAX_DIMS} dims of 64 gears); register fewer "
-                    "gears or profiles") from None
-            raise
+            request, device, pid, new = admit(self, slot, message, now)
+            added = self._add(slot, device, request, now) if new else []
+        except Exception as e:
+            return [Reply(slot, failure(slot, e, now))]
+        name, local = request.name, request.local
+        return [*added, Map(slot, local, device, name), PublishStatus(),
+                Log(__name__, REGISTERED, (pid, slot, name, device, local)),
+                Reply(slot, {"op": "registered", "profile": local}, version_of=device)]
+
+    def _add(self, slot: int, device: int, request: Request, now: float) -> list[Effect]:
+        dev = self.devices.setdefault(device, DeviceLedger())
+        name = request.name
+        if name not in dev.profiles and len(dev.profiles) >= MAX_PROFILES:
+            raise NamespaceBusy(f"device {device} holds {MAX_PROFILES} profiles: no more")
+        previous = dev.profiles.get(name)
+        dev.profiles[name] = new_profile(device, name, request.dims, now, self.policy,
+                                         self.initial_gears)
+        return [Publish(device, Added(slot, device, name, previous)), ForgetCosts(device, name),
+                Save()]
+
+    def withdraw(self, added: Added, error: BaseException) -> BaseException:
+        """Put `added`'s device back as it was, its snapshot not published for `error`; returns
+        the error to refuse the registration with (PayloadError naming the limit when the
+        profile does not fit)."""
+        profiles = self.devices[added.device].profiles
+        if added.previous is None:
+            profiles.pop(added.name, None)
+        else:
+            profiles[added.name] = added.previous
+        if isinstance(error, PayloadError):
+            return PayloadError(
+                f"profile {added.name!r} not registered on device {added.device}: {error} (a "
+                f"region holds {MAX_PROFILES} profiles of {MAX_DIMS} dims of 64 gears); register "
+                "fewer gears or profiles")
+        return error
 
 
 def _describe(dims: Mapping[str, Dim]) -> str:

@@ -4,13 +4,17 @@ A scan reads the slot table below its high-water mark (what was ever claimed: th
 follows the workers, not the slots): a new claim (or a slot claimed anew, a new generation)
 becomes a `Worker` and gets its ring attached (without waiting: a ring its worker has not
 sealed yet, or another user's, is tried again at the next scan); a CORRUPT slot is counted and
-skipped; a slot whose worker is gone (RELEASED, or ACTIVE with a dead identity) has the
-registration it left pending served (`gone`), its ring drained to the end into the batch, then
-`Registry.reclaim` frees the slot and unlinks the ring, so no recorded event is lost to a
-reclaim. A slot claimed from another pid namespace (`foreign`: its liveness cannot be read
-here) is never reclaimed while ACTIVE, and logged as the misdeployment it is. A scan also reads
-the applied versions back: a device's propagation lag runs from a publish until every live
-worker with a profile on it acknowledged that version.
+skipped; a slot whose worker is gone (RELEASED, or ACTIVE with a dead identity) is reclaimed
+once the registration it left pending is served (`Reclaim`, applied by the controller): its
+ring drained to the end into the batch, then `Registry.reclaim` frees the slot and unlinks the
+ring, so no recorded event is lost to a reclaim. A slot claimed from another pid namespace
+(`foreign`: its liveness cannot be read here) is never reclaimed while ACTIVE, and logged as
+the misdeployment it is. A scan also reads the applied versions back: a device's propagation
+lag runs from a publish until every live worker with a profile on it acknowledged that version.
+
+Nothing here calls back into the controller: `scan`, `drain` and `reclaim` return the effects
+(`effects`) it applies: `Inherit` for a new claim, `Reclaim` for a gone worker, `Measured` for
+drained records (the cost book's), `Failed` for one slot's handling that failed (it fails alone).
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from gearshift.controller import ingest
 from gearshift.controller.config import ControllerConfig
+from gearshift.controller.effects import Effect, Failed, Inherit, Measured, Reclaim
 from gearshift.errors import LayoutError, NamespaceBusy, NotOwned, Unsealed
 from gearshift.shm import EventRing, Registry, SlotInfo, SlotState, names, segment
 
@@ -67,32 +73,13 @@ class Lag:
 
 
 class Slots:
-    """The claimed slots of `registry`: `workers` by slot, `lags` by device.
+    """The claimed slots of `registry`: `workers` by slot, `lags` by device; drained records
+    go to `batch` (and, as `Measured` effects, to the cost book)."""
 
-    `guard(what, fn, *args)` runs one slot's handling so that its failure stays its own;
-    `on_new(worker)` is called for each new claim before its ring is read (the controller maps
-    the profile ids a predecessor knew); drained records go to `batch`, and to
-    `measured(events, keys)` (the cost book's, guarded apart: its failure loses no sample);
-    `gone(worker, now)` serves the registration a gone worker left pending, before its reclaim.
-    """
-
-    def __init__(
-        self,
-        registry: Registry,
-        config: ControllerConfig,
-        batch: ingest.Batch,
-        guard: Callable[..., None],
-        on_new: Callable[[Worker], None],
-        measured: Callable[[np.ndarray, np.ndarray], None] | None = None,
-        gone: Callable[[Worker, float], None] | None = None,
-    ) -> None:
+    def __init__(self, registry: Registry, config: ControllerConfig, batch: ingest.Batch) -> None:
         self.registry = registry
         self.config = config
         self.batch = batch
-        self.guard = guard
-        self.on_new = on_new
-        self.measured = measured
-        self.gone = gone
         self.workers: dict[int, Worker] = {}
         self.lags: dict[int, Lag] = {}
         self.reclaimed = 0  # dead workers whose slot was reclaimed (killed, crashed)
@@ -108,12 +95,13 @@ class Slots:
         """The slots to poll: below the table's high-water mark, or one we follow."""
         return max(self.registry.high_water(), max(self.workers, default=-1) + 1)
 
-    def scan(self, now: float, spare: int | None = None) -> bool:
+    def scan(self, now: float, spare: int | None = None) -> tuple[bool, list[Effect]]:
         """Follow every claimed slot, forget the freed ones, read the acknowledgements; the
-        slot `spare` (a registration is being answered for it) is not reclaimed this time.
-        False, the scan skipped and counted in `lock_busy` (logged at most every BUSY_LOG
-        seconds), when the namespace lock stays held past the registry's wait."""
-        claimed, corrupt = set(), set()
+        effects: `Inherit` per new claim, `Reclaim` per gone worker but the slot `spare`'s (a
+        registration is being answered for it), `Failed`. False, the scan skipped and counted
+        in `lock_busy` (logged at most every BUSY_LOG seconds), when the namespace lock stays
+        held past the registry's wait."""
+        claimed, corrupt, effects = set(), set(), []
         try:
             table = self.registry.slots(self.high_water() if self._scanned else None)
         except NamespaceBusy as e:
@@ -121,13 +109,14 @@ class Slots:
             if now - self._busy_logged >= BUSY_LOG:
                 self._busy_logged = now
                 log.warning("slot scan skipped (%d so far): %s", self.lock_busy, e)
-            return False
+            return False, []
         for info in table:
             if info.state == SlotState.CORRUPT:
                 corrupt.add(info.slot)
             elif info.state != SlotState.FREE:
                 claimed.add(info.slot)
-                self.guard(f"slot {info.slot}", self._track, info, now, info.slot != spare)
+                _guarded(effects, f"slot {info.slot}", self._track, info, info.slot != spare,
+                         effects)
         self._scanned = True
         for slot in set(self.workers) - claimed:  # freed behind our back, or corrupt now
             self._forget(slot)
@@ -135,17 +124,21 @@ class Slots:
             log.warning("slots %s are corrupt (state or device word): skipped", sorted(corrupt))
         self.corrupt = corrupt
         self._acks(now)
-        return True
+        return True, effects
 
-    def drain(self, now: float) -> None:
-        """Drain every attached ring (at most drain_max_events records each) and fold them."""
+    def drain(self, now: float) -> list[Effect]:
+        """Drain every attached ring (at most drain_max_events records each) and fold them;
+        returns the `Measured` records and the rings that failed (alone: corrupt counters)."""
+        effects: list[Effect] = []
         for w in self.workers.values():
-            if w.ring is not None:  # a ring that fails (corrupt counters) fails alone
-                self.guard(f"drain of slot {w.info.slot}", self._drain_one, w, now)
+            if w.ring is not None:
+                _guarded(effects, f"drain of slot {w.info.slot}", self._drain_one, w, now, effects)
         self.batch.flush(now)
+        return effects
 
-    def take(self, w: Worker, events: np.ndarray, now: float) -> None:
-        """Count `w`'s drained `events`, keep its latest memory reading, batch them."""
+    def take(self, w: Worker, events: np.ndarray, now: float, effects: list[Effect]) -> None:
+        """Count `w`'s drained `events`, keep its latest memory reading, batch them; they go to
+        the cost book as a `Measured` effect too."""
         if not len(events):
             return
         w.consumed += len(events)
@@ -154,8 +147,7 @@ class Slots:
             w.memory = reading
         keys = w.keys(events)
         self.batch.add(events, keys, now)
-        if self.measured is not None:
-            self.guard(f"measurements of slot {w.info.slot}", self.measured, events, keys)
+        effects.append(Measured(w.info.slot, events, keys))
 
     def published(self, device: int, version: int, now: float) -> None:
         """`version` of `device` was published at `now`: time its propagation."""
@@ -184,19 +176,19 @@ class Slots:
             if w.ring is not None:
                 w.ring.close()
 
-    def _drain_one(self, w: Worker, now: float) -> None:
+    def _drain_one(self, w: Worker, now: float, effects: list[Effect]) -> None:
         assert w.ring is not None
-        self.take(w, w.ring.drain(self.config.drain_max_events), now)
+        self.take(w, w.ring.drain(self.config.drain_max_events), now, effects)
 
-    def _track(self, info: SlotInfo, now: float, reclaim: bool = True) -> None:
-        """Follow a claimed slot: attach its ring; drain and reclaim it once its worker is gone."""
+    def _track(self, info: SlotInfo, reclaim: bool, effects: list[Effect]) -> None:
+        """Follow a claimed slot: attach its ring; `Reclaim` it once its worker is gone."""
         w = self.workers.get(info.slot)
         if w is not None and w.info.generation != info.generation:  # claimed anew meanwhile
             self._forget(info.slot)
             w = None
         if w is None:
             w = self.workers[info.slot] = Worker(info)
-            self.on_new(w)
+            effects.append(Inherit(info.slot))
             if info.foreign:
                 log.error(
                     "slot %d is held by pid %d of another pid namespace: its liveness cannot be "
@@ -207,7 +199,7 @@ class Slots:
         if w.ring is None:
             w.ring = self._attach_ring(info)
         if info.reclaimable and reclaim:
-            self._reclaim(w, now)
+            effects.append(Reclaim(info.slot))
 
     def _attach_ring(self, info: SlotInfo) -> EventRing | None:
         try:
@@ -226,18 +218,23 @@ class Slots:
             self._discard_ring(info, e)
             return None
 
-    def _reclaim(self, w: Worker, now: float) -> None:
-        """Serve its pending registration, drain a gone worker's ring to the end, fold it, free
-        the slot, unlink the ring."""
-        if self.gone is not None:
-            self.gone(w, now)
+    def reclaim(self, slot: int, now: float) -> list[Effect]:
+        """Drain a gone worker's ring to the end, fold it, free the slot, unlink the ring (the
+        `Reclaim` a scan returned, once its pending registration is served); returns the
+        `Measured` records, and `Failed` if the reclaim failed (tried again at the next scan)."""
+        effects: list[Effect] = []
+        if slot in self.workers:  # (else forgotten meanwhile: freed behind our back)
+            _guarded(effects, f"slot {slot}", self._reclaim, self.workers[slot], now, effects)
+        return effects
+
+    def _reclaim(self, w: Worker, now: float, effects: list[Effect]) -> None:
         if w.ring is not None:
             limit = self.config.drain_max_events
             try:
                 for _ in range(w.ring.capacity // limit + 2):
                     if not w.ring.pending():
                         break
-                    self.take(w, w.ring.drain(limit), now)
+                    self.take(w, w.ring.drain(limit), now, effects)
             except LayoutError as e:
                 w.ring.close()
                 w.ring = None
@@ -290,3 +287,11 @@ class Slots:
                     lag.last_seconds = now - published
                     lag.count += 1
                     lag.seconds_sum += now - published
+
+
+def _guarded(effects: list[Effect], what: str, fn: Callable[..., object], *args: Any) -> None:
+    """Run `fn(*args)`; its failure becomes a `Failed` effect, and the caller goes on."""
+    try:
+        fn(*args)
+    except Exception as e:
+        effects.append(Failed(what, e))
