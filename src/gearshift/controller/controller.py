@@ -37,19 +37,18 @@ from functools import partial
 from typing import Any
 
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.controller import publish, rounds, saving, statefile, status, upkeep
+from gearshift.controller import rounds, saving, statefile, status, upkeep
 from gearshift.controller.applying import Applying
 from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.deciding import Decided, Decider
 from gearshift.controller.embedded import EmbeddedController
 from gearshift.controller.ingest import Batch, ProfileKeys
+from gearshift.controller.publishing import Publishing
 from gearshift.controller.registrations import Registrations
 from gearshift.controller.slots import Slots
-from gearshift.core import memory
 from gearshift.core.config import PolicyConfig
-from gearshift.core.costs import Prices
-from gearshift.core.round import DeviceLedger, Round
+from gearshift.core.round import DeviceLedger
 from gearshift.errors import NamespaceLost, StateError
 from gearshift.shm import Registry, SnapshotRegion
 from gearshift.shm.cleanup import own
@@ -61,7 +60,7 @@ log = logging.getLogger(__name__)
 LOCK_WAIT = 0.005  # seconds: the longest the loop waits for the namespace lock
 
 
-class Controller(Applying):
+class Controller(Applying, Publishing):
     """One namespace's controller; `open` it, then `run(stop)` or call `step()` yourself."""
 
     region_type: type[SnapshotRegion] = SnapshotRegion  # of the devices' snapshot regions
@@ -101,19 +100,6 @@ class Controller(Applying):
         self._state_lock: statefile.StateLock | None = None
         self._closed = False
         self.final_save: str | None = None  # at close: "saved" or "failed: why"
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """The event counters of the status document (a new dict)."""
-        measured = self.costs.counts
-        counts = {**self.batch.counts, "reclaimed_workers": self.slots.reclaimed,
-                  "exited_workers": self.slots.exited,
-                  "errors": self.errors, "corrupt_slots": len(self.slots.corrupt),
-                  "lock_busy": self.slots.lock_busy, "lock_repairs": self.lock_repairs,
-                  "measured": measured["measured"]}
-        counts["unknown"] += measured["unknown"]  # records of either kind refused
-        counts["invalid"] += measured["invalid"]
-        return counts
 
     # -- life cycle --
 
@@ -276,19 +262,6 @@ class Controller(Applying):
     def _repair_lock(self) -> None:
         self.lock_repairs += upkeep.repair_lock(self.registry, self.clock)
 
-    def _check_objects(self, now: float) -> None:
-        """`upkeep.check`: NamespaceLost, or lost regions created and published again."""
-        regions: dict[object, SnapshotRegion] = {**self._regions}
-        if self._status_region is not None:
-            regions["status"] = self._status_region
-        for key in upkeep.check(self.registry, regions):
-            if key == "status":
-                self._status_region = status.open_region(self.config.namespace)
-                self._next_status = now
-            else:
-                del self._regions[key]
-                self._guard(f"publish of device {key}", self._publish, key, now)
-
     def _drain(self, now: float) -> None:
         self._apply(self.slots.drain(now), now)
 
@@ -296,12 +269,7 @@ class Controller(Applying):
         """The highest fresh reading of the device's live workers (None: no fresh reading)."""
         return self.slots.memory_usage(device, now)
 
-    # -- decisions and publication --
-
-    def _holders(self, device: int, name: str) -> int:
-        """The live workers of `device` registered with profile `name`."""
-        return sum(w.info.device == device and w.info.alive and name in w.profiles.values()
-                   for w in self.slots.workers.values())
+    # -- decisions --
 
     def _decide(self, device: int, now: float) -> None:
         """Start the device's round on a snapshot of its ledger (`deciding`)."""
@@ -324,52 +292,9 @@ class Controller(Applying):
         self.changes[device] = changes = rounds.change_lists(round)
         self.saver.after_round(changed=any(changes.values()))
 
-    def _region(self, device: int) -> SnapshotRegion:
-        """The device's snapshot region, created (reserved whole) at its first use; SpaceError
-        if /dev/shm has no room for it (tried again at the next use)."""
-        region = self._regions.get(device)
-        if region is None:
-            region = self._regions[device] = self.region_type.open(self.config.namespace, device)
-        return region
-
-    def _publish(self, device: int, now: float, round: Round | None = None) -> None:
-        """Publish the device's gears (`round`'s where it has them): `publish.snapshot`."""
-        dev = self.devices[device]
-        region = self._region(device)
-        gears = {name: p.gear_lists() for name, p in dev.profiles.items()}
-        if round is not None:
-            gears.update({name: {d: list(g.gears) for d, g in dims.items()}
-                          for name, dims in round.gears.items()})
-        changes = rounds.change_lists(round) if round is not None else self.changes.get(device)
-        dev.version = publish.snapshot(region, device, dev.version, gears, changes)
-        self.slots.published(device, dev.version, now)
-        log.info("device %d: snapshot version %d published", device, dev.version)
-
     def _save(self) -> None:
         """Save now, on the loop, after any write in flight (open, new profile, close)."""
         self.saver.wait()
         measured = self.costs.counts["measured"]
         statefile.save(self.config.state_path, self.devices, self.costs)
         self.saver.saved(self.clock.now(), measured)
-
-    def status_document(self, now: float) -> dict[str, Any]:
-        """The status document at `now` (format in `status`)."""
-        return status.document(
-            now, namespace=self.config.namespace, embedded=self.embedded, policy=self.policy,
-            counts=self.counts, rounds=self.rounds, workers=self.slots.workers.values(),
-            devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
-            lags=self.slots.lags, changes=self.changes, costs=self.costs,
-            final_save=self.final_save, graph_bytes={
-                d: memory.device_usage(dev.profiles, self.prices(d), self.policy)
-                for d, dev in self.devices.items()})
-
-    def prices(self, device: int) -> dict[str, dict[str, Prices]]:
-        """Per profile of `device`, its priced dims (`CostBook.prices`, its live holders)."""
-        return {name: self.costs.prices(device, name, self._holders(device, name))
-                for name in self.devices[device].profiles}
-
-    def _publish_status(self, now: float) -> None:
-        self._next_status = now + self.config.status_interval_seconds
-        assert self._status_region is not None
-        self.status = publish.status_document(self._status_region, self.status_document(now),
-                                              self.status)
