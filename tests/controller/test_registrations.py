@@ -1,17 +1,32 @@
-"""The registration answer on its own: a stub Registrar, no shared memory, no controller."""
+"""The registration answer on its own: a stub Registrar (and the controller's Registrations over
+fake slots), no shared memory, no controller."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import SimpleNamespace
 
 import pytest
 
 from gearshift import protocol
 from gearshift.controller import registrations
-from gearshift.controller.registrations import Request
+from gearshift.controller.effects import (
+    Added,
+    ForgetCosts,
+    Log,
+    Map,
+    Publish,
+    PublishStatus,
+    Reply,
+    Save,
+)
+from gearshift.controller.registrations import Registrations, Request
+from gearshift.controller.slots import Worker
+from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
-from gearshift.errors import GearshiftError, NamespaceBusy, ProfileMismatch
-from gearshift.shm import raise_for_error
+from gearshift.core.round import DeviceLedger
+from gearshift.errors import GearshiftError, NamespaceBusy, PayloadError, ProfileMismatch
+from gearshift.shm import SlotInfo, SlotState, raise_for_error
 
 B = {"B": Dim(max=64)}
 BS = {"B": Dim(max=64), "S": Dim(max=512)}
@@ -94,3 +109,37 @@ def test_a_slot_refused_flat_out_is_logged_at_most_every_quiet_period(
         registrations.answer(stub, 1, {"op": "junk"}, 1010.5)
     assert len(caplog.records) == 2
     assert "(49 more about slot 1 in the last 10 s)" in caplog.records[1].getMessage()
+
+
+def _registrations(devices: dict[int, DeviceLedger]) -> Registrations:
+    """The controller's Registrations over one live worker: pid 7 in slot 1, on device 3."""
+    info = SlotInfo(1, SlotState.ACTIVE, 7, True, 3, 1, 0, 0, 0)
+    slots = SimpleNamespace(workers={1: Worker(info)})
+    return Registrations(slots, devices, PolicyConfig(), {})  # type: ignore[arg-type]
+
+
+def test_a_new_profile_is_published_and_saved_before_the_reply() -> None:
+    devices: dict[int, DeviceLedger] = {}
+    effects = _registrations(devices).plan(1, protocol.register_message(5, "decode", B), 0.0)
+    assert [type(e) for e in effects] == [Publish, ForgetCosts, Save, Map, PublishStatus, Log,
+                                          Reply]
+    assert effects[0] == Publish(3, Added(1, 3, "decode", None))
+    assert effects[-1] == Reply(1, {"op": "registered", "profile": 5}, version_of=3)
+    assert "decode" in devices[3].profiles  # added now, kept only if the publish succeeds
+    again = _registrations(devices).plan(1, protocol.register_message(6, "decode", B), 0.0)
+    assert [type(e) for e in again] == [Map, PublishStatus, Log, Reply]  # known: nothing new
+
+
+def test_a_profile_whose_snapshot_does_not_publish_is_withdrawn_and_refused_naming_the_limit(
+) -> None:
+    devices: dict[int, DeviceLedger] = {}
+    registrations_ = _registrations(devices)
+    publish = registrations_.plan(1, protocol.register_message(5, "decode", B), 0.0)[0]
+    assert isinstance(publish, Publish) and publish.added is not None
+    error = registrations_.withdraw(publish.added, PayloadError("4096 bytes exceed 1024"))
+    assert "decode" not in devices[3].profiles
+    assert isinstance(error, PayloadError)
+    assert "profile 'decode' not registered on device 3: 4096 bytes exceed 1024" in str(error)
+    refused = registrations_.plan(1, {"op": "junk"}, 0.0)
+    assert len(refused) == 1 and isinstance(refused[0], Reply)
+    assert refused[0].message["error"] == "PayloadError"

@@ -130,7 +130,7 @@ class Applying:
         elif isinstance(effect, PublishStatus):
             self._guard("status", self._publish_status, now)
         elif isinstance(effect, Log):
-            effect()
+            logging.getLogger(effect.logger).info(effect.message, *effect.args)
         else:
             message = effect.message
             if effect.version_of is not None:

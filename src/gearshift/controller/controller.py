@@ -6,14 +6,15 @@ waiting; the loop waits at most LOCK_WAIT for the lock, and a scan that finds it
 skipped, counted `lock_busy`, and tried again next iteration); at each scan, its own objects
 checked by inode (a lost control segment or lock: NamespaceLost, the loop ends; a lost snapshot
 or status region: re-created and published again); the slot table (`slots.Slots`); registrations
-(`registrations`); drain every ring into the statistics (`ingest`) and the workers'
-measurements into the cost book (`costbook`); per device, a decision round
-(`core.round.decide_round`, priced with the book's fits) started on a snapshot of its ledger
-in a thread of its own (`deciding`; inline with an injected clock), and each round decided
-since applied, with a new snapshot if a gear changed (one decided on gears that changed
-meanwhile is decided again),
-the state file (`statefile`) saved after any change or new measurement, at most every
-`save_interval_seconds` and written off the loop (`saving`); the status document (`status`).
+(`registrations`), both returning effects that the loop applies in order (`effects`,
+`applying`: a registration's snapshot published and saved before its reply); drain every ring
+into the statistics (`ingest`) and the workers' measurements into the cost book (`costbook`);
+per device, a decision round (`core.round.decide_round`, priced with the book's fits) started
+on a snapshot of its ledger in a thread of its own (`deciding`; inline with an injected clock),
+and each round decided since applied, with a new snapshot if a gear changed (one decided on
+gears that changed meanwhile is decided again), the state file (`statefile`) saved after any
+change or new measurement, at most every `save_interval_seconds` and written off the loop
+(`saving`); the status document (`status`, published by `publishing`).
 An exception in one phase is counted and logged (at most every 10 s per phase), and the loop
 goes on.
 

@@ -8,7 +8,6 @@ when it reads the reply, and a successor inherits the worker's ids from the stat
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,9 +104,6 @@ class Log:
     logger: str
     message: str
     args: tuple[Any, ...] = ()
-
-    def __call__(self) -> None:
-        logging.getLogger(self.logger).info(self.message, *self.args)
 
 
 @dataclass(frozen=True)
