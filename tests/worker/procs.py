@@ -15,11 +15,14 @@ DECODE = {
 }
 
 
-def route_on(namespace: str, sizes: tuple[int, ...], seconds: float, results, stop) -> None:
+def route_on(
+    namespace: str, sizes: tuple[int, ...], seconds: float, results, stop, serving: int = 0
+) -> None:
     """Connect (the controller may not exist yet) and route SEQLEN `sizes` in turn for
-    `seconds` or until `stop`, reporting ("started", slot, version, gears), then ("version",
-    version, gears, slot) at each adoption, then ("done", routes, version, unrecorded); any
-    exception ends the process with a nonzero status."""
+    `seconds` or until `stop`, reporting ("started", slot, version, gears), ("serving",
+    unrecorded) once `serving` requests (if not 0) have gone unrecorded, ("version", version,
+    gears, slot) at each adoption, then ("done", routes, version, unrecorded); any exception
+    ends the process with a nonzero status."""
     with gs.connect(namespace) as client:
         prof = client.profile("prefill", PREFILL)
         results.put(("started", client.slot, prof.version, prof.gears))
@@ -28,6 +31,9 @@ def route_on(namespace: str, sizes: tuple[int, ...], seconds: float, results, st
             route = prof.route(SEQLEN=sizes[routes % len(sizes)])
             assert route.gears["SEQLEN"] in prof.gears["SEQLEN"] or route.version != version
             routes += 1
+            if 0 < serving <= client.unrecorded:
+                results.put(("serving", client.unrecorded))
+                serving = 0
             if prof.version != version:
                 version = prof.version
                 results.put(("version", version, prof.gears, client.slot))

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -150,10 +149,11 @@ def test_a_worker_started_before_its_controller_adopts_its_first_snapshot(
     namespace: str, mp, spawn, tmp_path: Path
 ) -> None:
     results, stop = mp.Queue(), mp.Event()
-    child = spawn(procs.route_on, namespace, (1536, 4096), WAIT, results, stop)  # the seed's
+    child = spawn(procs.route_on, namespace, (1536, 4096), WAIT, results, stop, 200)  # seed's
     initial = {"SEQLEN": procs.PREFILL["SEQLEN"].initial_gears}
     assert results.get(timeout=WAIT) == ("started", None, 0, initial)
-    time.sleep(2.0)  # the worker serves meanwhile, with no controller
+    kind, unrecorded = results.get(timeout=WAIT)  # the worker serves with no controller
+    assert kind == "serving" and unrecorded >= 200
     seed = tmp_path / "gears.json"
     seed.write_text(json.dumps({"devices": {"0": {"prefill": {"SEQLEN": [1536, 4096]}}}}))
     controller = _serve(namespace, tmp_path / "state", "--initial-gears", str(seed))
