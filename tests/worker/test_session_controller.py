@@ -178,9 +178,11 @@ def test_a_worker_whose_controller_never_starts_serves_throughout(
     namespace: str, mp, spawn
 ) -> None:
     results, stop = mp.Queue(), mp.Event()
-    child = spawn(procs.route_on, namespace, (3, 700, 1500), 3.0, results, stop)
+    child = spawn(procs.route_on, namespace, (3, 700, 1500), WAIT, results, stop, 500)
     kind, slot, version, _ = results.get(timeout=WAIT)
     assert (kind, slot, version) == ("started", None, 0)
+    assert results.get(timeout=WAIT)[0] == "serving"  # 500 requests, a few swap-thread ticks
+    stop.set()
     kind, routes, version, unrecorded = results.get(timeout=WAIT)
     assert (kind, version) == ("done", 0) and routes == unrecorded > 0
     child.join(WAIT)
