@@ -7,7 +7,7 @@ import pytest
 
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Line, Prices
-from gearshift.core.dims import Dim, chunks_for
+from gearshift.core.dims import Dim, chunks_for, ladder
 from gearshift.core.memory import MODEL_GRAPH_BYTES
 from gearshift.core.optimal import optimal_gears
 from gearshift.errors import ShapeError, TraceError
@@ -300,3 +300,23 @@ def test_the_default_bound_holds_priced_graphs_to_the_start_up_bytes_plus_the_sl
     low = runs[0.8]  # under the start-up bytes: pressure evicts down to it
     assert low.dims["SEQLEN"].segment_bytes[-1] <= low.budget < runs[1.25].budget
     assert runs[1.25].peak_bytes <= runs[1.25].budget < runs[None].peak_bytes
+
+
+def test_the_largest_gear_only_grows_under_drift_and_memory_pressure() -> None:
+    # Sizes drift down from ~8000 (under the largest gear, 16384) to ~100, then up past it;
+    # memory is short for the middle third. The largest gear goes up (cover), never down.
+    rng = np.random.default_rng(3)
+    t = np.sort(rng.uniform(0.0, 5400.0, 5 * 5400))
+    level = np.interp(t, [0, 1800, 3600, 5400], [8000, 100, 100, 20000])
+    values = np.clip(rng.normal(level, level / 10), 1, 30000).astype(np.int64)
+    mem = np.where((t > 1800) & (t < 3600), 0.95, 0.5)
+    trace = Trace("drift", t, {"SEQLEN": values}, mem)
+    dims = policy_dims(trace, "adaptive", gears={"SEQLEN": ladder(1, 16384)})
+    result = simulate(trace, dims, PolicyConfig())
+    tops = [g[-1] for g in result.dims["SEQLEN"].gears]
+    assert tops == sorted(tops) and tops[-1] > tops[0]
+    for c in result.changes:
+        if c.action == "evict":
+            top = tops[int(np.searchsorted(result.starts, c.t))]
+            assert c.gear < top, c  # the largest of the round's new set stays
+    assert any(c.action == "evict" and "memory pressure" in c.reason for c in result.changes)

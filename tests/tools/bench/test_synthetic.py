@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from gearshift.core.config import PolicyConfig
+from gearshift.core.dims import padded_work
 from gearshift.tools.bench.synthetic import FAMILIES, command, run_trace, synthetic
+from gearshift.tools.simulate import policy_dims, simulate
 
 
 def test_every_family_draws_one_hour_of_valid_sizes() -> None:
@@ -50,3 +53,25 @@ def test_priced_part_replays_each_family_in_device_seconds() -> None:
         assert r["ratio"] == r["priced"]["device_overhead"] / r["optimal"]["device_overhead"]
     text = CliRunner().invoke(command, ["--seeds", "1", "--family", "zipf batch"]).output
     assert "| zipf batch | BATCHSIZE | 5 |" in text
+
+
+@pytest.mark.parametrize("name", ["lognormal", "bimodal", "shift halfway", "uniform"])
+def test_synthetic_traces_pad_within_a_quarter_of_the_optimum(name: str) -> None:
+    """The adaptive policy on a whole trace: within 1.25 x the optimum at its mean gear count,
+    bounded churn, no flapping."""
+    trace = synthetic(name, 7)
+    config = PolicyConfig()
+    result = simulate(trace, policy_dims(trace, "adaptive"), config)
+    d = result.dims["SEQLEN"]
+    k = round(d.mean_gears)
+    best = policy_dims(trace, "optimal", k={"SEQLEN": k})["SEQLEN"]
+    optimum = padded_work(best.initial_gears, trace.dims["SEQLEN"], False).sum() / d.raw_work - 1
+    assert d.padding_overhead <= 1.25 * optimum, (d.padding_overhead, optimum, k)
+    assert result.summary()["dims"]["SEQLEN"]["churn_per_hour"] < 120
+    evicted: dict[int, float] = {}
+    for c in result.changes:
+        assert c.reason
+        if c.action == "evict":
+            evicted[c.gear] = c.t
+        elif c.gear in evicted:  # no flapping: never back within the protection window
+            assert c.t - evicted[c.gear] >= config.recent_use_protect_seconds, c
