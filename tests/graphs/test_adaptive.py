@@ -11,6 +11,7 @@ import gearshift as gs
 from gearshift.graphs import adaptive
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
+from graphs.recording import RecordingBackend
 
 H = 4
 torch.manual_seed(0)
@@ -22,7 +23,7 @@ def model(x: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor) -> torch.Ten
     return torch.tanh(LAYER(x)) * mask.unsqueeze(-1) * scale
 
 
-def make(s_splittable: bool = False) -> gs.AdaptiveRunner:
+def make(s_splittable: bool = False, backend: CpuBackend | None = None) -> gs.AdaptiveRunner:
     dims = {
         "BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=64, splittable=True),
         "SEQLEN": gs.Dim(gears=[8, 16], max=64, splittable=s_splittable),
@@ -30,7 +31,8 @@ def make(s_splittable: bool = False) -> gs.AdaptiveRunner:
     transform = gs.Transform(
         model, dims, inputs={"x": ("B", "S", None), "mask": ("B", "S"), "scale": (None,)}
     )
-    return gs.AdaptiveRunner(transform, call(1, 1), pool=GraphResourcePool(CpuBackend()))
+    pool = GraphResourcePool(backend or CpuBackend())
+    return gs.AdaptiveRunner(transform, call(1, 1), pool=pool)
 
 
 def call(b: int, s: int) -> dict[str, torch.Tensor]:
@@ -56,6 +58,21 @@ def test_capture_then_replay_equals_eager_and_never_captures() -> None:
         check(r, b, s)
     assert r.stats == {"replays": 7, "eager": 0, "captures": 6, "capture_failures": 0}
     assert {g: id(r._variants[g].graph) for g in r.ready()} == graphs
+
+
+def test_capture_records_the_largest_variant_first() -> None:
+    """The order the device is asked to capture in: by size (the product of the gears),
+    largest first, so no variant before one that covers it, whatever order the variants are
+    given in (mutation caught: `capture` sorting smallest first)."""
+    backend = RecordingBackend()
+    r = make(backend=backend)
+    smallest_first = sorted(all_variants(r), key=lambda v: (v["BATCHSIZE"], v["SEQLEN"]))
+    assert r.capture(smallest_first) == 6
+    captured = [shape[:2] for shape in backend.captured]
+    assert captured[0] == (4, 16) and sorted(captured) == [(b, s) for b in (1, 2, 4)
+                                                           for s in (8, 16)]
+    sizes = [b * s for b, s in captured]
+    assert sizes == sorted(sizes, reverse=True)
 
 
 def test_results_do_not_alias_graph_outputs() -> None:

@@ -31,9 +31,22 @@ def test_construction_and_capture(runner: gs.GraphRunner) -> None:
     assert runner.gears == (1, 4, 16)
     assert runner.static_in.shape == runner.static_out.shape == (16, 3)
     assert runner.static_in.dtype == torch.float32
-    assert list(runner.graphs) == [16, 4, 1]  # largest first
+    assert sorted(runner.graphs) == [1, 4, 16]
     assert runner.static_in.eq(0).all() and runner.static_out.eq(1).all()  # capture ran fn(0)
     assert runner.stats == {"replays": 0, "eager": 0, "last_gear": None}
+
+
+def test_capture_records_the_largest_gear_first() -> None:
+    """The order the gears' graphs are recorded in, as `fn` sees it: largest first, whatever
+    order the gears were given in (mutation caught: `capture` walking the gears upwards)."""
+    recorded: list[int] = []
+
+    def recording(x: torch.Tensor) -> torch.Tensor:
+        recorded.append(x.shape[0])
+        return fn(x)
+
+    gs.GraphRunner(recording, [4, 1, 16, 2], hidden=3).capture()
+    assert recorded == [16, 4, 2, 1]
 
 
 def test_seed_example_1(runner: gs.GraphRunner) -> None:

@@ -3,12 +3,14 @@ before releasing removed gears, ack of the applied version."""
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Iterator
 
 import pytest
 import torch
 from graphs.fake_device import FakeCuda
+from graphs.recording import RecordingBackend
 
 import gearshift as gs
 from gearshift.graphs.backends import CpuBackend
@@ -73,6 +75,48 @@ def test_requests_never_capture_the_swap_thread_warms_up(
     measured = drained[drained["kind"] == Kind.MEASURED]  # per graph captured, one per dim
     assert sorted((int(e["chunks"][0]), int(e["values"][0])) for e in measured) == sorted(
         (i, v[i]) for v in runner.ready() for i in range(2))
+
+
+TWO_DIMS_OUT_OF_ORDER = pytest.mark.xfail(strict=True, reason=(
+    "beyond() yields new gears' combinations dim by dim: with new gears on two dims at once,"
+    " (12, 12) is captured before (16, 12), which covers it"))
+
+
+@pytest.mark.parametrize("added", [
+    {"BATCHSIZE": [1, 2, 4, 8, 12, 16], "SEQLEN": [4, 8, 16]},
+    pytest.param({"BATCHSIZE": [1, 2, 4, 8, 12, 16], "SEQLEN": [4, 8, 12, 16]},
+                 marks=TWO_DIMS_OUT_OF_ORDER),
+], ids=["one dim", "two dims"])
+def test_the_warm_up_has_the_device_capture_the_largest_gears_first(
+    fake: FakeController, client: gs.Client, added: dict[str, list[int]]
+) -> None:
+    """What the device is asked to capture, in order, by a real runner on the cpu backend:
+    the largest variant first and none before one that covers it (>= on every dim), in a
+    first warm-up over several ticks and in a new snapshot's (mutation caught: `beyond`
+    walking a dim's gears smallest first)."""
+    dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8, 16], max=64, splittable=True),
+            "SEQLEN": gs.Dim(gears=[4, 8, 16], max=16)}
+    prof = client.profile("wide", dims, lazy_start=False)
+    backend = RecordingBackend()
+    transform = gs.Transform(model, prof.dims, INPUTS)
+    prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=GraphResourcePool(backend)))
+
+    def captured_largest_first(count: int) -> None:
+        order = [shape[:2] for shape in backend.captured]
+        assert len(order) == len(set(order)) == count
+        for i, v in enumerate(order):
+            assert not any(all(map(operator.ge, u, v)) for u in order[i + 1 :]), order
+
+    while not prof.settled:
+        client.tick()
+    assert backend.captured[0][:2] == (16, 16)
+    captured_largest_first(5 * 3)
+    backend.captured.clear()
+    fake.publish({"wide": added})
+    client.tick()
+    while not prof.settled:
+        client.tick()
+    captured_largest_first(len(added["BATCHSIZE"]) * len(added["SEQLEN"]) - 5 * 3)
 
 
 def test_an_added_gear_runs_on_the_next_larger_one_until_warmed_up(
