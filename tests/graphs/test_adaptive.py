@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -23,13 +25,15 @@ def model(x: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor) -> torch.Ten
     return torch.tanh(LAYER(x)) * mask.unsqueeze(-1) * scale
 
 
-def make(s_splittable: bool = False, backend: CpuBackend | None = None) -> gs.AdaptiveRunner:
+def make(
+    s_splittable: bool = False, backend: CpuBackend | None = None, fn: Callable[..., Any] = model
+) -> gs.AdaptiveRunner:
     dims = {
         "BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=64, splittable=True),
         "SEQLEN": gs.Dim(gears=[8, 16], max=64, splittable=s_splittable),
     }
     transform = gs.Transform(
-        model, dims, inputs={"x": ("B", "S", None), "mask": ("B", "S"), "scale": (None,)}
+        fn, dims, inputs={"x": ("B", "S", None), "mask": ("B", "S"), "scale": (None,)}
     )
     pool = GraphResourcePool(backend or CpuBackend())
     return gs.AdaptiveRunner(transform, call(1, 1), pool=pool)
@@ -49,15 +53,15 @@ def check(r: gs.AdaptiveRunner, b: int, s: int) -> None:
 
 
 def test_capture_then_replay_equals_eager_and_never_captures() -> None:
-    r = make()
+    backend = RecordingBackend()
+    r = make(backend=backend)
     assert r.capture(all_variants(r)) == 6 and r.capture(all_variants(r)) == 0
     assert r.ready() == [(1, 8), (1, 16), (2, 8), (2, 16), (4, 8), (4, 16)]
     assert len(r.pool) == 6 and r.stats["captures"] == 6
-    graphs = {g: id(r._variants[g].graph) for g in r.ready()}
     for b, s in [(1, 1), (3, 9), (4, 16), (2, 5), (11, 7)]:  # 11 = 4 + 4 + 3: three replays
         check(r, b, s)
     assert r.stats == {"replays": 7, "eager": 0, "captures": 6, "capture_failures": 0}
-    assert {g: id(r._variants[g].graph) for g in r.ready()} == graphs
+    assert len(backend.captured) == 6 and len(r.pool) == 6  # the device captured nothing more
 
 
 def test_capture_records_the_largest_variant_first() -> None:
@@ -114,15 +118,25 @@ def test_outputs_unlike_the_declared_ones_fail_at_capture() -> None:
 
 
 def test_not_ready_variant_routes_to_smallest_ready_cover_else_eager() -> None:
-    r = make()
+    masks: list[torch.Tensor] = []
+
+    @torch.no_grad()
+    def spy(x: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        masks.append(mask.clone())  # on the cpu a replay runs fn on the graph's inputs
+        return model(x, mask, scale)
+
+    r = make(fn=spy)
     r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16}])
+    check(r, 2, 16)  # fills every row and column of (2, 16)'s inputs
     check(r, 1, 3)  # (1, 8) not ready: runs on (2, 16), the smallest that covers it
-    assert r.stats == {"replays": 1, "eager": 0, "captures": 2, "capture_failures": 0}
-    assert r._variants[2, 16].inputs["mask"][1].eq(0).all()  # padding row filled
+    assert r.stats == {"replays": 2, "eager": 0, "captures": 2, "capture_failures": 0}
+    ran_on = masks[-1]  # the padding is filled, not left over from the call before
+    assert ran_on.shape == (2, 16) and ran_on[0, :3].eq(1).all()
+    assert ran_on[0, 3:].eq(0).all() and ran_on[1].eq(0).all()
     r.release("BATCHSIZE", 4)
     r.release("BATCHSIZE", 2)
     check(r, 3, 3)  # nothing ready: eager chunk
-    assert r.stats["eager"] == 1 and r.stats["replays"] == 1
+    assert r.stats["eager"] == 1 and r.stats["replays"] == 2
 
 
 def test_a_call_replays_the_smallest_ready_variant_covering_it() -> None:
@@ -182,19 +196,37 @@ def test_one_dtype_rule_on_the_graph_and_the_eager_paths() -> None:
     assert r.stats["replays"] == r.stats["eager"] == 0
 
 
-def test_eager_chunks_run_outside_the_replay_lock() -> None:
-    r = make(s_splittable=True)
-    r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}])
-    r.release("BATCHSIZE", 4)
+def test_eager_chunks_run_while_another_call_replays() -> None:
+    """A call no ready variant covers runs eagerly while another thread's replay is under way
+    (on the cpu a replay runs fn: held here inside it); eager chunks never wait for replays."""
+    inside, go = threading.Event(), threading.Event()
+    holding = False
+
+    @torch.no_grad()
+    def held(x: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        if holding and x.shape[0] == 2:  # the replay of (2, 16)
+            inside.set()
+            go.wait(30)
+        return model(x, mask, scale)
+
+    r = make(s_splittable=True, fn=held)
+    r.capture([{"BATCHSIZE": 2, "SEQLEN": 16}])
+    holding = True
+    replaying = threading.Thread(target=lambda: r.run(call(2, 16)))
+    replaying.start()
     results: list[torch.Tensor] = []
-    t = call(3, 20)
-    with r._lock:  # a replay holds it: eager chunks must not wait for it
+    t = call(3, 20)  # batch 3 runs on gear 4: no ready variant covers it
+    try:
+        assert inside.wait(30)
         worker = threading.Thread(target=lambda: results.append(r.run(t)))
         worker.start()
         worker.join(timeout=30)
         assert not worker.is_alive()
+    finally:
+        go.set()
+        replaying.join(30)
     torch.testing.assert_close(results[0], model(**t))
-    assert r.stats["eager"] == 2 and r.stats["replays"] == 0  # SEQLEN 20 = 16 + 4
+    assert r.stats["eager"] == 2 and r.stats["replays"] == 1  # SEQLEN 20 = 16 + 4
 
 
 def test_non_splittable_overflow_runs_eager() -> None:
@@ -226,13 +258,12 @@ def test_release_frees_every_variant_of_a_gear_once() -> None:
 
 
 def test_new_larger_gear_grows_the_buffers() -> None:
-    r = make()
+    backend = RecordingBackend()
+    r = make(backend=backend)
     r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}])
-    old = r._variants[4, 16].inputs["x"]
     r.gears = {"BATCHSIZE": (1, 2, 4, 8), "SEQLEN": (8, 16, 32)}
     r.capture([{"BATCHSIZE": 8, "SEQLEN": 32}])
-    assert r._variants[8, 32].inputs["x"].shape == (8, 32, H)
-    assert r._variants[4, 16].inputs["x"] is old  # the old variant keeps its buffers
+    assert backend.captured == [(4, 16, H), (8, 32, H)]  # the old graph is not captured again
     for b, s in [(7, 30), (3, 16), (4, 10)]:
         check(r, b, s)
     assert r.stats["replays"] == 3
