@@ -126,7 +126,8 @@ def test_samples_over_the_largest_gear_add_a_covering_gear_at_their_max():
     dim = Dim(gears=(64,), max=4096, align=16)
     d = run((64,), at(OLD, 60, 5) + at(OLD, 90) + at(OLD, 100), dim=dim)
     assert d.changes[0].action == "add" and d.changes[0].gear == 112
-    assert d.changes[0].reason == "cover: 2 samples over the largest gear 64 ran eager (max 100)"
+    reason = d.changes[0].reason  # names the rule and states its figures (docs/policy.md)
+    assert reason.startswith("cover") and all(f in reason for f in ("2 samples", "64", "100"))
     under_pressure = run((64,), at(OLD, 60, 5) + at(OLD, 90) + at(OLD, 100), dim=dim, memory=0.95)
     assert under_pressure.gears["B"].gears == (64,)
 

@@ -10,7 +10,6 @@ import torch
 
 import gearshift as gs
 from gearshift.shm import Kind
-from gearshift.worker import compiling
 from worker.fake_controller import FakeController
 
 DIMS = {"SEQLEN": gs.Dim(gears=[4, 16], max=64, splittable=True)}
@@ -60,7 +59,13 @@ def test_the_namespace_comes_from_the_environment_and_one_client_is_shared(
         assert first.runner is not None  # the example attached it at once
     finally:
         first.close()
-        first.close()  # idempotent: the second still holds the client
-        assert compiling._shared
-        second.close()
-    assert not compiling._shared
+        first.close()  # idempotent: the second still holds the client ...
+    third = gs.compile(lambda x: x - 1, DIMS, INPUTS, example, name="minus", backend="eager")
+    assert third.client is second.client  # ... and shares it still
+    second.close()
+    third.close()  # the last user: the client is closed, the next compile makes another
+    again = gs.compile(fn, DIMS, INPUTS, example, name="again", backend="eager")
+    try:
+        assert again.client is not second.client
+    finally:
+        again.close()

@@ -108,8 +108,7 @@ def test_a_client_attaches_when_its_controller_appears_and_records_from_then_on(
         wait_until(lambda: prof.registered, lambda: (fake.serve(), client.tick()))
         assert fake.registered == [(client.slot, prof.id, "decode")]
         later = client.profile("prefill", {"SEQLEN": gs.Dim(max=4096)})
-        assert prof._write == later._write == client.ring.write  # rebound: no stand-in call
-        prof.route(BATCHSIZE=2, SEQLEN=2)  # straight into the ring, as a profile made now
+        prof.route(BATCHSIZE=2, SEQLEN=2)  # into the ring, as a profile made now
         later.route(SEQLEN=3)
         events = fake.drain(client.slot)
         assert [(e["profile"], e["values"][0]) for e in events] == [(prof.id, 2), (later.id, 3)]
