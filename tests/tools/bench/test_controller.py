@@ -13,7 +13,13 @@ from gearshift.controller import ingest
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import ProfileLedger
 from gearshift.shm import EVENT_DTYPE, Kind
-from gearshift.tools.bench.controller import DIMS, _fold_per_event, _sizes, check_same_fold, command
+from gearshift.tools.bench.controller import (
+    DIMS,
+    check_same_fold,
+    command,
+    draw_sizes,
+    fold_per_event,
+)
 
 
 def test_reports_ingest_at_both_cadences_and_the_rounds_it_waited_for() -> None:
@@ -38,11 +44,11 @@ def test_the_per_event_baseline_folds_what_ingest_folds() -> None:
     n = 500
     events = np.zeros(n, EVENT_DTYPE)
     events["t_ns"] = np.linspace(0, 30e9, n).astype(np.int64)  # over three slices
-    events["values"][:, : len(DIMS)] = _sizes(n, 1)
+    events["values"][:, : len(DIMS)] = draw_sizes(n, 1)
     events["kind"], events["ndim"] = Kind.SHAPE, len(DIMS)
     profile = ProfileLedger.new(DIMS, 0.0, config)
     ingest.fold(events, np.zeros(n, np.int64), [profile], 30.0)
-    cells = _fold_per_event(events, profile, config)
+    cells = fold_per_event(events, profile, config)
     check_same_fold(cells, profile, 30.0, config)
     ingest.fold(events, np.zeros(n, np.int64), [profile], 30.0)  # now every event twice
     with pytest.raises(AssertionError):

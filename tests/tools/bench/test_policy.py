@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from gearshift.core.config import PolicyConfig
-from gearshift.tools.bench.policy import DIMS, _fold, _reference, _traffic, check_same, command
+from gearshift.tools.bench.policy import DIMS, check_same, command, fold, reference, traffic
 from gearshift.tools.bench.reference import ReferenceRuntime, request_metadata
 
 
@@ -58,14 +58,14 @@ def test_a_round_evicts_the_lowest_score_unless_the_replacement_loss_blocks_it()
 def test_the_port_and_dimstats_agree_and_the_check_catches_other_events() -> None:
     config = PolicyConfig()
     now = config.window_seconds
-    times, values = _traffic(3000, now)
-    port, calls = _reference(times, values, now)
+    times, values = traffic(3000, now)
+    port, calls = reference(times, values, now)
     for call in calls:
         port.record_event(*call)
-    check_same(port, _fold(config, times, values, 1024), now, config)
+    check_same(port, fold(config, times, values, 1024), now, config)
     other = {k: np.minimum(v + 1, DIMS[k].max) for k, v in values.items()}
     with pytest.raises(AssertionError):
-        check_same(port, _fold(config, times, other, 1024), now, config)
+        check_same(port, fold(config, times, other, 1024), now, config)
 
 
 def test_bench_reports_every_round_against_the_reference_round() -> None:

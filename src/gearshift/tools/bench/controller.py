@@ -59,7 +59,8 @@ CHECK_EVERY = 1024  # puts between looks at the stop flag
 WAIT = 30.0  # seconds: bound of every wait
 
 
-def _sizes(n: int, seed: int) -> np.ndarray:
+def draw_sizes(n: int, seed: int) -> np.ndarray:
+    """`n` rows of one size per dim (log-normal, clipped to the dim), seeded."""
     rng = np.random.default_rng(seed)
     return np.stack(
         [
@@ -80,7 +81,7 @@ def _produce(namespace: str, device: int, seed: int, stop: Event) -> None:
     while (reply := registry.replies(slot).take()) is None and time.monotonic() < deadline:
         time.sleep(0.001)
     mailbox.raise_for_error(reply or {"error": "timeout", "message": "no reply"})
-    sizes = [tuple(row) for row in _sizes(CHECK_EVERY, seed).tolist()]
+    sizes = [tuple(row) for row in draw_sizes(CHECK_EVERY, seed).tolist()]
     now_ns, put = MonotonicClock.now_ns, ring.put
     while not stop.is_set():
         for values in sizes:
@@ -169,7 +170,7 @@ def _loop(
     return consumed, cpu
 
 
-def _fold_per_event(
+def fold_per_event(
     events: np.ndarray, profile: ProfileLedger, config: PolicyConfig
 ) -> dict[str, dict[tuple[int, int], list[float]]]:
     """The baseline: per event, validate, then add exp(λ(t − slice start)) and 1 to the
@@ -225,12 +226,12 @@ def _baseline(n: int, runs: int) -> dict[str, object]:
     config = PolicyConfig()
     events = np.zeros(n, EVENT_DTYPE)
     events["t_ns"] = np.linspace(0, 1e9, n).astype(np.int64)
-    events["values"][:, : len(DIMS)] = _sizes(n, 0)
+    events["values"][:, : len(DIMS)] = draw_sizes(n, 0)
     events["kind"], events["ndim"] = Kind.SHAPE, len(DIMS)
     keys = np.zeros(n, np.int64)
     once = ProfileLedger.new(DIMS, 0.0, config)
     ingest.fold(events, keys, [once], 1.0)
-    check_same_fold(_fold_per_event(events, once, config), once, 1.0, config)
+    check_same_fold(fold_per_event(events, once, config), once, 1.0, config)
     profile = ProfileLedger.new(DIMS, 0.0, config)
     ingest.fold(events, keys, [profile], 1.0)  # warm: every value has its column
     vectorised, per_event = [], []
@@ -239,7 +240,7 @@ def _baseline(n: int, runs: int) -> dict[str, object]:
         ingest.fold(events, keys, [profile], 1.0)
         vectorised.append(n / (time.perf_counter() - began))
         began = time.perf_counter()
-        _fold_per_event(events, profile, config)
+        fold_per_event(events, profile, config)
         per_event.append(n / (time.perf_counter() - began))
     out: dict[str, object] = {}
     summarise(out, "fold_events_per_second", vectorised)

@@ -48,7 +48,8 @@ def _timed(fn: Callable[..., T], *args: object, repeat: int = 1) -> tuple[T, flo
     return out, statistics.median(times)
 
 
-def _traffic(n: int, window: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def traffic(n: int, window: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """`n` events (their times, sorted, and their sizes per dim), seeded, over `window` s."""
     rng = np.random.default_rng(0)
     times = np.sort(rng.uniform(0.0, window, n))
     values = {name: np.clip(rng.lognormal(*SHAPE[name], n), 1, dim.max).astype(np.int64)
@@ -62,8 +63,9 @@ def _every(times: np.ndarray, values: dict[str, np.ndarray],
     return times[::step], {k: v[::step] for k, v in values.items()}
 
 
-def _fold(config: PolicyConfig, times: np.ndarray, values: dict[str, np.ndarray],
-          batch: int) -> dict[str, DimStats]:
+def fold(config: PolicyConfig, times: np.ndarray, values: dict[str, np.ndarray],
+         batch: int) -> dict[str, DimStats]:
+    """The events folded into fresh DimStats per dim, `batch` events a fold call."""
     stats = {name: DimStats(config) for name in DIMS}
     for name, s in stats.items():
         for i in range(0, len(times), batch):
@@ -84,8 +86,8 @@ def _seed_config(window: float) -> PolicyConfig:
     return PolicyConfig(policy_mode="seed", window_seconds=window, half_life_seconds=window / 2)
 
 
-def _reference(times: np.ndarray, values: dict[str, np.ndarray],
-               window: float) -> tuple[ReferenceRuntime, list[tuple]]:
+def reference(times: np.ndarray, values: dict[str, np.ndarray],
+              window: float) -> tuple[ReferenceRuntime, list[tuple]]:
     """A fresh reference runtime on the initial gears, and its `record_event` calls."""
     gears = {name: list(dim.initial_gears) for name, dim in DIMS.items()}
     runtime = ReferenceRuntime(gears, {"window_seconds": window})
@@ -136,10 +138,10 @@ def command(n: int, m: int, batch: int, runs: int, as_json: bool) -> None:
     config = PolicyConfig()
     now = config.window_seconds
     seed = _seed_config(now)
-    times, values = _traffic(n, now)
+    times, values = traffic(n, now)
     small = min(n, 1_000_000)
     sizes = (n // 100, n // 10, n)
-    stats = {size: _fold(config, *_every(times, values, n // size), batch) for size in sizes}
+    stats = {size: fold(config, *_every(times, values, n // size), batch) for size in sizes}
     result: dict[str, object] = {
         "events": n,
         "runs": runs,
@@ -151,9 +153,9 @@ def command(n: int, m: int, batch: int, runs: int, as_json: bool) -> None:
         samples.setdefault(key, []).append(value)
 
     for run in range(runs):
-        _, ms = _timed(_fold, config, times, values, batch)
+        _, ms = _timed(fold, config, times, values, batch)
         sample("fold_events_per_second", n * len(DIMS) / ms * 1e3)
-        _, ms = _timed(_fold, config, times[:small], {k: v[:small] for k, v in values.items()},
+        _, ms = _timed(fold, config, times[:small], {k: v[:small] for k, v in values.items()},
                        4096)
         sample("fold_events_per_second_4ki", small * len(DIMS) / ms * 1e3)
         for size in sizes:
@@ -163,10 +165,10 @@ def command(n: int, m: int, batch: int, runs: int, as_json: bool) -> None:
                    _timed(_round, stats[size], now, seed, repeat=ROUND_REPEATS)[1])
         for size in (m // 10, m):
             sub = _every(times, values, max(1, n // size))
-            runtime, calls = _reference(*sub, now)
+            runtime, calls = reference(*sub, now)
             _, record_ms = _timed(_record, runtime, calls)
             if run == 0 and size == m:  # before its round changes the gears
-                check_same(runtime, _fold(config, *sub, batch), now, config)
+                check_same(runtime, fold(config, *sub, batch), now, config)
             _, round_ms = _timed(runtime.run_once, now)
             sample(f"baseline_decide_ms_at_{_at(size)}", round_ms)
             del calls
