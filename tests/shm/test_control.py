@@ -292,7 +292,7 @@ def test_a_corrupt_slot_is_isolated_and_the_table_still_reads(
 ) -> None:
     first, second = registry.claim_slot(0), registry.claim_slot(1)
     words = registry.segment.words
-    base = (control.TABLE + second * registry._slot_size) // 8
+    base = (control.TABLE + second * words[control.SLOT_SIZE]) // 8  # the header's
     words[base + control.STATE // 8] = 7  # no SlotState
     infos = registry.slots()
     assert [i.state for i in infos[:3]] == [SlotState.ACTIVE, SlotState.CORRUPT, SlotState.FREE]

@@ -96,10 +96,16 @@ def test_an_oversized_payload_is_refused_at_publish_and_changes_nothing(
     assert region.read() == (1, {"v": 1})
 
 
+def buffer_at(region: SnapshotRegion, b: int) -> int:
+    """The byte offset of buffer `b`, as the module docstring lays it out (128 + b*B, B = 64 +
+    the capacity in the header)."""
+    return snapshot.BUFFERS + b * (snapshot.PAYLOAD + region.segment.words[snapshot.CAPACITY])
+
+
 def _begin_publish_and_die(region: SnapshotRegion) -> None:
     """Leave the region as a writer killed half-way through writing the next version."""
     words, state = region.segment.words, region.segment.words[snapshot.STATE // 8]
-    other = region._buffer(1 - ((state >> 1) & 1))
+    other = buffer_at(region, 1 - ((state >> 1) & 1))
     words[snapshot.STATE // 8] = state | 1
     words[other // 8] = 2 * (region.version() + 1) - 1
     region.segment.mm[other + snapshot.PAYLOAD : other + snapshot.PAYLOAD + 4] = b"\xc1" * 4
@@ -125,7 +131,7 @@ def test_a_reader_starting_mid_write_gets_the_previous_good_copy(
 
 def test_a_copy_whose_checksum_fails_is_never_accepted(region: SnapshotRegion) -> None:
     region.publish({"v": "good"})
-    buffer = region._buffer((region.segment.words[snapshot.STATE // 8] >> 1) & 1)
+    buffer = buffer_at(region, (region.segment.words[snapshot.STATE // 8] >> 1) & 1)
     region.segment.mm[buffer + snapshot.PAYLOAD + 2] ^= 0xFF  # corrupt under a stable seq
     with pytest.raises(PayloadError, match="fails its crc32"):  # at once: no retry helps
         region.read()
@@ -133,7 +139,7 @@ def test_a_copy_whose_checksum_fails_is_never_accepted(region: SnapshotRegion) -
 
 def test_a_length_over_the_capacity_is_refused_at_once(region: SnapshotRegion) -> None:
     region.publish({"v": "good"})
-    buffer = region._buffer((region.segment.words[snapshot.STATE // 8] >> 1) & 1)
+    buffer = buffer_at(region, (region.segment.words[snapshot.STATE // 8] >> 1) & 1)
     region.segment.words[(buffer + snapshot.LENGTH) // 8] = 1 << 40
     with pytest.raises(PayloadError, match="length 1099511627776 exceeds"):
         region.read()
