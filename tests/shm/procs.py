@@ -13,9 +13,10 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier, Event
 
 import numpy as np
+import posix_ipc
 
 from gearshift.errors import GearshiftError
-from gearshift.shm import EventRing, Registry, SnapshotRegion, mailbox
+from gearshift.shm import EventRing, Registry, SnapshotRegion, mailbox, names
 
 Spawn = Callable[..., BaseProcess]  # the `spawn` fixture: start target(*args) in a child
 WAIT = 20.0  # seconds: the bound of every wait in a child (the parent's joins are bounded too)
@@ -149,7 +150,7 @@ def claim_put_exit(namespace: str, events: int) -> None:
 def lock_and_die(namespace: str) -> None:
     """Die while holding the namespace lock."""
     registry = Registry.attach(namespace)
-    held = registry._locked()  # keep a reference: collecting it would release the lock
+    held = registry.lock.held(registry.wait)  # kept: collecting it would release the lock
     held.__enter__()
     os._exit(0)
 
@@ -157,17 +158,19 @@ def lock_and_die(namespace: str) -> None:
 def hold_unrecorded_until(namespace: str, held: Event, release: Event, released: Event) -> None:
     """Hold the namespace lock, alive and unrecorded (a holder that has not recorded itself
     yet), until `release`; then release it."""
-    lock = Registry.attach(namespace).lock
-    lock._sem.acquire()
+    Registry.attach(namespace)
+    sem = posix_ipc.Semaphore(names.lock(namespace))  # the lock's semaphore, by its name
+    sem.acquire()
     held.set()
     release.wait(WAIT)
-    lock._sem.release()
+    sem.release()
     released.set()
 
 
 def acquire_and_die_unrecorded(namespace: str) -> None:
     """Die holding the namespace lock before recording itself as its holder."""
-    Registry.attach(namespace).lock._sem.acquire()
+    Registry.attach(namespace)
+    posix_ipc.Semaphore(names.lock(namespace)).acquire()
     os._exit(0)
 
 
@@ -267,7 +270,7 @@ def lock_and_stop(namespace: str) -> None:
     import signal
 
     registry = Registry.attach(namespace)
-    held = registry._locked()  # keep a reference: collecting it would release the lock
+    held = registry.lock.held(registry.wait)  # kept: collecting it would release the lock
     held.__enter__()
     os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(WAIT)
