@@ -158,3 +158,20 @@ def _module_level_imports(path: Path) -> set[str]:
 def test_the_product_loads_no_test_only_package(module: str) -> None:
     """A test-only package is imported in the function that needs it, never as a module loads."""
     assert not _module_level_imports(MODULES[module]) & TEST_ONLY
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent / "core").glob("test_*.py")),
+                         ids=lambda p: p.name)
+def test_the_core_s_tests_stay_below_the_controller(path: Path) -> None:
+    """Tests of the pure core use the core and the layers beside it (its config files), not
+    the controller, the graphs, the worker or the tools (whole-trace replays, which need the
+    simulator, are tests/tools')."""
+    used = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            used.add(node.module)
+        elif isinstance(node, ast.Import):
+            used.update(a.name for a in node.names)
+    above = sorted(m for m in used if m.startswith("gearshift") and m in MODULES
+                   and LAYERS[_group(m)] >= LAYERS["gearshift.controller"])
+    assert not above, f"{path.name} imports {above}"
