@@ -335,8 +335,8 @@ def test_a_voided_cuda_capture_is_given_back_and_the_cache_still_empties() -> No
 
     with pytest.raises(RuntimeError):
         backend.graph(syncs).capture()
-    assert backend.stats["capture_failures"] == 1 and not device._STUCK
-    assert backend.collect()  # empty_cache(): no pool is left recording
+    assert backend.stats["capture_failures"] == 1
+    assert backend.collect()  # empty_cache(), not skipped: no pool is left recording
     graph = backend.graph(lambda: x * 3)
     graph.capture()
     graph.replay()
