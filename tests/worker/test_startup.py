@@ -4,6 +4,7 @@ controller adds (or adds back) are captured at adoption, and `lazy_start=False` 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from types import SimpleNamespace
 
@@ -14,7 +15,7 @@ from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.shm import Kind
 from gearshift.worker import warmup
-from gearshift.worker.warmup import RETRY_SECONDS, WARM_BATCH, StartupGears, defers
+from gearshift.worker.warmup import RETRY_SECONDS, WARM_BATCH, WARM_WALK, StartupGears, defers
 from worker.fake_controller import FakeController
 from worker.test_adoption import DIMS, INPUTS, call, check, model
 from worker.test_warmup import ScriptedRunner, settle
@@ -148,6 +149,16 @@ class WantingRunner(ScriptedRunner):
         out, self.wanted = self.wanted, []
         return out
 
+
+def test_a_huge_product_is_walked_a_bounded_slice_a_step(client: gs.Client) -> None:
+    """3 dims x 30 gears: 27,000 variants, all deferred but the largest; each step looks at
+    WARM_WALK of them at most, so the swap thread stays responsive (mutation caught: no bound
+    on the walk settles in one step)."""
+    dims = {d: gs.Dim(gears=list(range(1, 31)), max=64) for d in ("A", "B", "C")}
+    prof = client.profile("p", dims)
+    runner = prof.attach(WantingRunner(dims))
+    assert settle(client, prof) == math.ceil(30**3 / WARM_WALK)
+    assert runner.captured == {(30, 30, 30)}
 
 
 def test_wanted_captures_are_bounded_per_call_and_retried_when_they_fail(
