@@ -150,15 +150,19 @@ class WantingRunner(ScriptedRunner):
         return out
 
 
-def test_a_huge_product_is_walked_a_bounded_slice_a_step(client: gs.Client) -> None:
+def test_a_huge_product_is_walked_a_bounded_slice_a_step(
+    client: gs.Client, fake: FakeController
+) -> None:
     """3 dims x 30 gears: 27,000 variants, all deferred but the largest; each step looks at
     WARM_WALK of them at most, so the swap thread stays responsive (mutation caught: no bound
-    on the walk settles in one step)."""
+    on the walk settles in one step). A snapshot of the same gears is not walked again."""
     dims = {d: gs.Dim(gears=list(range(1, 31)), max=64) for d in ("A", "B", "C")}
     prof = client.profile("p", dims)
     runner = prof.attach(WantingRunner(dims))
     assert settle(client, prof) == math.ceil(30**3 / WARM_WALK)
     assert runner.captured == {(30, 30, 30)}
+    version = fake.publish({"p": {d: list(range(1, 31)) for d in dims}})
+    assert settle(client, prof) == 1 and applied(fake, client) == version
 
 
 def test_wanted_captures_are_bounded_per_call_and_retried_when_they_fail(

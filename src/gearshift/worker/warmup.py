@@ -100,9 +100,10 @@ def defers(variant: Variant, deferred: Deferred) -> bool:
 
 @dataclass
 class _Walk:
-    """The walk of one state in use (`gears` is its `_InUse`: compared by identity)."""
+    """The walk of one state in use (`in_use`: compared by identity) and its `gears`."""
 
-    gears: object
+    in_use: object
+    gears: Mapping[str, Gears]
     todo: Iterator[Variant]
     deferred: Deferred
     done: bool = False
@@ -124,7 +125,7 @@ class WarmUp:
     def settled(self, in_use: object) -> bool:
         """The walk of `in_use` is done and no wanted variant taken waits for a capture."""
         walk = self._walk
-        return walk is not None and walk.gears is in_use and walk.done and not self.startup.wanted
+        return walk is not None and walk.in_use is in_use and walk.done and not self.startup.wanted
 
     def state(self, runner: Runner, gears: Mapping[str, Gears], variant: Variant) -> str:
         """Where the graph of `variant` is in `lifecycle.GRAPH`, between steps (`gears`: the
@@ -140,22 +141,27 @@ class WarmUp:
         """Capture the next few variants of `in_use` (its `gears`); `released`: how many graphs
         the releases due before this step freed (room again for a walk a full device stopped)."""
         walk = self._walk
-        if walk is None or walk.gears is not in_use or (released and walk.full):
-            walk = self._walk = self._start(runner, in_use, gears)
+        if walk is None or walk.in_use is not in_use or (released and walk.full):
+            walk = self._walk = self._start(runner, in_use, gears, walk)
         if not walk.done:
             self._walk_on(runner, walk, gears)
         else:
             self._retry(runner, walk, gears)
             self._capture_wanted(runner, walk, gears)
 
-    def _start(self, runner: Runner, in_use: object, gears: Mapping[str, Gears]) -> _Walk:
-        """A new walk; the failed variants the gears in use hold start their attempts over,
-        the others leave the backoff table (their gear left)."""
+    def _start(self, runner: Runner, in_use: object, gears: Mapping[str, Gears],
+               last: _Walk | None) -> _Walk:
+        """A new walk, done at once if the `last` one went through the same gears and
+        deferred the same; the failed variants the gears in use hold start their attempts
+        over, the others leave the backoff table (their gear left)."""
         for variant in [v for v in self._backoff if not _holds(gears, v)]:
             lifecycle.advance(GRAPH, FAILED, "release")
             del self._backoff[variant]
         self._backoff = dict.fromkeys(self._backoff, (0, 0))
-        return _Walk(in_use, largest_first(gears), self.startup.deferred(gears, runner))
+        walk = _Walk(in_use, gears, largest_first(gears), self.startup.deferred(gears, runner))
+        walk.done = last is not None and last.done and not last.full and (
+            last.gears == gears and last.deferred == walk.deferred)
+        return walk
 
     def _walk_on(self, runner: Runner, walk: _Walk, gears: Mapping[str, Gears]) -> None:
         ready, captured = set(runner.ready()), 0
