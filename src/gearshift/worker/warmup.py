@@ -144,10 +144,10 @@ class WarmUp:
         if walk is None or walk.in_use is not in_use or (released and walk.full):
             walk = self._walk = self._start(runner, in_use, gears, walk)
         if not walk.done:
-            self._walk_on(runner, walk, gears)
+            self._walk_on(runner, walk)
         else:
-            self._retry(runner, walk, gears)
-            self._capture_wanted(runner, walk, gears)
+            self._retry(runner, walk)
+            self._capture_wanted(runner, walk)
 
     def _start(self, runner: Runner, in_use: object, gears: Mapping[str, Gears],
                last: _Walk | None) -> _Walk:
@@ -163,33 +163,33 @@ class WarmUp:
             last.gears == gears and last.deferred == walk.deferred)
         return walk
 
-    def _walk_on(self, runner: Runner, walk: _Walk, gears: Mapping[str, Gears]) -> None:
+    def _walk_on(self, runner: Runner, walk: _Walk) -> None:
         ready, captured = set(runner.ready()), 0
         for looked, variant in enumerate(walk.todo, 1):
             if variant not in ready and variant not in self._backoff and not defers(
                 variant, walk.deferred
             ):
-                captured += self._capture(runner, walk, gears, variant)
+                captured += self._capture(runner, walk, variant)
             if walk.full:
                 break
             if captured >= WARM_BATCH or looked >= WARM_WALK:
                 return
         walk.done = True
 
-    def _retry(self, runner: Runner, walk: _Walk, gears: Mapping[str, Gears]) -> None:
+    def _retry(self, runner: Runner, walk: _Walk) -> None:
         """Capture again, a few at most, the failed variants whose backoff is over; each looked
         at goes to the end of the table, so the next step looks at the others first."""
         now, captured = self.clock.now_ns(), 0
-        for looked, (variant, (attempts, due)) in enumerate(list(self._backoff.items()), 1):
-            if walk.full or captured >= WARM_BATCH or looked > WARM_WALK:
+        for variant, (attempts, due) in list(itertools.islice(self._backoff.items(), WARM_WALK)):
+            if walk.full or captured >= WARM_BATCH:
                 return
             del self._backoff[variant]
             self._backoff[variant] = (attempts, due)
             if due <= now and attempts < RETRY_ATTEMPTS:
                 self.stats["capture_retries"] += 1
-                captured += self._capture(runner, walk, gears, variant)
+                captured += self._capture(runner, walk, variant)
 
-    def _capture_wanted(self, runner: Runner, walk: _Walk, gears: Mapping[str, Gears]) -> None:
+    def _capture_wanted(self, runner: Runner, walk: _Walk) -> None:
         """Capture the variants requests wanted that the gears in use hold, neither ready nor
         backing off: a few at most; a full device drops them (they run on larger graphs)."""
         wanted = self.startup.collect(runner)
@@ -199,13 +199,13 @@ class WarmUp:
                 wanted.clear()
                 return
             del wanted[variant]
-            if variant not in ready and variant not in self._backoff and _holds(gears, variant):
-                captured += self._capture(runner, walk, gears, variant)
+            fresh = variant not in ready and variant not in self._backoff
+            if fresh and _holds(walk.gears, variant):
+                captured += self._capture(runner, walk, variant)
             if captured >= WARM_BATCH or looked >= WARM_WALK:
                 return
 
-    def _capture(self, runner: Runner, walk: _Walk, gears: Mapping[str, Gears],
-                 variant: Variant) -> int:
+    def _capture(self, runner: Runner, walk: _Walk, variant: Variant) -> int:
         """Capture one variant; 1 if it was captured now. A failure goes to the backoff table;
         a full device stops the walk, logged once per walk with the reason of its cap."""
         room = getattr(runner, "room", None)  # a runner without it has no cap
@@ -216,7 +216,7 @@ class WarmUp:
             log.warning(
                 "profile %r: the device holds all the graphs it may (%s); %d combinations of"
                 " gears %s are not all captured: the others run on larger graphs or eagerly",
-                self.name, why, math.prod(map(len, gears.values())), dict(gears))
+                self.name, why, math.prod(map(len, walk.gears.values())), dict(walk.gears))
             return 0
         failed = self._backoff.get(variant)
         lifecycle.advance(GRAPH, WANTED if failed is None else FAILED, "capture")
