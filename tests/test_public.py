@@ -9,6 +9,7 @@ import pytest
 
 import gearshift as gs
 from gearshift import operator
+from gearshift.worker import interfaces
 
 
 def test_all_is_every_public_name_of_the_package_the_lazy_ones_too_and_each_resolves() -> None:
@@ -32,3 +33,21 @@ def test_the_operator_module_lists_what_it_holds() -> None:
     assert public == set(operator.__all__)
     assert operator.PolicyConfig().check_interval_seconds > 0
     assert operator.ConfigError is gs.ConfigError
+
+
+SWAP_THREAD = ["adopt", "maintain", "forked", "measured", "tick", "refresh", "wake", "attached",
+               "seen"]  # what the client's swap thread and its profiles use of each other
+
+
+@pytest.mark.parametrize("name", [*SWAP_THREAD, pytest.param("rebind", marks=pytest.mark.xfail(
+    strict=True, reason="Router.rebind: worker/routing.py's, renamed when routing is rewritten"))])
+def test_a_client_and_its_profiles_show_the_workers_api_only(namespace: str, name: str) -> None:
+    """The swap thread's internals are underscored, on the objects and in the `Host` protocol
+    the profile knows its client by."""
+    client = gs.connect(namespace, background=False, register_timeout=0)  # no controller needed
+    try:
+        prof = client.profile("p", {"B": gs.Dim(max=8)})
+        assert name not in dir(client) and name not in dir(prof)
+        assert name not in vars(interfaces.Host)
+    finally:
+        client.close()

@@ -63,7 +63,7 @@ def test_requests_never_capture_the_swap_thread_warms_up(
 ) -> None:
     check(prof, 3, 9)
     assert runner.stats["captures"] == 0 and runner.stats["eager"] == 1 and runner.ready() == []
-    client.tick()
+    client._tick()
     assert runner.ready() == [(b, s) for b in (2, 4, 8) for s in (8, 16)]
     for b, s in [(3, 9), (8, 16), (20, 5)]:  # 20 = 8 + 8 + 4
         check(prof, b, s)
@@ -122,13 +122,13 @@ def test_the_warm_up_has_the_device_capture_the_largest_gears_first(
 def test_an_added_gear_runs_on_the_next_larger_one_until_warmed_up(
     fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
 ) -> None:
-    client.tick()
+    client._tick()
     version = fake.publish({"decode": {"BATCHSIZE": [2, 3, 4, 8], "SEQLEN": [8, 16]}})
     check(prof, 3, 8)  # adopts on the request path: planned at 3, run on the ready (4, 8)
     assert runner.gears["BATCHSIZE"] == (2, 3, 4, 8) and prof.version == version
     assert runner.stats["captures"] == 6 and runner.stats["replays"] == 1
     assert applied(fake, client) < version  # not warmed up yet
-    client.tick()
+    client._tick()
     assert {(3, 8), (3, 16)} <= set(runner.ready()) and runner.stats["captures"] == 8
     assert applied(fake, client) == version
     check(prof, 3, 8)
@@ -137,19 +137,19 @@ def test_an_added_gear_runs_on_the_next_larger_one_until_warmed_up(
 def test_a_removed_gear_is_released_after_the_requests_started_before(
     fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
 ) -> None:
-    client.tick()
+    client._tick()
     graphs = len(runner.pool)
     with prof.request(BATCHSIZE=4, SEQLEN=8) as slow:  # a request still running on gear 4
         assert slow.gears == {"BATCHSIZE": 4, "SEQLEN": 8}
         version = fake.publish({"decode": {"BATCHSIZE": [2, 8], "SEQLEN": [8, 16]}})
-        client.tick()
+        client._tick()
         assert prof.version == version and runner.gears["BATCHSIZE"] == (2, 8)
         with prof.request(BATCHSIZE=4, SEQLEN=8) as fresh:  # started on the new snapshot
             assert fresh.gears["BATCHSIZE"] == 8
-            client.tick()
+            client._tick()
         assert (4, 8) in runner.ready() and len(runner.pool) == graphs  # grace
         assert applied(fake, client) < version
-    client.tick()
+    client._tick()
     assert not {(4, 8), (4, 16)} & set(runner.ready()) and len(runner.pool) == graphs - 2
     assert applied(fake, client) == version
 
@@ -157,13 +157,13 @@ def test_a_removed_gear_is_released_after_the_requests_started_before(
 def test_a_gear_added_back_during_its_grace_is_kept(
     fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
 ) -> None:
-    client.tick()
+    client._tick()
     with prof.request(BATCHSIZE=4, SEQLEN=8):
         fake.publish({"decode": {"BATCHSIZE": [2, 8], "SEQLEN": [8, 16]}})
-        client.tick()
+        client._tick()
         fake.publish({"decode": {"BATCHSIZE": [2, 4, 8], "SEQLEN": [8, 16]}})
-        client.tick()
-    client.tick()
+        client._tick()
+    client._tick()
     assert (4, 8) in runner.ready() and len(runner.pool) == 6
 
 
@@ -207,7 +207,7 @@ def test_the_memory_of_released_graphs_is_in_the_next_reading_the_controller_get
     transform = gs.Transform(on_device, prof.dims, INPUTS, outputs=("B", "S", None))
     pool = GraphResourcePool(dev.backend())
     runner = prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=pool))
-    client.tick()
+    client._tick()
     assert len(runner.ready()) == 6 and client.memory == runner.backend.mem_get_info
     runner.backend.collect()  # the warm-ups' cache: what is left is the graphs'
     graphs = {pool: dev.pool_bytes(pool) for pool in dev.pools[0] if pool is not None}
@@ -215,7 +215,7 @@ def test_the_memory_of_released_graphs_is_in_the_next_reading_the_controller_get
     def reading() -> int:
         fake.drain(client.slot)
         client.clock.sleep(client.memory_interval)
-        client.tick()
+        client._tick()
         (record,) = (e for e in fake.drain(client.slot) if e["kind"] == Kind.MEMORY)
         return int(record["values"][0])
 
@@ -234,7 +234,7 @@ def test_runner_builds_and_attaches_and_its_backend_reports_memory(
         prof.run(**call(1, 1))
     runner = prof.runner(model, inputs=INPUTS, example=call(1, 1))
     assert runner.gears == prof.gears and client.memory == runner.backend.mem_get_info
-    client.tick()
+    client._tick()
     check(prof, 5, 16)
     kinds = fake.drain(client.slot)["kind"].tolist()
     assert Kind.MEMORY in kinds and Kind.SHAPE in kinds

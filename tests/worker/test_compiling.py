@@ -30,14 +30,14 @@ def test_one_call_runs_the_function_on_compiled_gears_and_reports_their_cost(
     runner = model.runner
     assert isinstance(runner, gs.CompiledRunner) and runner.stats["eager"] == 1
     fake.serve()
-    client.tick()  # the swap thread compiles both gears, then reports them
+    client._tick()  # the swap thread compiles both gears, then reports them
     assert runner.ready() == [(4,), (16,)] and runner.stats["compiles"] == 2
     torch.testing.assert_close(model(x=x), fn(x))
     torch.testing.assert_close(model(torch.randn(20, 8)).shape, torch.Size([20, 8]))
     assert runner.stats["replays"] == 3  # 3 rows on 4; 20 rows on 16 + 4
-    assert model.profile.measured.written == 2
     records = fake.drain(client.slot)
     records = records[records["kind"] == Kind.MEASURED]
+    assert sorted(int(r["values"][0]) for r in records) == [4, 16]  # one per graph
     compiled = {c.variant["SEQLEN"]: c.seconds for c in runner.compiles}
     for r in records:  # capture seconds (ns on the ring) hold the compile's
         assert r["values"][1] >= int(compiled[int(r["values"][0])] * 1e9)

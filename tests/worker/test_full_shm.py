@@ -34,19 +34,19 @@ def test_a_worker_with_no_room_for_its_ring_serves_unrecorded_says_so_once_and_t
         prof = client.profile("prefill", DIMS)
         for size in range(1, 101):
             prof.route(SEQLEN=size)
-            client.tick()
+            client._tick()
             clock.advance(0.01)  # one second in all: within the retry interval
     try:
         assert client.slot is None and client.unrecorded == 100  # served, counted
         assert [r.message.count("no room for /gearshift.") for r in caplog.records] == [1]
         room[0] = True
-        client.tick()
+        client._tick()
         assert client.slot is None  # no try before retry_interval
         clock.advance(client.retry_interval)
-        client.tick()
+        client._tick()
         assert client.slot is not None and not prof.registered
         clock.sleep(0)  # the controller answers
-        client.tick()
+        client._tick()
         assert prof.registered
         prof.route(SEQLEN=7)
         assert len(fake.drain(client.slot)) == 1  # recorded from then on
@@ -74,13 +74,13 @@ def test_a_registration_refused_for_want_of_room_serves_the_initial_gears_and_is
         assert not prof.registered and prof.route(SEQLEN=100).gears["SEQLEN"] == 128
         assert len(tries) == 1 and "registration of profile 'prefill' held" in caplog.text
         room[0] = True
-        client.tick()
+        client._tick()
         clock.sleep(0)
         assert len(tries) == 1  # nothing posted again before retry_interval
         clock.advance(client.retry_interval)
-        client.tick()
+        client._tick()
         clock.sleep(0)
-        client.tick()
+        client._tick()
         assert len(tries) == 2 and prof.registered
     finally:
         client.close()

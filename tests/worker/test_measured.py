@@ -4,9 +4,11 @@ raises into a request or stops a capture."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pytest
 from fakeclock import FakeClock
 
 import gearshift as gs
@@ -65,15 +67,15 @@ def test_reports_wait_for_the_registration_then_go_one_record_per_dim(
         # posted; the fake controller has not answered
         prof = client.profile("decode", DIMS, lazy_start=False)
         runner = prof.attach(MeasuringRunner(DIMS))
-        client.tick()
+        client._tick()
         assert len(runner.captured) == 4 and not prof.registered
-        assert len(prof.measured.pending) == 8  # two dims per graph, held back
-        assert Kind.MEASURED not in fake.drain(client.slot)["kind"]
+        assert Kind.MEASURED not in fake.drain(client.slot)["kind"]  # held back
         fake.serve()
-        client.tick()  # takes the reply, then reports
-        assert prof.registered and prof.measured.written == 8 and not prof.measured.pending
+        client._tick()  # takes the reply, then reports
+        assert prof.registered
         records = fake.drain(client.slot)
         records = records[records["kind"] == Kind.MEASURED]
+        assert len(records) == 8  # two dims per graph
         assert set(records["profile"]) == {prof.id} and set(records["ndim"]) == {4}
         got = sorted((int(r["chunks"][0]), *r["values"].tolist()) for r in records)
         want = sorted((i, v[d], 100_000_000, v["BATCHSIZE"] * v["SEQLEN"],
@@ -85,14 +87,17 @@ def test_reports_wait_for_the_registration_then_go_one_record_per_dim(
 
 
 def test_a_failing_report_stops_neither_the_warm_up_nor_requests(
-    fake: FakeController, client: gs.Client
+    fake: FakeController, client: gs.Client, caplog: pytest.LogCaptureFixture
 ) -> None:
     prof = client.profile("decode", DIMS, lazy_start=False)
     runner = prof.attach(MeasuringRunner(DIMS))
     runner.broken = True
-    client.tick()
-    client.tick()
-    assert len(runner.captured) == 4 and prof.settled and prof.measured.failures == 2
+    with caplog.at_level(logging.WARNING, "gearshift"):
+        client._tick()
+        client._tick()
+    assert len(runner.captured) == 4 and prof.settled
+    [failed] = caplog.records  # logged once, not at every tick
+    assert "reporting measurements failed" in failed.getMessage()
     assert prof.route(BATCHSIZE=3, SEQLEN=20).gears == {"BATCHSIZE": 4, "SEQLEN": 32}
 
 

@@ -116,7 +116,7 @@ def test_a_full_ring_drops_records_and_recording_goes_on(fake: FakeController) -
         prof = client.profile("decode", DIMS)
         for b in range(1, 7):
             prof.record(BATCHSIZE=b, SEQLEN=3)  # never raises, never blocks
-        client.tick()
+        client._tick()
         assert fake.registry.slots()[client.slot].dropped == 2
         assert [e["values"][0] for e in fake.drain(client.slot)] == [1, 2, 3, 4]
 

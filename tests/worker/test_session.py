@@ -84,7 +84,7 @@ def test_without_a_controller_a_client_serves_its_initial_gears_and_warns_rate_l
         assert clock.now() == 0 and client.registry is None and client.slot is None
         for _ in range(150):  # 150 s of virtual time: warnings at 0, 60 and 120 s
             assert prof.route(BATCHSIZE=3, SEQLEN=700).gears == {"BATCHSIZE": 4, "SEQLEN": 1024}
-            client.tick()
+            client._tick()
             clock.advance(1.0)
         assert client.unrecorded == 150 and prof.version == 0 and not prof.registered
         warnings = [r.getMessage() for r in caplog.records if "no controller" in r.getMessage()]
@@ -100,12 +100,12 @@ def test_a_client_attaches_when_its_controller_appears_and_records_from_then_on(
     try:
         prof = client.profile("decode", DECODE)
         prof.route(BATCHSIZE=1, SEQLEN=1)  # unrecorded
-        client.tick()
+        client._tick()
         assert client.slot is None
         fake = FakeController(namespace)
-        client.tick()  # attaches: a slot, its ring, the registration posted
+        client._tick()  # attaches: a slot, its ring, the registration posted
         assert client.slot is not None and client.unrecorded == 1
-        wait_until(lambda: prof.registered, lambda: (fake.serve(), client.tick()))
+        wait_until(lambda: prof.registered, lambda: (fake.serve(), client._tick()))
         assert fake.registered == [(client.slot, prof.id, "decode")]
         later = client.profile("prefill", {"SEQLEN": gs.Dim(max=4096)})
         prof.route(BATCHSIZE=2, SEQLEN=2)  # into the ring, as a profile made now
@@ -113,7 +113,7 @@ def test_a_client_attaches_when_its_controller_appears_and_records_from_then_on(
         events = fake.drain(client.slot)
         assert [(e["profile"], e["values"][0]) for e in events] == [(prof.id, 2), (later.id, 3)]
         version = fake.publish({"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [8192]}})
-        client.tick()
+        client._tick()
         assert prof.version == version and prof.gears["BATCHSIZE"] == (4, 64)
     finally:
         client.close()
@@ -133,7 +133,7 @@ def test_a_client_of_a_dead_controllers_namespace_takes_a_slot_and_does_not_wait
             assert clock.now() == 0 and not prof.registered
             prof.route(BATCHSIZE=1, SEQLEN=1)
             fake = FakeController(namespace, create=False)  # takes the namespace over
-            wait_until(lambda: prof.registered, lambda: (fake.serve(), client.tick()))
+            wait_until(lambda: prof.registered, lambda: (fake.serve(), client._tick()))
             assert len(fake.drain(client.slot)) == 1 and client.unrecorded == 0
         fake.close()
     finally:
@@ -165,7 +165,7 @@ def test_unanswered_registration_serves_initial_gears_then_completes_on_a_tick(
         assert clock.now() >= client.register_timeout and "no registration reply" in caplog.text
         assert not prof.registered and prof.route(BATCHSIZE=3, SEQLEN=3).gears["BATCHSIZE"] == 4
         fake.serve()
-        client.tick()
+        client._tick()
         assert prof.registered and fake.registered == [(client.slot, prof.id, "decode")]
 
 
@@ -176,16 +176,16 @@ def test_ticks_ack_the_applied_version_beat_and_report_memory(
     registry = Registry.attach(namespace)
     with gs.Client(registry, 0, clock=clock, memory=lambda: (3, 7), background=False) as client:
         version = fake.publish({"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [8192]}})
-        client.tick()
+        client._tick()
         info = fake.registry.slots()[client.slot]
         assert (info.applied_version, info.heartbeat_ns) == (version, clock.now_ns())
         assert [tuple(e["values"][:2]) for e in fake.drain(client.slot)] == [(3, 7)]
         clock.advance(0.5)
-        client.tick()  # nothing is due
+        client._tick()  # nothing is due
         assert len(fake.drain(client.slot)) == 0
         assert fake.registry.slots()[client.slot].heartbeat_ns < clock.now_ns()
         clock.advance(0.5)
-        client.tick()
+        client._tick()
         (reading,) = fake.drain(client.slot)
         assert reading["kind"] == Kind.MEMORY and reading["t_ns"] == clock.now_ns()
         assert fake.registry.slots()[client.slot].heartbeat_ns == clock.now_ns()
@@ -197,7 +197,7 @@ def test_a_full_ring_drops_and_counts_events_and_routing_goes_on(fake: FakeContr
         prof = client.profile("decode", DECODE)
         routes = [prof.route(BATCHSIZE=b, SEQLEN=9) for b in range(1, 7)]
         assert [p.gears["BATCHSIZE"] for p in routes] == [1, 2, 4, 4, 8, 8]
-        client.tick()
+        client._tick()
         assert fake.registry.slots()[client.slot].dropped == 2
         assert [e["values"][0] for e in fake.drain(client.slot)] == [1, 2, 3, 4]
 
@@ -231,7 +231,7 @@ def test_a_snapshot_that_fails_to_decode_is_kept_out_and_routing_goes_on(
     client.region = _BadRegion(good + 1, error)  # type: ignore[assignment]
     for _ in range(3):  # one warning, and no retry on every request
         assert prof.route(BATCHSIZE=3, SEQLEN=3).gears == {"BATCHSIZE": 4, "SEQLEN": 8192}
-    assert client.seen == good + 1 and prof.version == good
+    assert client._seen == good + 1 and prof.version == good
     assert sum("kept out" in r.getMessage() for r in caplog.records) == 1
     client.region = region
     assert fake.publish({"decode": {"BATCHSIZE": [2, 64], "SEQLEN": [8192]}}) == good + 1
@@ -252,7 +252,7 @@ def test_a_payload_a_profile_cannot_adopt_is_kept_out_of_it(
     version = fake.region.publish({"profiles": {}})
     client.region.read = lambda: Snapshot(version, Hostile())  # type: ignore[union-attr]
     assert prof.route(BATCHSIZE=3, SEQLEN=3).gears["BATCHSIZE"] == 4
-    assert prof.gears == gears and client.seen == version
+    assert prof.gears == gears and client._seen == version
 
 
 def test_close_releases_the_slot_and_leaves_the_ring_to_the_controller(

@@ -46,7 +46,7 @@ def test_controller_killed_then_restarted(
     )
     try:
         prof = client.profile("decode", DECODE)
-        wait_until(lambda: prof.registered, client.tick)
+        wait_until(lambda: prof.registered, client._tick)
         assert registered.get(timeout=WAIT) == (client.slot, prof.id, "decode")
         assert prof.route(BATCHSIZE=3, SEQLEN=3).gears == {"BATCHSIZE": 4, "SEQLEN": 1024}
 
@@ -54,14 +54,14 @@ def test_controller_killed_then_restarted(
         first.join(WAIT)
         caplog.set_level(logging.WARNING, "gearshift")
         for _ in range(150):  # 150 s of virtual time: warnings at 0, 60 and 120 s
-            client.tick()
+            client._tick()
             assert prof.route(BATCHSIZE=50, SEQLEN=2000).gears == {"BATCHSIZE": 64, "SEQLEN": 8192}
             clock.advance(1.0)
         warnings = [r for r in caplog.records if "no live controller" in r.getMessage()]
         assert len(warnings) == 3
 
         _, registered = start(False, {"decode": {"BATCHSIZE": [2, 64], "SEQLEN": [512, 8192]}})
-        wait_until(lambda: prof.registered and prof.version > 1, client.tick)
+        wait_until(lambda: prof.registered and prof.version > 1, client._tick)
         assert registered.get(timeout=WAIT) == (client.slot, prof.id, "decode")
         assert prof.route(BATCHSIZE=2, SEQLEN=3).gears == {"BATCHSIZE": 2, "SEQLEN": 512}
     finally:
@@ -129,7 +129,7 @@ def test_gears_the_real_controller_learns_reach_the_client(namespace: str, tmp_p
                 assert prof.route(BATCHSIZE=33).gears == {"BATCHSIZE": 64}
             clock.advance(11.0)
             controller.step()  # drains, folds, and decides: 33 pads 48 % on 64
-            client.tick()
+            client._tick()
             assert prof.version > first and 33 in prof.gears["BATCHSIZE"]
             assert prof.route(BATCHSIZE=33).gears == {"BATCHSIZE": 33}
             clock.advance(1.0)

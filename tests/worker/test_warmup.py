@@ -16,7 +16,8 @@ import pytest
 
 import gearshift as gs
 from gearshift.worker import profile as profile_module
-from gearshift.worker.profile import RETRY_SECONDS, WARM_BATCH, beyond
+from gearshift.worker import warmup
+from gearshift.worker.warmup import RETRY_SECONDS, WARM_BATCH, largest_first
 from worker.fake_controller import FakeController
 
 DIMS = {
@@ -71,21 +72,19 @@ class ScriptedRunner:
 
 def settle(client: gs.Client, prof: gs.Profile, ticks: int = 10_000) -> int:
     for n in range(1, ticks + 1):
-        client.tick()
+        client._tick()
         if prof.settled:
             return n
     raise AssertionError("not settled")
 
 
-def test_beyond_yields_each_new_combination_once_larger_first() -> None:
+def test_largest_first_yields_each_combination_once_after_all_that_cover_it() -> None:
     gears = {"A": (1, 2, 4), "B": (8, 16), "C": (1, 3)}
-    assert list(beyond({}, gears))[:2] == [(4, 16, 3), (4, 16, 1)]
-    assert sorted(beyond({}, gears)) == sorted(itertools.product(*gears.values()))
-    base = {"A": (1, 4), "B": (8, 16), "C": (1,)}
-    new = list(beyond(base, gears))
-    assert len(new) == len(set(new)) == 12 - 2 * 2 * 1
-    assert set(new) == {v for v in itertools.product(*gears.values()) if v[0] == 2 or v[2] == 3}
-    assert list(beyond(gears, gears)) == []
+    walk = list(largest_first(gears))
+    assert walk[:2] == [(4, 16, 3), (4, 16, 1)]
+    assert sorted(walk) == sorted(itertools.product(*gears.values())) and len(set(walk)) == 12
+    for i, v in enumerate(walk):
+        assert not any(all(map(operator.ge, u, v)) for u in walk[i + 1 :])
 
 
 def test_the_warm_up_captures_every_variant_after_all_that_cover_it(
@@ -146,13 +145,13 @@ def test_a_failed_capture_is_retried_later_and_counted(
     runner.fail = {(2,)}
     settle(client, prof)  # settled: the failed gear runs on a larger graph meanwhile
     assert runner.captured == {(1,), (4,)} and prof.stats["capture_failures"] == 1
-    client.tick()
+    client._tick()
     assert (2,) not in runner.captured and prof.stats["capture_retries"] == 0
     client.clock.sleep(RETRY_SECONDS[0])
-    client.tick()
+    client._tick()
     assert (2,) in runner.captured and prof.stats["capture_retries"] == 1
     client.clock.sleep(RETRY_SECONDS[1])
-    client.tick()
+    client._tick()
     assert prof.stats["capture_retries"] == 1  # nothing left to retry
 
 
@@ -162,7 +161,7 @@ def test_a_capture_that_always_fails_backs_off_1_2_4_s_then_waits_for_new_gears(
     """Tried RETRY_ATTEMPTS times, 1, 2 then 4 s apart on the fake clock, then not at all until
     the gears change, then again (mutations caught: `<=` for `<` in the attempts bound, waits
     not doubling, the attempts not reset by new gears)."""
-    assert profile_module.RETRY_ATTEMPTS == 4 and RETRY_SECONDS[0] == 1.0
+    assert warmup.RETRY_ATTEMPTS == 4 and RETRY_SECONDS[0] == 1.0
     tried: list[float] = []
 
     class Failing(ScriptedRunner):
@@ -179,13 +178,13 @@ def test_a_capture_that_always_fails_backs_off_1_2_4_s_then_waits_for_new_gears(
     settle(client, prof)
     for _ in range(4 * 120):  # two minutes in quarter seconds, far beyond the last wait
         client.clock.sleep(0.25)
-        client.tick()
+        client._tick()
     assert [t - tried[0] for t in tried] == pytest.approx([0.0, 1.0, 3.0, 7.0])
     assert prof.stats["capture_failures"] == 4 and prof.stats["capture_retries"] == 3
     fake.publish({"p": {"BATCHSIZE": [1, 2, 4, 8]}})  # new gears: (2,) is tried again
     settle(client, prof)
     for _ in range(4):
-        client.tick()
+        client._tick()
     assert len(tried) == 5 and (8,) in runner.captured
 
 
@@ -203,8 +202,8 @@ def test_a_capture_failing_on_every_retry_is_logged_once_with_its_reason(
         settle(client, prof)
         for _ in range(6):
             client.clock.sleep(RETRY_SECONDS[1])
-            client.tick()
-    assert prof.stats["capture_failures"] == 2 * profile_module.RETRY_ATTEMPTS
+            client._tick()
+    assert prof.stats["capture_failures"] == 2 * warmup.RETRY_ATTEMPTS
     [warned] = caplog.records  # one line, its reason, no traceback (that is at debug level)
     assert "unexpected keyword argument 'inp'" in warned.getMessage() and not warned.exc_info
 
@@ -219,7 +218,7 @@ def test_a_full_device_stops_the_plan_once_and_still_settles(
     assert len(runner.captured) == 6 and prof.stats["graph_limits"] == 1
     assert "a test cap" in caplog.text and "8 combinations" in caplog.text
     for _ in range(3):
-        client.tick()
+        client._tick()
     assert prof.stats["graph_limits"] == 1 and len(runner.asked) == 6
     fake.publish({"p": {"BATCHSIZE": [1, 2, 4], "SEQLEN": [1, 2]}})  # 8 goes: room again
     settle(client, prof)
@@ -250,7 +249,7 @@ def test_adopt_builds_the_new_gears_in_use_outside_the_request_lock(
     thread = threading.Thread(target=request_thread)
     thread.start()
     assert inside.wait(10)
-    adopting = threading.Thread(target=client.refresh)
+    adopting = threading.Thread(target=client._refresh)
     adopting.start()
     try:
         assert built.wait(10)  # built while the request thread holds the lock ...
@@ -271,7 +270,7 @@ def test_a_plan_the_cap_stopped_resumes_when_a_release_after_its_grace_makes_roo
     settle(client, prof)
     with prof.request(BATCHSIZE=8, SEQLEN=1):  # in flight on 8: its graphs stay meanwhile
         fake.publish({"p": {"BATCHSIZE": [1, 2, 4], "SEQLEN": [1, 2]}})
-        client.tick()
+        client._tick()
         assert runner.released == [] and prof.stats["graph_limits"] == 2 and not prof.settled
     settle(client, prof)
     assert runner.released == [("BATCHSIZE", 8)]

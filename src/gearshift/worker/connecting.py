@@ -20,7 +20,8 @@ from gearshift import environment
 from gearshift.clock import Clock
 from gearshift.errors import ControllerNotFound, ControllerRunning
 from gearshift.shm import Registry, names
-from gearshift.worker.session import NO_CONTROLLER, Client, MemoryReader, Stoppable
+from gearshift.worker.interfaces import Stoppable
+from gearshift.worker.session import NO_CONTROLLER, Client, MemoryReader
 
 
 def connect(

@@ -23,7 +23,7 @@ class Runner(Protocol):
     `take_measurements() -> [(variant as dim -> gear, cost)]` (`graphs.measure.GraphCost`),
     which the profile reports to the controller. A runner that remembers what its requests
     found not ready also has `take_wanted() -> [variant as in ready()]`; a profile defers
-    start-up gears (`worker.startup`) only for such a runner."""
+    start-up gears (`worker.warmup`) only for such a runner."""
 
     gears: dict[str, Gears]
     transform: Any  # .check(tensors) -> raw size per dim
@@ -37,6 +37,12 @@ class Runner(Protocol):
     def room(self) -> tuple[int | None, str]: ...
 
     def run(self, tensors: Mapping[str, Any], sizes: Mapping[str, int] | None = None) -> Any: ...
+
+
+class Stoppable(Protocol):
+    """An embedded controller, as the client that started it stops it."""
+
+    def stop(self) -> None: ...
 
 
 class Versioned(Protocol):
@@ -60,14 +66,15 @@ class NsClock(Protocol):
 
 class Host(Protocol):
     """What a profile uses of its client: the snapshot version to compare with the one last
-    adopted (`seen`), adoption (`refresh`), the ring and clock of its records, and the swap
-    thread (`wake`, `attached`)."""
+    adopted (`_seen`), adoption (`_refresh`), the ring and clock of its records, and the swap
+    thread (`_wake`, `_attached`). The underscored members are the client's internals, not
+    its API."""
 
     @property
     def region(self) -> Versioned: ...
 
     @property
-    def seen(self) -> int: ...
+    def _seen(self) -> int: ...
 
     @property
     def ring(self) -> RecordWriter: ...
@@ -75,12 +82,12 @@ class Host(Protocol):
     @property
     def clock(self) -> NsClock: ...
 
-    def refresh(self, force: bool = False) -> None:
+    def _refresh(self, force: bool = False) -> None:
         """Adopt the region's snapshot into every profile if its version changed; request
         threads only try."""
 
-    def wake(self) -> None:
+    def _wake(self) -> None:
         """Run the swap thread's next tick now (replaced gears drained: graphs may be freed)."""
 
-    def attached(self, runner: Runner) -> None:
+    def _attached(self, runner: Runner) -> None:
         """A profile attached `runner`."""

@@ -144,8 +144,8 @@ class _Bisect:
 _MISSING: Any = object()  # a dim the caller did not pass
 _ROUTE = """
 def route(*, {params}, **_unknown):
-    if _host.region.version() != _host.seen:
-        _host.refresh()
+    if _host.region.version() != _host._seen:
+        _host._refresh()
     _u = _router._in_use
     {bounds} = _u.bounds
     if {fits} and not _unknown:
@@ -271,8 +271,8 @@ class Router:
     def route(self, **sizes: int) -> Route:
         """Route one request of these raw sizes and record it; ShapeError on a bad shape."""
         host = self._host
-        if host.region.version() != host.seen:
-            host.refresh()
+        if host.region.version() != host._seen:
+            host._refresh()
         return self._route(self._in_use, sizes)
 
     def record(self, **sizes: int) -> None:

@@ -2,18 +2,16 @@
 
 A client attaches its namespace (claims a worker slot for its device, creates the slot's event
 ring), attaches the device's snapshot region once the controller has created it, and registers
-each `profile` through the slot's mailbox (`RegistrationQueue`, one registration in flight; with a
-live controller the caller waits `register_timeout` for the reply: a refusal, ProfileMismatch,
-is raised to it; no reply: the profile serves on its initial gears and registers when the
-controller answers). Until a controller has created the namespace the client serves on its
-profiles' initial gears and its requests go `unrecorded` (`standins`); the swap thread attaches
-the namespace once it exists, and requests are recorded from then on. The client is its
-profiles' `Host`; they never import this module.
+each `profile` through the slot's mailbox (`RegistrationQueue`; with a live controller the
+caller waits `register_timeout` for the reply: a refusal, ProfileMismatch, is raised to it; no
+reply: the profile serves on its initial gears and registers when the controller answers).
+Until a controller has created the namespace the client serves on its profiles' initial gears,
+`unrecorded` (`standins`). The client is its profiles' `Host`; they never import this module.
 
-The swap thread (`tick()` every `poll_interval`, or when woken) attaches the namespace if not
+The swap thread (`_tick()` every `poll_interval`, or when woken) attaches the namespace if not
 yet, watches the controller (a new identity: register every profile again, re-attach the
 region; none alive: a warning at most every `warn_interval`), polls the snapshot version, lets
-every profile warm up and release (`Profile.maintain`), acks the applied version with a
+every profile warm up and release (`Profile._maintain`), acks the applied version with a
 heartbeat in the slot (every `heartbeat_interval`, and at once when it changes) and records a
 memory reading every `memory_interval` (`memory`, else the first attached runner's backend).
 Nothing on the request path waits for it or for the controller, or raises because of them.
@@ -24,7 +22,8 @@ again every `retry_interval`. In a forked child it never writes its parent's (`f
 
 Threads: the ring serialises the process's producer threads itself; `_profiles` is
 copy-on-write; adoption runs under `_adopting`, which request threads only try; only the
-constructor and the swap thread attach the namespace.
+constructor and the swap thread attach the namespace; `state` (`lifecycle.CLIENT`) moves only
+through its `lifecycle.Machine`.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from gearshift import protocol
 from gearshift.clock import Clock, MonotonicClock
@@ -49,8 +48,8 @@ from gearshift.errors import (
 from gearshift.shm import EventRing, Registry, SnapshotRegion
 from gearshift.shm.cleanup import leave
 from gearshift.shm.ring import DEFAULT_CAPACITY
-from gearshift.worker import forking
-from gearshift.worker.interfaces import Runner
+from gearshift.worker import forking, lifecycle
+from gearshift.worker.interfaces import Runner, Stoppable
 from gearshift.worker.profile import Profile
 from gearshift.worker.registration import RegistrationQueue
 from gearshift.worker.routing import checked_dims
@@ -63,20 +62,16 @@ JOIN_TIMEOUT = 5.0
 NO_CONTROLLER = "no controller is running on namespace %r (start one with `gearshift serve -n %s`)"
 
 
-class Stoppable(Protocol):
-    def stop(self) -> None: ...
-
-
 class Client:
     """One worker's session on one device: profiles, the event ring, snapshots, the swap thread.
 
     `registry` is the namespace's control segment, attached (by `connect`), or the namespace's
     name: the client attaches it now if it exists, else from the swap thread once a controller
-    has created it; until then `registry` and `slot` are None and requests go `unrecorded`. It
-    owns the registry and `controller` (an embedded one to stop on close). `clock` times
-    heartbeats, readings and warnings and stamps events; `memory` returns (free, total) device
-    bytes; with `background=False` nothing runs until you call `tick()`. Close it (or use it as
-    a context manager); it also closes at interpreter exit."""
+    has created it (until then `registry` and `slot` are None). It owns the registry and
+    `controller` (an embedded one to stop on close). `clock` times heartbeats, readings and
+    warnings and stamps events; `memory` returns (free, total) device bytes; with
+    `background=False` no swap thread runs (tests and tools run its rounds: `_tick()`). Close it
+    (or use it as a context manager); it also closes at interpreter exit."""
 
     heartbeat_interval = 1.0
     memory_interval = 1.0
@@ -108,7 +103,7 @@ class Client:
         self._unrecorded = Unrecorded()
         self.ring: EventRing | Unrecorded = self._unrecorded
         self.region: SnapshotRegion | NoSnapshot = NO_SNAPSHOT
-        self.seen = 0  # the region version last adopted (or found unreadable)
+        self._seen = 0  # the region version last adopted (or found unreadable)
         self.applied = 0  # the version last acked in the slot
         self._now_ns = self.clock.now_ns
         self._embedded = controller  # the embedded controller this client started, if any
@@ -122,13 +117,13 @@ class Client:
         self._ring_capacity = ring_capacity
         self._registrations = RegistrationQueue(self.namespace, self._warn, self.clock,
                                             self.retry_interval)
-        self._closed = False
+        self._life = lifecycle.Machine(lifecycle.CLIENT, lifecycle.NO_CONTROLLER)
         self._no_room = False  # the last try to create the ring found no room in /dev/shm
         self._retry_at = float("-inf")
         self._attach(strict=True, given=None if isinstance(registry, str) else registry)
         self._watch_controller()
         self._attach_region()
-        self.refresh()
+        self._refresh()
         self._swap.start()
         atexit.register(self.close)
         forking.track(self)
@@ -138,7 +133,17 @@ class Client:
         """Requests routed before the client had a ring (no controller had started yet)."""
         return self._unrecorded.count
 
-    # profiles
+    @property
+    def state(self) -> str:
+        """"no controller", "attached", "registered" (every profile) or "closed"."""
+        return self._life.state
+
+    def _check_registered(self) -> None:
+        """Attached, and the controller has answered every profile: registered."""
+        with self._life.lock:
+            if self.state == lifecycle.ATTACHED and all(
+                    p.registered for p in self._profiles.values()):
+                self._life.advance("registered")
 
     def profile(self, name: str, dims: Mapping[str, Dim], *, lazy_start: bool = True) -> Profile:
         """The profile `name` with these dims (in record order; `lazy_start`: see `Profile`),
@@ -150,7 +155,9 @@ class Client:
                 prof = Profile(self, next(self._ids), name, dims, lazy_start=lazy_start)
                 if prof.id > protocol.MAX_PROFILE_ID:
                     raise ConfigError("profile", f"at most {protocol.MAX_PROFILE_ID + 1} a client")
-                self._profiles = {**self._profiles, name: prof}
+                with self._life.lock:  # StateError on a closed client
+                    self._life.advance("profile")
+                    self._profiles = {**self._profiles, name: prof}
         if known is not None:
             if known.dims != dims:
                 raise ProfileMismatch(redeclared(name, known.dims, dims))
@@ -161,8 +168,9 @@ class Client:
             if prof.rejected is not None:
                 self._forget(prof)
                 raise prof.rejected
+            self._check_registered()
         self._attach_region()
-        self.refresh(force=True)
+        self._refresh(force=True)
         return prof
 
     def _forget(self, prof: Profile) -> None:
@@ -170,70 +178,66 @@ class Client:
         with self._adopting:
             self._profiles = {n: p for n, p in self._profiles.items() if p is not prof}
 
-    # request path
-
-    def refresh(self, force: bool = False) -> None:
-        """Adopt the region's snapshot into every profile if its version changed (or `force`).
-        Request threads only try: while another thread adopts they go on with what is in use.
-        A snapshot that does not read or decode (whatever the exception) is logged and kept
-        out, and `seen` moves on: the last good one stays in use, and nothing raises."""
+    def _refresh(self, force: bool = False) -> None:
+        """Adopt the region's snapshot into every profile if its version changed (or `force`);
+        request threads only try. A snapshot that does not read or decode (whatever the
+        exception) is logged and kept out, `_seen` moves on, and nothing raises."""
         if not self._adopting.acquire(blocking=force):
             return
         try:
             region = self.region
             version = region.version()
-            if version == self.seen and not force:
+            if version == self._seen and not force:
                 return
             try:
                 snapshot = region.read()
             except Exception as e:  # shared memory is not trusted, nor is its decoder
                 self._warn("namespace %r: unreadable snapshot v%d kept out: %r", self.namespace,
                            version, e)
-                self.seen = version
+                self._seen = version
                 return
             if snapshot is not None:
                 version = snapshot.version
                 for prof in self._profiles.values():
                     try:
-                        prof.adopt(version, snapshot.payload)
+                        prof._adopt(version, snapshot.payload)
                     except Exception as e:
                         self._warn("namespace %r: snapshot v%d kept out of profile %r: %r",
                                    self.namespace, version, prof.name, e)
-            self.seen = version
+            self._seen = version
         finally:
             self._adopting.release()
         self._swap.wake()
 
-    def wake(self) -> None:
+    def _wake(self) -> None:
         """Run the swap thread's next tick now (replaced gears drained: graphs may be freed)."""
         self._swap.wake()
 
-    def attached(self, runner: Runner) -> None:
+    def _attached(self, runner: Runner) -> None:
         """A profile attached `runner`: its backend gives memory readings if nothing else does."""
         backend = getattr(runner, "backend", None)
         if self.memory is None and backend is not None:
             self.memory = backend.mem_get_info
         self._swap.wake()
 
-    # the swap thread
-
-    def tick(self) -> None:
-        """One round of the swap thread (call it directly when made with background=False)."""
+    def _tick(self) -> None:
+        """One round of the swap thread (the owner's, when made with background=False)."""
         now = self.clock.now()
         if self.registry is None:
             self._attach(strict=False)
         self._watch_controller()
         self._registrations.pump()
+        self._check_registered()
         if self.region is NO_SNAPSHOT or self._region_stale:
             self._attach_region()
-        self.refresh()
+        self._refresh()
         profiles = list(self._profiles.values())
         for prof in profiles:
-            prof.maintain()
-        seen = self.seen
-        applied = seen if all(p.settled for p in profiles) else self.applied
+            prof._maintain()
+        applied = self._seen if all(p.settled for p in profiles) else self.applied
         registry, slot, ring = self.registry, self.slot, self.ring
-        if self._closed or registry is None or slot is None or not isinstance(ring, EventRing):
+        closed = self.state == lifecycle.CLOSED
+        if closed or registry is None or slot is None or not isinstance(ring, EventRing):
             return
         if applied != self.applied or now >= self._next_beat:
             registry.beat(slot, self._now_ns(), applied, ring.dropped)
@@ -244,14 +248,13 @@ class Client:
             ring.put_memory(self._now_ns(), free, total)
 
     def _swap_thread(self, background: bool) -> SwapThread:
-        return SwapThread(self.tick, lambda: self.poll_interval, lambda e: self._warn(
+        return SwapThread(self._tick, lambda: self.poll_interval, lambda e: self._warn(
             "namespace %r: swap thread tick failed: %r", self.namespace, e), background)
 
     def _attach(self, strict: bool, given: Registry | None = None) -> None:
         """Attach the namespace (`given`: attached already; its caller closes it if this raises)
-        if a controller has created it (`_bind`); if not, nothing happens. No room for the
-        ring: unrecorded until a try `retry_interval` later. Another failure raises if `strict`
-        (the constructor), else it is logged and the next tick tries again."""
+        if a controller has created it (`_bind`). No room for the ring: a try `retry_interval`
+        later. Another failure raises if `strict` (the constructor), else the next tick tries."""
         now = self.clock.now()
         if given is not None:
             registry = given
@@ -292,8 +295,7 @@ class Client:
                          "recorded", self.namespace, self.slot, self.unrecorded)
 
     def _bind(self, registry: Registry) -> None:
-        """Claim a slot of `registry` for this device, create its ring, route every record to
-        it and register the profiles through the slot's mailbox."""
+        """Claim a slot of `registry`, create its ring, record and register through it."""
         slot = registry.claim_slot(self.device)
         try:
             ring = EventRing.create(self.namespace, slot, self._ring_capacity)
@@ -307,6 +309,7 @@ class Client:
             prof.rebind(ring.write)
         self._registrations.bind(registry, slot)
         self.registry = registry  # last: the swap thread's sign that the client is attached
+        self._life.advance("attach")
 
     def _watch_controller(self) -> None:
         registry = self.registry
@@ -319,12 +322,13 @@ class Client:
         info = registry.controller()
         if not info.alive:
             self._warn("namespace %r has no live controller: serving on snapshot v%d (start one "
-                       "with `gearshift serve -n %s`)", self.namespace, self.seen, self.namespace)
+                       "with `gearshift serve -n %s`)", self.namespace, self._seen, self.namespace)
         elif info.pid != self._leader:
             log.info("namespace %r: controller pid %d took over from pid %d; registering again",
                      self.namespace, info.pid, self._leader)
             self._leader, self._region_stale = info.pid, True
             self._registrations.again()
+            self._life.advance("new controller")
 
     def _attach_region(self) -> None:
         if self.registry is None:  # a region without a control segment is a leftover
@@ -346,31 +350,30 @@ class Client:
             self._quiet_until = now + self.warn_interval
             log.warning(message, *args)
 
-    # lifetime
-
     def _forked(self) -> None:
-        """In a child forked from this client's process (`forking`): drop every handle of the
-        parent's (slot, ring, mailboxes, embedded controller) and serve unrecorded; the first
-        record starts the child's swap thread, which attaches as a worker of its own."""
-        if self._closed:
+        """In a forked child (`forking`): drop the parent's handles (slot, ring, mailboxes,
+        embedded controller), serve unrecorded; the first record starts a swap thread."""
+        if self.state == lifecycle.CLOSED:
             return
-        self._adopting = threading.Lock()  # a parent's thread may have held it at the fork
+        self._life = lifecycle.Machine(lifecycle.CLIENT, self.state)  # fresh locks: a parent's
+        self._adopting = threading.Lock()  # thread may have held them at the fork
+        self._life.advance("fork")
         self._swap = self._swap_thread(self._swap.background)  # the parent's does not run here
         self._embedded, self._leader = None, 0
         self.registry, self.slot = None, None  # the parent's: closed with the child's mappings
         self.ring = self._unrecorded = Unrecorded(first_use=self._swap.start)
         for prof in self._profiles.values():
-            prof.forked(self._unrecorded.write)
+            prof._forked(self._unrecorded.write)
         self._registrations.forked()
         self._next_beat = self._next_memory = self._retry_at = float("-inf")
 
     def close(self) -> None:
-        """Stop the swap thread, release the slot and close the ring (the controller drains and
-        unlinks it); remove the namespace if its controller is gone and no other worker lives
-        (`leave`); stop the embedded controller this client started. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        """Stop the swap thread, release the slot, close the ring (the controller drains it);
+        `leave` the namespace; stop the embedded controller this client started. Idempotent."""
+        with self._life.lock:
+            if self.state == lifecycle.CLOSED:
+                return
+            self._life.advance("close")
         atexit.unregister(self.close)
         self._swap.stop(JOIN_TIMEOUT)
         registry, slot, ring = self.registry, self.slot, self.ring

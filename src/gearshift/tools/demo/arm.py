@@ -304,7 +304,7 @@ class AdaptiveArm(Arm):
 
     def settle(self) -> None:
         """Adopt the newest snapshot and wait until every profile's gears are captured."""
-        self.client.refresh()
+        self.client._refresh()
         while not all(p.settled for p in self.profiles.values()):
             time.sleep(SETTLE_POLL)
 

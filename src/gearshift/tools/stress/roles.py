@@ -156,7 +156,7 @@ def _route(
                 write("v", version, time.monotonic_ns())
         if now >= tick:
             tick = now + client.poll_interval
-            client.tick()
+            client._tick()
         if now >= report:
             report = now + REPORT_SECONDS
             write("n", wall_max, stall_max, interrupted)

@@ -167,7 +167,7 @@ class Live:
             self.clock.advance(0.05)
             self.step()
             with contextlib.suppress(Exception):  # the swap thread logs and goes on likewise
-                self.client.tick()
+                self.client._tick()
             for s, b in SIZES:
                 try:
                     self.profile.route(S=s, B=b)
