@@ -10,12 +10,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
 from fakeclock import FakeClock
 
-from gearshift.controller import deciding, statefile
+from gearshift.controller import deciding, registrations, statefile
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.dims import Dim
@@ -102,7 +103,7 @@ def test_propagation_lag_waits_for_every_live_worker(
     a, b = worker(), worker()
     a.register(0, "decode", serve=controller.step)
     b.register(0, "decode", serve=controller.step)
-    controller._publish(0, clock.now())  # a new version
+    assert a.register(1, "prefill", serve=controller.step)["version"] == 2  # a new version
     clock.advance(0.05)
     a.snapshot()
     controller.step()
@@ -161,10 +162,12 @@ def test_a_successor_folds_the_events_of_a_registration_answered_just_before_a_k
 ) -> None:
     first = Controller.open(config, POLICY, clock=clock)
 
-    def killed(now: float) -> None:
+    def killed(*args: Any) -> None:
+        answer(*args)
         raise KeyboardInterrupt  # the controller dies right after answering, as by SIGKILL
 
-    monkeypatch.setattr(first, "_drain", killed)
+    answer = registrations.post
+    monkeypatch.setattr(registrations, "post", killed)
     w = Worker(config.namespace, 0, clock)
     with pytest.raises(KeyboardInterrupt):
         w.register(5, "decode", serve=first.step)

@@ -148,7 +148,8 @@ def test_a_corrupt_slot_is_counted_shown_and_skipped(
     bad, good = worker(), worker()
     good.register(0, "decode", serve=controller.step)
     words = controller.registry.segment.words
-    words[(control.TABLE + bad.slot * controller.registry._slot_size) // 8] = 99
+    base = (control.TABLE + bad.slot * words[control.SLOT_SIZE]) // 8  # the header's
+    words[base + control.STATE // 8] = 99  # no SlotState
     for _ in range(10):
         clock.advance(0.1)
         good.put(0, 40)
