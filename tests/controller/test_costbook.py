@@ -183,5 +183,7 @@ def test_rounds_are_priced_with_the_measured_costs_and_the_device_s_workers(
     _run(controller, clock, 12.0, priced, unpriced)
     assert 40 in unpriced.gears("decode")["B"]
     assert 40 not in priced.gears("decode")["B"]
-    assert controller._holders(0, "decode") == 1 and controller._holders(1, "decode") == 1
-    assert set(controller.costs.prices(0, "decode", 1)) == {"B"}
+    priced_b = controller.prices(0)["decode"]["B"]  # what the device's rounds are priced with
+    assert priced_b == controller.costs.prices(0, "decode", 1)["B"]
+    assert priced_b.workers == 1  # device 0's one worker: the other device's is not counted
+    assert controller.prices(1) == {"decode": {}}  # nothing measured there: unpriced

@@ -22,7 +22,7 @@ from gearshift.core.config import PolicyConfig
 from gearshift.errors import StateError, UnsafeStateDir
 from gearshift.shm import cleanup
 
-from .workers import WAIT
+from .workers import WAIT, Worker
 
 CONFIG = PolicyConfig()
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away needs root")
@@ -178,10 +178,17 @@ def test_the_final_save_is_logged_even_right_after_another_failed_save(
 ) -> None:
     from fakeclock import FakeClock
 
+    clock = FakeClock(1.0)
     config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path / "state"))
-    controller = Controller.open(config, CONFIG, clock=FakeClock(1.0))
+    controller = Controller.open(config, CONFIG, clock=clock)
     _break(tmp_path / "state")
-    controller._guard("state save", controller._save)  # the loop's save fails, and is logged
+    w = Worker(namespace, 0, clock)
+    with caplog.at_level(logging.ERROR):  # a new profile is saved on the loop: it fails, logged
+        assert w.register(0, "decode", serve=controller.step)["op"] == "registered"
+    w.close()
+    assert controller.counts["errors"] == 1 and len(caplog.records) == 1
+    assert "state save" in caplog.records[0].getMessage()
+    caplog.clear()
     with caplog.at_level(logging.ERROR), pytest.raises(StateError, match="final state save"):
         controller.close()  # in the same 10 s: the loop's errors would be throttled
     assert any("final state save" in r.getMessage() for r in caplog.records)
