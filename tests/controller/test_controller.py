@@ -71,6 +71,7 @@ def test_events_flow_into_decisions_and_snapshots_advance(
     assert version > 1 and 40 in gears and 32 not in gears  # added at the median, unused evicted
     reasons = [c[3] for c in payload["profiles"]["decode"]["changes"]]
     assert controller.counts["folded"] == 120 and controller.rounds["count"] >= 2
+    controller.saver.wait()  # saves are written off the loop: the one in flight, if any
     saved = statefile.load(controller.config.state_path, clock.now(), POLICY)
     assert saved[0].version == version
     assert list(saved[0].profiles["decode"].gear_lists()["B"]) == gears
