@@ -20,12 +20,16 @@ devices" and "Hazards on the device", says why each holds.
   Captures run one at a time, on the backend's own stream, through `capture_begin(pool=,
   capture_error_mode="thread_local")`: no device synchronize and no `empty_cache()`, which
   `torch.cuda.graph` / `torch.npu.graph` do on entry. The warm-ups run first, outside the window.
-- **A failed capture** resets its graph and gives its pool back (ending the allocator's
-  recording into it with its own hooks when `capture_end` could not) and, if it had begun, makes
-  one good empty capture so that the default generator leaves capture mode; then it raises, and
-  the pool is never used again. A pool that could not be ended (no hook) stays recording in the
-  allocator: `collect()` then never calls `empty_cache()` again in this process (it would
-  assert). A capture refused for want of device streams (npu 207008) raises GraphLimit and the
+- **A failed capture** is always ended (`capture_end` after a begun one, whatever failed),
+  resets its graph and gives its pool back (ending the allocator's recording into it with its
+  own hooks when torch's `capture_end` could not) and, if it had begun, makes one good empty
+  capture so that the default generator leaves capture mode; then it raises, and the pool is
+  never used again. A pool that could not be ended (no hook) stays recording in the allocator:
+  `collect()` then never calls `empty_cache()` again in this process (it would assert). When
+  the hook had to end it, torch had not ended the pinned-host allocator's recording either,
+  which no Python hook can: its entry reads the CUDAGraph on every pinned allocation, so that
+  graph (reset) is kept for the life of the process (`_KEPT`, `stats["host_pools_left"]`).
+  A capture refused for want of device streams (npu 207008) raises GraphLimit and the
   backend refuses captures (`full`) until a graph is released.
 """
 
@@ -47,6 +51,7 @@ log = logging.getLogger(__name__)
 CAPTURE_MODE = "thread_local"  # other threads' allocations do not void the capture
 OUT_OF_STREAMS = ("207008", "Stream resources are insufficient")  # npu: no stream left
 _STUCK: set[tuple[str, int, Any]] = set()  # pools the allocator may still record into
+_KEPT: list[Any] = []  # graphs the pinned-host allocator may still read: never freed
 MemoryReading = tuple[int, int]
 
 
@@ -177,7 +182,7 @@ class DeviceBackend:
         with api.module.device(index):
             self.stream = api.module.Stream()
         self.stats = {"captures": 0, "capture_failures": 0, "collects": 0, "collects_skipped": 0,
-                      "stream_refusals": 0}
+                      "stream_refusals": 0, "host_pools_left": 0}
 
     def graph(self, fn: Callable[[], Any]) -> DeviceGraph:
         return DeviceGraph(self, fn)
@@ -313,13 +318,26 @@ class DeviceBackend:
             graph.reset()
         if ended:
             return
-        hooks = (self.api.end_allocate, self.api.release_pool)
-        for hook in hooks:
-            if hook is not None:
-                with contextlib.suppress(Exception):  # e.g. "not currently recording"
-                    hook(self.index, pool)
-        if self.api.end_allocate is None:
+        end, release = self.api.end_allocate, self.api.release_pool
+        ended_here = False
+        if end is not None:
+            try:
+                end(self.index, pool)
+                ended_here = True  # torch's capture_end raised before ending either allocator
+            except Exception:  # "not currently recording": torch ended both (pytorch #180395)
+                pass
+        if release is not None:
+            with contextlib.suppress(Exception):  # torch's reset may have released it already
+                release(self.index, pool)
+        if end is None:
             _STUCK.add((self.kind, self.index, pool))
+        if end is None or ended_here:  # the pinned-host allocator still records into `pool`
+            _KEPT.append(graph)
+            self.stats["host_pools_left"] += 1
+            log.warning("%s:%d: a voided capture left the pinned-host allocator recording into"
+                        " pool %s (torch ends it only from capture_end since pytorch PR"
+                        " #180395): its graph is kept, and every pinned allocation checks it",
+                        self.kind, self.index, pool)
 
 
 class DeviceGraph:
