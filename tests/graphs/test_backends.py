@@ -138,13 +138,14 @@ def test_the_npu_backend_is_the_device_backend_with_a_graph_cap(
 def test_processes_on_one_npu_stop_at_its_stream_budget_together(
     namespace: str, spawn: Spawn, mp: BaseContext
 ) -> None:
-    held, go, released = mp.Event(), mp.Event(), mp.Event()
-    child = spawn(stream_procs.capture, namespace, 8, held, go, released)
+    held, go, released, leave = mp.Event(), mp.Event(), mp.Event(), mp.Event()
+    child = spawn(stream_procs.capture, namespace, 8, held, go, released, leave)
     fake = FakeCuda()
     ledger = StreamLedger.open(namespace, 0, 8)
     try:
         backend = fake.backend(kind="npu", streams=ledger, streams_per_graph=3)
         assert held.wait(WAIT)  # the other process holds two graphs: 6 of 8 streams
+        assert backend.shared_room() == 0  # what a runner's room() reports: the plan stops
         graph = backend.graph(lambda: fake.op(lambda: torch.ones(2)))
         with pytest.raises(GraphLimit, match="processes hold 6 of the device's 8 streams"):
             graph.capture()
@@ -152,7 +153,9 @@ def test_processes_on_one_npu_stop_at_its_stream_budget_together(
         assert backend.stats["budget_refusals"] == 1 and ledger.total() == 6
         go.set()
         assert released.wait(WAIT)
+        assert backend.shared_room() == 1
         assert graph.capture().eq(1).all() and ledger.total() == 6
+        leave.set()
         child.join(WAIT)
         assert child.exitcode == 0 and ledger.total() == 3  # the exited one's 3: cleared
     finally:

@@ -19,8 +19,11 @@ def hold(namespace: str, budget: int, n: int, held: Event, go: Event) -> None:
     ledger.close()
 
 
-def capture(namespace: str, budget: int, held: Event, go: Event, released: Event) -> None:
-    """Hold two graphs of 3 streams on a fake npu; on `go`, release one and say so."""
+def capture(
+    namespace: str, budget: int, held: Event, go: Event, released: Event, leave: Event
+) -> None:
+    """Hold two graphs of 3 streams on a fake npu; on `go`, release one and say so; on
+    `leave`, exit holding the other."""
     from graphs.fake_device import FakeCuda
 
     fake = FakeCuda()
@@ -34,4 +37,5 @@ def capture(namespace: str, budget: int, held: Event, go: Event, released: Event
     go.wait(WAIT)
     graphs[0].reset()
     released.set()
+    leave.wait(WAIT)
     ledger.close()

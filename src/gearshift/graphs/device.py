@@ -217,6 +217,15 @@ class DeviceBackend:
             f"{self.limit_reason or 'Capture fewer graphs.'}"
         )
 
+    def shared_room(self) -> int | None:
+        """Graphs the device's shared stream budget still has room for (None: no ledger)."""
+        if self.streams is None and self.share_streams:
+            self.streams = streams.ledger(self.index)
+        ledger = self.streams
+        if ledger is None:
+            return None
+        return max(ledger.budget - ledger.total(), 0) // self.streams_per_graph
+
     def give_streams(self) -> None:
         if self.streams is not None:
             self.streams.give(self.streams_per_graph)

@@ -94,6 +94,9 @@ class StreamLedger:
                 return self.budget
             others = self._others()
             entry = self._entry()
+            if entry is None:
+                log.warning("%s: all %d entries are taken by live processes",
+                            self.seg.name, self.entries)
             if entry is None or others + self.held + n > self.budget:
                 return others
             self.held += n
