@@ -201,9 +201,7 @@ class DeviceBackend:
     def take_streams(self) -> None:
         """Count a new graph's streams in the shared ledger (if any); GraphLimit, naming what
         the device's processes hold, if they would pass its budget."""
-        if self.streams is None and self.share_streams:
-            self.streams = streams.ledger(self.index)
-        ledger, n = self.streams, self.streams_per_graph
+        ledger, n = self._ledger(), self.streams_per_graph
         if ledger is None:
             return
         others = ledger.take(n)
@@ -219,9 +217,7 @@ class DeviceBackend:
 
     def shared_room(self) -> int | None:
         """Graphs the device's shared stream budget still has room for (None: no ledger)."""
-        if self.streams is None and self.share_streams:
-            self.streams = streams.ledger(self.index)
-        ledger = self.streams
+        ledger = self._ledger()
         if ledger is None:
             return None
         return max(ledger.budget - ledger.total(), 0) // self.streams_per_graph
@@ -229,6 +225,11 @@ class DeviceBackend:
     def give_streams(self) -> None:
         if self.streams is not None:
             self.streams.give(self.streams_per_graph)
+
+    def _ledger(self) -> Any:
+        if self.streams is None and self.share_streams:  # connect() may install it later
+            self.streams = streams.ledger(self.index)
+        return self.streams
 
     def _out_of_streams(self, error: BaseException) -> None:
         """Raise GraphLimit (and be `full`) if the device refused the capture for want of
