@@ -21,8 +21,15 @@ mirror them):
   pool and are recorded, and `replay()` runs them again into the same tensors. `synchronize()`
   on the capturing thread, or on any thread in "global" mode, and a new segment for another
   thread in "global" mode, fail and void the capture; `capture_end()` of a voided capture raises
-  and leaves its pool recording, with its use (`endAllocateToPool` comes after
-  `cudaStreamEndCapture`'s check). While a pool records, an allocation gets no free-and-retry
+  and, as torch before pytorch PR #180395 (`void="raise"`), leaves its pool recording in both
+  allocators, with its use (`endAllocateToPool` and the host allocator's
+  `end_allocate_to_pool` come after `cudaStreamEndCapture`'s check); `void="end"` (#180395)
+  ends both recordings first and still releases nothing on `reset()`; `void="unwind"` (#190348,
+  `allocated_pool_` / `capturing_to_pool_`) also ends, on `reset()`, a capture abandoned before
+  `capture_end`, and releases both pools of any capture that began.
+- The pinned-host allocator (`FakeHost`, `pinned()`): a graph pool per capture beside the
+  device's, whose recording entry reads its CUDAGraph on every pinned allocation.
+- While a pool records, an allocation gets no free-and-retry
   before out of memory (`malloc`: `release_cached_blocks` only if `captures_underway.empty()`).
 - `graph(...)`, the context manager: `synchronize()` and `empty_cache()` on entry, one default
   capture stream for the whole process (a class attribute in torch).
@@ -69,9 +76,11 @@ from graphs.fake_parts import (
     OVERHEAD,
     RNG_ERROR,
     STREAMS,
+    VOIDS,
     WORKSPACE,
     Capture,
     FakeGraph,
+    FakeHost,
     FakeStream,
     MiB,
     Pool,
@@ -86,7 +95,10 @@ __all__ = ["FakeCuda", "FakeGraph", "FakeStream", "MiB", "segment_size"]
 class FakeCuda:
     """The `torch.cuda` of `devices` fake devices of `total` bytes each (see the module)."""
 
-    def __init__(self, total: int = 1 << 30, devices: int = 1) -> None:
+    def __init__(self, total: int = 1 << 30, devices: int = 1, void: str = "raise") -> None:
+        assert void in VOIDS, void
+        self.void = void  # what torch does with a voided capture (see the module)
+        self.host = FakeHost()
         self.total = total  # what the allocator may take; the device has OVERHEAD more
         self.lock = threading.RLock()  # the allocator's mutex
         self.pools: list[dict[Any, Pool]] = [{DEFAULT: Pool()} for _ in range(devices)]
@@ -197,6 +209,7 @@ class FakeCuda:
             entry = self.pools[device][pool]
             entry.use_count -= 1
             if entry.use_count < 0:
+                self.calls["internal_assert"] += 1
                 raise RuntimeError("INTERNAL ASSERT FAILED: uc >= 0")
             if entry.use_count == 0:
                 self.freeable[device].add(pool)
@@ -217,6 +230,12 @@ class FakeCuda:
             alias = tuple(_alias(a) if isinstance(a, torch.Tensor) else a for a in args)
             capture.graph.tape.append((fn, alias, _alias(out)))
         return out
+
+    def pinned(self, nbytes: int) -> torch.Tensor:
+        """`torch.empty(nbytes, pin_memory=True)`: the pinned-host allocator's `allocate`."""
+        with self.lock:
+            self.host.allocate(self.current_stream())
+        return torch.empty(nbytes, dtype=torch.uint8)
 
     def gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """`a @ b` as a cuBLAS kernel: through its stream's workspace (see the module)."""

@@ -1,9 +1,11 @@
 """The fake device's parts (tests/graphs/fake_device.py says what they model): memory
-segments and pools, streams, cuBLAS-like workspaces, captures and the graph class."""
+segments and pools, streams, cuBLAS-like workspaces, the pinned-host allocator's graph pools,
+captures and the graph class."""
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,6 +22,7 @@ WORKSPACE = 4 * MiB  # a cuBLAS-like workspace (a 20 MiB segment)
 OVERHEAD = 300 * MiB  # the context's, outside the allocator
 EXEC_BYTES = 256 << 10  # device memory of one instantiated graph, outside the allocator
 RNG_ERROR = "Offset increment outside graph capture encountered unexpectedly."
+VOIDS = ("raise", "end", "unwind")  # what torch does with a voided capture (FakeCuda's `void`)
 
 
 def segment_size(nbytes: int) -> int:
@@ -72,6 +75,58 @@ class Workspace:
     graphs: set[Any] = field(default_factory=set)
 
 
+class FakeHost:
+    """The pinned-host allocator's graph pools (`CachingHostAllocatorImpl` in
+    `aten/src/ATen/core/CachingHostAllocator.h`; `CUDAGraph::capture_begin` calls its
+    `begin_allocate_to_pool` with a stream filter that reads the graph's `capture_id_`, a
+    closure over the CUDAGraph itself). While any pool records (`captures_underway_`), every
+    pinned allocation runs every entry's filter: one whose graph is gone is a use after free.
+    No Python binding ends or releases a host pool: only the CUDAGraph does."""
+
+    def __init__(self) -> None:
+        self.recording: list[tuple[Any, weakref.ref[FakeGraph]]] = []
+        self.use: dict[Any, int] = {}
+        self.freeable: set[Any] = set()
+        self.filtered = 0  # pinned allocations that ran the filters (the slow path)
+
+    def begin(self, pool: Any, graph: FakeGraph) -> None:
+        if pool in self.use and self.use[pool] <= 0:
+            raise RuntimeError("INTERNAL ASSERT FAILED: it->second->use_count > 0")
+        if any(p == pool for p, _ in self.recording):
+            raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
+        self.use[pool] = self.use.get(pool, 0) + 1
+        self.recording.append((pool, weakref.ref(graph)))
+
+    def end(self, pool: Any) -> None:
+        for i, (p, _) in enumerate(self.recording):
+            if p == pool:
+                del self.recording[i]
+                return
+        raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+
+    def release(self, pool: Any) -> None:
+        self.use[pool] -= 1
+        if self.use[pool] < 0:
+            raise RuntimeError("INTERNAL ASSERT FAILED: uc >= 0")
+        if self.use[pool] == 0:
+            self.freeable.add(pool)
+
+    def allocate(self, stream: FakeStream) -> Any:
+        """The pool a pinned allocation on `stream` lands in (None: the default one)."""
+        if not self.recording:
+            return None  # captures_underway_empty_: the fast path
+        self.filtered += 1
+        for pool, ref in self.recording:
+            graph = ref()
+            if graph is None:
+                raise RuntimeError("use after free: a pinned allocation ran the stream filter of"
+                                   " a destroyed CUDAGraph (its capture never ended in the"
+                                   " pinned-host allocator)")
+            if graph.capture is not None and graph.capture.stream is stream:
+                return pool
+        return None
+
+
 @dataclass(eq=False)
 class Capture:
     """A stream capture underway."""
@@ -96,6 +151,8 @@ class FakeGraph:
         self.capture: Capture | None = None
         self.stream: FakeStream | None = None
         self.workspaces: set[Workspace] = set()
+        self.routing = False  # both allocators record into its pool (`capturing_to_pool_`)
+        self.began = False  # it holds its pools (`allocated_pool_`)
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
         f = self.fake
@@ -116,6 +173,8 @@ class FakeGraph:
             if pid in f.recording[device]:
                 raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
             f.recording[device].append(pid)
+            f.host.begin(pid, self)
+            self.routing = self.began = True
             self.capture = Capture(self, stream, threading.get_ident(), capture_error_mode)
             f.captures.append(self.capture)
             self.pool_id, self.device, self.stream = pid, device, stream
@@ -131,12 +190,19 @@ class FakeGraph:
                 raise RuntimeError("Capture must end on the same stream it began on.")
             f.captures.remove(capture)  # the stream's capture ends, voided or not
             self.capture = None
+            if capture.voided and f.void == "raise":  # AT_CUDA_CHECK before the ends
+                raise RuntimeError("cudaErrorStreamCaptureInvalidated: the capture was voided")
+            self._end_routing()
             if capture.voided:
                 raise RuntimeError("cudaErrorStreamCaptureInvalidated: the capture was voided")
-            f.recording[self.device].remove(self.pool_id)
             f.rng_capturing[self.device] = False  # capture_epilogue: only after a good end
             self.ended = True
             f.live_graphs += 1
+
+    def _end_routing(self) -> None:
+        self.fake.recording[self.device].remove(self.pool_id)
+        self.fake.host.end(self.pool_id)
+        self.routing = False
 
     def replay(self) -> None:
         if not self.ended:
@@ -158,10 +224,15 @@ class FakeGraph:
             self.capture = None  # a stream still capturing goes on capturing (as in torch)
             if self.stream is not None:  # PR #175276: its capture stream's workspaces go
                 self.fake.clear_workspaces(self.stream)
-            if self.ended:
-                self.fake.release_pool(self.device, self.pool_id)
-                self.fake.live_graphs -= 1
-                self.ended = False
+            f = self.fake
+            unwinds = f.void == "unwind"  # pytorch PR #190348: an abandoned capture's pools too
+            if self.routing and unwinds:
+                self._end_routing()
+            if self.ended or (self.began and unwinds):
+                f.release_pool(self.device, self.pool_id)
+                f.host.release(self.pool_id)
+                f.live_graphs -= self.ended
+                self.ended = self.began = False
             for ws in self.workspaces:
                 ws.graphs.discard(self)
             self.tape, self.workspaces = [], set()

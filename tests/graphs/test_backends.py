@@ -7,13 +7,16 @@ import sys
 import threading
 import types
 from collections.abc import Callable
+from multiprocessing.context import BaseContext
 from typing import Any
 
 import pytest
 import torch
+from shm import stream_procs
+from shm.procs import WAIT, Spawn
 
 import gearshift as gs
-from gearshift.graphs import device
+from gearshift.graphs import device, streams
 from gearshift.graphs.backends import (
     NPU_LIMIT,
     NPU_MAX_GRAPHS,
@@ -23,6 +26,7 @@ from gearshift.graphs.backends import (
     npu_backend,
 )
 from gearshift.graphs.pool import GraphLimit, GraphResourcePool
+from gearshift.shm.streams import StreamLedger
 from graphs.fake_device import FakeCuda
 
 
@@ -105,16 +109,58 @@ def _stand_in_npu(monkeypatch: pytest.MonkeyPatch, graphs: bool = True) -> FakeC
 
 
 def test_the_npu_backend_is_the_device_backend_with_a_graph_cap(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, namespace: str
 ) -> None:
     fake = _stand_in_npu(monkeypatch)
     backend = npu_backend(0)
     assert (backend.kind, backend.max_graphs, backend.limit_reason) == ("npu", 1920, NPU_LIMIT)
     assert NPU_MAX_GRAPHS == 1920 and "2,048 streams" in NPU_LIMIT
-    assert npu_backend(0, streams_per_graph=33, processes=2).max_graphs == 1920 // 33 // 2
+    assert npu_backend(0, streams_per_graph=33).max_graphs == 1920 // 33
     assert backend.api.end_allocate == fake.end_allocate  # the recovery hooks are found
     graph = backend.graph(lambda: fake.op(lambda: torch.ones(3)))
     assert graph.capture().eq(1).all() and fake.calls["empty_cache"] == 0
+    assert backend.streams is None  # no ledger installed: only this process's cap
+    graph.reset()
+    streams.install(lambda index: StreamLedger.open(namespace, index, streams.NPU_BUDGET))
+    try:  # as connect() installs it: counted in the device's ledger until the reset
+        graph = backend.graph(lambda: fake.op(lambda: torch.ones(3)))
+        graph.capture()
+        assert backend.streams.budget == 1920 and backend.streams.total() == 1
+        graph.reset()
+        assert backend.streams.total() == 0
+    finally:
+        streams.install(None)
+        if backend.streams is not None:
+            backend.streams.unlink()
+            backend.streams.close()
+
+
+def test_processes_on_one_npu_stop_at_its_stream_budget_together(
+    namespace: str, spawn: Spawn, mp: BaseContext
+) -> None:
+    held, go, released, leave = mp.Event(), mp.Event(), mp.Event(), mp.Event()
+    child = spawn(stream_procs.capture, namespace, 8, held, go, released, leave)
+    fake = FakeCuda()
+    ledger = StreamLedger.open(namespace, 0, 8)
+    try:
+        backend = fake.backend(kind="npu", streams=ledger, streams_per_graph=3)
+        assert held.wait(WAIT)  # the other process holds two graphs: 6 of 8 streams
+        assert backend.shared_room() == 0  # what a runner's room() reports: the plan stops
+        graph = backend.graph(lambda: fake.op(lambda: torch.ones(2)))
+        with pytest.raises(GraphLimit, match="processes hold 6 of the device's 8 streams"):
+            graph.capture()
+        assert fake.calls["replay"] == 0 and not fake.pools[0].keys() - {None}  # none tried
+        assert backend.stats["budget_refusals"] == 1 and ledger.total() == 6
+        go.set()
+        assert released.wait(WAIT)
+        assert backend.shared_room() == 1
+        assert graph.capture().eq(1).all() and ledger.total() == 6
+        leave.set()
+        child.join(WAIT)
+        assert child.exitcode == 0 and ledger.total() == 3  # the exited one's 3: cleared
+    finally:
+        ledger.unlink()
+        ledger.close()
 
 
 def test_npu_refuses_task_queue_level_2_and_a_torch_npu_without_graphs(

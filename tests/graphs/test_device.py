@@ -19,6 +19,7 @@ W = torch.randn(64, 64)
 def no_stuck_pools() -> Iterator[None]:
     yield
     device._STUCK.clear()  # process-wide: a test that leaves a pool stuck must not spill over
+    device._KEPT.clear()
 
 
 def body(fake: FakeCuda, x: torch.Tensor) -> torch.Tensor:

@@ -128,10 +128,16 @@ class AdaptiveRunner:
         return sorted(self._variants)
 
     def room(self) -> tuple[int | None, str]:
-        """How many more graphs the pool may hold (None: no cap), and why it is capped."""
+        """How many more graphs the pool may hold (None: no cap), and why it is capped: the
+        pool's cap, or fewer where the device's processes share its streams (`shared_room`)."""
         cap = self.pool.max_graphs
         why = getattr(self.backend, "limit_reason", "") or "the pool's max_graphs"
-        return (None if cap is None else max(cap - len(self.pool), 0)), why
+        free = None if cap is None else max(cap - len(self.pool), 0)
+        shared = getattr(self.backend, "shared_room", None)
+        more = shared() if shared is not None else None
+        if more is not None and (free is None or more < free):
+            return more, f"the device's processes hold its streams; {why}"
+        return free, why
 
     def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
         """Capture the given variants (dim -> gear) that are not ready, largest first; returns

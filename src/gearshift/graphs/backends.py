@@ -21,24 +21,26 @@ from torch.utils._pytree import tree_leaves
 
 from gearshift.errors import BackendUnavailable, ConfigError
 from gearshift.graphs.device import DeviceApi, DeviceBackend, MemoryReading
+from gearshift.graphs.streams import NPU_BUDGET as NPU_BUDGET
+from gearshift.graphs.streams import NPU_SPARE_STREAMS as NPU_SPARE_STREAMS
+from gearshift.graphs.streams import NPU_STREAMS as NPU_STREAMS
 
-NPU_STREAMS = 2048  # per device, shared by every process on it
-NPU_SPARE_STREAMS = 128  # kept for the runtime and communication (as vllm-ascend keeps)
 NPU_LIMIT = (
     "an NPU has 2,048 streams per device, shared by its processes (128 kept spare), and each"
     " graph holds `streams_per_graph` of them (past them capture fails with 207008 'Stream"
-    " resources are insufficient'); a profile needs one graph per combination of gears: the"
+    " resources are insufficient'); the workers of a namespace count theirs together in the"
+    " device's stream ledger; a profile needs one graph per combination of gears: the"
     " product of its gear counts over its dims"
 )
 
 
-def npu_graph_cap(streams_per_graph: int = 1, processes: int = 1) -> int:
-    """Graphs one process may hold on an NPU: its share of the device's streams (`processes`
-    capturing processes on the device), `streams_per_graph` a graph (piecewise graphs: layers
-    + 1; communication groups more)."""
-    if streams_per_graph < 1 or processes < 1:
-        raise ConfigError("npu", "streams_per_graph and processes must be at least 1")
-    return (NPU_STREAMS - NPU_SPARE_STREAMS) // streams_per_graph // processes
+def npu_graph_cap(streams_per_graph: int = 1) -> int:
+    """Graphs one process may hold on an NPU alone, `streams_per_graph` a graph (piecewise
+    graphs: layers + 1; communication groups more); what the device's other processes hold
+    is counted in its stream ledger (`graphs.streams`)."""
+    if streams_per_graph < 1:
+        raise ConfigError("npu", "streams_per_graph must be at least 1")
+    return NPU_BUDGET // streams_per_graph
 
 
 NPU_MAX_GRAPHS = npu_graph_cap()
@@ -161,10 +163,11 @@ def cuda_backend(index: int) -> DeviceBackend:
     return DeviceBackend(DeviceApi("cuda", torch.cuda, torch.cuda.CUDAGraph, *hooks), index)
 
 
-def npu_backend(index: int, streams_per_graph: int = 1, processes: int = 1) -> DeviceBackend:
-    """A new backend of NPU `index`, its graphs capped by `npu_graph_cap`: BackendUnavailable
-    without torch_npu and a device, with a torch_npu older than NPU graphs, or with
-    `TASK_QUEUE_ENABLE=2` (NPU capture refuses it)."""
+def npu_backend(index: int, streams_per_graph: int = 1) -> DeviceBackend:
+    """A new backend of NPU `index`, its graphs capped by `npu_graph_cap` and counted in the
+    device's stream ledger (`graphs.streams`, once `connect()` installed it):
+    BackendUnavailable without torch_npu and a device, with a torch_npu older than NPU graphs,
+    or with `TASK_QUEUE_ENABLE=2` (NPU capture refuses it)."""
     try:
         import torch_npu  # registers torch.npu
     except (ImportError, OSError, RuntimeError) as e:
@@ -190,8 +193,9 @@ def npu_backend(index: int, streams_per_graph: int = 1, processes: int = 1) -> D
     names = ("_npu_endAllocateCurrentStreamToPool", "_npu_releasePool")
     hooks = (getattr(torch_npu._C, n, None) for n in names)
     api = DeviceApi("npu", npu, npu.NPUGraph, *hooks)
-    cap = npu_graph_cap(streams_per_graph, processes)
-    return DeviceBackend(api, index, max_graphs=cap, limit_reason=NPU_LIMIT)
+    cap = npu_graph_cap(streams_per_graph)
+    return DeviceBackend(api, index, max_graphs=cap, limit_reason=NPU_LIMIT, share_streams=True,
+                         streams_per_graph=streams_per_graph)
 
 
 def backend_for(device: str | torch.device) -> Backend:

@@ -20,120 +20,51 @@ devices" and "Hazards on the device", says why each holds.
   Captures run one at a time, on the backend's own stream, through `capture_begin(pool=,
   capture_error_mode="thread_local")`: no device synchronize and no `empty_cache()`, which
   `torch.cuda.graph` / `torch.npu.graph` do on entry. The warm-ups run first, outside the window.
-- **A failed capture** resets its graph and gives its pool back (ending the allocator's
-  recording into it with its own hooks when `capture_end` could not) and, if it had begun, makes
-  one good empty capture so that the default generator leaves capture mode; then it raises, and
-  the pool is never used again. A pool that could not be ended (no hook) stays recording in the
-  allocator: `collect()` then never calls `empty_cache()` again in this process (it would
-  assert). A capture refused for want of device streams (npu 207008) raises GraphLimit and the
+- **A failed capture** is always ended (`capture_end` after a begun one, whatever failed),
+  resets its graph and gives its pool back (ending the allocator's recording into it with its
+  own hooks when torch's `capture_end` could not) and, if it had begun, makes one good empty
+  capture so that the default generator leaves capture mode; then it raises, and the pool is
+  never used again. A pool that could not be ended (no hook) stays recording in the allocator:
+  `collect()` then never calls `empty_cache()` again in this process (it would assert). When
+  the hook had to end it, torch had not ended the pinned-host allocator's recording either,
+  which no Python hook can: its entry reads the CUDAGraph on every pinned allocation, so that
+  graph (reset) is kept for the life of the process (`_KEPT`, `stats["host_pools_left"]`).
+  A capture refused for want of device streams (npu 207008) raises GraphLimit and the
   backend refuses captures (`full`) until a graph is released.
+- **Streams shared by the processes of a device** (npu): with a `streams` ledger
+  (`graphs.streams`; a worker's is `shm.streams.StreamLedger`), each graph counts
+  `streams_per_graph` in it from before its capture until its reset; a capture that would
+  take the device's processes past the budget raises GraphLimit, naming what they hold,
+  before anything is tried.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from gearshift.errors import GearshiftError
+from gearshift.graphs import streams
+from gearshift.graphs.window import GUARD as GUARD
+from gearshift.graphs.window import CaptureGuard as CaptureGuard
+from gearshift.graphs.window import outside_capture as outside_capture
 
 log = logging.getLogger(__name__)
 CAPTURE_MODE = "thread_local"  # other threads' allocations do not void the capture
 OUT_OF_STREAMS = ("207008", "Stream resources are insufficient")  # npu: no stream left
 _STUCK: set[tuple[str, int, Any]] = set()  # pools the allocator may still record into
+_KEPT: list[Any] = []  # graphs the pinned-host allocator may still read: never freed
 MemoryReading = tuple[int, int]
 
 
 class GraphLimit(GearshiftError):
     """A device holds as many graphs as it may: no capture beyond; the message says why."""
-
-
-class CaptureGuard:
-    """The capture window of a process: `exclusive()` for a recording, `shared()` for what must
-    not overlap one. Shared sections run together and nest on a thread; a recording waits for
-    them to end, and new ones wait while a recording is underway or waiting (so neither side
-    starves: a shared section waits for one recording at most)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._shared = self._waiting = 0
-        self._capturing = False
-        self._local = threading.local()
-        self.blocked = 0  # shared sections waiting now (for tests and stats)
-        self._section = _Shared(self)
-
-    def shared(self) -> contextlib.AbstractContextManager[None]:
-        return self._section
-
-    def _enter(self) -> None:
-        local = self._local
-        depth = getattr(local, "depth", 0)
-        local.depth = depth + 1
-        if depth:
-            return
-        with self._cond:
-            if self._capturing or self._waiting:
-                self.blocked += 1
-                self._cond.wait_for(lambda: not (self._capturing or self._waiting))
-                self.blocked -= 1
-            self._shared += 1
-
-    def _exit(self) -> None:
-        local = self._local
-        local.depth -= 1
-        if local.depth:
-            return
-        with self._cond:
-            self._shared -= 1
-            if not self._shared and self._waiting:
-                self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        if getattr(self._local, "depth", 0):
-            raise RuntimeError("a capture inside outside_capture() would wait for itself")
-        with self._cond:
-            self._waiting += 1
-            self._cond.wait_for(lambda: not (self._capturing or self._shared))
-            self._waiting -= 1
-            self._capturing = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._capturing = False
-                self._cond.notify_all()
-
-
-class _Shared:
-    """`CaptureGuard.shared()`: a plain context manager (the request path takes it per run)."""
-
-    __slots__ = ("guard",)
-
-    def __init__(self, guard: CaptureGuard) -> None:
-        self.guard = guard
-
-    def __enter__(self) -> None:
-        self.guard._enter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.guard._exit()
-
-
-GUARD = CaptureGuard()
-
-
-def outside_capture() -> contextlib.AbstractContextManager[None]:
-    """Hold off gearshift's captures in this process while the block runs (waiting for one
-    underway to end): wrap in it any device-wide synchronize and any sampling on the default
-    cuda/npu generator that may run while gearshift captures (`gs.outside_capture()`)."""
-    return GUARD.shared()
 
 
 @dataclass(frozen=True)
@@ -160,8 +91,11 @@ class DeviceBackend:
     """Graphs of one device: a pool per graph, captured on `stream` (made once, on the device).
 
     `max_graphs`: the most graphs the device may hold (None: no cap), with `limit_reason`
-    saying why; `full`: the device refused a capture for want of streams (until a release).
-    `stats`: captures, capture failures, collects, collects skipped, stream refusals."""
+    saying why; `full`: the device refused a capture for want of streams (until a release);
+    `streams`: the device's ledger shared with the other processes on it (None: none; with
+    `share_streams`, the installed one's, `graphs.streams.ledger`, once there is one), in which
+    each graph counts `streams_per_graph`. `stats`: captures, capture failures, collects,
+    collects skipped, stream refusals (the device's), budget refusals (the ledger's)."""
 
     def __init__(
         self,
@@ -170,14 +104,19 @@ class DeviceBackend:
         warmup: int = 2,
         max_graphs: int | None = None,
         limit_reason: str = "",
+        streams: Any = None,
+        streams_per_graph: int = 1,
+        share_streams: bool = False,
     ) -> None:
         self.api, self.kind, self.index, self.warmup = api, api.kind, index, warmup
         self.max_graphs, self.limit_reason = max_graphs, limit_reason
+        self.streams, self.streams_per_graph = streams, streams_per_graph
+        self.share_streams = share_streams
         self.full = False
         with api.module.device(index):
             self.stream = api.module.Stream()
         self.stats = {"captures": 0, "capture_failures": 0, "collects": 0, "collects_skipped": 0,
-                      "stream_refusals": 0}
+                      "stream_refusals": 0, "budget_refusals": 0, "host_pools_left": 0}
 
     def graph(self, fn: Callable[[], Any]) -> DeviceGraph:
         return DeviceGraph(self, fn)
@@ -259,6 +198,39 @@ class DeviceBackend:
             held = None if before is None or after is None else max(after - before, 0)
             return outputs, held
 
+    def take_streams(self) -> None:
+        """Count a new graph's streams in the shared ledger (if any); GraphLimit, naming what
+        the device's processes hold, if they would pass its budget."""
+        ledger, n = self._ledger(), self.streams_per_graph
+        if ledger is None:
+            return
+        others = ledger.take(n)
+        if others is None:
+            return
+        self.stats["budget_refusals"] += 1
+        raise GraphLimit(
+            f"{self.kind}:{self.index}: its processes hold {others + ledger.held} of the"
+            f" device's {ledger.budget} streams (this one {ledger.held}) and a graph takes {n};"
+            " no capture until one of them releases a graph. "
+            f"{self.limit_reason or 'Capture fewer graphs.'}"
+        )
+
+    def shared_room(self) -> int | None:
+        """Graphs the device's shared stream budget still has room for (None: no ledger)."""
+        ledger = self._ledger()
+        if ledger is None:
+            return None
+        return max(ledger.budget - ledger.total(), 0) // self.streams_per_graph
+
+    def give_streams(self) -> None:
+        if self.streams is not None:
+            self.streams.give(self.streams_per_graph)
+
+    def _ledger(self) -> Any:
+        if self.streams is None and self.share_streams:  # connect() may install it later
+            self.streams = streams.ledger(self.index)
+        return self.streams
+
     def _out_of_streams(self, error: BaseException) -> None:
         """Raise GraphLimit (and be `full`) if the device refused the capture for want of
         streams; else return (the caller raises `error`)."""
@@ -313,13 +285,26 @@ class DeviceBackend:
             graph.reset()
         if ended:
             return
-        hooks = (self.api.end_allocate, self.api.release_pool)
-        for hook in hooks:
-            if hook is not None:
-                with contextlib.suppress(Exception):  # e.g. "not currently recording"
-                    hook(self.index, pool)
-        if self.api.end_allocate is None:
+        end, release = self.api.end_allocate, self.api.release_pool
+        ended_here = False
+        if end is not None:
+            try:
+                end(self.index, pool)
+                ended_here = True  # torch's capture_end raised before ending either allocator
+            except Exception:  # "not currently recording": torch ended both (pytorch #180395)
+                pass
+        if release is not None:
+            with contextlib.suppress(Exception):  # torch's reset may have released it already
+                release(self.index, pool)
+        if end is None:
             _STUCK.add((self.kind, self.index, pool))
+        if end is None or ended_here:  # the pinned-host allocator still records into `pool`
+            _KEPT.append(graph)
+            self.stats["host_pools_left"] += 1
+            log.warning("%s:%d: a voided capture left the pinned-host allocator recording into"
+                        " pool %s (torch ends it only from capture_end since pytorch PR"
+                        " #180395): its graph is kept, and every pinned allocation checks it",
+                        self.kind, self.index, pool)
 
 
 class DeviceGraph:
@@ -343,18 +328,24 @@ class DeviceGraph:
         if backend.full:
             raise GraphLimit(f"{backend.kind}:{backend.index} refused a capture for want of"
                              " streams: none is tried until a graph is released")
-        with mod.device(backend.index):
-            caller = mod.current_stream()
-            backend.stream.wait_stream(caller)  # the caller's writes (buffers) come first
-            with mod.stream(backend.stream):
-                with GUARD.shared():  # none records with what the warm-ups use
-                    backend.clear_workspaces()
-                for _ in range(backend.warmup):
-                    self.fn()
-                self.outputs, self.pool_bytes = backend.record(self.graph, backend.new_pool(),
-                                                               self.fn)
-                self.held = True
-            caller.wait_stream(backend.stream)
+        backend.take_streams()
+        try:
+            with mod.device(backend.index):
+                caller = mod.current_stream()
+                backend.stream.wait_stream(caller)  # the caller's writes (buffers) come first
+                with mod.stream(backend.stream):
+                    with GUARD.shared():  # none records with what the warm-ups use
+                        backend.clear_workspaces()
+                    for _ in range(backend.warmup):
+                        self.fn()
+                    self.outputs, self.pool_bytes = backend.record(
+                        self.graph, backend.new_pool(), self.fn)
+                    self.held = True
+                caller.wait_stream(backend.stream)
+        except BaseException:
+            if not self.held:
+                backend.give_streams()
+            raise
         return self.outputs
 
     def replay(self) -> None:
@@ -369,3 +360,4 @@ class DeviceGraph:
         self.fn = self.outputs = None
         if self.held:
             self.held = self.backend.full = False
+            self.backend.give_streams()

@@ -4,6 +4,7 @@
 - `SnapshotRegion`: one seqlocked, double-buffered msgpack snapshot per device (controller ->
   workers).
 - `Registry`: the control segment: controller identity, worker slots, per-slot mailboxes.
+- `StreamLedger` (`shm.streams`): the device streams each worker's graphs hold, per device.
 - `cleanup`: removes a namespace whose controller and workers are all dead.
 """
 

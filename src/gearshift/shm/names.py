@@ -7,9 +7,11 @@ Every object of a namespace derives its name from it, so `cleanup` finds all of 
     /gearshift.<ns>.ring.<slot>   event ring of worker slot <slot>
     /gearshift.<ns>.snap.<dev>    snapshot region of device <dev>
     /gearshift.<ns>.status        the controller's status document (a snapshot region)
+    /gearshift.<ns>.streams.<dev> stream ledger of device <dev> (streams.py)
 
-A name parses uniquely from the right (the suffix is `ctl`, `lock`, `status`, `ring.<digits>`
-or `snap.<digits>`), so namespace "a" never claims an object of namespace "a.ring".
+A name parses uniquely from the right (the suffix is `ctl`, `lock`, `status`, `ring.<digits>`,
+`snap.<digits>` or `streams.<digits>`), so namespace "a" never claims an object of namespace
+"a.ring".
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ def snapshot(namespace: str, device: int) -> str:
     return f"/gearshift.{validate(namespace)}.snap.{_index(device)}"
 
 
+def streams(namespace: str, device: int) -> str:
+    return f"/gearshift.{validate(namespace)}.streams.{_index(device)}"
+
+
 def status(namespace: str) -> str:
     return f"/gearshift.{validate(namespace)}.status"
 
@@ -77,7 +83,8 @@ def status(namespace: str) -> str:
 def segment_pattern(namespace: str) -> re.Pattern[str]:
     """Matches the /dev/shm entries (no leading '/') of the segments of `namespace`."""
     return re.compile(
-        rf"gearshift\.{re.escape(validate(namespace))}\.(ctl|status|ring\.\d+|snap\.\d+)"
+        rf"gearshift\.{re.escape(validate(namespace))}"
+        r"\.(ctl|status|ring\.\d+|snap\.\d+|streams\.\d+)"
     )
 
 

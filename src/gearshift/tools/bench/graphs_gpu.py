@@ -14,12 +14,14 @@ behaviour this one has, through raw torch beside it (what gearshift designs arou
 - `threads`: while this thread captures and resets graphs, another replays, samples on the
   default generator and synchronizes the device, guarded (`outside_capture`, the rule; 0
   errors wanted) and raw (what this torch does without the rule).
-- `void`: a capture voided by a device synchronize inside it; afterwards sampling, pinned
-  host memory, `collect()` and a new capture must work.
+- `void`: a capture voided by a device synchronize inside it; afterwards (its graph dropped and
+  collected) sampling, pinned host memory, `collect()` and a new capture must work; `stats`
+  says whether the backend kept the graph for the pinned-host allocator (`host_pools_left`).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -248,6 +250,7 @@ def probe_void() -> dict[str, Any]:
     checks: dict[str, Callable[[], object]] = {
         "forced_void": lambda: backend.graph(syncs).capture(),
         "rng_after_void": lambda: torch.randn(8, device="cuda"),
+        "gc_after_void": gc.collect,  # the voided graph is freed unless gearshift keeps it
         "pinned_after_void": lambda: torch.empty(1 << 20, pin_memory=True),
         "collect_after_void": lambda: backend.collect() or 1 / 0,
         "capture_after_void": lambda: backend.graph(lambda: x * 3).capture(),
@@ -256,8 +259,8 @@ def probe_void() -> dict[str, Any]:
         errors: list[str] = []
         _tried(fn, errors)
         out[name] = errors[0] if errors else "ok"
-    out["stats"] = dict(backend.stats)
-    return out
+    out["stats"] = dict(backend.stats)  # host_pools_left: 1 where torch's capture_end
+    return out  # ended neither allocator's recording (before pytorch PR #180395)
 
 
 if __name__ == "__main__":

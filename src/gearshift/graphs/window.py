@@ -1,0 +1,92 @@
+"""The capture window of a process (`GUARD`): a recording is exclusive, and what must not overlap
+one (device synchronizes, `empty_cache()`, resets, replays, and the user's device-wide syncs and
+default-generator sampling, `outside_capture()`) takes it shared and waits for it
+(`graphs.device` says why each; docs/architecture.md, "Hazards on the device")."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+
+class CaptureGuard:
+    """The capture window of a process: `exclusive()` for a recording, `shared()` for what must
+    not overlap one. Shared sections run together and nest on a thread; a recording waits for
+    them to end, and new ones wait while a recording is underway or waiting (so neither side
+    starves: a shared section waits for one recording at most)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._shared = self._waiting = 0
+        self._capturing = False
+        self._local = threading.local()
+        self.blocked = 0  # shared sections waiting now (for tests and stats)
+        self._section = _Shared(self)
+
+    def shared(self) -> contextlib.AbstractContextManager[None]:
+        return self._section
+
+    def _enter(self) -> None:
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        if depth:
+            return
+        with self._cond:
+            if self._capturing or self._waiting:
+                self.blocked += 1
+                self._cond.wait_for(lambda: not (self._capturing or self._waiting))
+                self.blocked -= 1
+            self._shared += 1
+
+    def _exit(self) -> None:
+        local = self._local
+        local.depth -= 1
+        if local.depth:
+            return
+        with self._cond:
+            self._shared -= 1
+            if not self._shared and self._waiting:
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        if getattr(self._local, "depth", 0):
+            raise RuntimeError("a capture inside outside_capture() would wait for itself")
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not (self._capturing or self._shared))
+            self._waiting -= 1
+            self._capturing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._capturing = False
+                self._cond.notify_all()
+
+
+class _Shared:
+    """`CaptureGuard.shared()`: a plain context manager (the request path takes it per run)."""
+
+    __slots__ = ("guard",)
+
+    def __init__(self, guard: CaptureGuard) -> None:
+        self.guard = guard
+
+    def __enter__(self) -> None:
+        self.guard._enter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.guard._exit()
+
+
+GUARD = CaptureGuard()
+
+
+def outside_capture() -> contextlib.AbstractContextManager[None]:
+    """Hold off gearshift's captures in this process while the block runs (waiting for one
+    underway to end): wrap in it any device-wide synchronize and any sampling on the default
+    cuda/npu generator that may run while gearshift captures (`gs.outside_capture()`)."""
+    return GUARD.shared()
