@@ -16,6 +16,10 @@ and npu its replay is recorded as a device graph: compile, then capture). Hence:
   lists the breaks (`torch._dynamo.explain`), logs them once as a warning, keeps them in
   `graph_breaks` and compiles this and later variants with `fullgraph=False` (the parts
   between breaks run eagerly inside the compiled function; nothing is silently left out).
+- On a device, gearshift's graph is the only one: compile options that make Inductor capture
+  device graphs of its own inside it (`mode` "reduce-overhead" or "max-autotune", option
+  `triton.cudagraphs`; Dynamo's "cudagraphs" backend) are refused (ConfigError): their
+  captures would run inside gearshift's and outside its capture window.
 - Compiles run where captures do, on the caller's (the swap) thread, never a request's; the
   compile is timed as part of the capture, so the graph's measured capture seconds include
   it (cold or from Inductor's caches) and reach the controller as any capture's. Each compile
@@ -45,6 +49,7 @@ import torch
 
 from gearshift.clock import Clock, MonotonicClock
 from gearshift.core.dims import Variant
+from gearshift.errors import ConfigError
 from gearshift.graphs.adaptive import AdaptiveRunner
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.graphs.transform import Transform
@@ -118,6 +123,8 @@ class CompiledRunner(AdaptiveRunner):
         self.clock = clock
         self._options: dict[str, Any] = {"backend": compile_backend, "mode": mode,
                                          "options": None if options is None else dict(options)}
+        if self.backend.kind != "cpu":
+            _refuse_own_graphs(self.backend.kind, compile_backend, mode, options)
         self.fullgraph = True  # until the first graph break
         self.graph_breaks: list[str] = []
         self.compiles: deque[Compile] = deque(maxlen=MAX_COMPILES)
@@ -282,6 +289,29 @@ class CompiledRunner(AdaptiveRunner):
             " between breaks runs eagerly inside each gear's compiled function): %s",
             self.transform.fn, len(reasons), "; ".join(self.graph_breaks),
         )
+
+
+def _refuse_own_graphs(kind: str, compile_backend: str | Callable[..., Any], mode: str | None,
+                       options: Mapping[str, Any] | None) -> None:
+    """ConfigError (naming the key) if compiling with these settings makes device graphs of
+    its own, which gearshift's capture of the compiled function on `kind` would enclose."""
+    if compile_backend == "cudagraphs":
+        raise ConfigError("compile_backend", f"Dynamo's 'cudagraphs' backend captures device"
+                          f" graphs of its own; on {kind} gearshift captures each compiled gear"
+                          f" itself: use 'inductor' (the default) or another backend")
+    if compile_backend != "inductor":
+        return
+    from torch._inductor import list_mode_options
+
+    mode_options = list_mode_options(mode) if mode is not None else {}
+    if mode_options.get("triton.cudagraphs"):
+        raise ConfigError("mode", f"mode {mode!r} makes Inductor capture device graphs of its"
+                          f" own; on {kind} gearshift captures each compiled gear itself: use"
+                          f" the default mode, or 'max-autotune-no-cudagraphs'")
+    if (options or {}).get("triton.cudagraphs"):
+        raise ConfigError("options", f"triton.cudagraphs makes Inductor capture device graphs"
+                          f" of its own; on {kind} gearshift captures each compiled gear"
+                          f" itself: leave it off")
 
 
 def _exists(name: str, dir_fd: int) -> bool:
