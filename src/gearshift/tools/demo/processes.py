@@ -2,12 +2,16 @@
 
 Each worker is a spawned process (`worker.main`, which imports torch) with a pipe to this one.
 A command goes to the workers and every reply is awaited until a deadline: a worker that fails,
-dies or is late is a GearshiftError. A worker starts with SIGINT ignored (Ctrl-C is the demo
+dies or is late is a GearshiftError. The deadline is READY_TIMEOUT, plus `compile_allowance`
+for a command that may compile gears (`--backend compile`): a bound always, scaled with the
+compiles the command may run. A worker starts with SIGINT ignored (Ctrl-C is the demo
 process's to handle); `end` asks every worker to exit, then terminates, then kills.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -19,8 +23,21 @@ from typing import Any
 from gearshift.errors import GearshiftError
 
 READY_TIMEOUT = 300.0  # seconds for N workers to import torch on a loaded machine
+# seconds allowed per static-shape compile of a gear (a cold Inductor compile of the demo's
+# models takes 5-30 s on the 2 loaded cores measured, a process's first one more: its C++
+# prelude; a load from the cache a few seconds)
+COMPILE_SECONDS = 60.0
 POLL_SECONDS = 0.1
 EXIT_TIMEOUT = 5.0
+
+
+def compile_allowance(compiles: int, workers: int, cores: int | None = None) -> float:
+    """Seconds added to a command's bound when each of `workers` workers may compile up to
+    `compiles` gears in it: COMPILE_SECONDS per compile, times the workers per core (`cores`:
+    this process's, by default), since the workers compile, or load what one of them
+    compiled, side by side on those cores."""
+    cores = cores or len(os.sched_getaffinity(0))
+    return compiles * COMPILE_SECONDS * max(1, math.ceil(workers / cores))
 
 
 def _worker(conn: Connection, index: int, *shared: Any) -> None:
@@ -66,10 +83,12 @@ class WorkerProcesses:
         for conn in self.conns:
             conn.send(message)
 
-    def ask(self, workers: range, command: str, *args: Any) -> list[Any]:
+    def ask(self, workers: range, command: str, *args: Any, allowance: float = 0.0
+            ) -> list[Any]:
+        """Each worker's reply to `(command, *args)`, within READY_TIMEOUT + `allowance` s."""
         for i in workers:
             self.conns[i].send((command, *args))
-        return self.collect(workers, command, time.monotonic() + READY_TIMEOUT)
+        return self.collect(workers, command, time.monotonic() + READY_TIMEOUT + allowance)
 
     def collect(
         self,

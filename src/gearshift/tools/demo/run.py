@@ -16,6 +16,7 @@ scaling and what is timed: docs/tools.md.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -45,7 +46,7 @@ from gearshift.tools.demo.figures import (
     spreads,
 )
 from gearshift.tools.demo.mix import Mix, paced, slice_ends, stride_for
-from gearshift.tools.demo.processes import READY_TIMEOUT, WorkerProcesses
+from gearshift.tools.demo.processes import READY_TIMEOUT, WorkerProcesses, compile_allowance
 from gearshift.tools.demo.watch import GearWatch
 from gearshift.tools.demo.workload import HEADS, MODEL, WIDTH, Cost
 
@@ -101,7 +102,9 @@ class Demo:
             elif self.model != "block":
                 about = self.processes.ask(every, "model", self.model)[0]
             dims = {p: w.dims for p, w in self.full.profiles.items()}
-            timed = self.processes.ask(every, "calibrate", dims)
+            initial = self._allowance({p: {d: dim.initial_gears for d, dim in w.items()}
+                                       for p, w in dims.items()})
+            timed = self.processes.ask(every, "calibrate", dims, allowance=initial)
             costs = {p: Cost.fit([s for samples in timed for s in samples[p]]) for p in dims}
             # compiling, the start-up (the initial gears' compiles) is not in --seconds
             left = self.seconds - (time.monotonic() - began) * (self.compile is None)
@@ -124,7 +127,7 @@ class Demo:
             profiles = {p: (w.dims, costs[p].priced(w.dims), w.sizes)
                         for p, w in mix.profiles.items()}
             self.processes.ask(every, "prepare", self.namespace, profiles, mix.which, mix.local,
-                               times)
+                               times, allowance=initial)
             arms, per_profile = self._interleave(mix, costs, slice_ends(mix, costs, count))
             self.processes.ask(every, "finish")
             self._stop_controller()
@@ -180,7 +183,9 @@ class Demo:
                     reports = [r["profiles"] for r in replies]
                     if arm == "adaptive":
                         time.sleep(SETTLE_WAIT)  # the controller folds the slice and decides
-                        settled = self.processes.ask(every, "settle")
+                        settled = self.processes.ask(
+                            every, "settle", allowance=self._allowance(
+                                {p: w.gears for p, w in watches.items()}))
                         wall += max(s["seconds"] for s in settled)
                         work = sum(r["cpu"] for r in replies) + sum(s["cpu"] for s in settled)
                         reports += [s["profiles"] for s in settled]
@@ -276,11 +281,22 @@ class Demo:
                 self.report(progress(arm, now - began, counts, mix.events, _counts(seen),
                                      version))
 
-        deadline = time.monotonic() + max(READY_TIMEOUT, 20 * self.seconds)
+        seen = {p: w.gears for p, w in watches.items()} if shift is not None else gears
+        deadline = time.monotonic() + max(READY_TIMEOUT, 20 * self.seconds) + \
+            self._allowance(seen)
         replies = self.processes.collect(every, "slice", deadline, tick)
         next_report = 0.0
         tick()
         return replies
+
+    def _allowance(self, gears: dict[str, dict[str, Any]]) -> float:
+        """The seconds a command that may compile the variants of `gears` (profile -> dim ->
+        gears) gets beyond its bound: `processes.compile_allowance` for each worker's compile
+        of every variant with the compile backend, none with eager graphs."""
+        if self.compile is None:
+            return 0.0
+        count = sum(math.prod(len(v) for v in g.values()) for g in gears.values())
+        return compile_allowance(count, self.workers)
 
     def _rounds(self, before: dict[str, Any] | None) -> dict[str, int] | None:
         """How many decision rounds the controller ran since `before` (their durations, read
