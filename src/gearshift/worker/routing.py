@@ -94,6 +94,9 @@ class Router:
         self._write, self._now_ns = host.ring.write, host.clock.now_ns
         self._ndim = len(self.dims)
         self._single = ring.counts([1] * self._ndim)  # one chunk per dim
+        self._specs = tuple(  # per dim: (position, name, min, max, Dim)
+            (i, n, d.min, d.max, d) for i, (n, d) in enumerate(self.dims.items())
+        )
         initial = {n: d.initial_gears for n, d in self.dims.items()}
         self._in_use = _InUse(0, initial, self.dims, 0, pid)
 
@@ -172,8 +175,11 @@ class Router:
         if len(sizes) != self._ndim:
             raise self._mismatch(sizes)
         values = [0] * MAX_DIMS
-        for i, (name, spec) in enumerate(self.dims.items()):
-            values[i] = self._checked(name, spec, sizes)
+        for i, name, low, high, spec in self._specs:
+            raw = sizes.get(name)
+            if type(raw) is not int or raw < low or raw > high:
+                raw = self._checked(name, spec, sizes)
+            values[i] = raw
         return values
 
     def _checked(self, name: str, spec: Dim, sizes: Mapping[str, object]) -> int:
