@@ -10,9 +10,9 @@ coerce, a split, an eager dim, a bad shape) takes the same lookup through `dims.
 at most MAX_CHUNKS per dim (what a record counts): a split into more runs eagerly (an EAGER
 record), so no request builds a chunk tuple larger than that.
 
-The gears in use from one snapshot (`_InUse`) never change once built; the profile replaces
-them whole, by one reference assignment, so a request reads them once and sees one snapshot's
-gears.
+The gears in use from one snapshot (`_InUse`) never change once built (only their cache of
+Routes fills); the profile replaces them whole, by one reference assignment, so a request reads
+them once and sees one snapshot's gears.
 
 `Router.record(**sizes)` is the record-only path, for a worker that runs an engine's own graphs
 and only feeds the controller: the same checks and one ring record (`Kind.RECORDED`, no chunk:
