@@ -24,7 +24,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gearshift.core.dims import Dim, Gears, check_profile, chunks_for
 from gearshift.errors import ShapeError
@@ -60,8 +60,9 @@ class Route(NamedTuple):
 class _InUse:
     """The gears in use from one snapshot; `active` (under the profile's lock) counts the
     requests in flight on them, `epoch` numbers the profile's adoptions. `table` has per dim,
-    in the profile's dim order, (position, name, min, largest gear, gears); `routes` holds the
-    Route of each gear tuple (one chunk per dim) once a request has used it. `meta` is the
+    in the profile's dim order, (position, name, min, largest gear, gears, stride): a request
+    of one chunk per dim is keyed by the sum of its gear positions times their strides (mixed
+    radix), and `routes` holds the Route of each key once a request has used it. `meta` is the
     record word of a routed request (`ring.meta`), `record_meta` that of a recorded one."""
 
     __slots__ = ("active", "epoch", "gears", "meta", "record_meta", "routes", "table", "version")
@@ -72,10 +73,28 @@ class _InUse:
         self.version, self.gears, self.epoch, self.active = version, gears, epoch, 0
         self.meta = ring.meta(pid, version, Kind.SHAPE, len(dims))
         self.record_meta = ring.meta(pid, version, Kind.RECORDED, len(dims))
-        self.table = tuple(
-            (i, n, d.min, gears[n][-1], gears[n]) for i, (n, d) in enumerate(dims.items())
-        )
-        self.routes: dict[tuple[int, ...], Route] = {}
+        stride, table = 1, []
+        for i, (n, d) in reversed(list(enumerate(dims.items()))):
+            table.insert(0, (i, n, d.min, gears[n][-1], gears[n], stride))
+            stride *= len(gears[n])
+        self.table = tuple(table)
+        self.routes = _Routes(version, self.table)
+
+
+class _Routes(dict[int, Route]):
+    """The Routes of some gears in use by key (`_InUse`), each made by the first request of
+    its gears and shared by every later one: a Route and its chunks are read-only."""
+
+    def __init__(self, version: int, table: tuple[tuple[Any, ...], ...]) -> None:
+        super().__init__()
+        self.version, self.table = version, table
+
+    def __missing__(self, key: int) -> Route:
+        chunks = {
+            n: (gears[key // stride % len(gears)],) for _, n, _, _, gears, stride in self.table
+        }
+        route = self[key] = Route(self.version, MappingProxyType(chunks))
+        return route
 
 
 def checked_dims(name: str, dims: Mapping[str, Dim]) -> dict[str, Dim]:
@@ -132,22 +151,17 @@ class Router:
         """Route `sizes` on `in_use` and record it (the module docstring): ints within
         [min, largest gear] on every dim take the shared Route of their gear tuple."""
         if len(sizes) == self._ndim:
-            values, key = [0] * MAX_DIMS, []
-            for i, name, low, top, gears in in_use.table:
+            values, key = [0] * MAX_DIMS, 0
+            for i, name, low, top, gears, stride in in_use.table:
                 raw = sizes.get(name)
                 if type(raw) is not int or raw < low or raw > top:
                     break
                 values[i] = raw
-                key.append(gears[bisect_left(gears, raw)])
+                key += bisect_left(gears, raw) * stride
             else:
-                route = in_use.routes.get(gear_tuple := tuple(key))
-                if route is None:
-                    chunks = {name: (gear,) for name, gear in zip(self.dims, key, strict=True)}
-                    route = Route(in_use.version, MappingProxyType(chunks))
-                    in_use.routes[gear_tuple] = route
                 v0, v1, v2, v3 = values  # plain arguments: a call with `*` costs more
                 self._write(self._now_ns(), v0, v1, v2, v3, in_use.meta, self._single)
-                return route
+                return in_use.routes[key]
         return self._route_any(in_use, sizes)
 
     def _route_any(self, in_use: _InUse, sizes: Mapping[str, object]) -> Route:
