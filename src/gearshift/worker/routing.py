@@ -151,7 +151,7 @@ class Router:
         """Route `sizes` on `in_use` and record it (the module docstring): ints within
         [min, largest gear] on every dim take the shared Route of their gear tuple."""
         if len(sizes) == self._ndim:
-            values, key = [0] * MAX_DIMS, 0
+            values, key = [0, 0, 0, 0], 0  # a record's MAX_DIMS value slots (a literal is cheaper)
             for i, name, low, top, gears, stride in in_use.table:
                 raw = sizes.get(name)
                 if type(raw) is not int or raw < low or raw > top:
