@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import pickle
 import threading
@@ -229,6 +230,22 @@ def test_route_plans_records_and_fails_by_the_dims_rules(
     kind = Kind.SHAPE if all(chunks.values()) else Kind.EAGER
     counts = [len(c) for c in chunks.values()]
     assert events == [([int(sizes["B"]), int(sizes["S"]), 0, 0], [*counts, 0, 0], kind)]
+
+
+def test_every_gear_combination_of_three_dims_routes_to_its_own_gears(client: gs.Client) -> None:
+    # gear counts 3, 2, 4: each dim's gear position is its own digit of the Routes' key
+    dims = {
+        "A": gs.Dim(gears=[2, 4, 8]), "B": gs.Dim(gears=[3, 9]), "C": gs.Dim(gears=[1, 2, 5, 7])
+    }
+    prof = client.profile("three", dims)
+    shared: dict[tuple, gs.Route] = {}
+    for sizes in itertools.product(range(1, 9), range(1, 10), range(1, 8)):
+        named = dict(zip(dims, sizes, strict=True))
+        route = prof.route(**named)
+        want = {d: chunks_for(prof.gears[d], raw, False) for d, raw in named.items()}
+        assert dict(route.chunks) == want
+        assert shared.setdefault(tuple(want.values()), route) is route  # one per combination
+    assert len(shared) == 3 * 2 * 4
 
 
 def test_routes_of_one_gear_combination_are_shared_and_read_only(

@@ -4,11 +4,12 @@
 the spot, through its `Host`), the smallest gear >= each dim's raw size (`bisect_left` on the
 dim's gears, nano-vllm's `next(g for g in gears if g >= raw)`), one ring record; it never
 captures, blocks or raises because of the controller. A request of ints within [min, largest
-gear] on every dim runs one chunk per dim, and its Route is made once per gear tuple and shared
-by every request it fits: a Route and its chunks are read-only. Any other request (a size to
-coerce, a split, an eager dim, a bad shape) takes the same lookup through `dims.chunks_for`,
-at most MAX_CHUNKS per dim (what a record counts): a split into more runs eagerly (an EAGER
-record), so no request builds a chunk tuple larger than that.
+gear] on every dim runs one chunk per dim: its gear positions, in mixed radix, key the Route
+of its gear combination, made by the first such request and shared by every later one (a Route
+and its chunks are read-only). Any other request (a size to coerce, a split, an eager dim, a
+bad shape) is checked dim by dim and chunked by `dims.chunks_for`, at most MAX_CHUNKS per dim
+(what a record counts): a split into more runs eagerly (an EAGER record), so no request builds
+a chunk tuple larger than that. Same errors either way.
 
 The gears in use from one snapshot (`_InUse`) never change once built (only their cache of
 Routes fills); the profile replaces them whole, by one reference assignment, so a request reads
@@ -21,6 +22,7 @@ no gearshift graph ran), with no gear lookup and no version check.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -73,11 +75,12 @@ class _InUse:
         self.version, self.gears, self.epoch, self.active = version, gears, epoch, 0
         self.meta = ring.meta(pid, version, Kind.SHAPE, len(dims))
         self.record_meta = ring.meta(pid, version, Kind.RECORDED, len(dims))
-        stride, table = 1, []
-        for i, (n, d) in reversed(list(enumerate(dims.items()))):
-            table.insert(0, (i, n, d.min, gears[n][-1], gears[n], stride))
-            stride *= len(gears[n])
-        self.table = tuple(table)
+        counts = [len(gears[n]) for n in dims]
+        strides = [math.prod(counts[i + 1 :]) for i in range(len(counts))]  # mixed radix
+        self.table = tuple(
+            (i, n, d.min, gears[n][-1], gears[n], stride)
+            for i, ((n, d), stride) in enumerate(zip(dims.items(), strides, strict=True))
+        )
         self.routes = _Routes(version, self.table)
 
 
@@ -149,7 +152,7 @@ class Router:
 
     def _route(self, in_use: _InUse, sizes: Mapping[str, object]) -> Route:
         """Route `sizes` on `in_use` and record it (the module docstring): ints within
-        [min, largest gear] on every dim take the shared Route of their gear tuple."""
+        [min, largest gear] on every dim take the shared Route of their gear combination."""
         if len(sizes) == self._ndim:
             values, key = [0, 0, 0, 0], 0  # a record's MAX_DIMS value slots (a literal is cheaper)
             for i, name, low, top, gears, stride in in_use.table:
