@@ -36,6 +36,7 @@ from gearshift.worker.interfaces import Host
 
 MAX_CHUNKS = 0xFFFF  # a record's chunk count is 16 bits
 _SHAPE, _EAGER = int(Kind.SHAPE), int(Kind.EAGER)  # plain ints compare faster than members
+assert MAX_DIMS == 4  # a record's value slots: `write(t_ns, v0, v1, v2, v3, ...)`, the lists below
 
 
 class Route(NamedTuple):
@@ -154,7 +155,7 @@ class Router:
         """Route `sizes` on `in_use` and record it (the module docstring): ints within
         [min, largest gear] on every dim take the shared Route of their gear combination."""
         if len(sizes) == self._ndim:
-            values, key = [0, 0, 0, 0], 0  # a record's MAX_DIMS value slots (a literal is cheaper)
+            values, key = [0, 0, 0, 0], 0  # MAX_DIMS slots (a literal costs less than [0] * 4)
             for i, name, low, top, gears, stride in in_use.table:
                 raw = sizes.get(name)
                 if type(raw) is not int or raw < low or raw > top:
@@ -191,7 +192,7 @@ class Router:
         record's value slots); ShapeError on unknown or missing dims."""
         if len(sizes) != self._ndim:
             raise self._mismatch(sizes)
-        values = [0] * MAX_DIMS
+        values = [0, 0, 0, 0]  # MAX_DIMS slots
         for i, name, low, high, spec in self._specs:
             raw = sizes.get(name)
             if type(raw) is not int or raw < low or raw > high:
