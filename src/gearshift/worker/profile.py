@@ -216,7 +216,7 @@ class Profile(Router):
         """In a forked child: record through `write` (the child's, never the parent's ring),
         with a fresh lock (a parent's thread may have held this one at the fork)."""
         self._lock = threading.Lock()
-        self.rebind(write)
+        self._rebind(write)
 
     def _maintain(self) -> None:
         """One release and warm-up step (the client's swap thread): removed gears whose grace

@@ -123,7 +123,7 @@ class Router:
         initial = {n: d.initial_gears for n, d in self.dims.items()}
         self._in_use = _InUse(0, initial, self.dims, 0, pid)
 
-    def rebind(self, write: Callable[..., bool]) -> None:
+    def _rebind(self, write: Callable[..., bool]) -> None:
         """Record through `write` from now on (the client's ring, once it has one): a request
         already in the old route still records through the old writer, which forwards."""
         self._write = write
