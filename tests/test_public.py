@@ -36,11 +36,10 @@ def test_the_operator_module_lists_what_it_holds() -> None:
 
 
 SWAP_THREAD = ["adopt", "maintain", "forked", "measured", "tick", "refresh", "wake", "attached",
-               "seen"]  # what the client's swap thread and its profiles use of each other
+               "seen", "rebind"]  # what the client's swap thread and its profiles use of each other
 
 
-@pytest.mark.parametrize("name", [*SWAP_THREAD, pytest.param("rebind", marks=pytest.mark.xfail(
-    strict=True, reason="Router.rebind: worker/routing.py's, renamed when routing is rewritten"))])
+@pytest.mark.parametrize("name", SWAP_THREAD)
 def test_a_client_and_its_profiles_show_the_workers_api_only(namespace: str, name: str) -> None:
     """The swap thread's internals are underscored, on the objects and in the `Host` protocol
     the profile knows its client by."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import pickle
 import threading
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gearshift as gs
+from gearshift.core.dims import chunks_for
 from gearshift.shm import Kind
 from worker.fake_controller import FakeController
 
@@ -183,7 +185,7 @@ def test_gears_sorted_or_de_duplicated_are_logged_once(
                      " to [2, 8]"]
 
 
-# the specialised route (generated per profile) against the generic one (Profile.route)
+# every branch of the request path against the rules it follows
 
 SMALL = {  # min > 1, splits, eager: every branch of the request path within a few values
     "B": gs.Dim(gears=[2, 8], max=20, splittable=True),
@@ -211,15 +213,39 @@ def _outcome(route, fake: FakeController, slot: int, sizes: dict) -> tuple:
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(sizes=_sizes | st.fixed_dictionaries({"B": _size, "S": _size}))
-def test_the_specialised_route_plans_records_and_fails_as_the_generic_one(
+def test_route_plans_records_and_fails_by_the_dims_rules(
     fake: FakeController, client: gs.Client, sizes: dict
 ) -> None:
     prof = client.profile("small", SMALL)
-    assert "route" in vars(prof)  # specialised
-    generic = _outcome(lambda **s: gs.Profile.route(prof, **s), fake, client.slot, sizes)
-    assert _outcome(prof.route, fake, client.slot, sizes) == generic
-    result, events = generic
-    assert len(events) == (not isinstance(result, str))
+    result, events = _outcome(prof.route, fake, client.slot, sizes)
+    valid = set(sizes) == set(SMALL) and all(
+        type(sizes[d]) in (int, np.int64) and SMALL[d].min <= sizes[d] <= SMALL[d].max
+        for d in SMALL
+    )
+    if not valid:
+        assert isinstance(result, str) and events == []  # a ShapeError, nothing recorded
+        return
+    chunks = {d: chunks_for(prof.gears[d], int(sizes[d]), SMALL[d].splittable) for d in SMALL}
+    assert (result.version, dict(result.chunks)) == (prof.version, chunks)
+    kind = Kind.SHAPE if all(chunks.values()) else Kind.EAGER
+    counts = [len(c) for c in chunks.values()]
+    assert events == [([int(sizes["B"]), int(sizes["S"]), 0, 0], [*counts, 0, 0], kind)]
+
+
+def test_every_gear_combination_of_three_dims_routes_to_its_own_gears(client: gs.Client) -> None:
+    # gear counts 3, 2, 4: each dim's gear position is its own digit of the Routes' key
+    dims = {
+        "A": gs.Dim(gears=[2, 4, 8]), "B": gs.Dim(gears=[3, 9]), "C": gs.Dim(gears=[1, 2, 5, 7])
+    }
+    prof = client.profile("three", dims)
+    shared: dict[tuple, gs.Route] = {}
+    for sizes in itertools.product(range(1, 9), range(1, 10), range(1, 8)):
+        named = dict(zip(dims, sizes, strict=True))
+        route = prof.route(**named)
+        want = {d: chunks_for(prof.gears[d], raw, False) for d, raw in named.items()}
+        assert dict(route.chunks) == want
+        assert shared.setdefault(tuple(want.values()), route) is route  # one per combination
+    assert len(shared) == 3 * 2 * 4
 
 
 def test_routes_of_one_gear_combination_are_shared_and_read_only(
@@ -238,12 +264,11 @@ def test_routes_of_one_gear_combination_are_shared_and_read_only(
 
 
 @pytest.mark.parametrize("names", [("seq-len", "class"), ("_B", "S"), ("\ufb01", "S")])
-def test_dims_named_unlike_parameters_route_on_the_generic_path(
+def test_dims_named_unlike_parameters_route(
     fake: FakeController, client: gs.Client, names: tuple[str, str]
 ) -> None:
     # "\ufb01" (the fi ligature) is an identifier that Python would normalise to "fi"
     prof = client.profile("odd", {names[0]: gs.Dim(gears=[4, 8]), names[1]: gs.Dim()})
-    assert "route" not in vars(prof)  # the class's
     fake.drain(client.slot)
     assert prof.route(**{names[0]: 3, names[1]: 5}).gears == {names[0]: 4, names[1]: 8}
     with pytest.raises(gs.ShapeError, match="missing"):

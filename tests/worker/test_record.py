@@ -36,11 +36,10 @@ def prof(client: gs.Client) -> gs.Profile:
 def test_record_writes_the_raw_shape_with_no_gear_and_no_route(
     fake: FakeController, client: gs.Client, prof: gs.Profile
 ) -> None:
-    assert "record" in vars(prof)  # specialised, as route is
     fake.drain(client.slot)
     assert prof.record(BATCHSIZE=13, SEQLEN=700) is None
     assert prof.record(BATCHSIZE=200, SEQLEN=8192) is None  # over the largest gear: no split
-    gs.Profile.record(prof, BATCHSIZE=5, SEQLEN=3)  # the generic path
+    prof.record(BATCHSIZE=5, SEQLEN=3)
     events = fake.drain(client.slot)
     assert events["values"][:, :2].tolist() == [[13, 700], [200, 8192], [5, 3]]
     assert set(events["kind"]) == {Kind.RECORDED}  # only recorded: no gearshift graph ran
@@ -81,28 +80,28 @@ _size = st.one_of(st.integers(-2, 300), st.booleans(), st.floats(0, 300), st.non
     max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(sizes=st.dictionaries(st.sampled_from(["B", "S", "X"]), _size, max_size=3))
-def test_the_specialised_record_records_and_fails_as_the_generic_one(
+def test_record_records_valid_sizes_and_refuses_others_recording_nothing(
     fake: FakeController, client: gs.Client, sizes: dict
 ) -> None:
-    prof = client.profile("small", {"B": gs.Dim(max=256), "S": gs.Dim(min=2, max=100)})
-    outcomes = []
-    for record in (prof.record, lambda **s: gs.Profile.record(prof, **s)):
-        try:
-            record(**sizes)
-            result = "ok"
-        except gs.ShapeError as e:
-            result = str(e)
-        events = fake.drain(client.slot)
-        outcomes.append((result, events["values"].tolist(), events["kind"].tolist()))
-    assert outcomes[0] == outcomes[1]
-    assert len(outcomes[0][1]) == (outcomes[0][0] == "ok")
+    dims = {"B": gs.Dim(max=256), "S": gs.Dim(min=2, max=100)}
+    prof = client.profile("small", dims)
+    try:
+        prof.record(**sizes)
+        result = "ok"
+    except gs.ShapeError:
+        result = "refused"
+    events = fake.drain(client.slot)
+    valid = set(sizes) == set(dims) and all(
+        type(sizes[d]) is int and dims[d].min <= sizes[d] <= dims[d].max for d in dims
+    )
+    assert result == ("ok" if valid else "refused")
+    recorded = [[sizes["B"], sizes["S"], 0, 0]] if valid else []
+    assert events["values"].tolist() == recorded
+    assert events["kind"].tolist() == [Kind.RECORDED] * len(recorded)
 
 
-def test_dims_named_unlike_parameters_record_on_the_generic_path(
-    fake: FakeController, client: gs.Client
-) -> None:
+def test_dims_named_unlike_parameters_record(fake: FakeController, client: gs.Client) -> None:
     prof = client.profile("odd", {"seq-len": gs.Dim(max=64), "class": gs.Dim()})
-    assert "record" not in vars(prof)
     fake.drain(client.slot)
     prof.record(**{"seq-len": 33, "class": 5})
     with pytest.raises(gs.ShapeError, match="outside"):

@@ -2,7 +2,7 @@
 its runner, and the adoption of new snapshots with warm-up and release.
 
 Adopting a snapshot (`Host._refresh`, on whichever thread sees the new version first; the
-payload is decoded once for all profiles) builds a new `_InUse`, whose gears and lookup tables
+payload is decoded once for all profiles) builds a new `_InUse`, whose gears and routing table
 never change after, outside the profile's lock, and publishes it to request threads by one
 reference assignment under `_lock`; an attached runner gets the new gears the same way. The
 client's swap thread then calls `_maintain()`: it releases the graphs of removed gears once
@@ -84,7 +84,7 @@ class Profile(Router):
         self._draining: list[_InUse] = []  # replaced gears in use with requests in flight
         self._releases: list[tuple[int, str, int]] = []  # (epoch that removed it, dim, gear)
         self._runner: Runner | None = None
-        super().__init__(host, pid, name, dims)  # the request path, last: it generates `route`
+        super().__init__(host, pid, name, dims)  # the request path: dims, gears in use
         for dim, spec in self.dims.items():
             if spec.reordered is not None:
                 log.warning("profile %r: %s gears %s were sorted and de-duplicated to %s",
@@ -216,7 +216,7 @@ class Profile(Router):
         """In a forked child: record through `write` (the child's, never the parent's ring),
         with a fresh lock (a parent's thread may have held this one at the fork)."""
         self._lock = threading.Lock()
-        self.rebind(write)
+        self._rebind(write)
 
     def _maintain(self) -> None:
         """One release and warm-up step (the client's swap thread): removed gears whose grace

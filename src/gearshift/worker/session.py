@@ -306,7 +306,7 @@ class Client:
         self.slot, self.ring = slot, ring
         self._unrecorded.forward(ring.write)
         for prof in self._profiles.values():  # made before the ring: straight to it now
-            prof.rebind(ring.write)
+            prof._rebind(ring.write)
         self._registrations.bind(registry, slot)
         self.registry = registry  # last: the swap thread's sign that the client is attached
         self._life.advance("attach")

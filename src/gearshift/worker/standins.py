@@ -4,7 +4,7 @@ snapshot region (version 0, nothing to read) and `Unrecorded` for the slot's eve
 A client that starts before its controller has no slot, so no ring: its profiles bind their
 record writer to an `Unrecorded`, which counts and drops each record until the client creates
 its ring and forwards it there (`forward`), so those profiles record from then on; the client
-then rebinds them to the ring itself (`Router.rebind`). A client forked from its process's
+then rebinds them to the ring itself (`Router._rebind`). A client forked from its process's
 gives its `Unrecorded` a `first_use`: the first record starts what gets the child a ring.
 """
 
