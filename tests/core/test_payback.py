@@ -330,3 +330,17 @@ def test_a_trade_evicts_as_many_as_the_addition_needs_least_per_byte_first() -> 
     d = run((100, 200, 300, 1000), events, prices)
     assert actions(d) == [("evict", 200), ("evict", 300), ("add", 500)]
     assert "in for 200, 300" in d.changes[-1].reason
+
+
+@pytest.mark.parametrize(("times", "moved"), [(3, False), (30, True)])
+def test_a_trade_at_the_plans_count_is_a_swap_scored_with_its_confidence(
+        times: int, moved: bool) -> None:
+    # Three gears and no room for a fourth (max_gears_per_type): the plan moves 200 to 500,
+    # and 500 fits the headroom. On 3 events each the swap saves less than its standard
+    # error, so nothing moves (an addition that fits was once made anyway, the plan's count
+    # then evicting a gear: a swap never scored as one); on 30 it is made, as a swap.
+    events = at(OLD, 100, 10 * times) + at(OLD, 200, times) + at(OLD, 500, times)
+    prices = Prices(FREE, bytes=Line(0.0, 1.0), headroom=10_000.0)
+    config = dataclasses.replace(CFG, max_gears_per_type=3)
+    d = run((100, 200, 1000), events, prices, config=config)
+    assert sorted(actions(d)) == ([("add", 500), ("evict", 200)] if moved else [])

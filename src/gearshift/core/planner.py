@@ -241,12 +241,12 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
     adds = evicts = 0
     fresh: set[int] = set()  # added this round: never traded away again in it
 
-    def trade(g: np.ndarray, a: np.ndarray, gain: np.ndarray) -> bool:
+    def trade(g: np.ndarray, a: np.ndarray, swap: bool) -> bool:
         nonlocal adds, evicts
         if pay is None or pay.headroom is None or evicts >= limit:
             return False
-        traded = _trade(g, a, gain, work, raw, why, least, config, pay,
-                        stuck | fresh | {gears[-1]})
+        traded = _trade(g, a, work, raw, why, least, config, pay,
+                        stuck | fresh | {gears[-1]}, int(swap))
         for _, old, _ in traded[:-1]:
             gears.remove(old)
         if traded:
@@ -275,7 +275,7 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
             net = net_worth(gain, a, least, pay)
             j = int(np.argmax(net))
             if net[j] <= 0:
-                if not trade(g, a, gain):
+                if not trade(g, a, swap=False):
                     return steps
                 continue
             paid = f", {pay.why(float(pay.seconds(gain[j])), int(a[j]))}" if pay else ""
@@ -292,7 +292,7 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
             net = net_worth(score, a, least, pay, g[e])
             i, j = np.unravel_index(int(np.argmax(net)), net.shape)
             if net[i, j] <= 0:
-                if not trade(g, a, additions(g, a, work)[0]):
+                if not trade(g, a, swap=True):
                     return steps
                 continue
             old, new = int(g[e[i]]), int(a[j])
@@ -312,34 +312,39 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
             return steps
 
 
-def _trade(g: np.ndarray, a: np.ndarray, gain: np.ndarray, work: Work, raw: float, why: str,
-           least: float, config: PolicyConfig, pay: Payback, kept: set[int]) -> list[Step]:
+def _trade(g: np.ndarray, a: np.ndarray, work: Work, raw: float, why: str, least: float,
+           config: PolicyConfig, pay: Payback, kept: set[int], fewest: int = 0) -> list[Step]:
     """Under the bytes bound, an addition that pays back its capture but does not fit the
-    headroom evicts, one at a time until it fits, the gear that earns least per byte (the
-    padded work its eviction adds over the bytes it frees; never one `kept`), at most
-    `plan_max_moves` of them; the best such trade is made when its exact saving (the padded
-    work of the gears before less after) is at least `least` and pays the capture back. Its
-    steps (the evictions, then the addition), or none."""
+    headroom evicts, one at a time until it fits and at least `fewest` of them (1 where the
+    plan holds as many gears as it should: a trade then keeps the count, as a swap does), the
+    gear that earns least per byte (the padded work its eviction adds over the bytes it frees;
+    never one `kept`), at most `plan_max_moves` of them. A trade is scored as a swap is: its
+    exact saving (the padded work of the gears before less after) less `plan_confidence`
+    standard errors (the addition's and the evictions' variances summed); the best is made
+    when that is at least `least` and pays the capture back. Its steps (the evictions, then
+    the addition), or none."""
+    gain, gain_var = additions(g, a, work)
     worth = (gain >= least) & (pay.seconds(gain) > pay.capture(a))
     best: tuple[float, int, list[int], float] | None = None
     for j in np.flatnonzero(worth):
         new, held, out = int(a[j]), g.tolist(), []
-        room, need = pay.headroom, pay.prices.held_bytes([new])
-        while room < need and len(out) < config.plan_max_moves:
+        room, need, var = pay.headroom, pay.prices.held_bytes([new]), float(gain_var[j])
+        while (room < need or len(out) < fewest) and len(out) < config.plan_max_moves:
             h = np.array(held, np.int64)
             e = np.array([i for i, x in enumerate(held[:-1]) if x not in kept], np.int64)
             if not e.size:
                 break
-            loss, _ = evictions(h, e, work)
+            loss, loss_var = evictions(h, e, work)
             freed = pay.prices.bytes(h[e].astype(float)) * pay.prices.workers
             i = int(np.argmin(loss / np.maximum(freed, 1.0)))
             out.append(held.pop(int(e[i])))
-            room += float(freed[i])
-        if room < need:
+            room, var = room + float(freed[i]), var + float(loss_var[i])
+        if room < need or len(out) < fewest:
             continue
         saving = padded(g, work) - padded(np.array(sorted([*held, new]), np.int64), work)
-        net = float(pay.seconds(saving)) - float(pay.capture([new])[0])
-        if saving >= least and net > 0 and (best is None or net > best[0]):
+        score = saving - config.plan_confidence * math.sqrt(var)
+        net = float(pay.seconds(score)) - float(pay.capture([new])[0])
+        if score >= least and net > 0 and (best is None or net > best[0]):
             best = (net, new, out, saving)
     if best is None:
         return []
