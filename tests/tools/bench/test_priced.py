@@ -15,6 +15,7 @@ from gearshift.tools.bench.memory_model import (
     FLOOR_BYTES,
     ROW_BYTES,
     TOKEN_BYTES,
+    fitting_after_start,
     fitting_optimum,
     graph_bytes,
 )
@@ -69,7 +70,8 @@ def test_every_dim_level_and_mode_is_reported(priced: dict) -> None:
         for row in levels.values():
             assert set(row) == {*MODES, "ratio", "held_out_ratio", "after_start",
                                 "vs_after_start", "vs_past", "vs_pow2", "vs_plan", "budget",
-                                "device_budget", "fit", "vs_fit"}
+                                "device_budget", "fit", "vs_fit", "fit_after_start",
+                                "vs_fit_after_start"}
             assert 0 <= row["vs_past"] < math.inf
             assert 0 < row["held_out_ratio"] < math.inf
             p = row["priced"]
@@ -164,8 +166,10 @@ def test_at_equal_memory_priced_runs_within_the_bound_and_the_optimum_fits_it(
             assert bound == pytest.approx(1.25 * pow2["peak_bytes"])
             assert fit["peak_bytes"] <= bound
             assert row["vs_fit"] == pytest.approx(p["device_overhead"] / fit["device_overhead"])
+            assert row["vs_fit_after_start"] == pytest.approx(p["device_overhead"]
+                                                              / row["fit_after_start"])
     table = memory_markdown({"azure_code_batched": priced}).splitlines()
-    assert len(table) == 2 + 2 * len(CAPTURE_LEVELS) and table[0].count("|") == 13
+    assert len(table) == 2 + 2 * len(CAPTURE_LEVELS) and table[0].count("|") == 14
 
 
 def test_the_fitting_optimum_is_the_best_count_whose_graphs_fit() -> None:
@@ -175,3 +179,17 @@ def test_the_fitting_optimum_is_the_best_count_whose_graphs_fit() -> None:
     tight = fitting_optimum(values, dim, line, 60.0, 0.0)  # no 3 gears fit: {20, 40} does
     assert tight["peak_bytes"] == 60.0 and tight["mean_gears"] == 2
     assert fitting_optimum(values, dim, line, None, 1e6)["mean_gears"] == 1  # dear captures
+
+
+def test_the_fitting_clairvoyant_pays_the_start_up_then_holds_the_fitting_optimum() -> None:
+    values, dim = np.array([10, 20, 30, 40] * 5), Dim(gears=(8, 16, 32, 64), max=64)
+    line, early = Line(0.0, 1.0), np.zeros(20, bool)
+    early[:4] = True  # 10, 20, 30, 40 before the first round: on 16, 32, 32, 64
+    raw = float(values.sum())
+    head = 16 + 32 + 32 + 64
+    # unbounded, no capture cost: then the four values themselves, no padding
+    assert fitting_after_start(values, early, dim, line, None, 0.0) == pytest.approx(
+        (head + 16 * 25) / raw - 1.0)
+    # 60 bytes hold {20, 40}; captures: 16, 32, 64 reached at the start, then 20 and 40
+    assert fitting_after_start(values, early, dim, line, 60.0, 1.0) == pytest.approx(
+        (head + 8 * 20 + 8 * 40 + 5) / raw - 1.0)

@@ -17,6 +17,7 @@ from gearshift.core.costs import Line
 from gearshift.core.dims import Dim, padded_cost
 from gearshift.core.memory import MODEL_GRAPH_BYTES
 from gearshift.core.optimal import optimal_sets
+from gearshift.tools.simulate import reached
 from gearshift.tools.trace import Trace
 
 TOKEN_BYTES = 2 * (2 * 4096 + 2 * 14336 + 14336)  # a prefill token's activations: 122,880
@@ -62,3 +63,27 @@ def fitting_optimum(values: np.ndarray, dim: Dim, line: Line, budget: float | No
                     "mean_gears": float(len(gears)), "peak_bytes": held, "mean_bytes": held,
                     "changes_per_hour": 0.0}
     return best
+
+
+def fitting_after_start(values: np.ndarray, early: np.ndarray, dim: Dim, line: Line,
+                        budget: float | None, capture: float, workers: int = 1) -> float:
+    """The device overhead of a clairvoyant at equal memory that starts as the adaptive modes
+    do: on the start-up gears (each captured the first time traffic reaches it, the largest at
+    once) for the `early` events (those before the first decision round), then on the
+    padding-optimal static set of 1 to MOST_GEARS gears of the whole trace whose graphs fit
+    `budget`, the best of them, capturing those of its gears not captured yet. What knowing
+    the whole trace from the first round on would give, within the bound, start-up paid."""
+    start = dim.initial_gears
+    held = {*reached(dim, values[early], (start,), np.array([early.sum()])), start[-1]}
+    head = float(padded_cost(dim, start, values[early]).sum())
+    raw = float(dim.work(values).sum())
+    sets = optimal_sets(values, MOST_GEARS, cost=dim.work)
+    best = np.inf
+    for k in range(1, sets.costs.size + 1):
+        gears = sets.gears(k)
+        if budget is not None and k > 1 and float(
+                line(np.asarray(gears, float)).sum()) * workers > budget:
+            continue
+        tail = float(padded_cost(dim, gears, values[~early]).sum())
+        best = min(best, (head + tail + capture * workers * len(held | set(gears))) / raw - 1.0)
+    return float(best)
