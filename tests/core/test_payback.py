@@ -330,6 +330,10 @@ def test_a_trade_evicts_as_many_as_the_addition_needs_least_per_byte_first() -> 
     d = run((100, 200, 300, 1000), events, prices)
     assert actions(d) == [("evict", 200), ("evict", 300), ("add", 500)]
     assert "in for 200, 300" in d.changes[-1].reason
+    # all or nothing: a trade evicts what its addition needs, more than plan_max_moves too
+    # (capped, 500 could never come in under this bound, whatever the traffic)
+    one = dataclasses.replace(CFG, plan_max_moves=1)
+    assert actions(run((100, 200, 300, 1000), events, prices, config=one)) == actions(d)
 
 
 @pytest.mark.parametrize(("times", "moved"), [(3, False), (30, True)])

@@ -318,7 +318,9 @@ def _trade(g: np.ndarray, a: np.ndarray, work: Work, raw: float, why: str, least
     headroom evicts, one at a time until it fits and at least `fewest` of them (1 where the
     plan holds as many gears as it should: a trade then keeps the count, as a swap does), the
     gear that earns least per byte (the padded work its eviction adds over the bytes it frees;
-    never one `kept`), at most `plan_max_moves` of them. A trade is scored as a swap is: its
+    never one `kept`), as many as it takes: a trade is all or nothing, and a cap would keep a
+    large graph out for good where it needs more small ones gone (a round makes no further
+    trade once its evictions reach `plan_max_moves`). A trade is scored as a swap is: its
     exact saving (the padded work of the gears before less after) less `plan_confidence`
     standard errors (the addition's and the evictions' variances summed); the best is made
     when that is at least `least` and pays the capture back. Its steps (the evictions, then
@@ -329,7 +331,7 @@ def _trade(g: np.ndarray, a: np.ndarray, work: Work, raw: float, why: str, least
     for j in np.flatnonzero(worth):
         new, held, out = int(a[j]), g.tolist(), []
         room, need, var = pay.headroom, pay.prices.held_bytes([new]), float(gain_var[j])
-        while (room < need or len(out) < fewest) and len(out) < config.plan_max_moves:
+        while room < need or len(out) < fewest:
             h = np.array(held, np.int64)
             e = np.array([i for i, x in enumerate(held[:-1]) if x not in kept], np.int64)
             if not e.size:
