@@ -348,3 +348,17 @@ def test_a_trade_at_the_plans_count_is_a_swap_scored_with_its_confidence(
     config = dataclasses.replace(CFG, max_gears_per_type=3)
     d = run((100, 200, 1000), events, prices, config=config)
     assert sorted(actions(d)) == ([("add", 500), ("evict", 200)] if moved else [])
+
+
+@pytest.mark.parametrize(("used", "moved"), [(False, True), (True, False)])
+def test_a_move_that_evicts_a_used_gear_also_pays_for_capturing_it_again(
+        used: bool, moved: bool) -> None:
+    # 500 fits once 100 is gone. With one event on 100, undoing the move would capture 100
+    # again: the move must save both captures; without traffic there, only 500's.
+    events = at(OLD, 500, 10) + (at(OLD, 100) if used else [])
+    w = W5 / 5  # one event's decayed weight
+    # the trade's saving less one standard error, in device seconds (see moves.swaps/_trade)
+    saved = (4840 - math.sqrt(524**2 * 10 + 924**2)) * w * PER
+    prices = Prices(Line(saved / 1.5), bytes=Line(0.0, 1.0), headroom=450.0)
+    d = run((100, 1024), events, prices)
+    assert sorted(actions(d)) == ([("add", 500), ("evict", 100)] if moved else [])

@@ -31,11 +31,13 @@ Priced (`Prices` given: measured costs as data), work is device seconds per chun
 measured replay curve, else the Dim's cost read as seconds), and a gear must pay its capture
 back (`payback.Payback`): a saving counts as the device seconds it saves over `plan_payback_seconds`
 at the window's traffic rate, and an addition (step 3's one more gear, step 4's add or swap)
-is made only when that exceeds its capture on every worker of the device; the best move is the
-one with most net seconds. Step 3 then grows K while that holds (and the gear saves at least
-`plan_move_gain`) and lowers it only under memory pressure (a gear held costs only its bytes),
-step 2 releases only under pressure (a gear released is captured again if it is needed), and
-graphs that would not fit the bytes headroom are not added (a negative headroom is pressure).
+is made only when that exceeds its capture on every worker of the device (a swap's or a trade's,
+also the capture of each evicted gear traffic uses: undoing the move captures it again); the
+best move is the one with most net seconds. Step 3 then grows K while that holds (and the
+gear saves at least `plan_move_gain`) and lowers it only under memory pressure (a gear held
+costs only its bytes), step 2 releases only under pressure (a gear released is captured again
+if it is needed), and graphs that would not fit the bytes headroom are not added (a negative
+headroom is pressure).
 
 Creation protection (`recent_use_protect_seconds`, and any `protected_until`) holds except in
 step 2's floor case, and for an initial gear (`DimGears.initial`: there from the start, never
@@ -290,6 +292,10 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
             gain, sd = swaps(g, e, a, work)
             score = gain - config.plan_confidence * sd
             net = net_worth(score, a, least, pay, g[e])
+            undo = np.zeros(e.size)
+            if pay:  # undoing it: the evicted gear captured again, where traffic uses it
+                undo = np.where(evictions(g, e, work)[0] > 0, pay.capture(g[e]), 0.0)
+                net = net - undo[:, None]
             i, j = np.unravel_index(int(np.argmax(net)), net.shape)
             if net[i, j] <= 0:
                 if not trade(g, a, swap=True):
@@ -297,7 +303,8 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
                 continue
             old, new = int(g[e[i]]), int(a[j])
             saved = _padding(gain[i, j], raw, sd[i, j]) + (
-                f", {pay.why(float(pay.seconds(score[i, j])), new)}" if pay else "")
+                f", {pay.why(float(pay.seconds(score[i, j])), new)}" if pay else "") + (
+                f" and {undo[i]:.3g} s to capture {old} again" if undo[i] > 0 else "")
             if pay:
                 pay.give(old)
                 pay.take(new)
@@ -323,13 +330,14 @@ def _trade(g: np.ndarray, a: np.ndarray, work: Work, raw: float, why: str, least
     trade once its evictions reach `plan_max_moves`). A trade is scored as a swap is: its
     exact saving (the padded work of the gears before less after) less `plan_confidence`
     standard errors (the addition's and the evictions' variances summed); the best is made
-    when that is at least `least` and pays the capture back. Its steps (the evictions, then
-    the addition), or none."""
+    when that is at least `least` and pays back the capture and that of every evicted gear
+    traffic uses (undoing the trade captures it again). Its steps (the evictions, then the
+    addition), or none."""
     gain, gain_var = additions(g, a, work)
     worth = (gain >= least) & (pay.seconds(gain) > pay.capture(a))
-    best: tuple[float, int, list[int], float] | None = None
+    best: tuple[float, int, list[int], float, list[int]] | None = None
     for j in np.flatnonzero(worth):
-        new, held, out = int(a[j]), g.tolist(), []
+        new, held, out, used = int(a[j]), g.tolist(), [], []
         room, need, var = pay.headroom, pay.prices.held_bytes([new]), float(gain_var[j])
         while room < need or len(out) < fewest:
             h = np.array(held, np.int64)
@@ -339,19 +347,23 @@ def _trade(g: np.ndarray, a: np.ndarray, work: Work, raw: float, why: str, least
             loss, loss_var = evictions(h, e, work)
             freed = pay.prices.bytes(h[e].astype(float)) * pay.prices.workers
             i = int(np.argmin(loss / np.maximum(freed, 1.0)))
+            if loss[i] > 0:
+                used.append(held[int(e[i])])
             out.append(held.pop(int(e[i])))
             room, var = room + float(freed[i]), var + float(loss_var[i])
         if room < need or len(out) < fewest:
             continue
         saving = padded(g, work) - padded(np.array(sorted([*held, new]), np.int64), work)
         score = saving - config.plan_confidence * math.sqrt(var)
-        net = float(pay.seconds(score)) - float(pay.capture([new])[0])
+        net = float(pay.seconds(score)) - float(pay.capture([new, *used]).sum())
         if score >= least and net > 0 and (best is None or net > best[0]):
-            best = (net, new, out, saving)
+            best = (net, new, out, saving, used)
     if best is None:
         return []
-    _, new, out, saving = best
-    saved = f"{_padding(saving, raw)}, {pay.why(float(pay.seconds(saving)), new)}"
+    _, new, out, saving, used = best
+    saved = f"{_padding(saving, raw)}, {pay.why(float(pay.seconds(saving)), new)}" + (
+        f" and {float(pay.capture(used).sum()):.3g} s to capture {', '.join(map(str, used))} "
+        "again" if used else "")
     for old in out:
         pay.give(old)
     pay.take(new)
