@@ -9,6 +9,7 @@ import pytest
 
 import gearshift as gs
 from gearshift.controller.statefile import STATE_FILE
+from gearshift.graphs import streams
 from gearshift.shm import SlotState
 from worker.fake_controller import FakeController, wait_until
 
@@ -33,3 +34,18 @@ def test_an_embedded_controller_keeps_its_state_in_gearshift_state_dir(
         prof = client.profile("decode", {"BATCHSIZE": gs.Dim(gears=[1, 64], max=64)})
         wait_until(lambda: prof.version >= 1)
     assert STATE_FILE in [p.name for p in tmp_path.iterdir()]
+
+
+def test_the_npu_stream_ledgers_are_the_open_clients_namespaces_only(fake: FakeController) -> None:
+    """A client installs its namespace's stream ledgers for the process's npu backends and its
+    close removes them (a backend made later opened a ledger in a namespace whose clients were
+    gone: a /dev/shm entry no cleanup of a live namespace removes); a second client of the same
+    namespace keeps them until it closes too."""
+    first = gs.connect(fake.namespace, background=False, register_timeout=0)
+    with gs.connect(fake.namespace, background=False, register_timeout=0):
+        first.close()
+        ledger = streams.ledger(0)
+        assert ledger is not None and ledger.budget == streams.NPU_BUDGET
+        ledger.unlink()
+        ledger.close()
+    assert streams.ledger(0) is None

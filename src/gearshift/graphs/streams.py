@@ -1,7 +1,9 @@
 """Where device backends count the streams they share with the other processes on their device
 (npu: 2,048 streams per device, shared by its processes). No torch and no shared memory here:
-`install(opener)` sets `opener(index)`, which opens device `index`'s ledger (`connect()`
-installs the one of its namespace, `shm.streams.StreamLedger`); `ledger(index)` asks it for a
+`install(opener, owner)` sets `opener(index)`, which opens device `index`'s ledger (`connect()`
+installs the one of its namespace, `shm.streams.StreamLedger`, owned by that namespace), and
+`release(owner)` removes it once every install by that owner is released (a client's close):
+no ledger is opened in a namespace whose clients are gone. `ledger(index)` asks it for a
 backend (None: none installed, or it failed, logged once per device). A ledger has `take(n)`
 (None if taken, else the streams the others hold), `give(n)`, `held`, `budget` and `total()`.
 """
@@ -20,15 +22,32 @@ NPU_BUDGET = NPU_STREAMS - NPU_SPARE_STREAMS  # what gearshift's graphs on a dev
 
 _lock = threading.Lock()
 _opener: Callable[[int], Any] | None = None
+_owner: tuple[str | None, int] = (None, 0)  # who installed the opener, and how many times
 _failed: set[int] = set()
 
 
-def install(opener: Callable[[int], Any] | None) -> None:
-    """Open ledgers with `opener(index)` from now on (None: none)."""
-    global _opener
+def install(opener: Callable[[int], Any] | None, owner: str | None = None) -> None:
+    """Open ledgers with `opener(index)` from now on (None: none), on behalf of `owner`; an
+    install by the same owner counts once more, another owner's replaces it."""
+    global _opener, _owner
     with _lock:
-        _opener = opener
+        same = owner is not None and _owner[0] == owner and _opener is not None
+        _opener, _owner = opener, (owner, _owner[1] + 1 if same else 1)
         _failed.clear()
+
+
+def release(owner: str) -> None:
+    """One install by `owner` is over; the last one removes its opener (another owner's
+    opener stays)."""
+    global _opener, _owner
+    with _lock:
+        name, count = _owner
+        if name != owner or _opener is None:
+            return
+        _owner = (name, count - 1) if count > 1 else (None, 0)
+        if count <= 1:
+            _opener = None
+            _failed.clear()
 
 
 def ledger(index: int) -> Any:

@@ -13,6 +13,7 @@ from gearshift.shm.control import ControllerInfo, Registry, SlotInfo, SlotState
 from gearshift.shm.mailbox import Mailbox, error_reply, raise_for_error
 from gearshift.shm.ring import EVENT_DTYPE, EventRing, Kind
 from gearshift.shm.snapshot import Snapshot, SnapshotRegion
+from gearshift.shm.streams import StreamLedger
 
 __all__ = [
     "EVENT_DTYPE",
@@ -25,6 +26,7 @@ __all__ = [
     "SlotState",
     "Snapshot",
     "SnapshotRegion",
+    "StreamLedger",
     "cleanup",
     "error_reply",
     "raise_for_error",

@@ -19,9 +19,7 @@ import tempfile
 from gearshift import environment
 from gearshift.clock import Clock
 from gearshift.errors import ControllerNotFound, ControllerRunning
-from gearshift.graphs import streams
 from gearshift.shm import Registry, names
-from gearshift.shm.streams import StreamLedger
 from gearshift.worker.interfaces import Stoppable
 from gearshift.worker.session import NO_CONTROLLER, Client, MemoryReader
 
@@ -46,9 +44,8 @@ def connect(
     raises ControllerNotFound instead; `embedded=True` starts one in this process, whose state
     file is kept in `state_dir` (None: `GEARSHIFT_STATE_DIR`, else a temporary directory removed
     at close). The npu backends of the process count their streams in the namespace's
-    stream ledgers from then on (`graphs.streams`)."""
+    stream ledgers until the client closes (`graphs.streams`)."""
     namespace = names.resolve(namespace)
-    streams.install(lambda index: StreamLedger.open(namespace, index, streams.NPU_BUDGET))
     controller = None
     registry: Registry | str = namespace
     if embedded or require_controller:

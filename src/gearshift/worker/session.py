@@ -18,12 +18,12 @@ Nothing on the request path waits for it or for the controller, or raises becaus
 
 With no room in /dev/shm for its ring, or the controller none for its device's snapshot region
 (SpaceError), a client serves unrecorded, or a profile on its initial gears, says so and tries
-again every `retry_interval`. In a forked child it never writes its parent's (`forking`).
-
-Threads: the ring serialises the process's producer threads itself; `_profiles` is
-copy-on-write; adoption runs under `_adopting`, which request threads only try; only the
-constructor and the swap thread attach the namespace; `state` (`lifecycle.CLIENT`) moves only
-through its `lifecycle.Machine`.
+again every `retry_interval`. In a forked child it never writes its parent's (`forking`). From
+its construction to its close, the process's npu backends count streams in its namespace's
+ledgers (`graphs.streams`). Threads: the ring serialises the process's producer threads itself;
+`_profiles` is copy-on-write; adoption runs under `_adopting`, which request threads only try;
+only the constructor and the swap thread attach the namespace; `state` (`lifecycle.CLIENT`)
+moves only through its `lifecycle.Machine`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ from gearshift.errors import (
     ProfileMismatch,
     SpaceError,
 )
-from gearshift.shm import EventRing, Registry, SnapshotRegion
+from gearshift.graphs import streams
+from gearshift.graphs.streams import NPU_BUDGET
+from gearshift.shm import EventRing, Registry, SnapshotRegion, StreamLedger
 from gearshift.shm.cleanup import leave
 from gearshift.shm.ring import DEFAULT_CAPACITY
 from gearshift.worker import forking, lifecycle
@@ -70,8 +72,8 @@ class Client:
     has created it (until then `registry` and `slot` are None). It owns the registry and
     `controller` (an embedded one to stop on close). `clock` times heartbeats, readings and
     warnings and stamps events; `memory` returns (free, total) device bytes; with
-    `background=False` no swap thread runs (tests and tools run its rounds: `_tick()`). Close it
-    (or use it as a context manager); it also closes at interpreter exit."""
+    `background=False` no swap thread runs (tests and tools run its rounds: `_tick()`). Close
+    it (or use it as a context manager); it also closes at interpreter exit."""
 
     heartbeat_interval = 1.0
     memory_interval = 1.0
@@ -123,6 +125,7 @@ class Client:
         self._attach(strict=True, given=None if isinstance(registry, str) else registry)
         self._watch_controller()
         self._attach_region()
+        streams.install(lambda i: StreamLedger.open(self.namespace, i, NPU_BUDGET), self.namespace)
         self._refresh()
         self._swap.start()
         atexit.register(self.close)
@@ -375,6 +378,7 @@ class Client:
                 return
             self._life.advance("close")
         atexit.unregister(self.close)
+        streams.release(self.namespace)
         self._swap.stop(JOIN_TIMEOUT)
         registry, slot, ring = self.registry, self.slot, self.ring
         self.region = NO_SNAPSHOT
