@@ -180,7 +180,7 @@ def test_measurements_reach_status_the_state_file_and_a_successor(
         c = costs()
         assert c["gears"] == [8, 16, 32] and c["counts"] == [1, 1, 1]
         assert c["replay_fit"] is not None and all(t > 0 for t in c["replay_seconds"])
-        assert c["graph_bytes"]["b"] == pytest.approx(32.0)  # S x 4 floats in, as many out
+        assert c["graph_bytes"]["b"] == pytest.approx(16.0)  # S x 4 floats out (not the input)
         assert c["graph_bytes"]["a"] == pytest.approx(0.0, abs=1e-6)
         text = CliRunner().invoke(main, ["status", "-n", namespace, "-v"])
         assert text.exit_code == EXIT_OK and "measured: 3 graphs" in text.output

@@ -1,7 +1,7 @@
 """The graph memory bound of a device: how many bytes its priced dims' graphs may hold.
 
 A graph's bytes are its dim's measured `Line` (A + B·gear, per worker), or, where nothing was
-measured (no fit yet, or graphs measured at 0 bytes, as the CPU's static buffers can be), the
+measured (no fit yet, or graphs measured at 0 bytes, as a cpu graph without outputs is), the
 model `MODEL_GRAPH_BYTES` a graph: the bound then counts graphs. By default a device's
 graphs hold at most what its start-up gears held (every priced dim's `Dim.initial_gears`, on
 every worker) times `graph_memory_budget_ratio` (1.25: a quarter more, the slack), and never

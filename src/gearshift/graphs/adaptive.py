@@ -209,13 +209,13 @@ class AdaptiveRunner:
         self.pool.register(graph)
         self._keys[gears] = self.pool.consume_recent_keys()
         self.index.attach(self._keys[gears], zip(self.names, gears, strict=True))
-        self._measure(gears, graph, began, ended, [*inputs.values(), *leaves])
+        self._measure(gears, graph, began, ended, leaves)
         return captured
 
     def _measure(self, gears: Variant, graph: Graph, began: float | None, ended: float | None,
-                 buffers: list[torch.Tensor]) -> None:
+                 outputs: list[torch.Tensor]) -> None:
         """Time `graph`'s replays (before any request runs it) and keep its cost."""
-        cost = self.meter.cost(graph, began, ended, buffers)
+        cost = self.meter.cost(graph, began, ended, outputs)
         if cost is not None:
             self.measured.append((dict(zip(self.names, gears, strict=True)), cost))
 

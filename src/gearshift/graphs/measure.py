@@ -4,11 +4,11 @@ A graph's cost (`GraphCost`) is what `core.costs.Measurement` holds for each of 
 - capture seconds: what adding the graph took its worker: `graph.capture()` (its warm-up runs
   and the recording) between two synchronizes of the backend, so the device's work is in it on
   cuda and npu, and the timed replays below (on the cpu one replay is as long as the capture);
-- graph bytes: on cuda and npu what the allocator reserved for the graph's own pool while
-  recording (`DeviceGraph.pool_bytes`: its intermediates, outputs and cuBLAS workspace; another
-  thread's allocation in that window counts too) plus its share of the static buffers, the
-  bytes of its input views (a view counts its own rows: what the graph reads); on the cpu the
-  bytes of its static buffers: its inputs' views and its outputs;
+- graph bytes: what the graph alone holds: on cuda and npu what the allocator reserved for
+  its own pool while recording (`DeviceGraph.pool_bytes`: its intermediates, outputs and
+  cuBLAS workspace; another thread's allocation in that window counts too), on the cpu its
+  outputs. Its inputs are views of the runner's static buffers, shared by all its graphs and
+  sized by the largest gear whichever gears are held: no graph's bytes;
 - replay seconds: the median of `replays` replays, each synchronised, made before the graph
   serves any request (its outputs are its own; it reads the shared static inputs only):
   REPLAYS on a device, CPU_REPLAYS on the cpu, where a replay re-runs the function and so
@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from gearshift.clock import Clock, MonotonicClock, ThreadCpuClock
 
@@ -82,10 +81,10 @@ class Meter:
         return self.clock.now()
 
     def cost(self, graph: Any, began: float | None, ended: float | None,
-             buffers: Iterable[Any]) -> GraphCost | None:
+             outputs: Iterable[Any]) -> GraphCost | None:
         """The cost of `graph`, captured from `began` to `ended` (None: untimed), its bytes
-        (its pool's and its inputs' among `buffers`, else all of `buffers`) and its replays
-        timed now; None if unmeasured."""
+        (its pool's, else those of its `outputs`) and its replays timed now; None if
+        unmeasured."""
         if began is None or ended is None or self.replays < 1:
             return None
         times = []
@@ -102,14 +101,8 @@ class Meter:
         except Exception as e:
             self._failed("replay", e)
             return None
-        held = getattr(graph, "pool_bytes", None)
-        if held is None:
-            nbytes = static_bytes(buffers)
-        else:  # the outputs are in the pool already
-            outputs = {t.data_ptr() for t in tree_leaves(getattr(graph, "outputs", None))
-                       if isinstance(t, torch.Tensor)}
-            nbytes = held + static_bytes(
-                t for t in buffers if isinstance(t, torch.Tensor) and t.data_ptr() not in outputs)
+        held = getattr(graph, "pool_bytes", None)  # the outputs are in the pool already
+        nbytes = static_bytes(outputs) if held is None else held
         return GraphCost(max(ended - began, 0.0) + max(sum(times), 0.0), max(int(nbytes), 0),
                          max(statistics.median(times), 0.0))
 

@@ -12,9 +12,9 @@ The model (`graphs_model`): pre-norm transformer blocks, width 1024 x 4 layers o
   sizes (SEQLEN 1, B in DECODE); the device synchronised at the end of each timed loop.
 - Capture: seconds per graph (warm-up runs included) and bytes per graph (the drop of
   `mem_get_info` over its capture, the allocator's cache emptied before and after; and what
-  the runner measured, `graph_bytes_measured`: its pool and its share of the static
-  buffers). Baseline: the same graphs captured into one shared pool (the engines' design), its
-  total.
+  the runner measured, `graph_bytes_measured`: its pool; its inputs, views of the runner's
+  static buffers, are no graph's). Baseline: the same graphs captured into one shared pool (the
+  engines' design), its total.
 - Memory returned: `mem_get_info` after releasing half the BATCHSIZE gears, against the bytes
   those graphs held; the baseline's shared pool returns what it returns (nothing, while one of
   its graphs lives).
