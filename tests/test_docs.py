@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.shm import control, mailbox, ring, segment, snapshot
+from gearshift.shm import control, mailbox, ring, segment, snapshot, streams
 
 ROOT = Path(__file__).parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -38,7 +38,7 @@ def _anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
 
-@pytest.mark.parametrize("module", [segment, ring, snapshot, mailbox, control])
+@pytest.mark.parametrize("module", [segment, ring, snapshot, mailbox, control, streams])
 def test_the_architecture_doc_links_each_layout_module_instead_of_copying_its_tables(
     module: object,
 ) -> None:
