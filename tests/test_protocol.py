@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from gearshift import protocol
@@ -84,3 +86,19 @@ def test_profile_changes_keeps_only_well_formed_rows() -> None:
     assert protocol.profile_changes(payload, "other") == []
     assert protocol.profile_changes({"profiles": {"p": {"changes": "x"}}}, "p") == []
     assert protocol.profile_changes(None, "p") == []
+
+
+def _keys(block: str) -> list[str]:
+    return re.findall(r'"(\w+)":', block)
+
+
+def test_the_module_docstring_gives_the_messages_the_code_builds() -> None:
+    """protocol.py's docstring is where the message formats live (docs/architecture.md links to
+    it): its registration and snapshot payload name exactly the keys the code writes."""
+    doc = protocol.__doc__
+    register = doc.split("Registration", 1)[1].split("\n\n", 2)[1]
+    assert _keys(register) == list(protocol.register_message(0, "decode", DIMS))
+    assert '"op": "register"' in register
+    payload = doc.split("Snapshot payload", 1)[1].split("\n\n", 2)[1]
+    built = protocol.snapshot_payload(0, {"decode": {"BATCHSIZE": (1, 8)}})
+    assert _keys(payload) == [*built, *built["profiles"]["decode"]]

@@ -1,5 +1,6 @@
-"""README.md stays true: its commands, its worker example, its configuration tables, and the CLI
-table it links to (docs/tools.md, "The commands")."""
+"""README.md stays true: its commands, its worker example, its deployment figures, and the tables
+it links to: every configuration key with its real default (docs/configuration.md, the one place
+they live) and the CLI table (docs/tools.md, "The commands")."""
 
 from __future__ import annotations
 
@@ -70,11 +71,36 @@ def test_cli_table_names_every_command_and_benchmark() -> None:
         assert f"`{name}`" in table or f"`gearshift bench {name}`" in table, name
 
 
-@pytest.mark.parametrize("config", [PolicyConfig, ControllerConfig])
-def test_configuration_tables_list_every_key(config: type) -> None:
-    table = section("Configuration")
+CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()  # the README links to it
+
+
+def _rows(marker: str) -> dict[str, str]:
+    """The key -> default cells of the table that follows `marker` in docs/configuration.md."""
+    table = CONFIGURATION.split(marker, 1)[1].split("\n\n", 2)[1]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    return {key.strip("| `"): default for key, default, *_ in rows}
+
+
+@pytest.mark.parametrize(("config", "marker"), [(PolicyConfig, "\nPolicy ("),
+                                                (ControllerConfig, "\nController (")])
+def test_configuration_tables_list_every_key_in_one_place(config: type, marker: str) -> None:
+    assert "(docs/configuration.md)" in section("Configuration")
+    assert "| `namespace` |" not in README  # the table lives in docs/configuration.md only
+    keys = " ".join(_rows(marker))
     for field in dataclasses.fields(config):
-        assert f"`{field.name}`" in table, field.name
+        assert field.name in keys, field.name
+
+
+def test_controller_table_gives_each_keys_real_default() -> None:
+    rows = _rows("\nController (")
+    for field in dataclasses.fields(ControllerConfig):
+        cell = rows[field.name].strip("`")
+        if field.default is None:
+            assert cell == "none", field.name
+        elif isinstance(field.default, str):
+            assert cell == (field.default or '""'), field.name
+        else:
+            assert float(cell) == field.default, field.name
 
 
 def test_deployment_states_the_dev_shm_a_node_needs() -> None:

@@ -9,11 +9,11 @@ from multiprocessing.context import BaseContext
 import pytest
 
 from gearshift.errors import LayoutError
-from gearshift.shm import names
+from gearshift.shm import names, streams
 from gearshift.shm.segment import CONSTANTS, LINE, Segment
-from gearshift.shm.streams import LAYOUT, MAGIC, STREAMS, WORDS, StreamLedger
+from gearshift.shm.streams import IDENT, LAYOUT, MAGIC, PIDNS, STREAMS, WORDS, StreamLedger
 from shm import stream_procs
-from shm.procs import WAIT, Spawn
+from shm.procs import WAIT, Spawn, layout_table
 
 
 @pytest.fixture
@@ -64,3 +64,11 @@ def test_a_header_out_of_bounds_is_refused(namespace: str) -> None:
     finally:
         seg.unlink()
         seg.close()
+
+
+def test_layout_table_matches_the_code() -> None:
+    """The docstring's table is the ledger's one layout (docs/architecture.md links to it)."""
+    table = layout_table(streams.__doc__, i=3)
+    assert table["header"] == (0, LINE)
+    for field, word in (("ident[i]", IDENT), ("streams[i]", STREAMS), ("pidns[i]", PIDNS)):
+        assert table[field] == (((1 + 3) * WORDS + word) * 8, 8), field

@@ -15,7 +15,8 @@ from gearshift.tools.bench.simulate import command, markdown, pow2_ceil_gears
 from gearshift.tools.trace import Trace, load_trace
 
 # The dims where plan mode misses issue 7's goal (plan / optimum <= 1.25 at the rounded gear
-# count), as docs/policy.md ("Report") names them: exactly these, no others.
+# count), as docs/benchmarks.md ("Plan mode against pow2, seed mode and the optimum") names them:
+# exactly these, no others.
 MISSED = {("azure_conv_batched", "SEQLEN"), ("azure_conv_prefill", "SEQLEN")}
 
 

@@ -247,7 +247,7 @@ def markdown(traces: dict[str, dict[str, dict[str, dict]]]) -> str:
 
 
 def memory_markdown(traces: dict[str, dict[str, dict[str, dict]]]) -> str:
-    """The table at equal graph memory of docs/policy.md: per trace, dim and capture level,
+    """The table at equal graph memory of docs/benchmarks.md: per trace, dim and capture level,
     the bound (MiB) and each mode's device overhead (padding, peak and mean MiB, mean gears,
     changes per hour); the optimum is the static set that fits the bound; after start-up, the
     clairvoyant that fits it from the first round on (`fitting_after_start`)."""
