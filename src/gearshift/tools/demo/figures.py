@@ -186,8 +186,10 @@ def overall(profiles: dict[str, dict[str, Any]], seconds: float, worker_cpu: flo
 def split(wall: float, workers: float, controller: float,
           lanes: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[float, float, float]]:
     """One arm's slice shared among its profiles (`lanes`: each one's `arm.Lane.figures`):
-    its wall seconds by the wall time of each one's requests and captures, the workers' CPU
-    seconds by their CPU time, the controller's by their count of requests (what it folds).
+    its wall seconds and the controller's CPU seconds by the wall time of each one's requests
+    and captures, the workers' CPU seconds by their CPU time. The controller's go with the
+    wall time, not the count of requests: its loop (drains, scans, status) costs it about the
+    same each second whether requests come or not, folding a request next to nothing.
     Per profile `(wall, workers, controller)`; they add up to the slice's."""
 
     def shares(key: str, *more: str) -> dict[str, float]:
@@ -197,8 +199,7 @@ def split(wall: float, workers: float, controller: float,
 
     by_wall = shares("busy_seconds", "capture_cpu")
     by_cpu = shares("busy_cpu", "capture_cpu")
-    by_count = shares("requests")
-    return {p: (wall * by_wall[p], workers * by_cpu[p], controller * by_count[p]) for p in lanes}
+    return {p: (wall * by_wall[p], workers * by_cpu[p], controller * by_wall[p]) for p in lanes}
 
 
 def spreads(seconds: dict[str, list[float]], cpu: dict[str, list[float]]) -> dict[str, Any]:
