@@ -25,7 +25,9 @@ Ring records: `Kind.SHAPE` / `Kind.EAGER` / `Kind.RECORDED` (`record()`: only re
 `profile` = P, `values` = raw sizes in dim
 order, `version` = the snapshot version the request was routed with; `Kind.MEMORY` readings
 about once a second; `Kind.MEASURED`, one per dim of each graph captured (`ring.measured`:
-gear, capture ns, graph bytes, replay ns; chunks = the dim's index), once P is registered.
+gear, capture ns, graph bytes, replay ns; chunks = the dim's index), once P is registered;
+`Kind.BUFFERS`, one per dim of P's static buffers when they change and every few seconds
+(`ring.buffers`: the dim's gear they are sized at, their bytes, the bytes on the dim, 0).
 """
 
 from __future__ import annotations

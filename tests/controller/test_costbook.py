@@ -18,7 +18,7 @@ from gearshift.controller.costbook import (
     CostBook,
 )
 from gearshift.controller.view import render
-from gearshift.core.costs import Measurement
+from gearshift.core.costs import Line, Measurement
 from gearshift.core.dims import Dim
 from gearshift.core.round import ProfileLedger
 from gearshift.shm import EVENT_DTYPE, Kind, ring
@@ -187,3 +187,45 @@ def test_rounds_are_priced_with_the_measured_costs_and_the_device_s_workers(
     assert priced_b == controller.costs.prices(0, "decode", 1)["B"]
     assert priced_b.workers == 1  # device 0's one worker: the other device's is not counted
     assert controller.prices(1) == {"decode": {}}  # nothing measured there: unpriced
+
+
+def buffers(*rows: tuple[int, int, int, int, int]) -> np.ndarray:
+    """BUFFERS records of (profile id, dim index, gear, bytes, bytes on the dim)."""
+    events = np.zeros(len(rows), EVENT_DTYPE)
+    for e, (profile, dim, cap, total, scaling) in zip(events, rows, strict=True):
+        v0, v1, v2, v3, meta, counts = ring.buffers(profile, 3, dim, cap, total, scaling)
+        e["values"] = (v0, v1, v2, v3)
+        e["kind"], e["ndim"], e["profile"], e["version"] = Kind.BUFFERS, 4, profile, 3
+        e["chunks"][0] = counts
+        assert meta >> 48 & 0xFF == Kind.BUFFERS
+    return events
+
+
+def test_buffers_records_are_checked_and_the_last_of_each_dim_is_priced() -> None:
+    book, profile = CostBook(), ledger()
+    for gear in (8, 64):  # B priced: two gears measured
+        book.add(0, "decode", "B", Measurement(gear, 0.1, 1000, gear * 1e-5))
+    assert book.prices(0, "decode", 2)["B"].buffers == Line()  # none reported: none counted
+    events = buffers(
+        (0, 0, 8, 1000, 800),  # B at 8: superseded by the next
+        (0, 0, 16, 1800, 1600),  # kept: 200 + 100 a row
+        (0, 1, 128, 1800, 1800),  # kept: S
+        (0, 0, 100, 1800, 1600),  # outside B's bounds: invalid
+        (0, 0, 0, 1800, 1600),  # a gear of 0: invalid
+        (0, 0, 16, 1800, 1801),  # more bytes on the dim than in all: invalid
+        (0, 0, 16, -1, 0),  # negative bytes: invalid
+        (0, 0, 16, 1 << 50, 0),  # over MAX_GRAPH_BYTES: invalid
+        (0, 2, 16, 1800, 1600),  # no third dim: invalid
+        (1, 0, 16, 1800, 1600),  # a profile id no registration maps: unknown
+    )
+    reserved = buffers((0, 0, 16, 1, 1))
+    reserved["values"][0, 3] = 7  # the reserved value is not 0: invalid
+    events = np.concatenate([events, reserved])
+    keys = np.where(events["profile"] == 0, 7, -1)
+    book.take(events, keys, lambda key: (0, "decode", profile))
+    assert book.counts == {"measured": 0, "unknown": 1, "invalid": 7}
+    assert book.buffers(0, "decode") == {"B": Line(200.0, 100.0), "S": Line(0.0, 1800 / 128)}
+    priced = book.prices(0, "decode", 2)["B"]
+    assert priced.buffers == Line(200.0, 100.0) and priced.buffer_bytes(16) == 2 * 1800
+    book.forget(0, "decode")
+    assert book.buffers(0, "decode") == {}

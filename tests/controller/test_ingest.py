@@ -62,9 +62,10 @@ def test_unknown_ids_out_of_bounds_values_and_odd_kinds_are_counted_not_folded()
             (1.0, 9, (8,), Kind.SHAPE),
             (1.0, 0, (8,), 77),
             (1.0, 0, (1 << 30, 1 << 31), Kind.MEMORY),
+            (1.0, 0, (8, 96, 64, 0), Kind.BUFFERS),  # the cost book's, not a sample
         ]
     )
-    out = ingest.fold(events, np.array([0, 0, 0, -1, 0, 0]), [decode], now=2.0)
+    out = ingest.fold(events, np.array([0, 0, 0, -1, 0, 0, 0]), [decode], now=2.0)
     assert out == ingest.FoldCounts(folded=1, unknown=1, invalid=3)
     assert decode.stats["B"].view(2.0).values.tolist() == [8]
 

@@ -57,6 +57,7 @@ def test_metrics_endpoint_serves_the_status_document(namespace: str, tmp_path: P
     assert not any(line.startswith("gearshift_replay_fit_seconds{") for line in lines)  # 1 gear
     # nothing priced yet (one gear measured): no graph bytes held, no bound
     assert 'gearshift_graph_bytes{device="0"} 0.0' in lines
+    assert 'gearshift_graph_buffer_bytes{device="0"} 0.0' in lines
     assert not any(line.startswith("gearshift_graph_bytes_bound{") for line in lines)
 
 

@@ -64,6 +64,9 @@ def test_a_device_shows_its_graph_bytes_against_its_bound() -> None:
     assert "graphs 1.5 GiB (bound 2 GiB)" in text
     view = _view()
     view["status"]["devices"][0]["graph_bytes"] = {"held": 3 << 20, "bound": None}
-    assert "graphs 3 MiB (no bound)" in render(view)
+    assert "graphs 3 MiB (no bound)" in render(view)  # an older document: no buffers
+    view["status"]["devices"][0]["graph_bytes"] = {"held": 3 << 20, "bound": 4 << 20,
+                                                   "buffers": 1 << 20}
+    assert "graphs 3 MiB with buffers 1 MiB (bound 4 MiB)" in render(view).replace("\xa0", " ")
     view["status"]["devices"][0]["graph_bytes"] = {"held": 0.0, "bound": None}
     assert "graphs" not in render(view)  # nothing priced yet

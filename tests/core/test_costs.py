@@ -17,11 +17,15 @@ from gearshift.core.costs import (
     Line,
     Measurement,
     Prices,
+    buffer_bytes,
+    buffer_line,
     fit,
     isotonic,
     prices_for,
+    spent,
 )
 from gearshift.core.dims import MAX_VALUE, Dim
+from gearshift.core.gears import DimGears
 from gearshift.errors import ShapeError
 
 GOOD = {"gear": 64, "capture_seconds": 0.2, "graph_bytes": 1 << 20, "replay_seconds": 1e-3}
@@ -222,3 +226,34 @@ def test_fit_keeps_the_largest_max_points_gears() -> None:
     costs = fit(ms)
     assert costs.replay is not None and len(costs.replay.gears) == MAX_POINTS
     assert costs.replay.gears[0] == 11 and costs.measurements == MAX_POINTS + 10
+
+
+def test_a_buffers_report_is_a_line_in_the_dims_largest_gear() -> None:
+    assert buffer_line(1024, 3 * 1024 + 100, 3 * 1024) == Line(100.0, 3.0)
+    assert buffer_line(1, 0, 0) == Line()
+
+
+@pytest.mark.parametrize(("cap", "total", "scaling"), [
+    (0, 10, 5), (MAX_VALUE + 1, 10, 5), (8, -1, 0), (8, MAX_GRAPH_BYTES + 1, 0), (8, 10, 11),
+    (8, 10, -1), (8.0, 10, 5), (True, 10, 5), (8, 10.5, 5), (8, None, 0),
+])
+def test_a_hostile_buffers_report_is_refused(cap: object, total: object, scaling: object) -> None:
+    with pytest.raises(ShapeError, match="buffers"):
+        buffer_line(cap, total, scaling)  # type: ignore[arg-type]
+
+
+def test_the_buffers_count_once_per_profile_at_its_largest_gears_and_bounded() -> None:
+    p = {"S": Prices(Line(), workers=3, buffers=Line(10.0, 2.0)),
+         "B": Prices(Line(), workers=3, buffers=Line(0.0, 100.0)), "C": Prices(Line(), 3)}
+    assert buffer_bytes(p, {"S": 5, "B": 0, "C": 7}) == 3 * 20.0  # the larger line, once
+    assert buffer_bytes(p, {"S": 5, "B": 1}) == 3 * 100.0
+    assert buffer_bytes({"C": p["C"]}, {"C": 7}) == 0.0  # unreported
+    assert p["S"].buffer_growth(5, 10) == 3 * 10.0 and p["S"].buffer_growth(5, 5) == 0.0
+    huge = Prices(Line(), buffers=Line(0.0, float(MAX_GRAPH_BYTES)))
+    assert huge.buffer_bytes(MAX_VALUE) == MAX_GRAPH_BYTES  # a worker's figure, bounded
+
+
+def test_spent_counts_what_the_buffers_grow_by() -> None:
+    p = {"S": Prices(Line(), workers=2, bytes=Line(1.0), buffers=Line(0.0, 1.0))}
+    before, after = {"S": DimGears((8, 16), {})}, {"S": DimGears((8, 16, 32), {})}
+    assert spent(p, before, after) == 2 * 1.0 + 2 * 16.0

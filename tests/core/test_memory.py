@@ -88,8 +88,56 @@ def test_a_round_keeps_the_gears_within_the_bound(ratio: float | None, most: int
 
 def test_device_usage_reads_a_ledger_as_a_round_prices_it() -> None:
     ledger = _ledger(CFG)
-    assert device_usage(ledger.profiles, COUNT, CFG) == (8.0, 10.0)
+    assert device_usage(ledger.profiles, COUNT, CFG) == (8.0, 10.0, 0.0)
     unmeasured = {"p": {"S": Prices(Line())}}  # the model's bytes a graph
     assert device_usage(ledger.profiles, unmeasured, CFG) == (
-        8.0 * MODEL_GRAPH_BYTES, 10.0 * MODEL_GRAPH_BYTES)
-    assert device_usage(ledger.profiles, {}, CFG) == (0.0, None)
+        8.0 * MODEL_GRAPH_BYTES, 10.0 * MODEL_GRAPH_BYTES, 0.0)
+    assert device_usage(ledger.profiles, {}, CFG) == (0.0, None, 0.0)
+
+
+# -- the static buffers: counted once per profile and worker, at its largest gears --
+
+TOKEN = {"p": {"S": Prices(Line(), workers=2, bytes=Line(0.0, 1.0), buffers=Line(0.0, 1.0))}}
+
+
+def test_the_buffers_count_once_at_the_largest_gear_in_the_start_the_bound_and_held() -> None:
+    graphs = 2 * sum(LADDER)  # two workers
+    assert start_bytes(DIMS, TOKEN) == graphs + 2 * 1024  # one buffer set a worker, at 1024
+    assert bound(DIMS, TOKEN, CFG) == 1.25 * (graphs + 2 * 1024)
+    assert held_bytes({"p": {"S": [8, 100]}}, TOKEN) == 2 * 108 + 2 * 100
+    assert device_usage(_ledger(CFG).profiles, TOKEN, CFG)[2] == 2 * 1024
+    one = {"p": {"S": Dim(gears=(1024,), max=1024)}}  # the floor: its graphs beside the buffers
+    assert bound(one, TOKEN, CFG) == 2 * (FLOOR_GRAPHS * 1024 + 1024)
+
+
+def test_unreported_buffers_change_nothing() -> None:
+    none = {"p": {"S": dataclasses.replace(TOKEN["p"]["S"], buffers=Line())}}
+    assert start_bytes(DIMS, none) == 2 * sum(LADDER)
+    assert held_bytes({"p": {"S": [8, 100]}}, none) == 2 * 108
+
+
+def test_a_profile_of_several_dims_counts_its_buffers_once() -> None:
+    dims = {"p": {"S": Dim(gears=(8, 16), max=64), "B": Dim(gears=(2, 4), max=8)}}
+    both = {"p": {"S": Prices(Line(), bytes=Line(1.0), buffers=Line(0.0, 4.0)),  # 4·S·B0, B0=4
+                  "B": Prices(Line(), bytes=Line(1.0), buffers=Line(0.0, 16.0))}}  # at S=16
+    assert start_bytes(dims, both) == 4 + 64
+    assert held_bytes({"p": {"S": [8, 32], "B": [4]}}, both) == 3 + 128  # S moved: its line
+
+
+def test_with_the_buffers_reported_a_round_decides_as_under_the_room_they_leave() -> None:
+    """Reported, the buffers join the start (the bound) and what is held, once: a round then
+    decides as one without them under a bound in bytes of the room that leaves the graphs."""
+    prices = {"p": {"S": Prices(Line(), bytes=Line(0.0, 1.0), buffers=Line(0.0, 2.0))}}
+    room = 1.25 * (sum(LADDER) + 2 * 1024) - 2 * 1024
+    plain = {"p": {"S": dataclasses.replace(prices["p"]["S"], buffers=Line())}}
+    gears = []
+    for config, priced in ((CFG, prices), (PolicyConfig(graph_memory_budget_bytes=room), plain)):
+        config = dataclasses.replace(config, min_window_events=1)
+        ledger = _ledger(config)
+        for now in np.arange(15.0, 600.0, 15.0):
+            round = decide_round(ledger, float(now), None, config, prices=priced)
+            if round is not None:
+                ledger.apply(round)
+        gears.append(ledger.profiles["p"].gears["S"].gears)
+    assert gears[0] == gears[1] and gears[0] != LADDER
+    assert sum(gears[0]) > 1.25 * sum(LADDER)  # more room than the bound without the buffers

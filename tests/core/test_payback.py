@@ -362,3 +362,15 @@ def test_a_move_that_evicts_a_used_gear_also_pays_for_capturing_it_again(
     prices = Prices(Line(saved / 1.5), bytes=Line(0.0, 1.0), headroom=450.0)
     d = run((100, 1024), events, prices)
     assert sorted(actions(d)) == ([("add", 500), ("evict", 100)] if moved else [])
+
+
+@pytest.mark.parametrize(("buffers", "head"), [
+    (Line(), [("add", 1100), ("add", 500)]),  # unreported: the cover takes nothing
+    (Line(0.0, 1.0), [("add", 1100), ("evict", 1024), ("add", 500)]),  # 76 bytes more
+])
+def test_a_cover_takes_what_it_grows_the_buffers_by_from_the_headroom(
+        buffers: Line, head: list[tuple[str, int]]) -> None:
+    # 550 bytes of room: 500 fits beside the new largest gear 1100, not once the buffers
+    # grow by 1100 - 1024 bytes, and then only traded for 1024.
+    prices = Prices(FREE, bytes=Line(0.0, 1.0), headroom=550.0, buffers=buffers)
+    assert actions(run((1024,), TWO + at(OLD, 1100, 2), prices))[:len(head)] == head

@@ -308,3 +308,11 @@ def test_cuda_variants_match_eager() -> None:
         x = torch.randn(b, H, device="cuda")
         torch.testing.assert_close(r.run({"x": x}), f(x))
     assert r.stats["eager"] == 0 and r.release("BATCHSIZE", 4) == 1
+
+
+def test_buffer_bytes_are_the_static_buffers_at_the_largest_gears_captured() -> None:
+    r = make()  # x: B x S x H floats and mask: B x S floats, at (4, 16); scale is not bound
+    size = 4 * 16 * (H + 1) * 4
+    assert r.buffer_bytes() == {"BATCHSIZE": (4, size, size), "SEQLEN": (16, size, size)}
+    r.capture([{"BATCHSIZE": 8, "SEQLEN": 16}])  # beyond the buffers: larger ones
+    assert r.buffer_bytes()["BATCHSIZE"] == (8, 2 * size, 2 * size)

@@ -302,6 +302,27 @@ def test_the_default_bound_holds_priced_graphs_to_the_start_up_bytes_plus_the_sl
     assert runs[1.25].peak_bytes <= runs[1.25].budget < runs[None].peak_bytes
 
 
+def test_modelled_buffers_count_once_at_the_largest_gear_and_leave_more_room() -> None:
+    trace = slice_of("azure_code_prefill", 20)
+    dims = policy_dims(trace, "adaptive", cost=device_costs(trace))
+    per_token = {"SEQLEN": Line(0.0, 8e4)}
+    runs = [simulate(trace, dims, PolicyConfig(),
+                     device=Device(Line(0.05), 2, priced=True, bytes=per_token, buffers=b))
+            for b in (None, per_token)]
+    plain, buffered = runs
+    top = dims["SEQLEN"].initial_gears[-1]
+    start = 2 * 8e4 * sum(dims["SEQLEN"].initial_gears)
+    assert plain.budget == pytest.approx(1.25 * start) and plain.segment_buffers is None
+    assert buffered.budget == pytest.approx(1.25 * (start + 2 * 8e4 * top))
+    tops = np.array([g[-1] for g in buffered.dims["SEQLEN"].gears], float)
+    assert buffered.segment_buffers == pytest.approx(2 * 8e4 * tops)
+    assert buffered.peak_bytes <= buffered.budget
+    graphs = buffered.dims["SEQLEN"].mean_bytes  # the quarter of the buffers: more graphs
+    assert graphs > plain.dims["SEQLEN"].mean_bytes
+    assert "buffers" in buffered.summary()["graph_bytes"]
+    assert "buffers" not in plain.summary()["graph_bytes"]
+
+
 def test_the_largest_gear_only_grows_under_drift_and_memory_pressure() -> None:
     # Sizes drift down from ~8000 (under the largest gear, 16384) to ~100, then up past it;
     # memory is short for the middle third. The largest gear goes up (cover), never down.

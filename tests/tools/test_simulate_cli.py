@@ -315,7 +315,12 @@ def test_graph_bytes_and_budget_are_reported_and_checked() -> None:
     assert data["dims"]["SEQLEN"]["peak_graph_bytes"] == data["graph_bytes"]["peak"]
     code, out, _ = run(*args, "--graph-budget", "none")
     assert code == EXIT_OK and "(no bound)" in out and "graph memory: peak" in out
+    code, out, _ = run(*args, "--buffer-bytes", "SEQLEN=0,8e4", "--json")
+    assert code == EXIT_OK
+    buffered = json.loads(out)["graph_bytes"]
+    assert 0 < buffered["buffers"]["peak"] <= buffered["peak"] <= buffered["budget"]
     for bad in (("--graph-budget", "lots"), ("--graph-bytes", "SEQLEN=1,2,3"),
-                ("--graph-bytes", "NOPE=1"), ("--graph-bytes", "SEQLEN=-1")):
+                ("--graph-bytes", "NOPE=1"), ("--graph-bytes", "SEQLEN=-1"),
+                ("--buffer-bytes", "SEQLEN=1,2,3"), ("--buffer-bytes", "NOPE=1")):
         code, _, err = run("azure_code_prefill", *bad)
         assert code == EXIT_USAGE and bad[0] in err

@@ -13,7 +13,7 @@ from fakeclock import FakeClock
 
 import gearshift as gs
 from gearshift.graphs.measure import GraphCost
-from gearshift.shm import Kind, Registry
+from gearshift.shm import Kind, Registry, ring
 from gearshift.worker import measured as measured_module
 from gearshift.worker.measured import Measured
 from worker.fake_controller import FakeController
@@ -118,3 +118,87 @@ def test_pending_is_bounded_and_out_of_bounds_costs_and_full_rings_drop() -> Non
     assert measured.flush(lambda *a: writes.append(a) or next(room), 5, 3, 9) == 2
     assert measured.dropped == 8 and len(measured.pending) == measured_module.MAX_PENDING - 3
     assert writes[0][:2] == (5, 6)  # t_ns, the gear
+
+
+class BufferedRunner(MeasuringRunner):
+    """MeasuringRunner with static buffers: `footprint` per dim (gear, bytes, bytes on it)."""
+
+    def __init__(self, dims: Mapping[str, gs.Dim]) -> None:
+        super().__init__(dims)
+        self.footprint: Any = {"B": (8, 96, 64)}
+
+    def buffer_bytes(self) -> Any:
+        return self.footprint
+
+
+def test_the_buffers_go_when_they_change_and_again_every_resend_ns() -> None:
+    measured, runner = Measured(["B"]), BufferedRunner({"B": gs.Dim()})
+    writes: list[tuple[int, ...]] = []
+
+    def write(*record: int) -> bool:
+        writes.append(record)
+        return True
+
+    measured.collect(runner)
+    assert measured.due(0) and measured.flush(write, 0, 3, 9) == 0  # no measurement, buffers
+    assert writes == [(0, *ring.buffers(3, 9, 0, 8, 96, 64))]
+    measured.collect(runner)
+    assert not measured.due(measured_module.RESEND_NS - 1)  # unchanged: not yet again
+    assert measured.due(measured_module.RESEND_NS)
+    runner.footprint = {"B": (16, 160, 128)}  # grown: at once
+    measured.collect(runner)
+    assert measured.due(1)
+    measured.flush(write, 1, 3, 9)
+    assert writes[-1] == (1, *ring.buffers(3, 9, 0, 16, 160, 128))
+
+
+@pytest.mark.parametrize("footprint", [
+    {"B": (8, 96, 97)}, {"B": (0, 96, 64)}, {"B": (8, -1, 0)}, {"SEQLEN": (8, 96, 64)},
+    {"B": (8, 96)}, {"B": ("x", 1, 1)},
+])
+def test_buffers_out_of_bounds_are_not_sent(footprint: Any) -> None:
+    measured, runner = Measured(["B"]), BufferedRunner({"B": gs.Dim()})
+    runner.footprint = footprint
+    measured.collect(runner)
+    assert measured.buffers is None and not measured.due(0)
+
+
+def test_a_workers_buffers_reach_the_controllers_memory_bound(namespace: str, tmp_path) -> None:
+    """A real runner's static buffers (x: SEQLEN x H floats, sized by the largest gear) go
+    from the worker's ring to the controller's cost book, and the device's bound and held
+    bytes count them once: the bound is 1.25 x the start-up graphs and buffers."""
+    import torch
+
+    from gearshift.controller.config import ControllerConfig
+    from gearshift.controller.controller import Controller
+    from gearshift.core import memory
+    from gearshift.core.costs import Line
+    from gearshift.graphs.backends import CpuBackend
+    from gearshift.graphs.pool import GraphResourcePool
+    from gearshift.operator import PolicyConfig
+    from worker.fake_controller import ServingClock
+
+    h, dims = 4, {"SEQLEN": gs.Dim(gears=[8, 16], max=64)}
+    config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))
+    clock = ServingClock(lambda: None, start=1000.0)
+    controller = Controller.open(config, PolicyConfig(), clock=clock)
+    clock.serve = controller.step
+    try:
+        with gs.Client(Registry.attach(namespace), 0, clock=clock, background=False) as client:
+            prof = client.profile("p", dims, lazy_start=False)
+            transform = gs.Transform(torch.tanh, prof.dims, {"x": ("S", None)})
+            prof.attach(gs.AdaptiveRunner(transform, {"x": torch.zeros(1, h)},
+                                          pool=GraphResourcePool(CpuBackend())))
+            client._tick()  # captures 8 and 16, reports them and the buffers
+            controller.step()
+            assert controller.costs.buffers(0, "p") == {"SEQLEN": Line(0.0, 4.0 * h)}
+            prices = controller.prices(0)
+            held, bound, buffers = memory.device_usage(controller.devices[0].profiles, prices,
+                                                       controller.policy)
+            graphs = prices["p"]["SEQLEN"].held_bytes([8, 16])
+            assert buffers == 16 * h * 4 and held == graphs + buffers
+            assert bound == pytest.approx(1.25 * (graphs + buffers))
+            doc = controller.status_document(clock.now())["devices"][0]["graph_bytes"]
+            assert doc == {"held": held, "bound": bound, "buffers": buffers}
+    finally:
+        controller.close()

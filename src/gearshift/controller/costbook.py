@@ -7,7 +7,12 @@ worker's registrations (unmapped: counted `unknown`); the dim's index, the gear 
 bounds, and seconds and bytes within `core.costs.Measurement`'s bounds are checked (else
 `invalid`); a gear the profile does not know (not among its gears, those it evicted lately or
 the dim's initial ones) is `unknown`; past MAX_TAKE records of one drain the rest are `invalid`
-(a flood). Checks are numpy passes; only the records kept cost Python.
+(a flood). Checks are numpy passes; only the records kept cost Python. BUFFERS records (the
+static input buffers a profile's graphs share on a worker) are checked alike (the dim's index,
+its gear within the dim's bounds, 0 <= bytes on the dim <= bytes <= MAX_GRAPH_BYTES, the
+reserved value 0; else `invalid`); per dim the last valid one of a drain is kept, as the Line
+`core.costs.buffer_line` makes of it, and priced with the dim (`Prices.buffers`). They are not
+saved: a worker sends them again every few seconds.
 
 Memory is bounded whatever the workers send: per dim, the last PER_GEAR measurements of each
 of the MAX_GEARS gears measured last. `costs` fits each dim (`core.costs.fit`, cached until it
@@ -29,8 +34,10 @@ from gearshift.core.costs import (
     MAX_MEASURED_SECONDS,
     Curve,
     DimCosts,
+    Line,
     Measurement,
     Prices,
+    buffer_line,
     fit,
     prices_for,
 )
@@ -55,7 +62,9 @@ class CostBook:
     def __init__(self) -> None:
         self._book: dict[Profile, dict[str, OrderedDict[int, deque[Measurement]]]] = {}
         self._fits: dict[Profile, dict[str, DimCosts]] = {}
+        self._buffers: dict[Profile, dict[str, Line]] = {}  # per dim, the last report's Line
         self.counts = {"measured": 0, "unknown": 0, "invalid": 0}
+        self.buffer_reports = 0  # BUFFERS records kept
 
     def add(self, device: int, profile: str, dim: str, m: Measurement) -> None:
         """Keep `m`, the latest of its gear; the oldest beyond the bounds go."""
@@ -71,6 +80,11 @@ class CostBook:
         """Drop a profile's measurements (it was declared anew: its dims may differ)."""
         self._book.pop((device, profile), None)
         self._fits.pop((device, profile), None)
+        self._buffers.pop((device, profile), None)
+
+    def buffers(self, device: int, profile: str) -> dict[str, Line]:
+        """Per dim, the profile's static buffers on one worker as its last report's Line."""
+        return dict(self._buffers.get((device, profile), {}))
 
     def measurements(self, device: int, profile: str) -> dict[str, list[Measurement]]:
         """Per dim, the measurements kept, gear by gear (least recently measured first)."""
@@ -89,12 +103,14 @@ class CostBook:
         """What plan mode prices the profile's dims with, for `workers` on the device that
         capture each gear; only dims with a replay curve (`core.costs.prices_for`)."""
         costs = self.costs(device, profile)
-        return prices_for(costs, workers) if costs else {}
+        return prices_for(costs, workers, buffers=self.buffers(device, profile)) if costs else {}
 
     def take(self, events: np.ndarray, keys: np.ndarray, profile_of: ProfileOf) -> None:
-        """Check and keep the MEASURED records among `events` (EVENT_DTYPE, one drained ring),
-        whose global profile `keys` (-1: unknown) give their profile (`profile_of`)."""
-        rows = np.flatnonzero(events["kind"] == Kind.MEASURED)
+        """Check and keep the MEASURED and BUFFERS records among `events` (EVENT_DTYPE, one
+        drained ring), whose global profile `keys` (-1: unknown) give their profile
+        (`profile_of`)."""
+        kind = events["kind"]
+        rows = np.flatnonzero((kind == Kind.MEASURED) | (kind == Kind.BUFFERS))
         if not len(rows):
             return
         mine = keys[rows]
@@ -106,7 +122,37 @@ class CostBook:
             if ledger is None:
                 self.counts["unknown"] += len(records)
                 continue
+            buffers = records["kind"] == Kind.BUFFERS
+            if buffers.any():
+                self._take_buffers(device, name, ledger, records[buffers])
+                records = records[~buffers]
             budget -= self._take_profile(device, name, ledger, records, budget)
+
+    def _take_buffers(self, device: int, name: str, ledger: ProfileLedger,
+                      records: np.ndarray) -> None:
+        """Keep, per dim, the last valid BUFFERS record of one profile's (module docstring)."""
+        dims = list(ledger.dims.values())
+        index = records["chunks"][:, 0].astype(np.int64)
+        values = records["values"]
+        ok = (records["ndim"] == MAX_DIMS) & (index < len(dims)) & (values[:, 3] == 0)
+        ok &= ((values[:, 2] >= 0) & (values[:, 2] <= values[:, 1])
+               & (values[:, 1] <= MAX_GRAPH_BYTES))
+        at = np.where(ok, index, 0)
+        ok &= ((values[:, 0] >= np.array([d.min for d in dims])[at])
+               & (values[:, 0] <= np.array([d.max for d in dims])[at]))
+        self.counts["invalid"] += int(np.count_nonzero(~ok))
+        valid = np.flatnonzero(ok)
+        last = {int(index[i]): i for i in valid.tolist()}  # the last of each dim
+        names = list(ledger.dims)
+        for i, row in last.items():
+            cap, total, scaling, _ = values[row].tolist()
+            try:
+                line = buffer_line(cap, total, scaling)
+            except ShapeError:
+                self.counts["invalid"] += 1
+                continue
+            self._buffers.setdefault((device, name), {})[names[i]] = line
+        self.buffer_reports += len(valid)
 
     def _take_profile(self, device: int, name: str, ledger: ProfileLedger,
                       records: np.ndarray, budget: int) -> int:

@@ -4,8 +4,8 @@ A batch is the records drained from several rings, concatenated, with a parallel
 global profile keys (`ProfileKeys`: each record's worker-local profile id mapped through its
 worker's registrations; -1 when that id is not registered). SHAPE, EAGER and RECORDED records
 are samples of their profile's dims (an eager or only recorded run is still a request of that
-size); MEMORY records are device memory readings; MEASURED records are the cost book's
-(`costbook.CostBook.take`), not samples. `Batch` holds drained records until `limit` of them
+size); MEMORY records are device memory readings; MEASURED and BUFFERS records are the cost
+book's (`costbook.CostBook.take`), not samples. `Batch` holds drained records until `limit` of them
 are waiting and counts what it consumed and folded (the status document's event counters).
 """
 
@@ -39,8 +39,8 @@ def fold(
     kind = events["kind"].copy()  # one pass over the records; then compact arrays only
     is_sample = (kind == Kind.SHAPE) | (kind == Kind.EAGER) | (kind == Kind.RECORDED)
     samples = int(np.count_nonzero(is_sample))
-    odd = len(kind) - samples - int(np.count_nonzero((kind == Kind.MEMORY)
-                                                     | (kind == Kind.MEASURED)))
+    odd = len(kind) - samples - int(np.count_nonzero(
+        (kind == Kind.MEMORY) | (kind == Kind.MEASURED) | (kind == Kind.BUFFERS)))
     take = is_sample & (keys >= 0)
     unknown = samples - int(np.count_nonzero(take))
     if not take.all():

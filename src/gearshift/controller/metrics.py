@@ -139,7 +139,10 @@ class _Collector:
         measured.add_metric([], doc["events"].get("measured", 0))
         costs = _CostFamilies(GaugeMetricFamily, dim)
         held = GaugeMetricFamily("gearshift_graph_bytes", "Bytes the priced graphs of the "
-                                 "device hold, on all its workers", labels=["device"])
+                                 "device hold, and their static buffers, on all its workers",
+                                 labels=["device"])
+        buffers = GaugeMetricFamily("gearshift_graph_buffer_bytes", "The static input buffers' "
+                                    "part of gearshift_graph_bytes", labels=["device"])
         bound = GaugeMetricFamily("gearshift_graph_bytes_bound", "The device's graph memory "
                                   "bound (absent: none)", labels=["device"])
         for dev in doc["devices"]:
@@ -147,6 +150,7 @@ class _Collector:
             version.add_metric([device], dev["version"])
             graphs = dev.get("graph_bytes") or {}
             held.add_metric([device], graphs.get("held", 0.0))
+            buffers.add_metric([device], graphs.get("buffers") or 0.0)
             if graphs.get("bound") is not None:
                 bound.add_metric([device], graphs["bound"])
             lag.add_metric([device], dev["lag"]["count"], dev["lag"]["seconds_sum"])
@@ -156,7 +160,7 @@ class _Collector:
                     padding.add_metric([device, p["name"], d["name"]], d["padding"])
                     costs.add([device, p["name"], d["name"]], d.get("costs"))
         yield from (consumed, dropped, rejected, reclaimed, exited, rounds, version, lag, gears,
-                    padding, measured, held, bound, *costs.families)
+                    padding, measured, held, buffers, bound, *costs.families)
 
 
 class _CostFamilies:

@@ -25,8 +25,9 @@ decayed mean pad ratio of the dim's requests; `samples` the events in the window
 `history_samples` those in the plan's history (`PolicyConfig.history`); `costs` what the
 workers measured of the dim's graphs (`CostBook.view`: measurements, per measured gear its
 count, median and fitted replay seconds, capture seconds and graph bytes as {a, b} of
-a + b·gear), None before any; a device's `graph_bytes` {"held", "bound"}: what its priced
-dims' graphs hold on all its workers, and its memory bound (None: none; `core.memory`);
+a + b·gear), None before any; a device's `graph_bytes` {"held", "bound", "buffers"}: what its
+priced dims' graphs and their profiles' static buffers hold on all its workers, its memory
+bound (None: none; `core.memory`), and the buffers' part of "held" (0 where unreported);
 `measured` counts the measurement records kept (`unknown` and
 `invalid` count the refused ones with the samples). A restarted
 controller reads the last document to map the live workers' profile ids again before they
@@ -151,11 +152,11 @@ def document(
     changes: Mapping[int, Mapping[str, list[list[Any]]]],
     costs: CostBook | None = None,
     final_save: str | None = None,
-    graph_bytes: Mapping[int, tuple[float, float | None]] | None = None,
+    graph_bytes: Mapping[int, tuple[float, float | None, float]] | None = None,
 ) -> dict[str, Any]:
     """The status document at `now`: the event `counts`, decision `rounds`, the `workers`,
     and per device of `devices` its `memory_usage`, `lags`, last round's `changes` and the
-    measured `costs` of its profiles, and its `graph_bytes` (held, bound)."""
+    measured `costs` of its profiles, and its `graph_bytes` (held, bound, buffers)."""
     worker_entries = [
         {
             "slot": w.info.slot,
@@ -179,8 +180,8 @@ def document(
                 "device": device,
                 "version": dev.version,
                 "memory_usage": memory_usage.get(device),
-                "graph_bytes": dict(zip(("held", "bound"),
-                                        (graph_bytes or {}).get(device, (0.0, None)),
+                "graph_bytes": dict(zip(("held", "bound", "buffers"),
+                                        (graph_bytes or {}).get(device, (0.0, None, 0.0)),
                                         strict=True)),
                 "last_update": dev.last_update,
                 "lag": dataclasses.asdict(lag)

@@ -285,11 +285,14 @@ def _fit(names: list[str], room: int) -> str:
 
 
 def _graphs(held: dict[str, Any] | None) -> str:
-    """The device's priced graphs against its bound, or nothing before any is priced."""
+    """The device's priced graphs (with their buffers, where reported) against its bound, or
+    nothing before any is priced."""
     if not held or (not held.get("held") and held.get("bound") is None):
         return ""
     bound = "no bound" if held["bound"] is None else f"bound {_bytes(held['bound'])}"
-    return f", graphs{NB}{_bytes(held['held'])} ({bound})"
+    buffers = held.get("buffers") or 0.0  # absent from an older controller's document
+    with_buffers = f" with buffers{NB}{_bytes(buffers)}" if buffers > 0 else ""
+    return f", graphs{NB}{_bytes(held['held'])}{with_buffers} ({bound})"
 
 
 def _seconds(t: float) -> str:

@@ -6,9 +6,11 @@ gear (isotonic over the per-gear medians, linear in between and beyond: a captur
 graph's work, convex in the gear where that work is, as on the cpu, nearly flat where launch
 overheads dominate, so no straight line fits both), and graph bytes as a `Line`, A + B·gear
 (least squares over the per-gear medians, A and B never negative). `Prices` is what plan mode
-prices one dim's moves with (docs/policy.md, "Priced decisions"). Pure: data in, fits out; no
-clock, I/O or torch. Every measured value is bounded on construction, so a broken worker's
-figures are refused (`ShapeError`), never fitted.
+prices one dim's moves with (docs/policy.md, "Priced decisions"), with the bytes of its
+profile's static input buffers where a worker reported them (`buffer_line`: counted once per
+profile and worker, at its largest gears, `buffer_bytes`). Pure: data in, fits out; no clock,
+I/O or torch. Every measured value is bounded on construction, so a broken worker's figures
+are refused (`ShapeError`), never fitted.
 """
 
 from __future__ import annotations
@@ -167,13 +169,16 @@ class Prices:
     """What plan mode prices one dim's moves with: `replay` seconds per chunk (None: the Dim's
     own `cost` is in seconds), `capture` seconds per gear and per worker (measured: a Curve; a
     model: a Line), `workers` that each capture a gear added, graph `bytes` per gear and
-    worker, and the device's `headroom` in bytes under its budget (None: no budget)."""
+    worker, the device's `headroom` in bytes under its budget (None: no budget), and the
+    bytes of the profile's static `buffers` on each worker as a Line in this dim's largest gear
+    (`buffer_line`; Line(): not reported, not counted)."""
 
     capture: Line | Curve
     workers: int = 1
     replay: Curve | None = None
     bytes: Line = Line()
     headroom: float | None = None
+    buffers: Line = Line()
 
     def work(self, dim: Dim) -> Any:
         """Seconds of a chunk of each size: the measured curve, else the Dim's cost."""
@@ -188,18 +193,57 @@ class Prices:
         g = np.asarray(list(gears), float)
         return float(self.bytes(g).sum()) * self.workers if g.size else 0.0
 
+    def buffer_bytes(self, top: int) -> float:
+        """The profile's static buffers on every worker with this dim's largest gear `top`
+        (at most MAX_GRAPH_BYTES a worker; 0 where not reported)."""
+        return min(float(self.buffers(top)), MAX_GRAPH_BYTES) * self.workers
 
-def prices_for(costs: Mapping[str, DimCosts], workers: int,
-               headroom: float | None = None) -> dict[str, Prices]:
+    def buffer_growth(self, top: int, new_top: int) -> float:
+        """What the buffers grow by, on every worker, when this dim's largest gear moves from
+        `top` to `new_top` (0 where not reported)."""
+        return self.buffer_bytes(new_top) - self.buffer_bytes(top) if new_top != top else 0.0
+
+
+def buffer_line(cap: int, total: int, scaling: int) -> Line:
+    """A profile's static buffers on one worker as a Line in one dim's largest gear, from its
+    worker's report: `total` bytes with that dim's buffers sized at gear `cap`, `scaling` of
+    them in the buffers with an axis on the dim (those grow with its largest gear; the others
+    stay as they were at the report): (total - scaling) + scaling / cap · gear, exact for
+    buffers linear in the dim. ShapeError unless 1 <= cap <= MAX_VALUE and
+    0 <= scaling <= total <= MAX_GRAPH_BYTES (ints)."""
+    for key, value, low, high in (("cap", cap, 1, MAX_VALUE), ("total", total, 0, MAX_GRAPH_BYTES),
+                                  ("scaling", scaling, 0, total)):
+        if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                or not low <= value <= high):
+            raise ShapeError(f"buffers {key} must be an int in [{low}, {high}], got {value!r}")
+    return Line(float(total - scaling), float(scaling) / float(cap))
+
+
+def buffer_bytes(prices: Mapping[str, Prices], tops: Mapping[str, int]) -> float:
+    """One profile's static buffers on every worker, counted once, with its dims' largest gears
+    `tops`: the largest of its priced dims' `Prices.buffer_bytes` (each dim's Line is the
+    buffers as that dim's largest gear moves, the others' as reported: exact for one dim, and
+    for several while one alone has moved since the report); 0 where none was reported."""
+    return max((p.buffer_bytes(tops[d]) for d, p in prices.items()
+                if d in tops and (p.buffers.a > 0 or p.buffers.b > 0)), default=0.0)
+
+
+def prices_for(costs: Mapping[str, DimCosts], workers: int, headroom: float | None = None,
+               buffers: Mapping[str, Line] | None = None) -> dict[str, Prices]:
     """Per dim, the Prices of its fitted costs once its replay curve exists (a dim without
-    one is decided unpriced)."""
-    return {d: Prices(c.capture, max(workers, 1), c.replay, c.bytes, headroom)
+    one is decided unpriced), with its `buffers` Line where reported."""
+    return {d: Prices(c.capture, max(workers, 1), c.replay, c.bytes, headroom,
+                      (buffers or {}).get(d, Line()))
             for d, c in costs.items() if c.replay is not None and c.capture is not None}
 
 
 def spent(prices: Mapping[str, Prices], before: Mapping[str, Any],
           after: Mapping[str, Any]) -> float:
     """Bytes a decision takes from the headroom: per priced dim, its graphs' bytes on `after`'s
-    gears less on `before`'s (each a `DimGears`), on every worker."""
-    return sum(p.held_bytes(after[d].gears) - p.held_bytes(before[d].gears)
-               for d, p in prices.items() if d in before and d in after)
+    gears less on `before`'s (each a `DimGears`), on every worker, and what the profile's
+    static buffers grow by (`buffer_bytes`, at the largest gears of each)."""
+    both = [d for d in prices if d in before and d in after]
+    return sum(prices[d].held_bytes(after[d].gears) - prices[d].held_bytes(before[d].gears)
+               for d in both) + (
+        buffer_bytes(prices, {d: after[d].gears[-1] for d in both if after[d].gears})
+        - buffer_bytes(prices, {d: before[d].gears[-1] for d in both if before[d].gears}))

@@ -2,12 +2,16 @@
 
 A graph's bytes are its dim's measured `Line` (A + B·gear, per worker), or, where nothing was
 measured (no fit yet, or graphs measured at 0 bytes, as a cpu graph without outputs is), the
-model `MODEL_GRAPH_BYTES` a graph: the bound then counts graphs. By default a device's
-graphs hold at most what its start-up gears held (every priced dim's `Dim.initial_gears`, on
-every worker) times `graph_memory_budget_ratio` (1.25: a quarter more, the slack), and never
-less than `FLOOR_GRAPHS` graphs of each priced dim's largest start-up gear (a profile started
-on one or two gears can still grow); `graph_memory_budget_bytes` sets the bound in bytes
-instead; with both None there is none. Pure: prices and dims in, bytes out.
+model `MODEL_GRAPH_BYTES` a graph: the bound then counts graphs. Beside its graphs, a profile
+holds its runner's static input buffers, which all its graphs read and its largest gears size:
+counted once per profile and worker, at the largest gears (`costs.buffer_bytes`), where a
+worker reported them, else not at all. By default a device's graphs (and buffers) hold at most
+what its start-up gears held (every priced dim's `Dim.initial_gears`, on every worker, with the
+buffers at their largest) times `graph_memory_budget_ratio` (1.25: a quarter more, the slack),
+and never less than `FLOOR_GRAPHS` graphs of each priced dim's largest start-up gear beside
+those buffers (a profile started on one or two gears can still grow);
+`graph_memory_budget_bytes` sets the bound in bytes instead; with both None there is none.
+Pure: prices and dims in, bytes out.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from gearshift.core.config import PolicyConfig
-from gearshift.core.costs import Line, Prices
+from gearshift.core.costs import Line, Prices, buffer_bytes
 from gearshift.core.dims import Dim
 
 MODEL_GRAPH_BYTES = 2 << 20  # unmeasured: a graph's private pool is at least one 2 MiB segment
@@ -36,17 +40,25 @@ PriceBook = Mapping[str, Mapping[str, Prices]]  # per profile, per dim
 
 
 def start_bytes(dims: Dims, prices: PriceBook) -> float:
-    """The bytes the priced dims' start-up gears hold, on every worker."""
+    """The bytes the priced dims' start-up gears hold, on every worker, and their buffers."""
     return sum(p.held_bytes(dims[name][d].initial_gears)
                for name, ps in prices.items() if name in dims
-               for d, p in ps.items() if d in dims[name])
+               for d, p in ps.items() if d in dims[name]) + start_buffers(dims, prices)
 
 
 def floor_bytes(dims: Dims, prices: PriceBook) -> float:
-    """FLOOR_GRAPHS graphs of each priced dim's largest start-up gear, on every worker."""
+    """FLOOR_GRAPHS graphs of each priced dim's largest start-up gear, on every worker, beside
+    the start-up gears' buffers."""
     return sum(FLOOR_GRAPHS * p.held_bytes([dims[name][d].initial_gears[-1]])
                for name, ps in prices.items() if name in dims
-               for d, p in ps.items() if d in dims[name])
+               for d, p in ps.items() if d in dims[name]) + start_buffers(dims, prices)
+
+
+def start_buffers(dims: Dims, prices: PriceBook) -> float:
+    """The profiles' static buffers at their start-up gears, on every worker (0 unreported)."""
+    return sum(buffer_bytes(ps, {d: dims[name][d].initial_gears[-1]
+                                 for d in ps if d in dims[name]})
+               for name, ps in prices.items() if name in dims)
 
 
 def bound(dims: Dims, prices: PriceBook, config: PolicyConfig) -> float | None:
@@ -68,21 +80,31 @@ def modelled(prices: PriceBook) -> dict[str, dict[str, Prices]]:
 
 
 def usage(dims: Dims, gears: Mapping[str, Mapping[str, list[int]]], prices: PriceBook,
-          config: PolicyConfig) -> tuple[float, float | None]:
-    """What the priced dims' `gears` hold, and the bound, both as a round prices them."""
+          config: PolicyConfig) -> tuple[float, float | None, float]:
+    """What the priced dims' `gears` hold (their graphs and buffers), the bound, both as a
+    round prices them, and the buffers' part of the first."""
     priced = modelled(prices)
-    return held_bytes(gears, priced), bound(dims, priced, config)
+    return (held_bytes(gears, priced), bound(dims, priced, config),
+            held_buffers(gears, priced))
 
 
 def device_usage(profiles: Mapping[str, Any], prices: PriceBook,
-                 config: PolicyConfig) -> tuple[float, float | None]:
+                 config: PolicyConfig) -> tuple[float, float | None, float]:
     """`usage` of a device's `profiles` (each a `round.ProfileLedger`): what its priced gears
-    hold, and its bound."""
+    hold, its bound, and the buffers' part."""
     return usage({n: p.dims for n, p in profiles.items()},
                  {n: p.gear_lists() for n, p in profiles.items()}, prices, config)
 
 
 def held_bytes(gears: Mapping[str, Mapping[str, list[int]]], prices: PriceBook) -> float:
-    """The bytes the priced dims' `gears` (per profile, per dim) hold, on every worker."""
+    """The bytes the priced dims' `gears` (per profile, per dim) hold, on every worker, and
+    their profiles' buffers (`held_buffers`)."""
     return sum(p.held_bytes(gears[name][d]) for name, ps in prices.items() if name in gears
-               for d, p in ps.items() if d in gears[name])
+               for d, p in ps.items() if d in gears[name]) + held_buffers(gears, prices)
+
+
+def held_buffers(gears: Mapping[str, Mapping[str, list[int]]], prices: PriceBook) -> float:
+    """The profiles' static buffers at the largest of their `gears`, on every worker."""
+    return sum(buffer_bytes(ps, {d: gears[name][d][-1] for d in ps
+                                 if d in gears[name] and len(gears[name][d])})
+               for name, ps in prices.items() if name in gears)

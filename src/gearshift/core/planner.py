@@ -37,7 +37,8 @@ best move is the one with most net seconds. Step 3 then grows K while that holds
 gear saves at least `plan_move_gain`) and lowers it only under memory pressure (a gear held
 costs only its bytes), step 2 releases only under pressure (a gear released is captured again
 if it is needed), and graphs that would not fit the bytes headroom are not added (a negative
-headroom is pressure).
+headroom is pressure); a cover that moves the largest gear up takes what the profile's
+static buffers grow by from the headroom (`Prices.buffer_growth`: 0 where not reported).
 
 Creation protection (`recent_use_protect_seconds`, and any `protected_until`) holds except in
 step 2's floor case, and for an initial gear (`DimGears.initial`: there from the start, never
@@ -99,6 +100,8 @@ def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: 
 
     gears = list(state.gears)
     steps = _cover(dim, gears, seen, pressure, cooling, config)
+    if pay is not None and pay.headroom is not None:  # a new largest gear grows the buffers
+        pay.headroom -= pay.prices.buffer_growth(state.gears[-1], gears[-1])
     inside = v <= gears[-1]
     work = Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside], cost)
     if pay is None or pressure:  # priced, a gear held costs only its bytes, and a capture

@@ -19,7 +19,7 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices, spent
 from gearshift.core.dims import Dim
 from gearshift.core.gears import DimGears, GearChange, starting_gears
-from gearshift.core.memory import bound, modelled
+from gearshift.core.memory import bound, held_bytes, modelled
 from gearshift.core.policy import decide, should_update
 from gearshift.core.stats import DimStats
 
@@ -96,8 +96,8 @@ def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
     the round: it keeps its gears, the others are decided. `prices` (per profile, per dim:
     measured costs as data) price plan mode's moves, each graph at its `memory.graph_bytes`;
     under the device's bound (`memory.bound`) they share its headroom (the bound less the
-    bytes of every priced dim's gears): each profile, and each dim, gets what those decided
-    before it left."""
+    bytes of every priced dim's gears and of their profiles' buffers): each profile, and each
+    dim, gets what those decided before it left."""
     trigger = should_update(device.last_update, now, memory_usage, config)
     if trigger is None:
         return None
@@ -129,8 +129,6 @@ def _with_headroom(device: DeviceLedger, prices: Mapping[str, Mapping[str, Price
                    budget: float | None) -> Mapping[str, Mapping[str, Prices]]:
     if budget is None:
         return prices
-    held = sum(pr.held_bytes(device.profiles[name].gears[d].gears)
-               for name, dims in prices.items() if name in device.profiles
-               for d, pr in dims.items() if d in device.profiles[name].gears)
+    held = held_bytes({n: p.gear_lists() for n, p in device.profiles.items()}, prices)
     return {name: {d: replace(pr, headroom=budget - held) for d, pr in dims.items()}
             for name, dims in prices.items()}

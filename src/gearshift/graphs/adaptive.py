@@ -21,7 +21,8 @@ both paths (one dtype rule: a graph cannot return another). Captures run on the
 caller's thread, meant to be a warm-up thread; a failed one leaves nothing
 behind (its graph is reset) and is counted. Every graph captured is measured there
 (`graphs.measure`: capture and replay seconds, bytes) before any request replays it, and its
-cost waits in `measured` (bounded) for `take_measurements`.
+cost waits in `measured` (bounded) for `take_measurements`; `buffer_bytes` gives the static
+buffers' bytes, which no graph's measurement counts.
 
 The padding contract (`graphs.padding`, `graphs.probe`): beyond the transform's refusals, a
 random probe of about half a gear's rows, padded, must give what it gives unpadded: run
@@ -172,6 +173,12 @@ class AdaptiveRunner:
         while self.measured:
             out.append(self.measured.popleft())
         return out
+
+    def buffer_bytes(self) -> dict[str, tuple[int, int, int]]:
+        """The static buffers the graphs captured from now on read, per dim: the gear they are
+        sized at, their bytes, and the bytes of those with an axis on the dim
+        (`StaticBuffers.footprint`)."""
+        return self._staged.footprint()
 
     def take_wanted(self) -> list[Variant]:
         """The variants (gears in dim order, as `ready`) that chunks wanted and found not ready

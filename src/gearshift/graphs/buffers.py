@@ -5,7 +5,8 @@ One buffer per bound input, sized by the largest gears so far (`caps`, one per d
 transform's dim order); a graph's inputs are views of the leading rows of the buffers at its
 variant's gears (`views`). A view beyond `caps` allocates larger buffers, which the variants
 captured from then on use (older ones keep theirs until released); `resize` allocates
-smaller ones for a re-staging. `check` refuses a call whose static axes or dtypes are not the
+smaller ones for a re-staging. `footprint` gives their bytes, for the controller's memory
+bound (`worker.measured`). `check` refuses a call whose static axes or dtypes are not the
 example's (ShapeError naming the input: a graph cannot return another dtype).
 """
 
@@ -57,6 +58,15 @@ class StaticBuffers:
         """Buffers at `caps` from now on (the old ones go with their last view)."""
         self.caps = caps
         self.buffers = self.allocate(caps)
+
+    def footprint(self) -> dict[str, tuple[int, int, int]]:
+        """Per dim: the gear the buffers are sized at, their bytes in all, and the bytes of
+        those with an axis on the dim (which grow with its largest gear)."""
+        size = {n: b.numel() * b.element_size() for n, b in self.buffers.items()}
+        total = sum(size.values())
+        return {d: (cap, total, sum(n for name, n in size.items()
+                                    if d in self.transform.inputs[name]))
+                for d, cap in zip(self.names, self.caps, strict=True)}
 
     def views(self, gears: Variant) -> dict[str, torch.Tensor]:
         """Per bound input, the view of its buffer at `gears` (buffers grown to hold it)."""

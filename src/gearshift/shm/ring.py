@@ -14,12 +14,13 @@ Record (EVENT_DTYPE, little-endian; written by the producer before head moves pa
 
     offset  size  field    meaning
     0       8     t_ns     CLOCK_MONOTONIC time of the event, ns (int64)
-    8       32    values   raw dim values in dim order; MEMORY: free, total bytes; MEASURED below
+    8       32    values   raw dim values in dim order; MEMORY: free, total bytes; MEASURED,
+                           BUFFERS below
     40      4     version  snapshot version the request was routed with (uint32)
     44      2     profile  the worker's profile id (uint16)
-    46      1     kind     Kind: SHAPE, EAGER, MEMORY, RECORDED, MEASURED; 0 never
-    47      1     ndim     dims used, 1..4 (the others are 0); MEASURED: 4
-    48      8     chunks   graph runs per dim (uint16 each); MEASURED: the dim's index
+    46      1     kind     Kind: SHAPE, EAGER, MEMORY, RECORDED, MEASURED, BUFFERS; 0 never
+    47      1     ndim     dims used, 1..4 (the others are 0); MEASURED, BUFFERS: 4
+    48      8     chunks   graph runs per dim (uint16 each); MEASURED, BUFFERS: the dim's index
     56      8     (pad)    one record per cache line
 
 `head` and `tail` count records since creation and never wrap; the ring holds [tail, head).
@@ -46,6 +47,12 @@ profile's snapshot version when it is written, chunks = the dim's index in its d
 worker's swap thread writes it through the same `write` (and producer lock) as requests, never
 a request thread, so it is published and read exactly as they are; the controller checks every
 field of it as it checks a request's.
+
+A BUFFERS record reports the bytes of the static input buffers a profile's graphs share on the
+worker (`buffers`), one record per dim, written as MEASURED records are, when they change and
+again every few seconds: values = (the dim's gear the buffers are sized at, the buffers' bytes
+in all, the bytes of those with an axis on the dim, 0), version and chunks as MEASURED's. The
+layout is unchanged: a reader that knows no BUFFERS counts the record invalid.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ class Kind(enum.IntEnum):
     MEMORY = 3  # a device memory reading: values = (free bytes, total bytes)
     RECORDED = 4  # a request only recorded (`record()`): it ran on an engine's own graphs
     MEASURED = 5  # one dim of a graph the worker captured: gear, capture ns, bytes, replay ns
+    BUFFERS = 6  # one dim of a profile's static buffers: its gear, bytes, bytes on the dim, 0
 
 
 EVENT_DTYPE = np.dtype(
@@ -126,6 +134,13 @@ def measured(
     meta and counts. Seconds go as whole nanoseconds."""
     return (gear, round(capture_seconds * 1e9), graph_bytes, round(replay_seconds * 1e9),
             meta(profile, version, Kind.MEASURED, MAX_DIMS), dim)
+
+
+def buffers(
+    profile: int, version: int, dim: int, cap: int, total: int, scaling: int,
+) -> tuple[int, int, int, int, int, int]:
+    """`write`'s arguments after `t_ns` for a BUFFERS record (module docstring)."""
+    return (cap, total, scaling, 0, meta(profile, version, Kind.BUFFERS, MAX_DIMS), dim)
 
 
 class EventRing:

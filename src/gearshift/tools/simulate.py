@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gearshift.core.config import PolicyConfig
-from gearshift.core.costs import Line, Prices
+from gearshift.core.costs import Line, Prices, buffer_bytes
 from gearshift.core.dims import Dim, Gears, ladder, padded_cost, padded_work
 from gearshift.core.memory import bound, graph_bytes
 from gearshift.core.optimal import optimal_sets
@@ -104,6 +104,11 @@ class SimulationResult:
     dims: dict[str, DimResult]
     changes: tuple[Change, ...]
     budget: float | None = None  # the graph memory bound the policy ran under (None: none)
+    segment_buffers: np.ndarray | None = None  # static buffer bytes held in each segment
+
+    @property
+    def peak_buffers(self) -> float:
+        return float(self.segment_buffers.max()) if self.segment_buffers is not None else 0.0
 
     @property
     def peak_bytes(self) -> float:
@@ -116,8 +121,10 @@ class SimulationResult:
         return float(np.average(self._bytes(), weights=self._weights()))
 
     def _bytes(self) -> np.ndarray:
-        return sum((d.segment_bytes for d in self.dims.values() if d.segment_bytes is not None),
+        """Per segment, the graph bytes of every dim and the static buffers', if modelled."""
+        held = sum((d.segment_bytes for d in self.dims.values() if d.segment_bytes is not None),
                    np.zeros(self.starts.size))
+        return held if self.segment_buffers is None else held + self.segment_buffers
 
     def _weights(self) -> np.ndarray:
         return (np.diff(np.r_[self.starts, self.duration]) if self.duration > 0
@@ -149,7 +156,10 @@ class SimulationResult:
                 for name, d in self.dims.items()
             },
             "graph_bytes": {"budget": self.budget, "peak": self.peak_bytes,
-                            "mean": self.mean_bytes},
+                            "mean": self.mean_bytes,
+                            **({} if self.segment_buffers is None else {"buffers": {
+                                "peak": self.peak_buffers, "mean": float(np.average(
+                                    self.segment_buffers, weights=self._weights()))}})},
             "decisions": [vars(c) for c in self.changes],
         }
 
@@ -208,20 +218,30 @@ class Device:
     initial ones at the start, or with `lazy` only those that traffic reaches (a worker
     captures a start-up gear the first time a request needs it). A graph of a dim holds
     `bytes[dim]` (A + B·gear) on each worker, else `memory.graph_bytes`'s model; priced, the
-    policy's memory bound counts them (`memory.bound`)."""
+    policy's memory bound counts them (`memory.bound`). `buffers[dim]` (A + B·gear, the
+    largest gear of the dim, on each worker) models the static input buffers the graphs
+    share, counted once at the largest gears (`costs.buffer_bytes`); none by default."""
 
     capture: Line = ZERO
     workers: int = 1
     priced: bool = False
     lazy: bool = False
     bytes: Mapping[str, Line] | None = None
+    buffers: Mapping[str, Line] | None = None
 
     def graph_bytes(self, dim: str) -> Line:
         return graph_bytes((self.bytes or {}).get(dim, Line()))
 
     def prices(self, dims: Mapping[str, Dim]) -> dict[str, dict[str, Prices]] | None:
-        return {PROFILE: {d: Prices(self.capture, self.workers, bytes=self.graph_bytes(d))
-                          for d in dims}} if self.priced else None
+        return {PROFILE: self._prices(dims)} if self.priced else None
+
+    def _prices(self, dims: Mapping[str, Dim]) -> dict[str, Prices]:
+        return {d: Prices(self.capture, self.workers, bytes=self.graph_bytes(d),
+                          buffers=(self.buffers or {}).get(d, Line())) for d in dims}
+
+    def buffer_bytes(self, dims: Mapping[str, Dim], tops: Mapping[str, int]) -> float:
+        """The static buffers at the largest gears `tops`, on every worker (0: not modelled)."""
+        return buffer_bytes(self._prices(dims), tops) if self.buffers else 0.0
 
     def budget(self, dims: Mapping[str, Dim], config: PolicyConfig) -> float | None:
         """The memory bound a priced replay of `dims` runs under (None: unpriced, or none)."""
@@ -300,8 +320,11 @@ def simulate(
         )
         for name, dim in dims.items()
     }
+    buffers = None if not device.buffers else np.array(
+        [device.buffer_bytes(dims, {d: gears[d][i][-1] for d in dims})
+         for i in range(starts.size)])
     return SimulationResult(trace.name, t.size, end, updates, starts, dim_results, tuple(changes),
-                            device.budget(dims, config) if adaptive else None)
+                            device.budget(dims, config) if adaptive else None, buffers)
 
 
 def _dim_result(

@@ -104,6 +104,15 @@ from gearshift.tools.trace import Trace, load_trace
     "and priced, the adaptive policy keeps them within its memory bound.",
 )
 @click.option(
+    "--buffer-bytes",
+    "buffer_bytes",
+    multiple=True,
+    metavar="DIM=A[,B]",
+    help="The static input buffers the graphs share, A + B x the largest gear of DIM bytes on "
+    "each worker, counted once (default: none): in the graph bytes reported, and priced, in "
+    "the memory bound and what the gears hold under it, as a worker's reported buffers are.",
+)
+@click.option(
     "--graph-budget",
     metavar="BYTES|RATIOx|none",
     help="The priced policy's graph memory bound: BYTES (graph_memory_budget_bytes), RATIOx "
@@ -131,6 +140,7 @@ def simulate(
     unpriced: bool,
     eager_start: bool,
     graph_bytes: tuple[str, ...],
+    buffer_bytes: tuple[str, ...],
     graph_budget: str | None,
     config_path: str | None,
     overrides: tuple[str, ...],
@@ -161,7 +171,8 @@ def simulate(
         )
         adaptive = policy == "adaptive"
         device = _device(capture, workers, adaptive and not unpriced, adaptive and not eager_start)
-        device = dataclasses.replace(device, bytes=_bytes(graph_bytes, data))
+        device = dataclasses.replace(device, bytes=_bytes(graph_bytes, data),
+                                     buffers=_bytes(buffer_bytes, data, "--buffer-bytes"))
     except TraceError as e:
         _fail(e, EXIT_ERROR)
     except GearshiftError as e:
@@ -252,21 +263,22 @@ def _device(capture: str | None, workers: int, priced: bool, lazy: bool) -> repl
     return replay.Device(line, workers, priced=priced, lazy=lazy)
 
 
-def _bytes(items: Iterable[str], trace: Trace) -> dict[str, Line]:
+def _bytes(items: Iterable[str], trace: Trace, option: str = "--graph-bytes"
+           ) -> dict[str, Line]:
     out = {}
-    for name, value in _pairs("--graph-bytes", items):
+    for name, value in _pairs(option, items):
         if name not in trace.dims:
-            raise ConfigError("--graph-bytes", f"unknown dim {name} (the trace has "
-                                               f"{', '.join(trace.dims)})")
+            raise ConfigError(option, f"unknown dim {name} (the trace has "
+                                      f"{', '.join(trace.dims)})")
         try:
             a, b = ([float(x) for x in value.split(",")] + [0.0])[:2]
             if value.count(",") > 1:
                 raise ValueError(value)
         except ValueError:
-            raise ConfigError("--graph-bytes", f"expected DIM=A or DIM=A,B bytes, got "
-                                               f"{name}={value}") from None
+            raise ConfigError(option, f"expected DIM=A or DIM=A,B bytes, got "
+                                      f"{name}={value}") from None
         for key, x in (("A", a), ("B", b)):
-            check_value(f"--graph-bytes {key}", x, 0.0, float(MAX_GRAPH_BYTES))
+            check_value(f"{option} {key}", x, 0.0, float(MAX_GRAPH_BYTES))
         out[name] = Line(a, b)
     return out
 
@@ -324,10 +336,13 @@ def _table(
 
 
 def _memory(result: replay.SimulationResult) -> str:
-    """One line: the graph bytes held (peak, time-weighted mean) against the bound."""
+    """One line: the graph bytes held (peak, time-weighted mean; with the buffers, where
+    modelled) against the bound."""
     budget = "no bound" if result.budget is None else f"bound {_mib(result.budget)}"
-    return (f"graph memory: peak {_mib(result.peak_bytes)}, mean {_mib(result.mean_bytes)} "
-            f"({budget})")
+    buffers = ("" if result.segment_buffers is None
+               else f", buffers peak {_mib(result.peak_buffers)} of it")
+    return (f"graph memory: peak {_mib(result.peak_bytes)}, mean {_mib(result.mean_bytes)}"
+            f"{buffers} ({budget})")
 
 
 def _mib(n: float) -> str:

@@ -21,7 +21,9 @@ class Runner(Protocol):
     memory back to the device; `room` says how many more graphs the device may hold (None: no
     cap) and why it is capped. A runner that measures its graphs also has
     `take_measurements() -> [(variant as dim -> gear, cost)]` (`graphs.measure.GraphCost`),
-    which the profile reports to the controller. A runner that remembers what its requests
+    which the profile reports to the controller, and may have `buffer_bytes() -> {dim: (gear,
+    bytes, bytes on the dim)}` (its static input buffers, `StaticBuffers.footprint`), which it
+    reports too. A runner that remembers what its requests
     found not ready also has `take_wanted() -> [variant as in ready()]`; a profile defers
     start-up gears (`worker.warmup`) only for such a runner."""
 

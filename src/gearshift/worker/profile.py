@@ -9,8 +9,8 @@ client's swap thread then calls `_maintain()`: it releases the graphs of removed
 every request bracketed by `request()`/`run()` that started on older gears in use has finished
 (the grace period), then takes one warm-up step (`worker.warmup`: a few captures, largest
 first; until a variant is ready the runner routes its chunks to the next larger ready one, or
-eagerly), then reports what the runner measured of each graph it captured to the controller,
-once the profile is registered (`worker.measured`).
+eagerly), then reports what the runner measured of each graph it captured, and its static
+buffers' bytes, to the controller, once the profile is registered (`worker.measured`).
 
 Invariants: a request counts itself in its `_InUse`'s `active` under `_lock`, where the swap
 also happens, so once gears in use are replaced no request can join them; a removal made by the
@@ -232,8 +232,9 @@ class Profile(Router):
         """Send what the runner measured to the controller (once registered); never raises."""
         try:
             self._measured.collect(runner)
-            if self.registered and self._measured.pending:
-                self._measured.flush(self._write, self._now_ns(), self.id, in_use.version)
+            now = self._now_ns()
+            if self.registered and self._measured.due(now):
+                self._measured.flush(self._write, now, self.id, in_use.version)
         except Exception:
             self._measured.failures += 1
             if self._measured.failures == 1:  # once: the swap thread ticks 20 times a second

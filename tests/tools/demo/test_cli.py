@@ -100,8 +100,8 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
     assert keys | {"trace", "time_compression", "round_interval"} <= set(result)
     adaptive, static = result["adaptive"], result["static"]
     assert set(adaptive) == set(static) | {"graph_bytes"} and set(static) == FIGURES
-    held = adaptive["graph_bytes"]  # the priced graphs against the device's bound
-    assert set(held) == {"held", "bound"} and held["held"] >= 0
+    held = adaptive["graph_bytes"]  # the priced graphs (and buffers) against the bound
+    assert set(held) == {"held", "bound", "buffers"} and held["held"] >= held["buffers"] >= 0
     assert held["bound"] is None or held["bound"] > 0
     assert adaptive["requests"] == static["requests"] == result["requests"] > 0
     assert adaptive["useful_tokens"] == static["useful_tokens"]
@@ -327,3 +327,7 @@ def test_the_sentence_names_the_graph_bytes_held_against_the_bound() -> None:
     assert text.splitlines()[-1].endswith(
         "for capturing them; its graphs hold 3.0 MiB against a 4.5 MiB bound (--json has the "
         "details).")
+    adaptive["graph_bytes"]["buffers"] = 0.5 * 2**20
+    text = table({**RESULT, "adaptive": adaptive,
+                  "profiles": {"demo": {"adaptive": adaptive, "static": RUN}}})
+    assert "its graphs hold 3.0 MiB (buffers 0.5 MiB of it) against a 4.5 MiB bound" in text

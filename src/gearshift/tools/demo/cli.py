@@ -267,12 +267,15 @@ def _measured(r: dict[str, Any]) -> list[str]:
 
 
 def _held(held: dict[str, Any] | None) -> str:
-    """The priced graphs' bytes against the bound, as a clause (nothing without them)."""
+    """The priced graphs' bytes (with their static buffers, where reported) against the
+    bound, as a clause (nothing without them)."""
     if not held or (not held["held"] and held["bound"] is None):
         return ""
     bound = ("no bound" if held["bound"] is None
              else f"a {held['bound'] / 2**20:,.1f} MiB bound")
-    return f"; its graphs hold {held['held'] / 2**20:,.1f} MiB against {bound}"
+    buffers = held.get("buffers") or 0.0
+    with_buffers = f" (buffers {buffers / 2**20:,.1f} MiB of it)" if buffers > 0 else ""
+    return f"; its graphs hold {held['held'] / 2**20:,.1f} MiB{with_buffers} against {bound}"
 
 
 def _arms(r: dict[str, Any], dims: bool, device: bool) -> list[str]:
