@@ -64,10 +64,13 @@ def optimal_sets(
     weights: np.ndarray | None = None,
     align: int = 1,
     cost: Callable[[np.ndarray], np.ndarray] | None = None,
+    penalty: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> OptimalSets:
     """The optimal sets of 1..k gears at once (`optimal_gears` for every count up to k).
     With `cost` (increasing, as `Dim.work`), sum(weight x cost(gear)) is minimised instead;
-    the runs' cost keeps the Monge form with cost(g_j) in place of g_j."""
+    the runs' cost keeps the Monge form with cost(g_j) in place of g_j. With `penalty`, each
+    gear held adds penalty(gear) to the objective (and to `costs`): a term of the run's
+    own gear alone, so the form stays Monge."""
     values = np.asarray(values, dtype=np.int64)
     if k < 1 or align < 1:
         raise ValueError(f"k and align must be >= 1, got k={k}, align={align}")
@@ -82,22 +85,28 @@ def optimal_sets(
     W = np.r_[0.0, np.cumsum(w)]
     S = np.r_[0.0, np.cumsum(s)]
     g = np.r_[0.0, work(gears)]  # g[j]: cost of the gear of the run ending at candidate j
+    p = np.r_[0.0, penalty(gears)] if penalty is not None else np.zeros(g.size)
     n = gears.size
-    cost = g * W - S  # one run (0, j]
+    cost = g * W - S + p  # one run (0, j]
     cost[0] = 0.0
     costs = np.empty(k)
     costs[0] = cost[n] + S[n]
     back = np.zeros((k, n + 1), dtype=np.int64)
     for layer in range(1, k):
-        cost, back[layer] = _layer(cost, g, W, S)
+        cost, back[layer] = _layer(cost, g, W, S, p)
         costs[layer] = cost[n] + S[n]
+        if penalty is not None and costs[layer] >= costs[layer - 1]:
+            # the best cost of exactly c gears is convex in c (the runs' cost is Monge): once
+            # one more gear saves nothing, no more gears will; the sets stop at this count
+            return OptimalSets(gears, costs[:layer], back[:layer])
     return OptimalSets(gears, costs, back)
 
 
 def _layer(
-    prev: np.ndarray, g: np.ndarray, W: np.ndarray, S: np.ndarray
+    prev: np.ndarray, g: np.ndarray, W: np.ndarray, S: np.ndarray, p: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """cur[j] = min over 0 <= i < j of prev[i] + cost(i, j), with the leftmost argmin.
+    """cur[j] = min over 0 <= i < j of prev[i] + cost(i, j) (+ p[j], the gear's penalty),
+    with the leftmost argmin.
 
     prev[0] = 0 lets a layer use fewer runs. Rows are solved level by level of the
     divide-and-conquer recursion: each level is one vectorised pass over all its
@@ -115,7 +124,7 @@ def _layer(
         seg = np.repeat(np.arange(mid.size), lens)
         i = np.arange(seg.size) - starts[seg] + olo[seg]
         j = mid[seg]
-        val = prev[i] + g[j] * (W[j] - W[i]) - (S[j] - S[i])
+        val = prev[i] + g[j] * (W[j] - W[i]) - (S[j] - S[i]) + p[j]
         best = np.minimum.reduceat(val, starts)
         hits = np.flatnonzero(val == best[seg])
         at = i[hits[np.searchsorted(hits, starts)]]

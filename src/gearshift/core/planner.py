@@ -53,12 +53,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices
 from gearshift.core.dims import Dim
+from gearshift.core.fitting import fitting_set
 from gearshift.core.gears import DimGears
 from gearshift.core.moves import Work, additions, evictions, padded, swaps
 from gearshift.core.optimal import OptimalSets, optimal_sets
@@ -69,6 +71,15 @@ K_STEP = 2
 MAX_CANDIDATES = 512
 
 Step = tuple[str, int, str]  # (action "add" | "evict", gear, reason)
+
+
+class Candidates(NamedTuple):
+    """The DP's inputs: candidate gears (ascending, the largest gear last), their weights
+    (the forced gears' made too heavy to leave out) and the forced gears."""
+
+    cand: np.ndarray
+    weight: np.ndarray
+    forced: np.ndarray
 
 
 def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: float,
@@ -109,11 +120,17 @@ def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: 
     if not work.values.size:  # all traffic over the largest gear, too little to cover yet
         return steps
     stuck = {g for g in gears if protected(g)} | {gears[-1]}
-    sets = _optimal(dim, gears, work, stuck, cooling, config)
+    sets, inputs = _optimal(dim, gears, work, stuck, cooling, config)
     size, why = _count(gears, sets, raw, len(stuck), pressure, config, pay)
     target = sets.gears(size)
+    fit = None
+    if pay is not None and pay.headroom is not None and not pressure:
+        room = pay.headroom + pay.prices.held_bytes(state.gears)  # what this dim may hold
+        if pay.prices.held_bytes(target) > room:
+            fit = _fitting(gears, size, target, work, inputs, pay, room)
+            why += f"; of them, {len(fit)} fit the memory bound"
     assert stuck <= set(target), (stuck, target)
-    steps += _moves(gears, size, target, work, raw, why, pressure, config, pay, stuck)
+    steps += _moves(gears, size, target, work, raw, why, pressure, config, pay, stuck, fit)
     return steps
 
 
@@ -172,11 +189,12 @@ def _release(gears: list[int], work: Work, floor: int, protected: Callable[[int]
 
 
 def _optimal(dim: Dim, gears: list[int], work: Work, stuck: set[int], cooling: list[int],
-           config: PolicyConfig) -> OptimalSets:
+           config: PolicyConfig) -> tuple[OptimalSets, Candidates]:
     """The DP's optimal sets up to `len(gears) + K_STEP` gears over candidate positions: the
     aligned values in the window below the largest gear (at most MAX_CANDIDATES, none cooling
     down) and the gears held. The largest gear is the last candidate, so every plan holds it;
-    the other stuck gears are forced in by a weight no saving can outweigh."""
+    the other stuck gears are forced in by a weight no saving can outweigh. Also the DP's
+    inputs, for a target under the bytes bound (`fitting.fitting_set`)."""
     top = gears[-1]
     cand = np.unique(np.clip(-(-work.values // dim.align) * dim.align, dim.min, dim.max))
     cand = cand[(cand < top) & ~np.isin(cand, cooling)]
@@ -193,7 +211,23 @@ def _optimal(dim: Dim, gears: list[int], work: Work, stuck: set[int], cooling: l
     weight[np.searchsorted(cand, forced)] += 4.0 * (weight.sum() + 1.0) * float(
         work.cost(np.array([top]))[0]) / step
     k = min(max(config.max_gears_per_type, len(stuck)), len(gears) + K_STEP)
-    return optimal_sets(cand, k, weight, cost=work.cost)
+    return optimal_sets(cand, k, weight, cost=work.cost), Candidates(cand, weight, forced)
+
+
+def _fitting(gears: list[int], size: int, target: tuple[int, ...], work: Work,
+             inputs: Candidates, pay: Payback, room: float) -> tuple[int, ...]:
+    """The plan's target under the bytes bound, where the count's best set `target` does not
+    fit the `room` this dim may hold: the best set of at most `size` gears that fits
+    (`fitting.fitting_set`), or the gears held where they fit and pad no more than it."""
+    prices = pay.prices
+    fit = fitting_set(inputs.cand, size, inputs.weight, work.cost,
+                      lambda x: prices.bytes(x.astype(float)) * prices.workers,
+                      room, inputs.forced, target)
+    held = np.array(gears, np.int64)
+    if (len(gears) <= size and prices.held_bytes(gears) <= room
+            and padded(held, work) <= padded(np.array(fit, np.int64), work)):
+        return tuple(gears)
+    return fit
 
 
 def _count(gears: list[int], sets: OptimalSets, raw: float, stuck: int, pressure: bool,
@@ -235,8 +269,8 @@ def _count(gears: list[int], sets: OptimalSets, raw: float, stuck: int, pressure
 
 def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw: float,
            why: str, pressure: bool, config: PolicyConfig,
-           pay: Payback | None = None, stuck: set[int] | frozenset[int] = frozenset()
-           ) -> list[Step]:
+           pay: Payback | None = None, stuck: set[int] | frozenset[int] = frozenset(),
+           fit: tuple[int, ...] | None = None) -> list[Step]:
     """Exact steps toward `size` gears, taken from `target` (which may hold fewer when more
     gears save nothing, and always holds the largest gear) (step 4); `gears` is updated in
     place. Priced, the best move is the one that saves most net of its capture, and none is
@@ -250,8 +284,10 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
         nonlocal adds, evicts
         if pay is None or pay.headroom is None or evicts >= limit:
             return False
-        traded = _trade(g, a, work, raw, why, least, config, pay,
-                        stuck | fresh | {gears[-1]}, int(swap))
+        kept = stuck | fresh | {gears[-1]}
+        if fit is not None:
+            a, kept = np.array([t for t in fit if t not in gears], np.int64), kept | set(fit)
+        traded = _trade(g, a, work, raw, why, least, config, pay, kept, int(swap))
         for _, old, _ in traded[:-1]:
             gears.remove(old)
         if traded:
