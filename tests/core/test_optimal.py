@@ -132,3 +132,24 @@ def test_empty_or_non_positive_values() -> None:
         optimal_gears(np.array([], dtype=np.int64), 2)
     with pytest.raises(ValueError, match="non-empty array of positive ints"):
         optimal_gears(np.array([0, 3]), 2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.integers(1, 60), min_size=1, max_size=12),
+    k=st.integers(1, 5),
+    mu=st.floats(0.0, 5.0),
+)
+def test_a_per_gear_penalty_is_minimised_exactly(values: list[int], k: int, mu: float) -> None:
+    # padded work + mu x gear for each gear held (a bytes term), against brute force; the
+    # layers may stop early (the cost of exactly c gears is convex in c)
+    v, w = np.array(values), np.ones(len(values))
+    plans = optimal_sets(v, k, penalty=lambda x: mu * x.astype(float))
+    candidates = np.unique(v)
+    top, rest = int(candidates[-1]), [int(c) for c in candidates[:-1]]
+    best = min(cost((*combo, top), v, w) + mu * (sum(combo) + top)
+               for r in range(min(k, len(candidates))) for combo in itertools.combinations(rest, r))
+    gears = plans.gears(k)
+    assert gears[-1] == top and len(gears) <= k
+    assert cost(gears, v, w) + mu * sum(gears) == pytest.approx(best, rel=1e-9, abs=1e-9)
+    assert plans.costs[-1] == pytest.approx(best, rel=1e-9, abs=1e-9)

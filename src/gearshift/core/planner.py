@@ -37,8 +37,11 @@ best move is the one with most net seconds. Step 3 then grows K while that holds
 gear saves at least `plan_move_gain`) and lowers it only under memory pressure (a gear held
 costs only its bytes), step 2 releases only under pressure (a gear released is captured again
 if it is needed), and graphs that would not fit the bytes headroom are not added (a negative
-headroom is pressure); a cover that moves the largest gear up takes what the profile's
-static buffers grow by from the headroom (`Prices.buffer_growth`: 0 where not reported).
+headroom is pressure) but traded: where step 3's plan of K gears does not fit the bytes the
+dim may hold (the headroom plus its gears' bytes), trades bring in gears of the best set of at
+most K gears that fits (`fitting.bounded_target`) and evict only gears off it; a cover that
+moves the largest gear up takes what the profile's static buffers grow by from the headroom
+(`Prices.buffer_growth`: 0 where not reported).
 
 Creation protection (`recent_use_protect_seconds`, and any `protected_until`) holds except in
 step 2's floor case, and for an initial gear (`DimGears.initial`: there from the start, never
@@ -60,7 +63,7 @@ import numpy as np
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices
 from gearshift.core.dims import Dim
-from gearshift.core.fitting import fitting_set
+from gearshift.core.fitting import bounded_target
 from gearshift.core.gears import DimGears
 from gearshift.core.moves import Work, additions, evictions, padded, swaps
 from gearshift.core.optimal import OptimalSets, optimal_sets
@@ -127,7 +130,7 @@ def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: 
     if pay is not None and pay.headroom is not None and not pressure:
         room = pay.headroom + pay.prices.held_bytes(state.gears)  # what this dim may hold
         if pay.prices.held_bytes(target) > room:
-            fit = _fitting(gears, size, target, work, inputs, pay, room)
+            fit = bounded_target(gears, size, target, work, *inputs, pay.prices, room)
             why += f"; of them, {len(fit)} fit the memory bound"
     assert stuck <= set(target), (stuck, target)
     steps += _moves(gears, size, target, work, raw, why, pressure, config, pay, stuck, fit)
@@ -194,7 +197,7 @@ def _optimal(dim: Dim, gears: list[int], work: Work, stuck: set[int], cooling: l
     aligned values in the window below the largest gear (at most MAX_CANDIDATES, none cooling
     down) and the gears held. The largest gear is the last candidate, so every plan holds it;
     the other stuck gears are forced in by a weight no saving can outweigh. Also the DP's
-    inputs, for a target under the bytes bound (`fitting.fitting_set`)."""
+    inputs, for a target under the bytes bound (`fitting.bounded_target`)."""
     top = gears[-1]
     cand = np.unique(np.clip(-(-work.values // dim.align) * dim.align, dim.min, dim.max))
     cand = cand[(cand < top) & ~np.isin(cand, cooling)]
@@ -212,22 +215,6 @@ def _optimal(dim: Dim, gears: list[int], work: Work, stuck: set[int], cooling: l
         work.cost(np.array([top]))[0]) / step
     k = min(max(config.max_gears_per_type, len(stuck)), len(gears) + K_STEP)
     return optimal_sets(cand, k, weight, cost=work.cost), Candidates(cand, weight, forced)
-
-
-def _fitting(gears: list[int], size: int, target: tuple[int, ...], work: Work,
-             inputs: Candidates, pay: Payback, room: float) -> tuple[int, ...]:
-    """The plan's target under the bytes bound, where the count's best set `target` does not
-    fit the `room` this dim may hold: the best set of at most `size` gears that fits
-    (`fitting.fitting_set`), or the gears held where they fit and pad no more than it."""
-    prices = pay.prices
-    fit = fitting_set(inputs.cand, size, inputs.weight, work.cost,
-                      lambda x: prices.bytes(x.astype(float)) * prices.workers,
-                      room, inputs.forced, target)
-    held = np.array(gears, np.int64)
-    if (len(gears) <= size and prices.held_bytes(gears) <= room
-            and padded(held, work) <= padded(np.array(fit, np.int64), work)):
-        return tuple(gears)
-    return fit
 
 
 def _count(gears: list[int], sets: OptimalSets, raw: float, stuck: int, pressure: bool,
@@ -275,7 +262,10 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
     gears save nothing, and always holds the largest gear) (step 4); `gears` is updated in
     place. Priced, the best move is the one that saves most net of its capture, and none is
     made that does not pay it back within the horizon or whose graph does not fit; an
-    addition that pays but does not fit is traded (`_trade`) for a gear not `stuck`."""
+    addition that pays but does not fit is traded (`_trade`) for a gear not `stuck`. Where
+    `fit` is given (the count's plan does not fit the bound: `fitting.bounded_target`), a
+    trade brings in a gear of `fit` and evicts only gears off it: trades move toward the best
+    set that fits rather than round a plan that cannot."""
     steps: list[Step] = []
     adds = evicts = 0
     fresh: set[int] = set()  # added this round: never traded away again in it
@@ -287,7 +277,8 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
         kept = stuck | fresh | {gears[-1]}
         if fit is not None:
             a, kept = np.array([t for t in fit if t not in gears], np.int64), kept | set(fit)
-        traded = _trade(g, a, work, raw, why, least, config, pay, kept, int(swap))
+        traded = _trade(g, a, work, raw, why, least, config, pay, kept, int(swap),
+                        "off the set that fits, " if fit is not None else "")
         for _, old, _ in traded[:-1]:
             gears.remove(old)
         if traded:
@@ -359,7 +350,8 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
 
 
 def _trade(g: np.ndarray, a: np.ndarray, work: Work, raw: float, why: str, least: float,
-           config: PolicyConfig, pay: Payback, kept: set[int], fewest: int = 0) -> list[Step]:
+           config: PolicyConfig, pay: Payback, kept: set[int], fewest: int = 0,
+           off: str = "") -> list[Step]:
     """Under the bytes bound, an addition that pays back its capture but does not fit the
     headroom evicts, one at a time until it fits and at least `fewest` of them (1 where the
     plan holds as many gears as it should: a trade then keeps the count, as a swap does), the
@@ -371,7 +363,7 @@ def _trade(g: np.ndarray, a: np.ndarray, work: Work, raw: float, why: str, least
     standard errors (the addition's and the evictions' variances summed); the best is made
     when that is at least `least` and pays back the capture and that of every evicted gear
     traffic uses (undoing the trade captures it again). Its steps (the evictions, then the
-    addition), or none."""
+    addition), or none; `off` prefixes why the evicted gears were chosen."""
     gain, gain_var = additions(g, a, work)
     worth = (gain >= least) & (pay.seconds(gain) > pay.capture(a))
     best: tuple[float, int, list[int], float, list[int]] | None = None
@@ -407,8 +399,8 @@ def _trade(g: np.ndarray, a: np.ndarray, work: Work, raw: float, why: str, least
         pay.give(old)
     pay.take(new)
     gone = ", ".join(map(str, out))
-    return [*(("evict", old, f"{why}: traded for {new} (earns least per byte; over the memory "
-                             f"bound), {saved}") for old in out),
+    return [*(("evict", old, f"{why}: traded for {new} ({off}earns least per byte; over the "
+                             f"memory bound), {saved}") for old in out),
             ("add", new, f"{why}: in for {gone} (over the memory bound), {saved}")]
 
 
