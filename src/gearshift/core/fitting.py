@@ -11,8 +11,8 @@ forced gears alone) and one that does not (first the count's best), the μ where
 alike either yields a set between them, which replaces one of the two, or none, and the set
 that fits is the answer. At most `STEPS` runs of the DP, only where the count's best set does
 not fit. The gears `forced` into every plan carry no penalty (they are held whatever they
-cost). `bounded_target` is what the planner asks: that set, or the gears held where they fit
-and pad no more. Pure: arrays in, a gear set out.
+cost). `bounded_target` is what the planner asks: that set, or None where the gears held fit
+and pad at most a slack more. Pure: arrays in, a gear set out.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from gearshift.core.moves import Work, padded
 from gearshift.core.optimal import optimal_sets
 
 STEPS = 4  # runs of the DP at most: each one a breakpoint of the curve
+HELD_SLACK = 3.0  # the set that fits is aimed at only where the gears held pad more than it
+# by this many `plan_move_gain`s of the work: nearer, trades follow the count's plan as before
 
 Fn = Callable[[np.ndarray], np.ndarray]
 
@@ -72,15 +74,17 @@ def fitting_set(cand: np.ndarray, k: int, weight: np.ndarray, cost: Fn, held: Fn
 
 
 def bounded_target(gears: list[int], size: int, target: Gears, work: Work, cand: np.ndarray,
-                   weight: np.ndarray, forced: np.ndarray, prices: Prices, room: float) -> Gears:
-    """The plan's target where the count's best set `target` (of `size` gears) does not fit the
-    `room` a dim's graphs may hold: the `fitting_set` of the plan's DP inputs (`cand`,
-    `weight`, `forced`), or the `gears` held where they fit and pad no more than it."""
+                   weight: np.ndarray, forced: np.ndarray, prices: Prices, room: float,
+                   slack: float) -> Gears | None:
+    """The target of the plan's trades where the count's best set `target` (of `size` gears)
+    does not fit the `room` a dim's graphs may hold: the `fitting_set` of the plan's DP inputs
+    (`cand`, `weight`, `forced`); None where the `gears` held fit and pad at most `slack` more
+    than it (trades then follow the count's plan)."""
     fit = fitting_set(cand, size, weight, work.cost,
                       lambda x: prices.bytes(x.astype(float)) * prices.workers, room, forced,
                       target)
     held = np.array(gears, np.int64)
     if (len(gears) <= size and prices.held_bytes(gears) <= room
-            and padded(held, work) <= padded(np.array(fit, np.int64), work)):
-        return tuple(gears)
+            and padded(held, work) <= padded(np.array(fit, np.int64), work) + slack):
+        return None
     return fit

@@ -63,7 +63,7 @@ import numpy as np
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices
 from gearshift.core.dims import Dim
-from gearshift.core.fitting import bounded_target
+from gearshift.core.fitting import HELD_SLACK, bounded_target
 from gearshift.core.gears import DimGears
 from gearshift.core.moves import Work, additions, evictions, padded, swaps
 from gearshift.core.optimal import OptimalSets, optimal_sets
@@ -130,8 +130,10 @@ def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: 
     if pay is not None and pay.headroom is not None and not pressure:
         room = pay.headroom + pay.prices.held_bytes(state.gears)  # what this dim may hold
         if pay.prices.held_bytes(target) > room:
-            fit = bounded_target(gears, size, target, work, *inputs, pay.prices, room)
-            why += f"; of them, {len(fit)} fit the memory bound"
+            fit = bounded_target(gears, size, target, work, *inputs, pay.prices, room,
+                                 HELD_SLACK * config.plan_move_gain * raw)
+            if fit is not None:
+                why += f"; of them, {len(fit)} fit the memory bound"
     assert stuck <= set(target), (stuck, target)
     steps += _moves(gears, size, target, work, raw, why, pressure, config, pay, stuck, fit)
     return steps
