@@ -80,11 +80,11 @@ def bounded_target(gears: list[int], size: int, target: Gears, work: Work, cand:
     does not fit the `room` a dim's graphs may hold: the `fitting_set` of the plan's DP inputs
     (`cand`, `weight`, `forced`); None where the `gears` held fit and pad at most `slack` more
     than it (trades then follow the count's plan)."""
+    held = padded(np.array(gears, np.int64), work) - slack
+    near = len(gears) <= size and prices.held_bytes(gears) <= room
+    if near and held <= padded(np.array(target, np.int64), work):  # no set of `size` pads less
+        return None
     fit = fitting_set(cand, size, weight, work.cost,
                       lambda x: prices.bytes(x.astype(float)) * prices.workers, room, forced,
                       target)
-    held = np.array(gears, np.int64)
-    if (len(gears) <= size and prices.held_bytes(gears) <= room
-            and padded(held, work) <= padded(np.array(fit, np.int64), work) + slack):
-        return None
-    return fit
+    return None if near and held <= padded(np.array(fit, np.int64), work) else fit
