@@ -9,8 +9,9 @@ import numpy as np
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Line, Prices
 from gearshift.core.dims import Dim
-from gearshift.core.fitting import fitting_set
+from gearshift.core.fitting import bounded_target, fitting_set
 from gearshift.core.gears import DimGears
+from gearshift.core.moves import Work
 from gearshift.core.optimal import optimal_sets
 from gearshift.core.policy import decide
 from gearshift.core.stats import DimStats
@@ -80,3 +81,16 @@ def test_over_the_bound_a_trade_moves_toward_the_best_set_that_fits() -> None:
     assert [(c.action, c.gear) for c in d.changes] == [("evict", 200), ("add", 300)]
     assert "fit the memory bound" in d.changes[0].reason
     assert d.gears["B"].gears == (300, 500, 700, 1000)
+
+
+def test_trades_follow_the_counts_plan_where_the_gears_held_are_within_the_slack() -> None:
+    # bounded_target: the set that fits where the gears held pad more than it by over the
+    # slack, else None (trades then follow the count's plan, as without this rule)
+    work = Work(CAND, WEIGHT, WEIGHT, linear)
+    best = optimal_sets(CAND, 5, WEIGHT).gears(5)
+    prices = Prices(Line(), bytes=Line(0.0, 1.0))
+    held = [200, 500, 700, 1000]
+    fit = bounded_target(held, 5, best, work, CAND, WEIGHT, NONE, prices, 2600.0, 0.0)
+    assert fit is not None and padded(fit) == best_that_fits(2600.0, 5) < padded(tuple(held))
+    gap = padded(tuple(held)) - padded(fit)
+    assert bounded_target(held, 5, best, work, CAND, WEIGHT, NONE, prices, 2600.0, gap) is None
