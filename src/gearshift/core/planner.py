@@ -128,7 +128,8 @@ def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: 
     target = sets.gears(size)
     fit = None
     if pay is not None and pay.headroom is not None and not pressure:
-        room = pay.headroom + pay.prices.held_bytes(state.gears)  # what this dim may hold
+        room = pay.headroom + pay.prices.held_bytes(gears)  # what this dim may hold (as the
+        # moves count it: a cover's new largest gear is charged from the next round)
         if pay.prices.held_bytes(target) > room:
             fit = bounded_target(gears, size, target, work, *inputs, pay.prices, room,
                                  HELD_SLACK * config.plan_move_gain * raw)
