@@ -365,12 +365,22 @@ def test_a_move_that_evicts_a_used_gear_also_pays_for_capturing_it_again(
 
 
 @pytest.mark.parametrize(("buffers", "head"), [
-    (Line(), [("add", 1100), ("add", 500)]),  # unreported: the cover takes nothing
+    (Line(), [("add", 1100), ("add", 500)]),  # unreported: the cover takes its graph alone
     (Line(0.0, 1.0), [("add", 1100), ("evict", 1024), ("add", 500)]),  # 76 bytes more
 ])
 def test_a_cover_takes_what_it_grows_the_buffers_by_from_the_headroom(
         buffers: Line, head: list[tuple[str, int]]) -> None:
-    # 550 bytes of room: 500 fits beside the new largest gear 1100, not once the buffers
-    # grow by 1100 - 1024 bytes, and then only traded for 1024.
-    prices = Prices(FREE, bytes=Line(0.0, 1.0), headroom=550.0, buffers=buffers)
+    # 1,650 bytes of room: the new largest gear 1100 leaves 550, where 500 fits, not once the
+    # buffers grow by 1100 - 1024 bytes, and then only traded for 1024.
+    prices = Prices(FREE, bytes=Line(0.0, 1.0), headroom=1650.0, buffers=buffers)
     assert actions(run((1024,), TWO + at(OLD, 1100, 2), prices))[:len(head)] == head
+
+
+def test_a_cover_takes_its_own_graph_from_the_headroom_in_its_round() -> None:
+    # 550 bytes of room: the cover's 1100 does not fit beside 1024, so the round makes room
+    # (1024 goes) and adds nothing else; once the cover's graph was charged only from the
+    # next round, 500 came in too and the round ended at 2,624 bytes against a bound of 1,574.
+    prices = Prices(FREE, bytes=Line(0.0, 1.0), headroom=550.0)
+    d = run((1024,), TWO + at(OLD, 1100, 2), prices)
+    assert actions(d) == [("add", 1100), ("evict", 1024)]
+    assert sum(d.gears["B"].gears) <= 1024 + 550

@@ -40,8 +40,9 @@ if it is needed), and graphs that would not fit the bytes headroom are not added
 headroom is pressure) but traded: where step 3's plan of K gears does not fit the bytes the
 dim may hold (the headroom plus its gears' bytes), trades bring in gears of the best set of at
 most K gears that fits (`fitting.bounded_target`) and evict only gears off it; a cover that
-moves the largest gear up takes what the profile's static buffers grow by from the headroom
-(`Prices.buffer_growth`: 0 where not reported).
+moves the largest gear up takes its graph and what the profile's static buffers grow by
+(`Prices.buffer_growth`: 0 where not reported) from the headroom at once: left negative, that is
+pressure.
 
 Creation protection (`recent_use_protect_seconds`, and any `protected_until`) holds except in
 step 2's floor case, and for an initial gear (`DimGears.initial`: there from the start, never
@@ -114,8 +115,11 @@ def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: 
 
     gears = list(state.gears)
     steps = _cover(dim, gears, seen, pressure, cooling, config)
-    if pay is not None and pay.headroom is not None:  # a new largest gear grows the buffers
-        pay.headroom -= pay.prices.buffer_growth(state.gears[-1], gears[-1])
+    if pay is not None and pay.headroom is not None and gears[-1] != state.gears[-1]:
+        # a cover's new largest gear takes its graph and the buffers' growth from the headroom
+        pay.headroom -= (pay.prices.held_bytes([gears[-1]])
+                         + pay.prices.buffer_growth(state.gears[-1], gears[-1]))
+        pressure = pressure or pay.headroom < 0
     inside = v <= gears[-1]
     work = Work(v[inside], w[inside], w[inside] ** 2 / hist.counts[inside], cost)
     if pay is None or pressure:  # priced, a gear held costs only its bytes, and a capture
@@ -128,8 +132,7 @@ def plan_steps(dim: Dim, state: DimGears, hist: Histogram, pressure: bool, now: 
     target = sets.gears(size)
     fit = None
     if pay is not None and pay.headroom is not None and not pressure:
-        room = pay.headroom + pay.prices.held_bytes(gears)  # what this dim may hold (as the
-        # moves count it: a cover's new largest gear is charged from the next round)
+        room = pay.headroom + pay.prices.held_bytes(gears)  # what this dim may hold
         if pay.prices.held_bytes(target) > room:
             fit = bounded_target(gears, size, target, work, *inputs, pay.prices, room,
                                  HELD_SLACK * config.plan_move_gain * raw)
