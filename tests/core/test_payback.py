@@ -379,7 +379,7 @@ def test_a_cover_takes_what_it_grows_the_buffers_by_from_the_headroom(
 def test_a_cover_takes_its_own_graph_from_the_headroom_in_its_round() -> None:
     # 550 bytes of room: the cover's 1100 does not fit beside 1024, so the round makes room
     # (1024 goes) and adds nothing else; once the cover's graph was charged only from the
-    # next round, 500 came in too and the round ended at 2,624 bytes against a bound of 1,574.
+    # next round, 500 and 900 came in for 1024 and the round ended at 2,500 bytes against 1,574.
     prices = Prices(FREE, bytes=Line(0.0, 1.0), headroom=550.0)
     d = run((1024,), TWO + at(OLD, 1100, 2), prices)
     assert actions(d) == [("add", 1100), ("evict", 1024)]
