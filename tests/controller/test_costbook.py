@@ -28,16 +28,22 @@ from .workers import POLICY, Worker
 DIMS = {"B": Dim(gears=[1, 2, 4, 8, 16, 32, 64], max=64), "S": Dim(gears=[16, 128], max=128)}
 
 
+def events_of(kind: Kind, rows: list[tuple[int, int, tuple[int, ...]]]) -> np.ndarray:
+    """Ring events of `kind` from (profile id, dim index, `ring` encoder's arguments after it)."""
+    encode = ring.measured if kind == Kind.MEASURED else ring.buffers
+    events = np.zeros(len(rows), EVENT_DTYPE)
+    for e, (profile, dim, rest) in zip(events, rows, strict=True):
+        v0, v1, v2, v3, meta, counts = encode(profile, 3, dim, *rest)
+        e["values"] = (v0, v1, v2, v3)
+        e["kind"], e["ndim"], e["profile"], e["version"] = kind, 4, profile, 3
+        e["chunks"][0] = counts
+        assert meta >> 48 & 0xFF == kind
+    return events
+
+
 def records(*rows: tuple[int, int, int, int, float, int, float]) -> np.ndarray:
     """MEASURED records of (profile id, dim index, gear, capture s, bytes, replay s)."""
-    events = np.zeros(len(rows), EVENT_DTYPE)
-    for e, (profile, dim, gear, capture, nbytes, replay) in zip(events, rows, strict=True):
-        v0, v1, v2, v3, meta, counts = ring.measured(profile, 3, dim, gear, capture, nbytes, replay)
-        e["values"] = (v0, v1, v2, v3)
-        e["kind"], e["ndim"], e["profile"], e["version"] = Kind.MEASURED, 4, profile, 3
-        e["chunks"][0] = counts
-        assert meta >> 48 & 0xFF == Kind.MEASURED
-    return events
+    return events_of(Kind.MEASURED, [(r[0], r[1], tuple(r[2:])) for r in rows])
 
 
 def ledger() -> ProfileLedger:
@@ -191,14 +197,7 @@ def test_rounds_are_priced_with_the_measured_costs_and_the_device_s_workers(
 
 def buffers(*rows: tuple[int, int, int, int, int]) -> np.ndarray:
     """BUFFERS records of (profile id, dim index, gear, bytes, bytes on the dim)."""
-    events = np.zeros(len(rows), EVENT_DTYPE)
-    for e, (profile, dim, cap, total, scaling) in zip(events, rows, strict=True):
-        v0, v1, v2, v3, meta, counts = ring.buffers(profile, 3, dim, cap, total, scaling)
-        e["values"] = (v0, v1, v2, v3)
-        e["kind"], e["ndim"], e["profile"], e["version"] = Kind.BUFFERS, 4, profile, 3
-        e["chunks"][0] = counts
-        assert meta >> 48 & 0xFF == Kind.BUFFERS
-    return events
+    return events_of(Kind.BUFFERS, [(r[0], r[1], tuple(r[2:])) for r in rows])
 
 
 def test_buffers_records_are_checked_and_the_last_of_each_dim_is_priced() -> None:
