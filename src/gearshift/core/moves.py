@@ -78,3 +78,16 @@ class Work:
 
     def var(self, lo: np.ndarray | int, hi: np.ndarray | int) -> np.ndarray:
         return self._at(self._q, hi) - self._at(self._q, lo)
+
+
+def padding_words(saved: float, raw: float, sd: float | None = None) -> str:
+    """A move's effect on padding in words, in points of the raw work: "down" for a saving,
+    "up" for a loss (no signed figure to misread); a standard error `sd` is printed as ± only
+    when it is narrower than the saving, else named as what it is."""
+    pts, word = 100 * abs(float(saved)) / raw, "down" if saved >= 0 else "up"
+    if sd is None:
+        return f"padding {word} {pts:.2f} pts"
+    err = 100 * float(sd) / raw
+    if round(err, 2) < round(pts, 2):  # as printed
+        return f"padding {word} {pts:.2f} ± {err:.2f} pts"
+    return f"padding {word} {pts:.2f} pts (standard error {err:.2f} pts, as large)"

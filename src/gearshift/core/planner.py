@@ -66,10 +66,11 @@ from gearshift.core.costs import Prices
 from gearshift.core.dims import Dim
 from gearshift.core.fitting import HELD_SLACK, bounded_target
 from gearshift.core.gears import DimGears
-from gearshift.core.moves import Work, additions, evictions, padded, swaps
+from gearshift.core.moves import Work, additions, evictions, padding_words, swaps
 from gearshift.core.optimal import OptimalSets, optimal_sets
 from gearshift.core.payback import Payback, net_worth, strict
 from gearshift.core.stats import Histogram
+from gearshift.core.trades import best_trade
 
 K_STEP = 2
 MAX_CANDIDATES = 512
@@ -268,10 +269,10 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
     gears save nothing, and always holds the largest gear) (step 4); `gears` is updated in
     place. Priced, the best move is the one that saves most net of its capture, and none is
     made that does not pay it back within the horizon or whose graph does not fit; an
-    addition that pays but does not fit is traded (`_trade`) for a gear not `stuck`. Where
-    `fit` is given (the count's plan does not fit the bound: `fitting.bounded_target`), a
-    trade brings in a gear of `fit` and evicts only gears off it: trades move toward the best
-    set that fits rather than round a plan that cannot."""
+    addition that pays but does not fit is traded (`trades.best_trade`) for a gear not
+    `stuck`. Where `fit` is given (the count's plan does not fit the bound:
+    `fitting.bounded_target`), a trade brings in a gear of `fit` and evicts only gears off
+    it: trades move toward the best set that fits rather than round a plan that cannot."""
     steps: list[Step] = []
     adds = evicts = 0
     fresh: set[int] = set()  # added this round: never traded away again in it
@@ -283,8 +284,8 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
         kept = stuck | fresh | {gears[-1]}
         if fit is not None:
             a, kept = np.array([t for t in fit if t not in gears], np.int64), kept | set(fit)
-        traded = _trade(g, a, work, raw, why, least, config, pay, kept, int(swap),
-                        "off the set that fits, " if fit is not None else "")
+        traded = best_trade(g, a, work, raw, why, least, config, pay, kept, int(swap),
+                             "off the set that fits, " if fit is not None else "")
         for _, old, _ in traded[:-1]:
             gears.remove(old)
         if traded:
@@ -304,7 +305,7 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
             loss, _ = evictions(g, e, work)
             i = int(np.argmin(loss))
             gone = gears.pop(int(e[i]))
-            steps.append(("evict", gone, f"{why}: {_padding(-loss[i], raw)}"))
+            steps.append(("evict", gone, f"{why}: {padding_words(-loss[i], raw)}"))
             if pay:
                 pay.give(gone)
             evicts += 1
@@ -317,7 +318,7 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
                     return steps
                 continue
             paid = f", {pay.why(float(pay.seconds(gain[j])), int(a[j]))}" if pay else ""
-            steps.append(("add", int(a[j]), f"{why}: {_padding(gain[j], raw)}{paid}"))
+            steps.append(("add", int(a[j]), f"{why}: {padding_words(gain[j], raw)}{paid}"))
             gears.append(int(a[j]))
             gears.sort()
             fresh.add(int(a[j]))
@@ -338,7 +339,7 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
                     return steps
                 continue
             old, new = int(g[e[i]]), int(a[j])
-            saved = _padding(gain[i, j], raw, sd[i, j]) + (
+            saved = padding_words(gain[i, j], raw, sd[i, j]) + (
                 f", {pay.why(float(pay.seconds(score[i, j])), new)}" if pay else "") + (
                 f" and {undo[i]:.3g} s to capture {old} again" if undo[i] > 0 else "")
             if pay:
@@ -353,71 +354,3 @@ def _moves(gears: list[int], size: int, target: tuple[int, ...], work: Work, raw
             adds, evicts = adds + 1, evicts + 1
         else:
             return steps
-
-
-def _trade(g: np.ndarray, a: np.ndarray, work: Work, raw: float, why: str, least: float,
-           config: PolicyConfig, pay: Payback, kept: set[int], fewest: int = 0,
-           off: str = "") -> list[Step]:
-    """Under the bytes bound, an addition that pays back its capture but does not fit the
-    headroom evicts, one at a time until it fits and at least `fewest` of them (1 where the
-    plan holds as many gears as it should: a trade then keeps the count, as a swap does), the
-    gear that earns least per byte (the padded work its eviction adds over the bytes it frees;
-    never one `kept`), as many as it takes: a trade is all or nothing, and a cap would keep a
-    large graph out for good where it needs more small ones gone (a round makes no further
-    trade once its evictions reach `plan_max_moves`). A trade is scored as a swap is: its
-    exact saving (the padded work of the gears before less after) less `plan_confidence`
-    standard errors (the addition's and the evictions' variances summed); the best is made
-    when that is at least `least` and pays back the capture and that of every evicted gear
-    traffic uses (undoing the trade captures it again). Its steps (the evictions, then the
-    addition), or none; `off` prefixes why the evicted gears were chosen."""
-    gain, gain_var = additions(g, a, work)
-    worth = (gain >= least) & (pay.seconds(gain) > pay.capture(a))
-    best: tuple[float, int, list[int], float, list[int]] | None = None
-    for j in np.flatnonzero(worth):
-        new, held, out, used = int(a[j]), g.tolist(), [], []
-        room, need, var = pay.headroom, pay.prices.held_bytes([new]), float(gain_var[j])
-        while room < need or len(out) < fewest:
-            h = np.array(held, np.int64)
-            e = np.array([i for i, x in enumerate(held[:-1]) if x not in kept], np.int64)
-            if not e.size:
-                break
-            loss, loss_var = evictions(h, e, work)
-            freed = pay.prices.bytes(h[e].astype(float)) * pay.prices.workers
-            i = int(np.argmin(loss / np.maximum(freed, 1.0)))
-            if loss[i] > 0:
-                used.append(held[int(e[i])])
-            out.append(held.pop(int(e[i])))
-            room, var = room + float(freed[i]), var + float(loss_var[i])
-        if room < need or len(out) < fewest:
-            continue
-        saving = padded(g, work) - padded(np.array(sorted([*held, new]), np.int64), work)
-        score = saving - config.plan_confidence * math.sqrt(var)
-        net = float(pay.seconds(score)) - float(pay.capture([new, *used]).sum())
-        if score >= least and net > 0 and (best is None or net > best[0]):
-            best = (net, new, out, saving, used)
-    if best is None:
-        return []
-    _, new, out, saving, used = best
-    saved = f"{_padding(saving, raw)}, {pay.why(float(pay.seconds(saving)), new)}" + (
-        f" and {float(pay.capture(used).sum()):.3g} s to capture {', '.join(map(str, used))} "
-        "again" if used else "")
-    for old in out:
-        pay.give(old)
-    pay.take(new)
-    gone = ", ".join(map(str, out))
-    return [*(("evict", old, f"{why}: traded for {new} ({off}earns least per byte; over the "
-                             f"memory bound), {saved}") for old in out),
-            ("add", new, f"{why}: in for {gone} (over the memory bound), {saved}")]
-
-
-def _padding(saved: float, raw: float, sd: float | None = None) -> str:
-    """A move's effect on padding in words, in points of the raw work: "down" for a saving,
-    "up" for a loss (no signed figure to misread); a standard error `sd` is printed as ± only
-    when it is narrower than the saving, else named as what it is."""
-    pts, word = 100 * abs(float(saved)) / raw, "down" if saved >= 0 else "up"
-    if sd is None:
-        return f"padding {word} {pts:.2f} pts"
-    err = 100 * float(sd) / raw
-    if round(err, 2) < round(pts, 2):  # as printed
-        return f"padding {word} {pts:.2f} ± {err:.2f} pts"
-    return f"padding {word} {pts:.2f} pts (standard error {err:.2f} pts, as large)"
