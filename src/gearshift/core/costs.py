@@ -189,6 +189,10 @@ class Prices:
         g = np.asarray(list(gears) if not isinstance(gears, np.ndarray) else gears, float)
         return float(self.capture(g).sum()) * self.workers if g.size else 0.0
 
+    def gear_bytes(self, gears: np.ndarray) -> np.ndarray:
+        """The bytes a graph of each of `gears` holds, on every worker."""
+        return self.bytes(gears.astype(float)) * self.workers
+
     def held_bytes(self, gears: Iterable[int]) -> float:
         g = np.asarray(list(gears), float)
         return float(self.bytes(g).sum()) * self.workers if g.size else 0.0

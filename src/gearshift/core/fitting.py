@@ -43,7 +43,7 @@ def fitting_set(cand: np.ndarray, k: int, weight: np.ndarray, cost: Fn, held: Fn
     fits, the forced gears and the last candidate."""
     free = ~np.isin(cand, forced)
 
-    def padded(gears: Gears) -> float:
+    def scored(gears: Gears) -> float:  # the DP's padded work: its weights, forced ones too
         g = np.asarray(gears, np.int64)
         return float((weight * cost(g)[np.searchsorted(g, cand)]).sum())
 
@@ -61,10 +61,10 @@ def fitting_set(cand: np.ndarray, k: int, weight: np.ndarray, cost: Fn, held: Fn
         gap = size(over) - size(fit)
         if size(fit) > room or gap <= 0:
             break
-        mu = (padded(fit) - padded(over)) / gap  # both score alike at mu
+        mu = (scored(fit) - scored(over)) / gap  # both score alike at mu
         mid = optimal_sets(cand, k, weight, cost=cost, penalty=penalty(mu)).gears(k)
-        if mid in (fit, over) or padded(mid) + mu * size(mid) >= (
-                padded(fit) + mu * size(fit)) * (1.0 - 1e-12):
+        if mid in (fit, over) or scored(mid) + mu * size(mid) >= (
+                scored(fit) + mu * size(fit)) * (1.0 - 1e-12):
             break  # no set between: `fit` is the least μ's that fits
         if size(mid) <= room:
             fit = mid
@@ -84,7 +84,5 @@ def bounded_target(gears: list[int], size: int, target: Gears, work: Work, cand:
     near = len(gears) <= size and prices.held_bytes(gears) <= room
     if near and held <= padded(np.array(target, np.int64), work):  # no set of `size` pads less
         return None
-    fit = fitting_set(cand, size, weight, work.cost,
-                      lambda x: prices.bytes(x.astype(float)) * prices.workers, room, forced,
-                      target)
+    fit = fitting_set(cand, size, weight, work.cost, prices.gear_bytes, room, forced, target)
     return None if near and held <= padded(np.array(fit, np.int64), work) else fit

@@ -75,7 +75,7 @@ def net_worth(saving: np.ndarray, a: np.ndarray, least: float, pay: Payback | No
     net = pay.seconds(saving) - pay.capture(a)
     fits = np.array([pay.fits(int(x)) for x in a])
     if evicted is not None and pay.headroom is not None:
-        freed = pay.prices.bytes(evicted.astype(float)) * pay.prices.workers
-        need = pay.prices.bytes(a.astype(float)) * pay.prices.workers
+        freed = pay.prices.gear_bytes(evicted)
+        need = pay.prices.gear_bytes(a)
         fits = need[None, :] <= pay.headroom + freed[:, None]
     return np.where((saving >= least) & fits, net, -np.inf)

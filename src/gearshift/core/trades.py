@@ -43,7 +43,7 @@ def best_trade(g: np.ndarray, a: np.ndarray, work: Work, raw: float, why: str, l
             if not e.size:
                 break
             loss, loss_var = evictions(h, e, work)
-            freed = pay.prices.bytes(h[e].astype(float)) * pay.prices.workers
+            freed = pay.prices.gear_bytes(h[e])
             i = int(np.argmin(loss / np.maximum(freed, 1.0)))
             if loss[i] > 0:
                 used.append(held[int(e[i])])
