@@ -70,12 +70,10 @@ from gearshift.core.moves import Work, additions, evictions, padding_words, swap
 from gearshift.core.optimal import OptimalSets, optimal_sets
 from gearshift.core.payback import Payback, net_worth, strict
 from gearshift.core.stats import Histogram
-from gearshift.core.trades import best_trade
+from gearshift.core.trades import Step, best_trade
 
 K_STEP = 2
 MAX_CANDIDATES = 512
-
-Step = tuple[str, int, str]  # (action "add" | "evict", gear, reason)
 
 
 class Candidates(NamedTuple):

@@ -13,7 +13,7 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.moves import Work, additions, evictions, padded, padding_words
 from gearshift.core.payback import Payback
 
-Step = tuple[str, int, str]  # (action "add" | "evict", gear, reason), as `planner.Step`
+Step = tuple[str, int, str]  # (action "add" | "evict", gear, reason): a plan-mode step
 
 
 def best_trade(g: np.ndarray, a: np.ndarray, work: Work, raw: float, why: str, least: float,
