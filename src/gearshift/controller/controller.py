@@ -275,7 +275,7 @@ class Controller(Applying, Publishing):
     def _decide(self, device: int, now: float) -> None:
         """Start the device's round on a snapshot of its ledger (`deciding`)."""
         self.decider.start(device, self.devices[device], now, self.memory_usage(device, now),
-                           self.prices(device))
+                           self.prices(device), self.slots.device_bytes(device))
 
     def _apply_round(self, decided: Decided, now: float) -> None:
         """Apply a round decided on the device's gears as they are (`Decider.finished`):

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gearshift.core.config import MAX_BYTES
 from gearshift.core.round import DeviceLedger, ProfileLedger
 from gearshift.shm import Kind
 
@@ -144,12 +145,15 @@ def _fold_profile(
     return len(times)
 
 
-def memory_reading(events: np.ndarray) -> tuple[float, float] | None:
-    """(time in seconds, used share of device memory) of the last valid MEMORY record, or None."""
+def memory_reading(events: np.ndarray) -> tuple[float, float, float] | None:
+    """(time in seconds, used share of device memory, the device's bytes) of the last valid
+    MEMORY record (0 < total <= MAX_BYTES, 0 <= free <= total), or None."""
     readings = events[events["kind"] == Kind.MEMORY]
     free, total = readings["values"][:, 0], readings["values"][:, 1]
-    rows = np.flatnonzero((total > 0) & (free >= 0) & (free <= total))
+    rows = np.flatnonzero((total > 0) & (total <= MAX_BYTES) & (free >= 0)
+                          & (free <= total))
     if not len(rows):
         return None
     last = rows[-1]
-    return float(readings["t_ns"][last]) * 1e-9, 1.0 - float(free[last]) / float(total[last])
+    return (float(readings["t_ns"][last]) * 1e-9, 1.0 - float(free[last]) / float(total[last]),
+            float(total[last]))

@@ -117,7 +117,8 @@ class Publishing:
             devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
             lags=self.slots.lags, changes=self.changes, costs=self.costs,
             final_save=self.final_save, graph_bytes={
-                d: memory.device_usage(dev.profiles, self.prices(d), self.policy)
+                d: memory.device_usage(dev.profiles, self.prices(d), self.policy,
+                                       self.slots.device_bytes(d))
                 for d, dev in self.devices.items()})
 
     def _publish_status(self, now: float) -> None:

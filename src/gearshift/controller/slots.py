@@ -49,7 +49,7 @@ class Worker:
     lut: np.ndarray = field(default_factory=lambda: np.full(1, -1, np.int64))
     profiles: dict[int, str] = field(default_factory=dict)  # local id -> profile name
     consumed: int = 0
-    memory: tuple[float, float] | None = None  # (time, used share) of its latest reading
+    memory: tuple[float, float, float] | None = None  # (time, used share, device bytes): latest
 
     def map(self, local: int, key: int, name: str) -> None:
         if local >= len(self.lut) - 1:
@@ -88,6 +88,7 @@ class Slots:
         self.lock_busy = 0  # scans skipped: the namespace lock was held past the registry's wait
         self._busy_logged = -math.inf  # when a skipped scan was last logged
         self._awaiting: dict[int, tuple[int, float]] = {}  # device -> (version, published at)
+        self._device_bytes: dict[int, float] = {}  # device -> its memory, once read
         self._scanned = False  # the first scan reads the whole table (a namespace created
         # before the high-water mark was kept has claims above it)
 
@@ -169,6 +170,16 @@ class Slots:
             and w.memory[0] >= fresh
         ]
         return max(readings, default=None)
+
+    def device_bytes(self, device: int) -> float | None:
+        """The device's memory in bytes: the least its workers' latest readings report (a
+        worker that overstates it cannot raise the bound's floor), kept once known (a
+        device's memory does not change; None: never read)."""
+        totals = [w.memory[2] for w in self.workers.values()
+                  if w.info.device == device and w.memory is not None]
+        if totals:
+            self._device_bytes[device] = min(totals)
+        return self._device_bytes.get(device)
 
     def close(self) -> None:
         """Unmap every attached ring (the rings themselves stay)."""

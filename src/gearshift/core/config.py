@@ -48,7 +48,8 @@ class PolicyConfig:
     (measured costs given), a gear added must save its captures within `plan_payback_seconds`
     of device time at the traffic's rate, and the graphs of a device stay within its bound:
     `graph_memory_budget_bytes`, else `graph_memory_budget_ratio` times the bytes of its
-    start-up gears (`core.memory`; both None: no bound; the usage threshold applies either way).
+    start-up gears, never under `graph_memory_floor_ratio` of the device's memory
+    (`core.memory`; both None: no bound; the usage threshold applies either way).
     A dim's gears change only once its window holds `min_window_events` events, or under
     memory pressure.
     """
@@ -81,6 +82,7 @@ class PolicyConfig:
     plan_payback_seconds: float = 1800.0
     graph_memory_budget_bytes: float | None = None
     graph_memory_budget_ratio: float | None = 1.25
+    graph_memory_floor_ratio: float | None = 0.005
 
     def __post_init__(self) -> None:
         if self.policy_mode not in POLICY_MODES:
@@ -113,6 +115,8 @@ class PolicyConfig:
         if self.graph_memory_budget_ratio is not None:
             check_value("graph_memory_budget_ratio", self.graph_memory_budget_ratio, 0.0,
                         MAX_RATIO, low_open=True)
+        if self.graph_memory_floor_ratio is not None:
+            check_value("graph_memory_floor_ratio", self.graph_memory_floor_ratio, 0.0, 1.0)
         if self.device_memory_usage_threshold_ratio is not None:
             check_value("device_memory_usage_threshold_ratio",
                    self.device_memory_usage_threshold_ratio, 0.0, 1.0, low_open=True)

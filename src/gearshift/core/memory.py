@@ -8,10 +8,12 @@ counted once per profile and worker, at the largest gears (`costs.buffer_bytes`)
 worker reported them, else not at all. By default a device's graphs (and buffers) hold at most
 what its start-up gears held (every priced dim's `Dim.initial_gears`, on every worker, with the
 buffers at their largest) times `graph_memory_budget_ratio` (1.25: a quarter more, the slack),
-and never less than `FLOOR_GRAPHS` graphs of each priced dim's largest start-up gear beside
-those buffers (a profile started on one or two gears can still grow);
-`graph_memory_budget_bytes` sets the bound in bytes instead; with both None there is none.
-Pure: prices and dims in, bytes out.
+and never less than the floor: `FLOOR_GRAPHS` graphs of each priced dim's largest start-up gear
+beside those buffers (a profile started on one or two gears can still grow), nor
+`graph_memory_floor_ratio` (0.5 %) of the device's memory where its workers report it (bytes
+below that are not worth padding for); `graph_memory_budget_bytes` sets the bound in bytes
+instead; with both None there is none.
+Pure: prices, dims and the device's memory in, bytes out.
 """
 
 from __future__ import annotations
@@ -61,16 +63,19 @@ def start_buffers(dims: Dims, prices: PriceBook) -> float:
                for name, ps in prices.items() if name in dims)
 
 
-def bound(dims: Dims, prices: PriceBook, config: PolicyConfig) -> float | None:
+def bound(dims: Dims, prices: PriceBook, config: PolicyConfig,
+          device_bytes: float | None = None) -> float | None:
     """The device's graph memory bound in bytes (None: unbounded): `graph_memory_budget_bytes`
     when set, else the start-up gears' bytes times `graph_memory_budget_ratio`, at least the
-    floor (None when the ratio is None too, or no dim is priced)."""
+    floor, and at least `graph_memory_floor_ratio` of `device_bytes` (the device's memory;
+    None: unknown) (None when the ratio is None too, or no dim is priced)."""
     if config.graph_memory_budget_bytes is not None:
         return float(config.graph_memory_budget_bytes)
     if config.graph_memory_budget_ratio is None or not any(prices.values()):
         return None
+    share = (config.graph_memory_floor_ratio or 0.0) * (device_bytes or 0.0)
     return max(config.graph_memory_budget_ratio * start_bytes(dims, prices),
-               floor_bytes(dims, prices))
+               floor_bytes(dims, prices), share)
 
 
 def modelled(prices: PriceBook) -> dict[str, dict[str, Prices]]:
@@ -80,20 +85,22 @@ def modelled(prices: PriceBook) -> dict[str, dict[str, Prices]]:
 
 
 def usage(dims: Dims, gears: Mapping[str, Mapping[str, list[int]]], prices: PriceBook,
-          config: PolicyConfig) -> tuple[float, float | None, float]:
+          config: PolicyConfig, device_bytes: float | None = None
+          ) -> tuple[float, float | None, float]:
     """What the priced dims' `gears` hold (their graphs and buffers), the bound, both as a
     round prices them, and the buffers' part of the first."""
     priced = modelled(prices)
-    return (held_bytes(gears, priced), bound(dims, priced, config),
+    return (held_bytes(gears, priced), bound(dims, priced, config, device_bytes),
             held_buffers(gears, priced))
 
 
-def device_usage(profiles: Mapping[str, Any], prices: PriceBook,
-                 config: PolicyConfig) -> tuple[float, float | None, float]:
+def device_usage(profiles: Mapping[str, Any], prices: PriceBook, config: PolicyConfig,
+                 device_bytes: float | None = None) -> tuple[float, float | None, float]:
     """`usage` of a device's `profiles` (each a `round.ProfileLedger`): what its priced gears
     hold, its bound, and the buffers' part."""
     return usage({n: p.dims for n, p in profiles.items()},
-                 {n: p.gear_lists() for n, p in profiles.items()}, prices, config)
+                 {n: p.gear_lists() for n, p in profiles.items()}, prices, config,
+                 device_bytes)
 
 
 def held_bytes(gears: Mapping[str, Mapping[str, list[int]]], prices: PriceBook) -> float:

@@ -89,20 +89,23 @@ class DeviceLedger:
 def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
                  config: PolicyConfig,
                  on_error: Callable[[str, Exception], None] | None = None,
-                 prices: Mapping[str, Mapping[str, Prices]] | None = None) -> Round | None:
+                 prices: Mapping[str, Mapping[str, Prices]] | None = None,
+                 device_bytes: float | None = None) -> Round | None:
     """The round due on `device` at `now` (`should_update`), or None when none is due or no
     profile was decided. Reads the ledger, never changes it. A profile whose decision raises
     propagates the error, or with `on_error` is reported to it (name, error) and left out of
     the round: it keeps its gears, the others are decided. `prices` (per profile, per dim:
     measured costs as data) price plan mode's moves, each graph at its `memory.graph_bytes`;
-    under the device's bound (`memory.bound`) they share its headroom (the bound less the
+    under the device's bound (`memory.bound`; `device_bytes`: the device's memory, None
+    where unknown) they share its headroom (the bound less the
     bytes of every priced dim's gears and of their profiles' buffers): each profile, and each
     dim, gets what those decided before it left."""
     trigger = should_update(device.last_update, now, memory_usage, config)
     if trigger is None:
         return None
     prices = modelled(prices or {})
-    budget = bound({n: p.dims for n, p in device.profiles.items()}, prices, config)
+    budget = bound({n: p.dims for n, p in device.profiles.items()}, prices, config,
+                   device_bytes)
     prices = _with_headroom(device, prices, budget)
     gears, changes = {}, {}
     for name, p in device.profiles.items():

@@ -220,7 +220,9 @@ class Device:
     `bytes[dim]` (A + B·gear) on each worker, else `memory.graph_bytes`'s model; priced, the
     policy's memory bound counts them (`memory.bound`). `buffers[dim]` (A + B·gear, the
     largest gear of the dim, on each worker) models the static input buffers the graphs
-    share, counted once at the largest gears (`costs.buffer_bytes`); none by default."""
+    share, counted once at the largest gears (`costs.buffer_bytes`); none by default.
+    `memory` is the device's memory in bytes, as its workers report it: the bound is never
+    under `graph_memory_floor_ratio` of it (None: unknown, no such floor)."""
 
     capture: Line = ZERO
     workers: int = 1
@@ -228,6 +230,7 @@ class Device:
     lazy: bool = False
     bytes: Mapping[str, Line] | None = None
     buffers: Mapping[str, Line] | None = None
+    memory: float | None = None
 
     def graph_bytes(self, dim: str) -> Line:
         return graph_bytes((self.bytes or {}).get(dim, Line()))
@@ -246,7 +249,7 @@ class Device:
     def budget(self, dims: Mapping[str, Dim], config: PolicyConfig) -> float | None:
         """The memory bound a priced replay of `dims` runs under (None: unpriced, or none)."""
         prices = self.prices(dims)
-        return bound({PROFILE: dims}, prices, config) if prices else None
+        return bound({PROFILE: dims}, prices, config, self.memory) if prices else None
 
     def seconds(self, gears: Sequence[int]) -> float:
         return float(self.capture(np.asarray(gears, float)).sum()) * self.workers
@@ -291,7 +294,7 @@ def simulate(
             continue
         now = float(checks[seg])
         mem = None if trace.mem_usage is None or hi == 0 else float(trace.mem_usage[hi - 1])
-        round = decide_round(ledger, now, mem, config, prices=prices)
+        round = decide_round(ledger, now, mem, config, prices=prices, device_bytes=device.memory)
         if round is None:
             continue
         ledger.apply(round)

@@ -13,7 +13,7 @@ import click
 
 from gearshift.clikit import EXIT_ERROR, EXIT_USAGE, config_options, json_option
 from gearshift.configfile import load_policy_config
-from gearshift.core.config import PolicyConfig, check_value
+from gearshift.core.config import MAX_BYTES, PolicyConfig, check_value
 from gearshift.core.costs import MAX_GRAPH_BYTES, MAX_MEASURED_SECONDS, Line
 from gearshift.core.dims import Gears, normalize_gears
 from gearshift.errors import ConfigError, GearshiftError, TraceError
@@ -119,6 +119,14 @@ from gearshift.tools.trace import Trace, load_trace
     "times the start-up gears' bytes (graph_memory_budget_ratio; default 1.25x, at least 2 "
     "graphs of the largest start-up gear), or none (unbounded).",
 )
+@click.option(
+    "--device-memory",
+    "device_memory",
+    type=float,
+    metavar="BYTES",
+    help="The device's memory, as its workers report it: the priced policy's bound is never "
+    "under graph_memory_floor_ratio (0.5 %) of it (default: unknown, no such floor).",
+)
 @config_options("policy", "at top level or under [policy]")
 @json_option()
 @click.option(
@@ -142,6 +150,7 @@ def simulate(
     graph_bytes: tuple[str, ...],
     buffer_bytes: tuple[str, ...],
     graph_budget: str | None,
+    device_memory: float | None,
     config_path: str | None,
     overrides: tuple[str, ...],
     as_json: bool,
@@ -172,7 +181,8 @@ def simulate(
         adaptive = policy == "adaptive"
         device = _device(capture, workers, adaptive and not unpriced, adaptive and not eager_start)
         device = dataclasses.replace(device, bytes=_bytes(graph_bytes, data),
-                                     buffers=_bytes(buffer_bytes, data, "--buffer-bytes"))
+                                     buffers=_bytes(buffer_bytes, data, "--buffer-bytes"),
+                                     memory=_device_memory(device_memory))
     except TraceError as e:
         _fail(e, EXIT_ERROR)
     except GearshiftError as e:
@@ -281,6 +291,12 @@ def _bytes(items: Iterable[str], trace: Trace, option: str = "--graph-bytes"
             check_value(f"{option} {key}", x, 0.0, float(MAX_GRAPH_BYTES))
         out[name] = Line(a, b)
     return out
+
+
+def _device_memory(given: float | None) -> float | None:
+    if given is not None:
+        check_value("--device-memory", given, 0.0, MAX_BYTES, low_open=True)
+    return given
 
 
 def _budget(config: PolicyConfig, given: str | None) -> PolicyConfig:

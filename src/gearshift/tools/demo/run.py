@@ -210,7 +210,8 @@ class Demo:
                 c = self.controller.controller
                 if 0 in c.devices:
                     held = dict(zip(("held", "bound", "buffers"), memory.device_usage(
-                        c.devices[0].profiles, c.prices(0), c.policy), strict=True))
+                        c.devices[0].profiles, c.prices(0), c.policy, c.slots.device_bytes(0)),
+                        strict=True))
                 book = self.controller.controller.costs
                 measured = {p: {d: c.summary() for d, c in book.costs(0, p).items()}
                             for p in mix.names}
