@@ -90,5 +90,11 @@ def test_memory_reading_is_the_last_valid_one() -> None:
             (4.0, 0, (5, 0), Kind.MEMORY),
         ]
     )
-    assert ingest.memory_reading(events) == (3.0, 0.4)
+    assert ingest.memory_reading(events) == (3.0, 0.4, 100.0)
     assert ingest.memory_reading(events[1:2]) is None
+
+
+def test_memory_reading_refuses_a_device_over_a_petabyte() -> None:
+    huge = 1 << 51
+    events = _events([(1.0, 0, (25, 100), Kind.MEMORY), (2.0, 0, (0, huge), Kind.MEMORY)])
+    assert ingest.memory_reading(events) == (1.0, 0.75, 100.0)

@@ -7,7 +7,8 @@ the clairvoyant that fits it from the first round on (`fitting_after_start`), ev
 peak and time-weighted graph bytes beside.
 
 Device time (`device_costs`) is a roofline model of Llama-3-8B in bf16 on one H100 SXM, its
-constants in docs/policy.md ("The device-time model"). A replay's `device_overhead` is
+constants in docs/policy.md ("The device-time model"); the device's memory, the bound's floor's
+share, is that H100's 80 GB. A replay's `device_overhead` is
 (padded device seconds + capture seconds) / raw device seconds - 1; a static set (pow2, the
 optimum) captures its gears once at the start, the adaptive modes each gear they add and each
 start-up gear the first time traffic reaches it. Unpriced runs do not depend on the capture
@@ -41,6 +42,7 @@ from gearshift.tools.trace import Trace
 
 CAPTURE_LEVELS = (0.0, 0.05, 0.5, 5.0)  # seconds per gear captured
 WORKERS = 1  # one worker per device, as vLLM and SGLang run
+DEVICE_MEMORY = 80e9  # the H100 SXM's 80 GB of HBM3: the default bound's floor is a share of it
 
 # Llama-3-8B (32 layers, hidden 4096, 8 KV heads of 128, 8.03e9 parameters) in bf16 on one
 # H100 SXM (989 TFLOPS dense bf16, 3.35 TB/s HBM3), at 50 % of peak compute and 70 % of
@@ -97,7 +99,8 @@ def bench_priced(trace: Trace, levels: tuple[float, ...] = CAPTURE_LEVELS
     }
     out: dict[str, dict[str, dict]] = {d: {} for d in trace.dims}
     for level in levels:
-        device = Device(Line(level), WORKERS, priced=True, lazy=True, bytes=held)
+        device = Device(Line(level), WORKERS, priced=True, lazy=True, bytes=held,
+                        memory=DEVICE_MEMORY)
         priced = simulate(trace, adaptive, PolicyConfig(), device=device)
         for dim in trace.dims:
             # the dim's share of the device's bound: what its own start-up gears give it (the
