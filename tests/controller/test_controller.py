@@ -340,3 +340,22 @@ def test_embedded_controller_runs_the_same_loop_in_a_thread(config: ControllerCo
     w.close()
     assert embedded.stop(WAIT)
     assert embedded.controller.status["embedded"] and _shm(config.namespace) == []
+
+
+def test_the_bound_is_never_under_its_share_of_the_least_memory_a_worker_reports(
+    controller: Controller, worker, clock: FakeClock
+) -> None:
+    a, b = worker(), worker()
+    a.register(0, "decode", serve=controller.step)
+    for gear in (8, 16):  # two gears measured: the dim is priced (1 KiB a graph)
+        assert a.ring.write(1, *ring.measured(0, 1, 0, gear, 0.25, 1024, 1e-3))
+    a.ring.put_memory(round(clock.now() * 1e9), free=1, total=10**9)
+    b.ring.put_memory(round(clock.now() * 1e9), free=1, total=10**15)  # overstated: not taken
+    _run(controller, clock, 1.0)
+    assert controller.slots.device_bytes(0) == 10**9
+    held, bound = (controller.status_document(clock.now())["devices"][0]["graph_bytes"][k]
+                   for k in ("held", "bound"))
+    assert 0 < held < 10**5 and bound == pytest.approx(0.005 * 10**9)
+    clock.advance(controller.config.memory_fresh_seconds + 1)  # stale readings: still known
+    _run(controller, clock, 0.2)
+    assert controller.slots.device_bytes(0) == 10**9

@@ -60,6 +60,36 @@ def test_the_keys_set_scale_or_lift_the_bound() -> None:
         PolicyConfig(graph_memory_budget_ratio=0.0)
 
 
+def test_the_bound_is_never_below_its_share_of_the_device() -> None:
+    assert bound(DIMS, COUNT, CFG, device_bytes=1000.0) == 10.0  # 0.5 % of it: 5 bytes
+    assert bound(DIMS, COUNT, CFG, device_bytes=4000.0) == 20.0  # 0.5 %: over the start's
+    off = PolicyConfig(graph_memory_floor_ratio=None)
+    assert bound(DIMS, COUNT, off, device_bytes=4000.0) == 10.0
+    assert bound(DIMS, COUNT, PolicyConfig(graph_memory_floor_ratio=0.0), 4000.0) == 10.0
+    explicit = PolicyConfig(graph_memory_budget_bytes=3.0)  # bytes set: the user's, as given
+    assert bound(DIMS, COUNT, explicit, device_bytes=4000.0) == 3.0
+    assert bound(DIMS, COUNT, PolicyConfig(graph_memory_budget_ratio=None), 4000.0) is None
+    assert device_usage(_ledger(CFG).profiles, COUNT, CFG, 4000.0) == (8.0, 20.0, 0.0)
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ConfigError, match="graph_memory_floor_ratio"):
+            PolicyConfig(graph_memory_floor_ratio=bad)
+
+
+def test_a_round_grows_into_the_devices_share() -> None:
+    config = PolicyConfig(min_window_events=1)
+    prices = {"p": {"S": Prices(Line(), replay=None, bytes=Line(1.0))}}
+    held = {}
+    for device in (None, 4000.0):
+        ledger = _ledger(config)
+        for now in np.arange(15.0, 600.0, 15.0):
+            round = decide_round(ledger, float(now), None, config, prices=prices,
+                                 device_bytes=device)
+            if round is not None:
+                ledger.apply(round)
+        held[device] = len(ledger.profiles["p"].gears["S"].gears)
+    assert held[None] == 10 and 10 < held[4000.0] <= 20
+
+
 def test_held_bytes_counts_the_priced_dims_only() -> None:
     assert held_bytes({"p": {"S": (1, 2, 3), "B": (4,)}}, COUNT) == 3.0
 

@@ -319,8 +319,15 @@ def test_graph_bytes_and_budget_are_reported_and_checked() -> None:
     assert code == EXIT_OK
     buffered = json.loads(out)["graph_bytes"]
     assert 0 < buffered["buffers"]["peak"] <= buffered["peak"] <= buffered["budget"]
+    code, out, _ = run(*args, "--json")
+    assert code == EXIT_OK
+    start = json.loads(out)["graph_bytes"]["budget"]
+    code, out, _ = run(*args, "--device-memory", str(400 * start), "--json")
+    assert code == EXIT_OK  # the bound is never under 0.5 % of the device's memory
+    assert json.loads(out)["graph_bytes"]["budget"] == pytest.approx(2 * start)
     for bad in (("--graph-budget", "lots"), ("--graph-bytes", "SEQLEN=1,2,3"),
                 ("--graph-bytes", "NOPE=1"), ("--graph-bytes", "SEQLEN=-1"),
-                ("--buffer-bytes", "SEQLEN=1,2,3"), ("--buffer-bytes", "NOPE=1")):
+                ("--buffer-bytes", "SEQLEN=1,2,3"), ("--buffer-bytes", "NOPE=1"),
+                ("--device-memory", "0"), ("--device-memory", "1e18")):
         code, _, err = run("azure_code_prefill", *bad)
         assert code == EXIT_USAGE and bad[0] in err
