@@ -306,21 +306,11 @@ def simulate(
     sizes = np.diff(cuts)
     dim_results = {
         name: _dim_result(
-            name,
-            trace.dims[name],
-            dim,
-            tuple(gears[name]),
-            sizes,
-            weights,
-            raw[name],
-            padded[name],
-            float(costs[name].sum()),
-            [c.action for c in changes if c.dim == name],
-            [c.gear for c in changes if c.dim == name and c.action == "add"],
-            device,
+            name, trace.dims[name], dim, tuple(gears[name]), sizes, weights, raw[name],
+            padded[name], float(costs[name].sum()), [c.action for c in changes if c.dim == name],
+            [c.gear for c in changes if c.dim == name and c.action == "add"], device,
             reached(dim, trace.dims[name], tuple(gears[name]), sizes) if device.lazy
-            else dict.fromkeys(dim.initial_gears, 0),
-        )
+            else dict.fromkeys(dim.initial_gears, 0))
         for name, dim in dims.items()
     }
     buffers = None if not device.buffers else np.array(
