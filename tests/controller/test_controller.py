@@ -353,8 +353,9 @@ def test_the_bound_is_never_under_its_share_of_the_least_memory_a_worker_reports
     b.ring.put_memory(round(clock.now() * 1e9), free=1, total=10**15)  # overstated: not taken
     _run(controller, clock, 1.0)
     assert controller.slots.device_bytes(0) == 10**9
-    held, bound = (controller.status_document(clock.now())["devices"][0]["graph_bytes"][k]
-                   for k in ("held", "bound"))
+    device = controller.status_document(clock.now())["devices"][0]
+    assert device["memory_bytes"] == 10**9
+    held, bound = (device["graph_bytes"][k] for k in ("held", "bound"))
     assert 0 < held < 10**5 and bound == pytest.approx(0.005 * 10**9)
     clock.advance(controller.config.memory_fresh_seconds + 1)  # stale readings: still known
     _run(controller, clock, 0.2)

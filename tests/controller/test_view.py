@@ -70,3 +70,13 @@ def test_a_device_shows_its_graph_bytes_against_its_bound() -> None:
     assert "graphs 3 MiB with buffers 1 MiB (bound 4 MiB)" in render(view).replace("\xa0", " ")
     view["status"]["devices"][0]["graph_bytes"] = {"held": 0.0, "bound": None}
     assert "graphs" not in render(view)  # nothing priced yet
+
+
+def test_a_device_shows_its_memory_where_the_document_has_a_sane_one() -> None:
+    view = _view()
+    assert "memory 50%, graphs" in render(view)  # an older document: no memory_bytes
+    view["status"]["devices"][0]["memory_bytes"] = 80 * (1 << 30)
+    assert "memory 50% of 80 GiB, graphs" in render(view).replace("\xa0", " ")
+    for bad in (True, -1, "80 GiB", float("nan"), 1e300):
+        view["status"]["devices"][0]["memory_bytes"] = bad
+        assert "memory 50%, graphs" in render(view)

@@ -116,7 +116,8 @@ class Publishing:
             counts=self.counts, rounds=self.rounds, workers=self.slots.workers.values(),
             devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
             lags=self.slots.lags, changes=self.changes, costs=self.costs,
-            final_save=self.final_save, graph_bytes={
+            final_save=self.final_save,
+            memory_bytes={d: self.slots.device_bytes(d) for d in self.devices}, graph_bytes={
                 d: memory.device_usage(dev.profiles, self.prices(d), self.policy,
                                        self.slots.device_bytes(d))
                 for d, dev in self.devices.items()})

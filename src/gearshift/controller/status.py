@@ -13,7 +13,8 @@ NaN-free floats only:
      "final_save": None while running; at close "saved" or "failed: why",
      "workers": [{"slot", "generation", "pid", "device", "alive", "consumed", "dropped",
                   "applied", "profiles": [[local id, name], ...]}],
-     "devices": [{"device", "version", "memory_usage", "graph_bytes", "last_update",
+     "devices": [{"device", "version", "memory_usage", "memory_bytes", "graph_bytes",
+                  "last_update",
                   "lag": {"last_seconds", "count", "seconds_sum"},
                   "profiles": [{"name", "changes": [[dim, gear, action, reason], ...],
                                 "dims": [{"name", "gears", "hit_rate", "avg_pad",
@@ -25,8 +26,10 @@ decayed mean pad ratio of the dim's requests; `samples` the events in the window
 `history_samples` those in the plan's history (`PolicyConfig.history`); `costs` what the
 workers measured of the dim's graphs (`CostBook.view`: measurements, per measured gear its
 count, median and fitted replay seconds, capture seconds and graph bytes as {a, b} of
-a + b·gear), None before any; a device's `graph_bytes` {"held", "bound", "buffers"}: what its
-priced dims' graphs and their profiles' static buffers hold on all its workers, its memory
+a + b·gear), None before any; a device's `memory_bytes`: its memory as its workers read it
+(`Slots.device_bytes`; None: not read yet), and its `graph_bytes` {"held", "bound",
+"buffers"}: what its priced dims' graphs and their profiles' static buffers hold on all its
+workers, its memory
 bound (None: none; `core.memory`), and the buffers' part of "held" (0 where unreported);
 `measured` counts the measurement records kept (`unknown` and
 `invalid` count the refused ones with the samples). A restarted
@@ -153,10 +156,12 @@ def document(
     costs: CostBook | None = None,
     final_save: str | None = None,
     graph_bytes: Mapping[int, tuple[float, float | None, float]] | None = None,
+    memory_bytes: Mapping[int, float | None] | None = None,
 ) -> dict[str, Any]:
     """The status document at `now`: the event `counts`, decision `rounds`, the `workers`,
-    and per device of `devices` its `memory_usage`, `lags`, last round's `changes` and the
-    measured `costs` of its profiles, and its `graph_bytes` (held, bound, buffers)."""
+    and per device of `devices` its `memory_usage` and `memory_bytes`, `lags`, last round's
+    `changes` and the measured `costs` of its profiles, and its `graph_bytes` (held, bound,
+    buffers)."""
     worker_entries = [
         {
             "slot": w.info.slot,
@@ -180,6 +185,7 @@ def document(
                 "device": device,
                 "version": dev.version,
                 "memory_usage": memory_usage.get(device),
+                "memory_bytes": (memory_bytes or {}).get(device),
                 "graph_bytes": dict(zip(("held", "bound", "buffers"),
                                         (graph_bytes or {}).get(device, (0.0, None, 0.0)),
                                         strict=True)),

@@ -205,7 +205,7 @@ def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> s
         lines += _wrap(
             f"device {dev['device']}: version "
             f"{view['versions'].get(str(dev['device']), dev['version'])}, memory "
-            + (f"{usage:.0%}" if usage is not None else "unknown")
+            + (f"{usage:.0%}" if usage is not None else "unknown") + _of(dev.get("memory_bytes"))
             + _graphs(dev.get("graph_bytes"))
             + f", propagation lag {_ms(dev['lag']['last_seconds'])} (last)", width, "  ")
         for p in dev["profiles"]:
@@ -282,6 +282,13 @@ def _fit(names: list[str], room: int) -> str:
         if len(shown) <= room:
             return shown
     return f"{len(names)} profiles"
+
+
+def _of(total: object) -> str:
+    """The device's memory after its usage (" of 80 GiB"), where the document has a sane one
+    (an older controller's has none)."""
+    ok = isinstance(total, (int, float)) and not isinstance(total, bool) and 0 < total < 2**60
+    return f" of{NB}{_bytes(float(total))}" if ok else ""
 
 
 def _graphs(held: dict[str, Any] | None) -> str:
