@@ -359,4 +359,22 @@ def test_the_bound_is_never_under_its_share_of_the_least_memory_a_worker_reports
     assert 0 < held < 10**5 and bound == pytest.approx(0.005 * 10**9)
     clock.advance(controller.config.memory_fresh_seconds + 1)  # stale readings: still known
     _run(controller, clock, 0.2)
-    assert controller.slots.device_bytes(0) == 10**9
+    assert controller.device_memory(0) == 10**9
+
+
+def test_a_restarted_controller_bounds_the_restored_gears_by_the_memory_last_read(
+    config: ControllerConfig, clock: FakeClock
+) -> None:
+    with Controller.open(config, POLICY, clock=clock) as first:
+        w = Worker(config.namespace, 0, clock)
+        w.register(0, "decode", serve=first.step)
+        for gear in (8, 16):
+            assert w.ring.write(1, *ring.measured(0, 1, 0, gear, 0.25, 1024, 1e-3))
+        w.ring.put_memory(round(clock.now() * 1e9), free=1, total=10**9)
+        _run(first, clock, 1.0)
+        assert first.device_memory(0) == 10**9
+        w.close()
+    with Controller.open(config, POLICY, clock=clock) as second:  # no worker has read it yet
+        assert second.slots.device_bytes(0) is None and second.devices[0].memory_bytes == 10**9
+        device = second.status_document(clock.now())["devices"][0]
+        assert device["graph_bytes"]["bound"] == pytest.approx(0.005 * 10**9)

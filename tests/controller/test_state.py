@@ -50,6 +50,20 @@ def test_round_trip_keeps_gears_times_stats_and_version(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == [statefile.STATE_FILE]  # no temp file left
 
 
+def test_a_devices_memory_is_kept_checked_and_optional(tmp_path: Path) -> None:
+    devices = _devices(100.0)
+    devices[0].memory_bytes = 80e9
+    blob = statefile.encode(devices)
+    assert statefile.decode(blob, 100.0, CONFIG)[0].memory_bytes == 80e9
+    data = msgpack.unpackb(blob, strict_map_key=False)
+    del data["devices"][0]["memory_bytes"]  # a file from before it was kept
+    assert statefile.decode(msgpack.packb(data), 100.0, CONFIG)[0].memory_bytes is None
+    for bad in (0, -1.0, 2.0**60, float("nan"), float("inf"), True, "80 GB"):
+        data["devices"][0]["memory_bytes"] = bad
+        with pytest.raises(StateError, match="device memory"):
+            statefile.decode(msgpack.packb(data), 100.0, CONFIG)
+
+
 def test_a_file_from_before_the_history_restores_an_empty_one(tmp_path: Path) -> None:
     data = msgpack.unpackb(statefile.encode(_devices(100.0)), strict_map_key=False)
     del data["devices"][0]["profiles"]["decode"]["history"]

@@ -69,7 +69,9 @@ def test_the_bound_is_never_below_its_share_of_the_device() -> None:
     explicit = PolicyConfig(graph_memory_budget_bytes=3.0)  # bytes set: the user's, as given
     assert bound(DIMS, COUNT, explicit, device_bytes=4000.0) == 3.0
     assert bound(DIMS, COUNT, PolicyConfig(graph_memory_budget_ratio=None), 4000.0) is None
-    assert device_usage(_ledger(CFG).profiles, COUNT, CFG, 4000.0) == (8.0, 20.0, 0.0)
+    ledger = _ledger(CFG)
+    ledger.memory_bytes = 4000.0
+    assert device_usage(ledger, COUNT, CFG) == (8.0, 20.0, 0.0)
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(ConfigError, match="graph_memory_floor_ratio"):
             PolicyConfig(graph_memory_floor_ratio=bad)
@@ -81,9 +83,10 @@ def test_a_round_grows_into_the_devices_share() -> None:
     held = {}
     for device in (None, 4000.0):
         ledger = _ledger(config)
+        ledger.memory_bytes = device
+        assert ledger.snapshot().memory_bytes == device  # a round off the loop reads it too
         for now in np.arange(15.0, 600.0, 15.0):
-            round = decide_round(ledger, float(now), None, config, prices=prices,
-                                 device_bytes=device)
+            round = decide_round(ledger, float(now), None, config, prices=prices)
             if round is not None:
                 ledger.apply(round)
         held[device] = len(ledger.profiles["p"].gears["S"].gears)
@@ -118,11 +121,11 @@ def test_a_round_keeps_the_gears_within_the_bound(ratio: float | None, most: int
 
 def test_device_usage_reads_a_ledger_as_a_round_prices_it() -> None:
     ledger = _ledger(CFG)
-    assert device_usage(ledger.profiles, COUNT, CFG) == (8.0, 10.0, 0.0)
+    assert device_usage(ledger, COUNT, CFG) == (8.0, 10.0, 0.0)
     unmeasured = {"p": {"S": Prices(Line())}}  # the model's bytes a graph
-    assert device_usage(ledger.profiles, unmeasured, CFG) == (
+    assert device_usage(ledger, unmeasured, CFG) == (
         8.0 * MODEL_GRAPH_BYTES, 10.0 * MODEL_GRAPH_BYTES, 0.0)
-    assert device_usage(ledger.profiles, {}, CFG) == (0.0, None, 0.0)
+    assert device_usage(ledger, {}, CFG) == (0.0, None, 0.0)
 
 
 # -- the static buffers: counted once per profile and worker, at its largest gears --
@@ -135,7 +138,7 @@ def test_the_buffers_count_once_at_the_largest_gear_in_the_start_the_bound_and_h
     assert start_bytes(DIMS, TOKEN) == graphs + 2 * 1024  # one buffer set a worker, at 1024
     assert bound(DIMS, TOKEN, CFG) == 1.25 * (graphs + 2 * 1024)
     assert held_bytes({"p": {"S": [8, 100]}}, TOKEN) == 2 * 108 + 2 * 100
-    assert device_usage(_ledger(CFG).profiles, TOKEN, CFG)[2] == 2 * 1024
+    assert device_usage(_ledger(CFG), TOKEN, CFG)[2] == 2 * 1024
     one = {"p": {"S": Dim(gears=(1024,), max=1024)}}  # the floor: its graphs beside the buffers
     assert bound(one, TOKEN, CFG) == 2 * (FLOOR_GRAPHS * 1024 + 1024)
 

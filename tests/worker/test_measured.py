@@ -194,12 +194,12 @@ def test_a_workers_buffers_reach_the_controllers_memory_bound(namespace: str, tm
             controller.step()
             assert controller.costs.buffers(0, "p") == {"SEQLEN": Line(0.0, 4.0 * h)}
             prices = controller.prices(0)
-            held, bound, buffers = memory.device_usage(controller.devices[0].profiles, prices,
-                                                       controller.policy)
+            held, bound, buffers = memory.usage(
+                {"p": dims}, {"p": {"SEQLEN": [8, 16]}}, prices, controller.policy)
             graphs = prices["p"]["SEQLEN"].held_bytes([8, 16])
             assert buffers == 16 * h * 4 and held == graphs + buffers
             assert bound == pytest.approx(1.25 * (graphs + buffers))
-            device = controller.slots.device_bytes(0)  # the host's RAM, the cpu's memory
+            device = controller.device_memory(0)  # the host's RAM, the cpu's memory
             assert device is not None and device > 0
             doc = controller.status_document(clock.now())["devices"][0]["graph_bytes"]
             assert doc == {"held": held, "bound": max(bound, 0.005 * device), "buffers": buffers}

@@ -270,12 +270,21 @@ class Controller(Applying, Publishing):
         """The highest fresh reading of the device's live workers (None: no fresh reading)."""
         return self.slots.memory_usage(device, now)
 
+    def device_memory(self, device: int) -> float | None:
+        """The device's memory: its workers' reading (`Slots.device_bytes`), kept in its ledger
+        (a device's memory does not change; a restarted controller has it from its state file
+        before any worker reads it again)."""
+        dev = self.devices[device]
+        dev.memory_bytes = self.slots.device_bytes(device) or dev.memory_bytes
+        return dev.memory_bytes
+
     # -- decisions --
 
     def _decide(self, device: int, now: float) -> None:
         """Start the device's round on a snapshot of its ledger (`deciding`)."""
+        self.device_memory(device)
         self.decider.start(device, self.devices[device], now, self.memory_usage(device, now),
-                           self.prices(device), self.slots.device_bytes(device))
+                           self.prices(device))
 
     def _apply_round(self, decided: Decided, now: float) -> None:
         """Apply a round decided on the device's gears as they are (`Decider.finished`):

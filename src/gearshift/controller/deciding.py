@@ -35,7 +35,6 @@ class Decided:
     device: int
     now: float
     usage: float | None
-    device_bytes: float | None  # the device's memory (None: unknown): the bound's floor
     base: tuple[float | None, list[tuple[str, ProfileLedger, object]]]  # decided on this
     round: Round | None = None
     seconds: float = 0.0
@@ -72,12 +71,11 @@ class Decider:
         return device in self._running or any(d.device == device for d in self._done)
 
     def start(self, device: int, ledger: DeviceLedger, now: float, usage: float | None,
-              prices: Mapping[str, Mapping[str, Prices]],
-              device_bytes: float | None = None) -> None:
+              prices: Mapping[str, Mapping[str, Prices]]) -> None:
         """Decide `device`'s round at `now` on a snapshot of `ledger` (not while `busy`)."""
         assert not self.busy(device)
         self.redo.discard(device)
-        decided = Decided(device, now, usage, device_bytes, _base(ledger))
+        decided = Decided(device, now, usage, _base(ledger))
         snapshot = ledger.snapshot()
         if not self.background:
             self._decide(decided, snapshot, prices)
@@ -122,7 +120,7 @@ class Decider:
         try:
             decided.round = decide_round(ledger, decided.now, decided.usage, self.policy,
                                          lambda name, e: decided.errors.append((name, e)),
-                                         prices, decided.device_bytes)
+                                         prices)
         except BaseException as e:  # whatever it is, the loop reports it
             decided.error = e if isinstance(e, Exception) else RuntimeError(repr(e))
         decided.seconds = self.clock.now() - began

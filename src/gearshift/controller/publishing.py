@@ -51,6 +51,7 @@ class Publishing:
     _next_status: float
     _guard: Callable[..., None]
     memory_usage: Callable[[int, float], float | None]
+    device_memory: Callable[[int], float | None]
 
     @property
     def counts(self) -> dict[str, int]:
@@ -117,9 +118,8 @@ class Publishing:
             devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
             lags=self.slots.lags, changes=self.changes, costs=self.costs,
             final_save=self.final_save,
-            memory_bytes={d: self.slots.device_bytes(d) for d in self.devices}, graph_bytes={
-                d: memory.device_usage(dev.profiles, self.prices(d), self.policy,
-                                       self.slots.device_bytes(d))
+            memory_bytes={d: self.device_memory(d) for d in self.devices}, graph_bytes={
+                d: memory.device_usage(dev, self.prices(d), self.policy)
                 for d, dev in self.devices.items()})
 
     def _publish_status(self, now: float) -> None:

@@ -88,7 +88,6 @@ class Slots:
         self.lock_busy = 0  # scans skipped: the namespace lock was held past the registry's wait
         self._busy_logged = -math.inf  # when a skipped scan was last logged
         self._awaiting: dict[int, tuple[int, float]] = {}  # device -> (version, published at)
-        self._device_bytes: dict[int, float] = {}  # device -> its memory, once read
         self._scanned = False  # the first scan reads the whole table (a namespace created
         # before the high-water mark was kept has claims above it)
 
@@ -173,13 +172,9 @@ class Slots:
 
     def device_bytes(self, device: int) -> float | None:
         """The device's memory in bytes: the least its workers' latest readings report (a
-        worker that overstates it cannot raise the bound's floor), kept once known (a
-        device's memory does not change; None: never read)."""
-        totals = [w.memory[2] for w in self.workers.values()
-                  if w.info.device == device and w.memory is not None]
-        if totals:
-            self._device_bytes[device] = min(totals)
-        return self._device_bytes.get(device)
+        worker that overstates it cannot raise the bound's floor; None: none read)."""
+        return min((w.memory[2] for w in self.workers.values()
+                    if w.info.device == device and w.memory is not None), default=None)
 
     def close(self) -> None:
         """Unmap every attached ring (the rings themselves stay)."""

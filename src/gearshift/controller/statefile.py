@@ -12,7 +12,8 @@ newer-format file is an error, or is set aside as `<file>.corrupt` when asked to
 
 Nothing in the file is trusted: it is restored through the checks of a registration (each Dim
 rebuilt from its fields, `dims.check_profile`, every dim's gears within its bounds), devices
-within [0, MAX_DEVICE], versions within [0, MAX_VERSION], times finite; anything else is a
+within [0, MAX_DEVICE], versions within [0, MAX_VERSION], times finite, a device's memory
+(the bound's share floor, kept across a reboot) within (0, MAX_BYTES]; anything else is a
 StateError. Statistics that do not read back sane (values outside the dim's bounds, weights not
 finite) start empty, with a warning. A profile's `costs`, the cost book's measurements
 (`costbook`: rows per dim), are checked as the workers' records are (a row that is not is a
@@ -48,7 +49,7 @@ import numpy as np
 
 from gearshift.controller import statedir
 from gearshift.controller.costbook import CostBook, from_state
-from gearshift.core.config import PolicyConfig
+from gearshift.core.config import MAX_BYTES, PolicyConfig
 from gearshift.core.costs import Measurement
 from gearshift.core.dims import Dim, check_profile
 from gearshift.core.gears import DimGears
@@ -93,7 +94,7 @@ def snapshot(devices: dict[int, DeviceLedger], costs: CostBook | None = None) ->
     return {
         "format": STATE_FORMAT, "boot_id": boot_id(),
         "devices": {dev: {
-            "version": d.version, "last_update": d.last_update,
+            "version": d.version, "last_update": d.last_update, "memory_bytes": d.memory_bytes,
             "profiles": {name: {
                 "dims": {k: _dim_dict(v) for k, v in p.dims.items()},
                 "states": {k: _dim_state_to_dict(v) for k, v in p.gears.items()},
@@ -189,7 +190,7 @@ def decode(blob: bytes, now: float, config: PolicyConfig,
             measured += [(device, name, by_dim) for name, by_dim in costed]
             last = _time(d["last_update"]) if same_boot and d["last_update"] is not None else None
             devices[device] = DeviceLedger(_bounded("version", version, MAX_VERSION), last,
-                                           profiles)
+                                           profiles, _memory(d.get("memory_bytes")))
     except StateError:
         raise
     except Exception as e:  # any malformed structure: one clear error, never a crash loop
@@ -199,6 +200,17 @@ def decode(blob: bytes, now: float, config: PolicyConfig,
             for m in ms:
                 costs.add(device, name, dim, m)
     return devices
+
+
+def _memory(value: Any) -> float | None:
+    """A device's memory in bytes: None (not read, or a file from before it was kept), or a
+    number in (0, MAX_BYTES]."""
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 < value <= MAX_BYTES):
+        raise StateError(f"device memory {value!r:.60} is outside (0, {MAX_BYTES:.0f}] bytes")
+    return float(value)
 
 
 def _gears(dim: Dim, gears: Any) -> tuple[int, ...]:

@@ -94,13 +94,14 @@ def usage(dims: Dims, gears: Mapping[str, Mapping[str, list[int]]], prices: Pric
             held_buffers(gears, priced))
 
 
-def device_usage(profiles: Mapping[str, Any], prices: PriceBook, config: PolicyConfig,
-                 device_bytes: float | None = None) -> tuple[float, float | None, float]:
-    """`usage` of a device's `profiles` (each a `round.ProfileLedger`): what its priced gears
-    hold, its bound, and the buffers' part."""
+def device_usage(device: Any, prices: PriceBook, config: PolicyConfig
+                 ) -> tuple[float, float | None, float]:
+    """`usage` of a `round.DeviceLedger` (its profiles, at its `memory_bytes`): what its priced
+    gears hold, its bound, and the buffers' part."""
+    profiles = device.profiles
     return usage({n: p.dims for n, p in profiles.items()},
                  {n: p.gear_lists() for n, p in profiles.items()}, prices, config,
-                 device_bytes)
+                 device.memory_bytes)
 
 
 def held_bytes(gears: Mapping[str, Mapping[str, list[int]]], prices: PriceBook) -> float:

@@ -65,11 +65,15 @@ class Round:
 
 @dataclass
 class DeviceLedger:
-    """Everything decided for one device; `version` (of its snapshot) only ever increases."""
+    """Everything decided for one device; `version` (of its snapshot) only ever increases.
+    `memory_bytes` is the device's memory as its workers last read it (None: never read): the
+    bound's share floor (`memory.bound`), kept with the ledger so that a restarted controller
+    bounds the gears it restores as it bounded them."""
 
     version: int = 0
     last_update: float | None = None
     profiles: dict[str, ProfileLedger] = field(default_factory=dict)
+    memory_bytes: float | None = None
 
     def snapshot(self) -> DeviceLedger:
         """A copy that later folds and `apply`s here leave as it is (gears by reference,
@@ -77,7 +81,7 @@ class DeviceLedger:
         return DeviceLedger(self.version, self.last_update, {
             name: ProfileLedger(dict(p.dims), dict(p.gears),
                                 {d: s.snapshot() for d, s in p.stats.items()})
-            for name, p in self.profiles.items()})
+            for name, p in self.profiles.items()}, self.memory_bytes)
 
     def apply(self, round: Round) -> None:
         """Make `round`'s gears the ledger's, as of its `now`."""
@@ -89,15 +93,14 @@ class DeviceLedger:
 def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
                  config: PolicyConfig,
                  on_error: Callable[[str, Exception], None] | None = None,
-                 prices: Mapping[str, Mapping[str, Prices]] | None = None,
-                 device_bytes: float | None = None) -> Round | None:
+                 prices: Mapping[str, Mapping[str, Prices]] | None = None) -> Round | None:
     """The round due on `device` at `now` (`should_update`), or None when none is due or no
     profile was decided. Reads the ledger, never changes it. A profile whose decision raises
     propagates the error, or with `on_error` is reported to it (name, error) and left out of
     the round: it keeps its gears, the others are decided. `prices` (per profile, per dim:
     measured costs as data) price plan mode's moves, each graph at its `memory.graph_bytes`;
-    under the device's bound (`memory.bound`; `device_bytes`: the device's memory, None
-    where unknown) they share its headroom (the bound less the
+    under the device's bound (`memory.bound`, at the ledger's `memory_bytes`) they share its
+    headroom (the bound less the
     bytes of every priced dim's gears and of their profiles' buffers): each profile, and each
     dim, gets what those decided before it left."""
     trigger = should_update(device.last_update, now, memory_usage, config)
@@ -105,7 +108,7 @@ def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
         return None
     prices = modelled(prices or {})
     budget = bound({n: p.dims for n, p in device.profiles.items()}, prices, config,
-                   device_bytes)
+                   device.memory_bytes)
     prices = _with_headroom(device, prices, budget)
     gears, changes = {}, {}
     for name, p in device.profiles.items():

@@ -273,7 +273,8 @@ def simulate(
     cuts = np.r_[0, np.searchsorted(t, checks, side="left"), t.size]
     starts = np.r_[0.0, checks]
     current = {name: dim.initial_gears for name, dim in dims.items()}
-    ledger = DeviceLedger(last_update=0.0, profiles={PROFILE: ProfileLedger.new(dims, 0.0, config)})
+    ledger = DeviceLedger(last_update=0.0, profiles={PROFILE: ProfileLedger.new(dims, 0.0, config)},
+                          memory_bytes=device.memory)
     stats = ledger.profiles[PROFILE].stats
     gears = {name: [] for name in dims}
     raw = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
@@ -294,7 +295,7 @@ def simulate(
             continue
         now = float(checks[seg])
         mem = None if trace.mem_usage is None or hi == 0 else float(trace.mem_usage[hi - 1])
-        round = decide_round(ledger, now, mem, config, prices=prices, device_bytes=device.memory)
+        round = decide_round(ledger, now, mem, config, prices=prices)
         if round is None:
             continue
         ledger.apply(round)

@@ -209,9 +209,9 @@ class Demo:
                 lag = propagation_lag(self.controller.controller.lags.get(0))
                 c = self.controller.controller
                 if 0 in c.devices:
+                    c.device_memory(0)
                     held = dict(zip(("held", "bound", "buffers"), memory.device_usage(
-                        c.devices[0].profiles, c.prices(0), c.policy, c.slots.device_bytes(0)),
-                        strict=True))
+                        c.devices[0], c.prices(0), c.policy), strict=True))
                 book = self.controller.controller.costs
                 measured = {p: {d: c.summary() for d, c in book.costs(0, p).items()}
                             for p in mix.names}
