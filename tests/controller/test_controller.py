@@ -342,15 +342,22 @@ def test_embedded_controller_runs_the_same_loop_in_a_thread(config: ControllerCo
     assert embedded.controller.status["embedded"] and _shm(config.namespace) == []
 
 
+def _priced(w: Worker, controller: Controller, memory: int) -> Worker:
+    """`w` with profile 0 registered, two of its gears measured (1 KiB a graph: its dim is
+    priced), and a reading of `memory` bytes of device memory."""
+    w.register(0, "decode", serve=controller.step)
+    for gear in (8, 16):
+        assert w.ring.write(1, *ring.measured(0, 1, 0, gear, 0.25, 1024, 1e-3))
+    assert w.ring.put_memory(round(controller.clock.now() * 1e9), free=1, total=memory)
+    return w
+
+
 def test_the_bound_is_never_under_its_share_of_the_least_memory_a_worker_reports(
     controller: Controller, worker, clock: FakeClock
 ) -> None:
-    a, b = worker(), worker()
-    a.register(0, "decode", serve=controller.step)
-    for gear in (8, 16):  # two gears measured: the dim is priced (1 KiB a graph)
-        assert a.ring.write(1, *ring.measured(0, 1, 0, gear, 0.25, 1024, 1e-3))
-    a.ring.put_memory(round(clock.now() * 1e9), free=1, total=10**9)
-    b.ring.put_memory(round(clock.now() * 1e9), free=1, total=10**15)  # overstated: not taken
+    _priced(worker(), controller, 10**9)
+    other = worker()
+    other.ring.put_memory(round(clock.now() * 1e9), free=1, total=10**15)  # overstated: not taken
     _run(controller, clock, 1.0)
     assert controller.slots.device_bytes(0) == 10**9
     device = controller.status_document(clock.now())["devices"][0]
@@ -366,11 +373,7 @@ def test_a_restarted_controller_bounds_the_restored_gears_by_the_memory_last_rea
     config: ControllerConfig, clock: FakeClock
 ) -> None:
     with Controller.open(config, POLICY, clock=clock) as first:
-        w = Worker(config.namespace, 0, clock)
-        w.register(0, "decode", serve=first.step)
-        for gear in (8, 16):
-            assert w.ring.write(1, *ring.measured(0, 1, 0, gear, 0.25, 1024, 1e-3))
-        w.ring.put_memory(round(clock.now() * 1e9), free=1, total=10**9)
+        w = _priced(Worker(config.namespace, 0, clock), first, 10**9)
         _run(first, clock, 1.0)
         assert first.device_memory(0) == 10**9
         w.close()
