@@ -112,13 +112,13 @@ class Publishing:
 
     def status_document(self, now: float) -> dict[str, Any]:
         """The status document at `now` (format in `status`)."""
+        memory_bytes = {d: self.device_memory(d) for d in self.devices}  # the ledgers' too
         return status.document(
             now, namespace=self.config.namespace, embedded=self.embedded, policy=self.policy,
             counts=self.counts, rounds=self.rounds, workers=self.slots.workers.values(),
             devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
             lags=self.slots.lags, changes=self.changes, costs=self.costs,
-            final_save=self.final_save,
-            memory_bytes={d: self.device_memory(d) for d in self.devices}, graph_bytes={
+            final_save=self.final_save, memory_bytes=memory_bytes, graph_bytes={
                 d: memory.device_usage(dev, self.prices(d), self.policy)
                 for d, dev in self.devices.items()})
 
