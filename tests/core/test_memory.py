@@ -63,7 +63,7 @@ def test_the_keys_set_scale_or_lift_the_bound() -> None:
 def test_the_bound_is_never_below_its_share_of_the_device() -> None:
     assert bound(DIMS, COUNT, CFG, device_bytes=1000.0) == 10.0  # 0.5 % of it: 5 bytes
     assert bound(DIMS, COUNT, CFG, device_bytes=4000.0) == 20.0  # 0.5 %: over the start's
-    off = PolicyConfig(graph_memory_floor_ratio=None)
+    off = load_policy_config(None, ["graph_memory_floor_ratio=none"])
     assert bound(DIMS, COUNT, off, device_bytes=4000.0) == 10.0
     assert bound(DIMS, COUNT, PolicyConfig(graph_memory_floor_ratio=0.0), 4000.0) == 10.0
     explicit = PolicyConfig(graph_memory_budget_bytes=3.0)  # bytes set: the user's, as given
