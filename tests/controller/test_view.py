@@ -77,6 +77,6 @@ def test_a_device_shows_its_memory_where_the_document_has_a_sane_one() -> None:
     assert "memory 50%, graphs" in render(view)  # an older document: no memory_bytes
     view["status"]["devices"][0]["memory_bytes"] = 80 * (1 << 30)
     assert "memory 50% of 80 GiB, graphs" in render(view).replace("\xa0", " ")
-    for bad in (True, -1, "80 GiB", float("nan"), 1e300):
+    for bad in (True, -1, "80 GiB", float("nan"), 2**51, 1e300):  # over MAX_BYTES: refused
         view["status"]["devices"][0]["memory_bytes"] = bad
         assert "memory 50%, graphs" in render(view)

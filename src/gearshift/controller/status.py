@@ -26,11 +26,11 @@ decayed mean pad ratio of the dim's requests; `samples` the events in the window
 `history_samples` those in the plan's history (`PolicyConfig.history`); `costs` what the
 workers measured of the dim's graphs (`CostBook.view`: measurements, per measured gear its
 count, median and fitted replay seconds, capture seconds and graph bytes as {a, b} of
-a + b·gear), None before any; a device's `memory_bytes`: its memory as its workers read it
-(`Slots.device_bytes`; None: not read yet), and its `graph_bytes` {"held", "bound",
-"buffers"}: what its priced dims' graphs and their profiles' static buffers hold on all its
-workers, its memory
-bound (None: none; `core.memory`), and the buffers' part of "held" (0 where unreported);
+a + b·gear), None before any; a device's `memory_bytes`: its memory as its workers last read
+it (`DeviceLedger.memory_bytes`, kept across restarts; None: never read), and its
+`graph_bytes` {"held", "bound", "buffers"}: what its priced dims' graphs and their profiles'
+static buffers hold on all its workers, its memory bound (None: none; `core.memory`), and
+the buffers' part of "held" (0 where unreported);
 `measured` counts the measurement records kept (`unknown` and
 `invalid` count the refused ones with the samples). A restarted
 controller reads the last document to map the live workers' profile ids again before they

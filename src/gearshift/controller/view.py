@@ -23,6 +23,7 @@ from typing import Any
 
 from gearshift.clock import Clock
 from gearshift.controller import status as status_doc
+from gearshift.core.config import MAX_BYTES
 from gearshift.core.dims import Dim
 from gearshift.errors import ControllerNotFound, GearshiftError
 from gearshift.shm import Registry, SlotState, Snapshot, SnapshotRegion, names
@@ -285,9 +286,9 @@ def _fit(names: list[str], room: int) -> str:
 
 
 def _of(total: object) -> str:
-    """The device's memory after its usage (" of 80 GiB"), where the document has a sane one
-    (an older controller's has none)."""
-    ok = isinstance(total, (int, float)) and not isinstance(total, bool) and 0 < total < 2**60
+    """The device's memory after its usage (" of 80 GiB"), where the document has one within
+    (0, MAX_BYTES], the bound the controller reads it under (an older controller's has none)."""
+    ok = isinstance(total, (int, float)) and not isinstance(total, bool) and 0 < total <= MAX_BYTES
     return f" of{NB}{_bytes(float(total))}" if ok else ""
 
 
