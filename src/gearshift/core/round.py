@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices, spent
 from gearshift.core.dims import Dim
+from gearshift.core.fleet import Views, with_prior
 from gearshift.core.gears import DimGears, GearChange, starting_gears
 from gearshift.core.memory import bound, held_bytes, modelled
 from gearshift.core.policy import decide, should_update
@@ -93,7 +94,8 @@ class DeviceLedger:
 def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
                  config: PolicyConfig,
                  on_error: Callable[[str, Exception], None] | None = None,
-                 prices: Mapping[str, Mapping[str, Prices]] | None = None) -> Round | None:
+                 prices: Mapping[str, Mapping[str, Prices]] | None = None,
+                 prior: Mapping[str, Mapping[str, Views]] | None = None) -> Round | None:
     """The round due on `device` at `now` (`should_update`), or None when none is due or no
     profile was decided. Reads the ledger, never changes it. A profile whose decision raises
     propagates the error, or with `on_error` is reported to it (name, error) and left out of
@@ -113,8 +115,10 @@ def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
     gears, changes = {}, {}
     for name, p in device.profiles.items():
         try:
-            window = {d: s.view(now) for d, s in p.stats.items()}
-            history = {d: s.view(now) for d, s in p.history.items()}
+            extra = (prior or {}).get(name, {})
+            window = {d: with_prior(s.view(now), extra.get(d), 0) for d, s in p.stats.items()}
+            history = {d: with_prior(s.view(now), extra.get(d), 1)
+                       for d, s in p.history.items()}
             mine = prices.get(name)
             decision = decide(p.dims, p.gears, window, memory_usage, now, config, history,
                               mine)
