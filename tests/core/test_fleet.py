@@ -48,15 +48,15 @@ def _member(node: str, values: list[int], gears: tuple[int, ...], t: float = 100
 
 def test_the_key_separates_every_declared_field_and_the_dims_but_not_initial_gears() -> None:
     base = FleetKey("m", "vllm", "bf16", "H100", 1)
-    digest = base.digest("p", DIMS)
-    assert base.digest("p", {"S": Dim(gears=(4, 2048), max=2048)}) == digest
+    ident = base.identity("p", DIMS)
+    assert base.identity("p", {"S": Dim(gears=(4, 2048), max=2048)}) == ident
     others = [FleetKey("m2", "vllm", "bf16", "H100", 1), FleetKey("m", "sglang", "bf16", "H100"),
               FleetKey("m", "vllm", "fp8", "H100"), FleetKey("m", "vllm", "bf16", "A100"),
               FleetKey("m", "vllm", "bf16", "H100", 2)]
-    assert digest not in {k.digest("p", DIMS) for k in others}
-    assert base.digest("q", DIMS) != digest
-    assert base.digest("p", {"S": Dim(max=4096)}) != digest
-    assert base.digest("p", {"S": Dim(max=2048, align=8)}) != digest
+    assert ident not in {k.identity("p", DIMS) for k in others}
+    assert base.identity("q", DIMS) != ident
+    assert base.identity("p", {"S": Dim(max=4096)}) != ident
+    assert base.identity("p", {"S": Dim(max=2048, align=8)}) != ident
     with pytest.raises(ShapeError, match="tp_size"):
         FleetKey(tp_size=0)
 
@@ -120,7 +120,7 @@ def test_a_late_node_with_the_prior_decides_the_fleets_gears_at_its_first_round(
     assert cold is not None and not cold.changed  # no evidence: the ladder stays
     assert warm is not None and warm.changed
     gears = set(warm.gears["p"]["S"].gears)
-    assert {100, 300, 1000} <= gears  # the fleet's values, each on a gear of its own
+    assert {100, 300} <= gears and max(gears) >= 1000  # the fleet's values, on gears
 
 
 def test_start_up_gears_are_the_majoritys_and_disagreement_measures_the_rest() -> None:

@@ -2,7 +2,7 @@
 
 A fleet is every node (controller) publishing into one store (`controller/fleetstore.py`).
 A *member* is one (node, device)'s entry of one profile. Two members merge only when their
-`FleetKey.digest` is equal: the user's declaration (model, engine and its configuration, dtype,
+`FleetKey.identity` is equal: the user's declaration (model, engine and its configuration, dtype,
 device kind, tensor-parallel size) plus the profile's name and its dims' fields (not their
 initial gears, which do not change the traffic). The device kind is in the key, so measured
 costs, which hold only for one kind of device, are merged only across members of one kind.
@@ -28,7 +28,6 @@ member with the most traffic's when that is empty). Pure: no clock, I/O, threads
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -66,15 +65,15 @@ class FleetKey:
             raise ShapeError(f"fleet key tp_size must be an int in [1, 65536], "
                              f"got {self.tp_size!r}")
 
-    def digest(self, profile: str, dims: Mapping[str, Dim]) -> str:
-        """The hex digest two members must share to merge: this key, the profile's name and
-        each dim's fields but its initial gears."""
+    def identity(self, profile: str, dims: Mapping[str, Dim]) -> str:
+        """The text two members must share to merge: this key, the profile's name and each
+        dim's fields but its initial gears."""
         parts = [repr([getattr(self, f.name) for f in fields(self)]), repr(profile)]
         for name in sorted(dims):
             d = dims[name]
             parts.append(repr((name, [(f.name, _plain(getattr(d, f.name))) for f in fields(d)
                                       if f.name != "gears"])))
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+        return "\n".join(parts)
 
 
 def _plain(value: object) -> object:
