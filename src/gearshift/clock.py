@@ -31,6 +31,20 @@ class MonotonicClock:
             time.sleep(seconds)
 
 
+class WallClock:
+    """The wall clock (`time.time`), in seconds since the epoch: the one time that means the
+    same on every host (a fleet's publish times); never for durations on one host."""
+
+    def now(self) -> float:
+        return time.time()
+
+    now_ns = staticmethod(time.time_ns)
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+
 class ThreadCpuClock:
     """The calling thread's CPU seconds (`time.thread_time`): what a graph costs on the cpu,
     where wall time would also count the other processes' share of the cores. Torch's

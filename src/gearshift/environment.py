@@ -18,6 +18,7 @@ VARIABLES = {  # key -> variable
     "state_dir": "GEARSHIFT_STATE_DIR",
     "metrics_port": "GEARSHIFT_METRICS_PORT",
     "metrics_addr": "GEARSHIFT_METRICS_ADDR",
+    "fleet_url": "GEARSHIFT_FLEET_URL",
 }
 DEFAULT_NAMESPACE = "default"
 

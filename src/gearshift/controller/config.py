@@ -9,6 +9,8 @@ the file, the default; an option and a `--set` of one key that disagree are refu
 from __future__ import annotations
 
 import os
+import re
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -21,7 +23,9 @@ from gearshift.configfile import (
     read_toml,
     unknown_key,
 )
+from gearshift.controller import fleetcodec
 from gearshift.core.config import PolicyConfig, check_value
+from gearshift.core.fleet import FleetKey
 from gearshift.core.round import DeviceLedger
 from gearshift.errors import ConfigError, NamespaceError
 from gearshift.export.engines import InitialGears, parse
@@ -43,6 +47,16 @@ class ControllerConfig:
     memory_fresh_seconds: float = 10.0  # older memory readings are ignored
     status_interval_seconds: float = 1.0  # status document (gearshift status, metrics)
     save_interval_seconds: float = 5.0  # state file: a change is saved within this (and at exit)
+    fleet_url: str = ""  # "" -> no fleet; an fsspec URL: a directory, s3://bucket/path, ...
+    fleet_node: str = ""  # "" -> <host name>.<namespace>
+    fleet_model: str = ""  # the fleet key: nodes that declare another never merge
+    fleet_engine: str = ""
+    fleet_dtype: str = ""
+    fleet_device_kind: str = ""
+    fleet_tp_size: int = 1
+    fleet_publish_seconds: float = 60.0  # publish (and read) at most this often, and at stop
+    fleet_ttl_seconds: float = 600.0  # a node's objects expire this long after its last publish
+    fleet_timeout_seconds: float = 10.0  # a store slower than this: the node runs alone
 
     def __post_init__(self) -> None:
         try:
@@ -67,6 +81,40 @@ class ControllerConfig:
             "save_interval_seconds",
         ):
             check_value(key, getattr(self, key), 0.0, 3600.0, low_open=True)
+        self._check_fleet()
+
+    def _check_fleet(self) -> None:
+        for key in ("fleet_url", "fleet_node", "fleet_model", "fleet_engine", "fleet_dtype",
+                    "fleet_device_kind"):
+            value = getattr(self, key)
+            if not isinstance(value, str) or len(value) > 1024:
+                raise ConfigError(key, f"expected text of at most 1024 characters, got "
+                                  f"{str(value)[:60]!r}")
+        if self.fleet_node and not fleetcodec.NODE.match(self.fleet_node):
+            raise ConfigError("fleet_node", f"{self.fleet_node!r} is not 1..128 of "
+                              "[A-Za-z0-9_.-]")
+        check_value("fleet_tp_size", self.fleet_tp_size, 1, 1 << 16, integer=True)
+        for key in ("fleet_publish_seconds", "fleet_ttl_seconds", "fleet_timeout_seconds"):
+            check_value(key, getattr(self, key), 0.0, 86400.0, low_open=True)
+        if self.fleet_ttl_seconds < 2 * self.fleet_publish_seconds:
+            raise ConfigError("fleet_ttl_seconds", f"{self.fleet_ttl_seconds} is under twice "
+                              f"fleet_publish_seconds {self.fleet_publish_seconds}: a live "
+                              "node would expire between its publishes")
+
+    @property
+    def fleet_key(self) -> FleetKey:
+        """What this node declares of the nodes it may merge with."""
+        return FleetKey(self.fleet_model, self.fleet_engine, self.fleet_dtype,
+                        self.fleet_device_kind, self.fleet_tp_size)
+
+    @property
+    def fleet_node_name(self) -> str:
+        """`fleet_node`, else <host name>.<namespace> (characters outside [A-Za-z0-9_.-] as
+        "-", at most 128)."""
+        if self.fleet_node:
+            return self.fleet_node
+        name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{socket.gethostname()}.{self.namespace}")
+        return name[-128:]
 
     @property
     def state_path(self) -> Path:

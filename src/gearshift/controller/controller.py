@@ -37,8 +37,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from gearshift.clock import Clock, MonotonicClock
-from gearshift.controller import rounds, saving, statefile, status, upkeep
+from gearshift.clock import Clock, MonotonicClock, WallClock
+from gearshift.controller import fleet, rounds, saving, statefile, status, upkeep
 from gearshift.controller.applying import Applying
 from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
@@ -101,6 +101,8 @@ class Controller(Applying, Publishing):
         self._state_lock: statefile.StateLock | None = None
         self._closed = False
         self.final_save: str | None = None  # at close: "saved" or "failed: why"
+        self.fleet = fleet.Fleet(None, "", config.fleet_key, policy, self.devices, self.costs,
+                                 clock, clock)  # "off" until `open` builds the configured one
 
     # -- life cycle --
 
@@ -130,6 +132,10 @@ class Controller(Applying, Publishing):
             log.info("controller pid %d owns namespace %r (state file %s)", os.getpid(),
                      config.namespace, config.state_path / statefile.STATE_FILE)
             self._restore(fresh_on_corrupt_state)
+            self.fleet = fleet.from_config(config, self.policy, self.devices, self.costs,
+                                           self.clock, WallClock() if clock is None else clock)
+            self.registrations.seed = self.fleet.seed
+            self.fleet.start(self.clock.now())
             if config.metrics_port is not None:
                 from gearshift.controller.metrics import serve_metrics
 
@@ -183,6 +189,7 @@ class Controller(Applying, Publishing):
             self.errors += 1
             self.final_save = f"failed: {type(e).__name__}: {str(e)[:200]}"
             log.error("final state save to %s failed", self.config.state_path, exc_info=e)
+        self._guard("fleet", self.fleet.close, now)
         self._guard("status", self._publish_status, now)
         self._release()
         if self.final_save != "saved":
@@ -243,6 +250,7 @@ class Controller(Applying, Publishing):
             self._guard("slot scan", self._scan, now)
         self._guard("registration", self._serve, now)
         self._guard("drain", self._drain, now)
+        self._guard("fleet", self.fleet.tick, now)
         for device in list(self.devices):
             due = now >= self._next_check.get(device, -math.inf) or device in self.decider.redo
             if due and not self.decider.busy(device):
@@ -284,7 +292,7 @@ class Controller(Applying, Publishing):
         """Start the device's round on a snapshot of its ledger (`deciding`)."""
         self.device_memory(device)
         self.decider.start(device, self.devices[device], now, self.memory_usage(device, now),
-                           self.prices(device))
+                           self.prices(device), self.fleet.prior(device, self.devices[device], now))
 
     def _apply_round(self, decided: Decided, now: float) -> None:
         """Apply a round decided on the device's gears as they are (`Decider.finished`):

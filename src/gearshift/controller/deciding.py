@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from gearshift.clock import Clock
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices
+from gearshift.core.fleet import Views
 from gearshift.core.round import DeviceLedger, ProfileLedger, Round, decide_round
 
 
@@ -71,17 +72,19 @@ class Decider:
         return device in self._running or any(d.device == device for d in self._done)
 
     def start(self, device: int, ledger: DeviceLedger, now: float, usage: float | None,
-              prices: Mapping[str, Mapping[str, Prices]]) -> None:
-        """Decide `device`'s round at `now` on a snapshot of `ledger` (not while `busy`)."""
+              prices: Mapping[str, Mapping[str, Prices]],
+              prior: Mapping[str, Mapping[str, Views]] | None = None) -> None:
+        """Decide `device`'s round at `now` on a snapshot of `ledger` (not while `busy`), the
+        fleet's `prior` added to its statistics (`core.round.decide_round`)."""
         assert not self.busy(device)
         self.redo.discard(device)
         decided = Decided(device, now, usage, _base(ledger))
         snapshot = ledger.snapshot()
         if not self.background:
-            self._decide(decided, snapshot, prices)
+            self._decide(decided, snapshot, prices, prior)
             self._done.append(decided)
             return
-        thread = threading.Thread(target=self._decide, args=(decided, snapshot, prices),
+        thread = threading.Thread(target=self._decide, args=(decided, snapshot, prices, prior),
                                   name=f"gearshift-round-{device}", daemon=True)
         self._running[device] = (thread, decided)
         thread.start()
@@ -115,12 +118,13 @@ class Decider:
         self.redo.clear()
 
     def _decide(self, decided: Decided, ledger: DeviceLedger,
-                prices: Mapping[str, Mapping[str, Prices]]) -> None:
+                prices: Mapping[str, Mapping[str, Prices]],
+                prior: Mapping[str, Mapping[str, Views]] | None = None) -> None:
         began = self.clock.now()
         try:
             decided.round = decide_round(ledger, decided.now, decided.usage, self.policy,
                                          lambda name, e: decided.errors.append((name, e)),
-                                         prices)
+                                         prices, prior)
         except BaseException as e:  # whatever it is, the loop reports it
             decided.error = e if isinstance(e, Exception) else RuntimeError(repr(e))
         decided.seconds = self.clock.now() - began

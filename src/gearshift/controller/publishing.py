@@ -16,6 +16,7 @@ from typing import Any
 from gearshift.controller import publish, rounds, status, upkeep
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.costbook import CostBook
+from gearshift.controller.fleet import Fleet
 from gearshift.controller.ingest import Batch
 from gearshift.controller.slots import Slots
 from gearshift.core import memory
@@ -46,6 +47,7 @@ class Publishing:
     status: dict[str, Any] | None
     changes: dict[int, dict[str, list[list[Any]]]]
     final_save: str | None
+    fleet: Fleet
     _regions: dict[int, SnapshotRegion]
     _status_region: SnapshotRegion | None
     _next_status: float
@@ -113,7 +115,7 @@ class Publishing:
     def status_document(self, now: float) -> dict[str, Any]:
         """The status document at `now` (format in `status`)."""
         memory_bytes = {d: self.device_memory(d) for d in self.devices}  # the ledgers' too
-        return status.document(
+        doc = status.document(
             now, namespace=self.config.namespace, embedded=self.embedded, policy=self.policy,
             counts=self.counts, rounds=self.rounds, workers=self.slots.workers.values(),
             devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
@@ -121,6 +123,9 @@ class Publishing:
             final_save=self.final_save, memory_bytes=memory_bytes, graph_bytes={
                 d: memory.device_usage(dev, self.prices(d), self.policy)
                 for d, dev in self.devices.items()})
+        if self.fleet.store is not None:
+            doc["fleet"] = self.fleet.view(now)
+        return doc
 
     def _publish_status(self, now: float) -> None:
         self._next_status = now + self.config.status_interval_seconds

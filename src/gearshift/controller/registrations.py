@@ -41,7 +41,7 @@ from gearshift.controller.effects import (
 )
 from gearshift.controller.slots import Slots
 from gearshift.core.config import PolicyConfig
-from gearshift.core.dims import MAX_DIMS, Dim
+from gearshift.core.dims import MAX_DIMS, Dim, Gears
 from gearshift.core.gears import starting_gears
 from gearshift.core.round import DeviceLedger, ProfileLedger
 from gearshift.errors import (
@@ -61,6 +61,7 @@ REFUSED = (PayloadError, ShapeError, ProfileMismatch, NamespaceBusy, SpaceError)
 MAX_PROFILES = 256  # profiles per device
 QUIET_SECONDS = 10.0  # a slot's warnings are logged at most this often
 _quiet: dict[int, tuple[float, int]] = {}  # slot -> (logged again from, warnings left out)
+Seed = Callable[[int, str, Mapping[str, Dim]], Mapping[str, Gears] | None]  # start-up gears
 Guard = Callable[..., None]  # guard(what, fn, *args): runs fn(*args), a failure stays its own
 
 
@@ -267,6 +268,7 @@ class Registrations:
         self.devices = devices
         self.policy = policy
         self.initial_gears = initial_gears
+        self.seed: Seed = lambda device, name, dims: None  # the fleet's gears (`fleet.seed`)
 
     def claimant(self, slot: int, now: float) -> tuple[int, int]:
         w = self.slots.workers.get(slot)
@@ -312,8 +314,9 @@ class Registrations:
         if name not in dev.profiles and len(dev.profiles) >= MAX_PROFILES:
             raise NamespaceBusy(f"device {device} holds {MAX_PROFILES} profiles: no more")
         previous = dev.profiles.get(name)
+        seed = self.seed(device, name, request.dims)
         dev.profiles[name] = new_profile(device, name, request.dims, now, self.policy,
-                                         self.initial_gears)
+                                         {device: {name: seed}} if seed else self.initial_gears)
         return [Publish(device, Added(slot, device, name, previous)), ForgetCosts(device, name),
                 Save()]
 
