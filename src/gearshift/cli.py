@@ -25,6 +25,7 @@ COMMANDS = {
     "cleanup": "gearshift.controller.cli:cleanup_command",
     "export": "gearshift.controller.cli_read:export",
     "stress": "gearshift.tools.stress.cli:command",
+    "fleet": "gearshift.controller.cli_fleet:fleet",
 }
 
 

@@ -77,6 +77,7 @@ def test_a_late_node_starts_on_the_fleets_gears_and_its_first_round_keeps_them(
         doc = late.status_document(clock.now())["fleet"]
         assert doc["state"] == "joined" and doc["nodes"] == 1
         assert doc["profiles"][0]["gears"]["B"] == {"early": learned}
+        assert doc["profiles"][0]["disagreement"] == {"B": 0.0}
         prior = late.fleet.prior(0, late.devices[0], clock.now())
         assert prior is not None and prior["decode"]["B"][0].total_count >= POLICY.min_window_events
         clock.advance(2.0)
@@ -241,3 +242,22 @@ def test_the_fleet_keys_are_checked_and_read_from_the_environment(
         ControllerConfig(fleet_node="a/b")
     with pytest.raises(ConfigError, match="fleet_tp_size"):
         ControllerConfig(fleet_tp_size=0)
+
+
+def test_the_fleets_view_is_exported_as_metrics() -> None:
+    pytest.importorskip("prometheus_client")
+    from gearshift.controller.metrics import _Collector
+
+    clock = FakeClock(1000.0)
+    store = _Faulty(OSError("denied"))
+    f = _fleet(store, clock)
+    f.start(clock.now())
+    view = f.view(clock.now())
+    view["profiles"] = [{"profile": "decode", "disagreement": {"B": 0.25}}]
+    doc = {"workers": [], "events": {"unknown": 0, "invalid": 0, "reclaimed_workers": 0},
+           "rounds": {"count": 0, "seconds_sum": 0.0}, "devices": [], "fleet": view}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in _Collector(lambda: doc).collect() for s in family.samples}
+    assert samples[("gearshift_fleet_joined", (("state", "alone"),))] == 0.0
+    assert samples[("gearshift_fleet_operations_total", (("outcome", "failures"),))] == 1
+    assert samples[("gearshift_fleet_disagreement", (("dim", "B"), ("profile", "decode")))] == 0.25

@@ -106,6 +106,14 @@ def exits() -> Iterator[None]:
     help="Address of the metrics endpoint [default: 127.0.0.1, this host only; 0.0.0.0: "
     "every interface, e.g. for a Prometheus scraping the pod]." + _env("metrics_addr"),
 )
+@click.option(
+    "--fleet",
+    "fleet_url",
+    metavar="URL",
+    help="Share learned gears and statistics with the nodes publishing at this fsspec URL: a "
+    "directory (local or a shared mount), s3://bucket/path (pip install 'gearshift[s3]'), ... "
+    "(docs/architecture.md, \"Fleet\")." + _env("fleet_url"),
+)
 @clikit.log_level_option("INFO", "INFO logs every decision with its reasons.")
 @click.option(
     "--initial-gears",
@@ -133,6 +141,7 @@ def serve(
     state_dir: str | None,
     metrics_port: int | None,
     metrics_addr: str | None,
+    fleet_url: str | None,
     log_level: str,
     initial_gears: str | None,
     initial_gears_format: str,
@@ -148,7 +157,10 @@ def serve(
     restart resumes where it stopped. A dead controller's namespace is taken over; a live
     one's is refused. Workers may start before it (they serve on their initial gears).
 
-    A controller key comes from its option (-n, --state-dir, --metrics-*), else --set, else
+    With --fleet it publishes what it learned there once a fleet_publish_seconds and at
+    stop, and starts new profiles on the gears the fleet's other live nodes learned.
+
+    A controller key comes from its option (-n, --state-dir, --metrics-*, --fleet), else --set, else
     its GEARSHIFT_* variable, else --config; an option and a --set that disagree are refused.
 
     On SIGTERM/SIGINT: final drain, state saved, exit 0 (1 if that save failed). Live workers
@@ -171,6 +183,7 @@ def serve(
                 state_dir=state_dir,
                 metrics_port=metrics_port,
                 metrics_addr=metrics_addr,
+                fleet_url=fleet_url,
             )
             if config.metrics_port is not None:  # before the namespace and state directory
                 check_endpoint(config.metrics_addr, config.metrics_port)

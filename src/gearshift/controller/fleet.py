@@ -30,7 +30,7 @@ from typing import Any
 
 from gearshift.clock import Clock
 from gearshift.controller.costbook import CostBook
-from gearshift.controller.fleetcodec import Entry, encode
+from gearshift.controller.fleetcodec import Entry, Generation, encode
 from gearshift.controller.fleetstore import Read, Store
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim, Gears
@@ -221,24 +221,11 @@ class Fleet:
         wall = self.wall.now()
         ago = {k: None if t is None else round(wall - t, 3)
                for k, t in (("published_ago", self.last_publish), ("read_ago", self.last_read))}
-        profiles = []
-        for identity, members in sorted(self.learned.members.items())[:64]:
-            names = {m.node for m in members}
-            dims = sorted({d for m in members for d in m.gears})
-            profiles.append({"profile": self.learned_names.get(identity, "?"),
-                             "nodes": sorted(names),
-                             "gears": {d: {m.node: list(m.gears.get(d, ())) for m in members}
-                                       for d in dims},
-                             "disagreement": {d: disagreement([m.gears[d] for m in members
-                                                               if d in m.gears]) for d in dims}})
         read = self.learned.read
         return {"url": self.url, "node": self.node, "state": self.state, "reason": self.reason,
                 **ago, "nodes": len({g.node for g in read.generations}),
-                "expired": len(read.expired), **self.counts, "profiles": profiles}
-
-    @property
-    def learned_names(self) -> dict[str, str]:
-        return {e.identity: e.name for g in self.learned.read.generations for e in g.entries}
+                "expired": len(read.expired), **self.counts,
+                "profiles": profiles_view(read.generations)}
 
 
 class _Sync(threading.Thread):
@@ -267,6 +254,28 @@ class _Sync(threading.Thread):
                 self.learned = _learn(read, self.began, self.wall, f.policy)
         except Exception as e:  # whatever the store raises: the loop runs alone and retries
             self.error = e
+
+
+def profiles_view(generations: list[Generation], limit: int = 64) -> list[dict[str, Any]]:
+    """Per profile identity (at most `limit`), its members' gears side by side (by
+    "node" or "node/device" when the device is not 0) and per dim how far they disagree
+    (`core.fleet.disagreement`)."""
+    by: dict[str, list[tuple[str, Entry]]] = {}
+    for g in generations:
+        for e in g.entries:
+            member = g.node if e.device == 0 else f"{g.node}/{e.device}"
+            by.setdefault(e.identity, []).append((member, e))
+    out = []
+    for identity, entries in sorted(by.items())[:limit]:
+        dims = sorted({d for _, e in entries for d in e.member.gears})
+        out.append({"profile": entries[0][1].name, "key": identity.split("\n", 1)[0],
+                    "members": [m for m, _ in entries],
+                    "gears": {d: {m: list(e.member.gears.get(d, ())) for m, e in entries}
+                              for d in dims},
+                    "disagreement": {d: round(disagreement([e.member.gears[d] for _, e in entries
+                                                            if d in e.member.gears]), 4)
+                                     for d in dims}})
+    return out
 
 
 def _entries(node: str, raw: list[Any], now: float, policy: PolicyConfig) -> list[Entry]:

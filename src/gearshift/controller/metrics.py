@@ -161,6 +161,35 @@ class _Collector:
                     costs.add([device, p["name"], d["name"]], d.get("costs"))
         yield from (consumed, dropped, rejected, reclaimed, exited, rounds, version, lag, gears,
                     padding, measured, held, buffers, bound, *costs.families)
+        if doc.get("fleet"):
+            yield from _fleet(doc["fleet"], GaugeMetricFamily, CounterMetricFamily)
+
+
+def _fleet(f: dict[str, Any], gauge: Any, counter: Any) -> Iterator[Any]:
+    """The status document's `fleet` (`controller/fleet.py`, `Fleet.view`) as metrics."""
+    joined = gauge("gearshift_fleet_joined", "1 while the last sync with the fleet store "
+                   "succeeded, 0 while the node runs alone (or has not synced yet)",
+                   labels=["state"])
+    joined.add_metric([f["state"]], 1.0 if f["state"] == "joined" else 0.0)
+    nodes = gauge("gearshift_fleet_nodes", "Other live nodes read at the last sync")
+    nodes.add_metric([], f["nodes"])
+    expired = gauge("gearshift_fleet_expired_nodes", "Nodes past their TTL at the last sync")
+    expired.add_metric([], f["expired"])
+    ago = gauge("gearshift_fleet_seconds_since", "Seconds since the last publish and read "
+                "(absent: none yet)", labels=["what"])
+    for what in ("published", "read"):
+        if f.get(f"{what}_ago") is not None:
+            ago.add_metric([what], f[f"{what}_ago"])
+    counts = counter("gearshift_fleet_operations", "Fleet store operations, by outcome",
+                     labels=["outcome"])
+    for key in ("publishes", "reads", "failures", "bad_objects"):
+        counts.add_metric([key], f[key])
+    apart = gauge("gearshift_fleet_disagreement", "Share of the gears any other member holds "
+                  "that not all hold", labels=["profile", "dim"])
+    for p in f["profiles"]:
+        for dim, value in p["disagreement"].items():
+            apart.add_metric([p["profile"], dim], value)
+    yield from (joined, nodes, expired, ago, counts, apart)
 
 
 class _CostFamilies:
