@@ -123,10 +123,11 @@ def test_a_late_node_with_the_prior_decides_the_fleets_gears_at_its_first_round(
     assert {100, 300} <= gears and max(gears) >= 1000  # the fleet's values, on gears
 
 
-def test_start_up_gears_are_the_majoritys_and_disagreement_measures_the_rest() -> None:
-    members = [_member("a", [100], (128, 512)), _member("b", [100], (128, 1024)),
-               _member("c", [100], (128, 512, 2048))]
-    assert fleet_gears(members, DIMS) == {"S": (128, 512)}
+def test_start_up_gears_are_the_members_set_that_pads_the_fleets_traffic_least() -> None:
+    members = [_member("a", [100, 500], (128, 512, 2048)), _member("b", [100, 500], (100, 2048)),
+               _member("c", [100, 500], (100, 500, 2048))]
+    assert fleet_gears(members, DIMS) == {"S": (100, 500, 2048)}
+    assert fleet_gears(members[:2], DIMS) == {"S": (128, 512, 2048)}
     assert fleet_gears([], DIMS) is None
     assert fleet_gears(members, {"T": Dim()}) is None
     assert disagreement([(1, 2), (1, 2)]) == 0.0

@@ -22,8 +22,8 @@ grows as 1 - exp(-λ a) while the prior's falls as exp(-λ a), so a round always
 one node's worth of evidence. A node whose traffic differs is held back no longer than a node
 running all along is by a shift of its own traffic: the prior is gone after one window.
 
-Start-up gears (`fleet_gears`): per dim, the gears at least half the members hold (the
-member with the most traffic's when that is empty). Pure: no clock, I/O, threads or torch.
+Start-up gears (`fleet_gears`): per dim, the one of the members' learned sets that pads the
+fleet's traffic least. Pure: no clock, I/O, threads or torch.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Measurement
-from gearshift.core.dims import MAX_VALUE, Dim, Gears
+from gearshift.core.dims import MAX_VALUE, Dim, Gears, padded_cost
 from gearshift.core.stats import Histogram
 from gearshift.errors import ShapeError
 
@@ -229,20 +229,23 @@ def with_prior(own: Histogram, views: Views | None, which: int) -> Histogram:
 
 def fleet_gears(members: Sequence[Member], dims: Mapping[str, Dim]) -> dict[str, Gears] | None:
     """The start-up gears of a profile from its live `members` (None: none, or a dim no
-    member has gears of): per dim, the gears at least half of them hold, else those of the
-    member whose window weighs most."""
+    member has gears of): per dim, the member's gears that pad the fleet's traffic (their
+    windows' statistics added) least, in the dim's cost; the fewer gears on a tie. Every set
+    is one a node's policy chose, so it keeps within the policy's bounds."""
     if not members:
         return None
     out: dict[str, Gears] = {}
-    heaviest = max(members, key=Member.weight)
-    for d in dims:
-        sets = [m.gears[d] for m in members if d in m.gears]
+    for d, dim in dims.items():
+        sets = sorted({tuple(m.gears[d]) for m in members if d in m.gears}, key=len)
         if not sets:
             return None
-        held = np.unique(np.concatenate([np.asarray(s, np.int64) for s in sets]))
-        votes = np.array([sum(int(g) in s for s in sets) for g in held])
-        chosen = tuple(int(g) for g in held[2 * votes >= len(sets)])
-        out[d] = chosen or tuple(heaviest.gears.get(d, sets[0]))
+        traffic = [m.window[d] for m in members if d in m.window]
+        values = np.concatenate([c.values for c in traffic]) if traffic else np.empty(0, int)
+        weights = np.concatenate([c.weights for c in traffic]) if traffic else np.empty(0)
+        inside = (values >= dim.min) & (values <= dim.max)
+        values, weights = values[inside], weights[inside]
+        out[d] = min(sets, key=lambda g: float(weights @ padded_cost(dim, g, values))
+                     if values.size else 0.0)
     return out
 
 
