@@ -18,6 +18,7 @@ from gearshift.core.costs import MAX_GRAPH_BYTES, MAX_MEASURED_SECONDS, Line
 from gearshift.core.dims import Gears, normalize_gears
 from gearshift.errors import ConfigError, GearshiftError, TraceError
 from gearshift.tools import simulate as replay
+from gearshift.tools.simulate_fleet import report
 from gearshift.tools.simulate_plot import figure
 from gearshift.tools.trace import Trace, load_trace
 
@@ -127,6 +128,10 @@ from gearshift.tools.trace import Trace, load_trace
     help="The device's memory, as its workers report it: the priced policy's bound is never "
     "under graph_memory_floor_ratio (0.5 %) of it (default: unknown, no such floor).",
 )
+@click.option("--fleet", type=click.IntRange(2, 64), metavar="N",
+              help="Split the trace across N nodes joining 600 s apart that share a fleet "
+              "(docs/architecture.md, \"Fleet\"): the last node's overhead with the fleet "
+              "and cold, against the fleet's steady state.")
 @config_options("policy", "at top level or under [policy]")
 @json_option()
 @click.option(
@@ -151,6 +156,7 @@ def simulate(
     buffer_bytes: tuple[str, ...],
     graph_budget: str | None,
     device_memory: float | None,
+    fleet: int | None,
     config_path: str | None,
     overrides: tuple[str, ...],
     as_json: bool,
@@ -183,6 +189,8 @@ def simulate(
         device = dataclasses.replace(device, bytes=_bytes(graph_bytes, data),
                                      buffers=_bytes(buffer_bytes, data, "--buffer-bytes"),
                                      memory=_device_memory(device_memory))
+        if fleet:
+            return click.echo(report(data, dims, config, fleet, device, policy, as_json))
     except TraceError as e:
         _fail(e, EXIT_ERROR)
     except GearshiftError as e:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -157,6 +158,7 @@ class FleetResult:
             return spent / raw - 1.0 if raw > 0 else math.nan
 
         steady_first, steady_hour = steady(hour, False), steady(hour, True)
+        window = lo + self.config.window_seconds
         with_fleet = late.overhead(lo, first, captures=False)
         return {
             "trace": self.trace, "nodes": len(self.nodes),
@@ -165,13 +167,16 @@ class FleetResult:
                 "start_gears": {"fleet": late.start_gears, "cold": cold.start_gears},
                 "first_interval_cost_overhead": {"fleet": with_fleet,
                                                  "cold": cold.overhead(lo, first, False)},
+                "first_window_cost_overhead": {"fleet": late.overhead(lo, window, False),
+                                               "cold": cold.overhead(lo, window, False)},
                 "first_hour_device_overhead": {"fleet": late.overhead(lo, hour),
                                                "cold": cold.overhead(lo, hour)},
                 "first_hour_capture_seconds": {
                     "fleet": float(late.captures[late.starts < hour].sum()),
                     "cold": float(cold.captures[cold.starts < hour].sum())},
             },
-            "steady_state": {"cost_overhead": steady_first, "device_overhead": steady_hour},
+            "steady_state": {"cost_overhead": steady_first, "device_overhead": steady_hour,
+                             "first_window_cost_overhead": steady(window, False)},
             "first_interval_within_10_percent": bool(with_fleet <= 1.1 * steady_first + 1e-12),
         }
 
@@ -201,3 +206,27 @@ def simulate_fleet(trace: Trace, dims: Mapping[str, Dim], config: PolicyConfig, 
             cold = run_node(f"node{i}-cold", *args, fleet=None)
     assert cold is not None
     return FleetResult(trace.name, config, tuple(runs), cold)
+
+
+def report(trace: Trace, dims: Mapping[str, Dim], config: PolicyConfig, nodes: int,
+           device: Device, policy: str, as_json: bool) -> str:
+    """`gearshift simulate --fleet N`'s output: `FleetResult.summary` as JSON or a table."""
+    if policy != "adaptive":
+        raise ShapeError(f"--fleet replays the adaptive policy, not {policy}")
+    s = simulate_fleet(trace, dims, config, nodes, device).summary()
+    if as_json:
+        return json.dumps(s)
+    late, steady = s["late_node"], s["steady_state"]
+    rows = [("first interval, cost", "first_interval_cost_overhead", "cost_overhead"),
+            ("first window, cost", "first_window_cost_overhead", "first_window_cost_overhead"),
+            ("first hour, device", "first_hour_device_overhead", "device_overhead")]
+    lines = [f"{s['trace']}: {nodes} nodes joining at {', '.join(f'{j:g}' for j in s['joins'])}"
+             " s; the last node's overhead (%):",
+             f"{'':<22}{'with fleet':>12}{'cold':>10}{'fleet steady':>14}"]
+    for label, key, ref in rows:
+        lines.append(f"{label:<22}{100 * late[key]['fleet']:>12.1f}{100 * late[key]['cold']:>10.1f}"
+                     f"{100 * steady[ref]:>14.1f}")
+    lines.append(f"start-up gears: {late['start_gears']['fleet']} with the fleet, "
+                 f"{late['start_gears']['cold']} cold; first interval within 10 % of steady: "
+                 f"{'yes' if s['first_interval_within_10_percent'] else 'no'}")
+    return "\n".join(lines)
