@@ -136,8 +136,8 @@ class _Faulty:
 
 
 def _fleet(store: Any, clock: FakeClock, devices: dict | None = None) -> Fleet:
-    return Fleet(store, "me", FleetKey(), POLICY, devices or {}, CostBook(), clock, clock,
-                 interval=60.0, ttl=600.0, timeout=5.0)
+    return Fleet(store, "me", FleetKey(), POLICY, clock, clock, interval=60.0, ttl=600.0,
+                 timeout=5.0).attach(devices or {}, CostBook())
 
 
 def _settle(f: Fleet) -> None:
@@ -151,7 +151,7 @@ def test_an_unreachable_store_leaves_the_node_alone_and_retries_with_backoff(
     store = _Faulty(OSError("connection refused"))
     f = _fleet(store, clock)
     with caplog.at_level(logging.WARNING):
-        f.start(clock.now())
+        f.first_read()
     assert f.state == "alone" and "connection refused" in f.reason
     assert f.view(clock.now())["state"] == "alone" and f.counts["failures"] == 1
     assert "running alone" in caplog.text
@@ -179,7 +179,7 @@ def test_a_slow_store_never_blocks_the_loop_and_the_node_runs_alone() -> None:
     store = _Faulty()
     f = _fleet(store, clock)
     f.timeout = 0.05
-    f.start(clock.now())  # waits at most `timeout` for the first read
+    f.first_read()  # waits at most `timeout` for the first read
     assert f.state == "alone" and "no answer" in f.reason
     ticked = threading.Thread(target=lambda: [f.tick(clock.now()) for _ in range(100)])
     ticked.start()
@@ -196,7 +196,7 @@ def test_a_store_that_hangs_after_joining_is_reported_slow() -> None:
     store = _Faulty()
     store.release.set()
     f = _fleet(store, clock)
-    f.start(clock.now())
+    f.first_read()
     assert f.state == "joined"
     store.release.clear()
     clock.advance(61.0)
@@ -216,7 +216,7 @@ def test_credentials_never_reach_the_log_or_the_status(caplog: pytest.LogCapture
     store.url = redact("s3://AKIA:hunter2@bucket/p?X-Amz-Security-Token=hunter2")
     f = _fleet(store, clock)
     with caplog.at_level(logging.WARNING):
-        f.start(clock.now())
+        f.first_read()
     assert "s3://bucket/p" in caplog.text and "hunter2" not in caplog.text
     assert "hunter2" not in str(f.view(clock.now()))
 
@@ -251,7 +251,7 @@ def test_the_fleets_view_is_exported_as_metrics() -> None:
     clock = FakeClock(1000.0)
     store = _Faulty(OSError("denied"))
     f = _fleet(store, clock)
-    f.start(clock.now())
+    f.first_read()
     view = f.view(clock.now())
     view["profiles"] = [{"profile": "decode", "disagreement": {"B": 0.25}}]
     doc = {"workers": [], "events": {"unknown": 0, "invalid": 0, "reclaimed_workers": 0},
@@ -261,3 +261,20 @@ def test_the_fleets_view_is_exported_as_metrics() -> None:
     assert samples[("gearshift_fleet_joined", (("state", "alone"),))] == 0.0
     assert samples[("gearshift_fleet_operations_total", (("outcome", "failures"),))] == 1
     assert samples[("gearshift_fleet_disagreement", (("dim", "B"), ("profile", "decode")))] == 0.25
+
+
+def test_a_node_alone_forgets_what_it_read_once_that_expires() -> None:
+    from gearshift.controller.fleet import _Learned
+    from gearshift.controller.fleetcodec import Generation
+
+    clock = FakeClock(1000.0)
+    store = _Faulty(OSError("gone"))
+    f = _fleet(store, clock)
+    f.first_read()
+    f.learned = _Learned({"id": []}, {}, Read([Generation("x", 990.0, ())]), 1000.0)
+    clock.advance(500.0)
+    f.tick(clock.now())
+    assert f.learned.members  # within the TTL: kept while alone
+    clock.advance(200.0)
+    f.tick(clock.now())
+    assert not f.learned.members and not f.learned.read.generations

@@ -101,8 +101,8 @@ class Controller(Applying, Publishing):
         self._state_lock: statefile.StateLock | None = None
         self._closed = False
         self.final_save: str | None = None  # at close: "saved" or "failed: why"
-        self.fleet = fleet.Fleet(None, "", config.fleet_key, policy, self.devices, self.costs,
-                                 clock, clock)  # "off" until `open` builds the configured one
+        self.fleet = fleet.Fleet(None, "", config.fleet_key, policy, clock, clock).attach(
+            self.devices, self.costs)  # "off" until `open` gives the configured one
 
     # -- life cycle --
 
@@ -122,20 +122,23 @@ class Controller(Applying, Publishing):
         (`background_rounds`, default: unless a clock is injected; a fake clock's steps decide
         and publish inline, as before).
         """
+        policy = policy or PolicyConfig()
+        joining = fleet.from_config(config, policy, clock or MonotonicClock(),
+                                    WallClock() if clock is None else clock)
+        joining.first_read()  # before the namespace: registrations get the fleet's gears
         registry = own(config.namespace, config.slots)
         registry.wait = LOCK_WAIT
-        self = cls(config, policy or PolicyConfig(), registry, clock or MonotonicClock(),
+        self = cls(config, policy, registry, clock or MonotonicClock(),
                    initial_gears or {}, embedded,
                    clock is None if background_rounds is None else background_rounds)
+        self.fleet = joining.attach(self.devices, self.costs)
         try:
             self._state_lock = statefile.StateLock.acquire(config.state_path)
             log.info("controller pid %d owns namespace %r (state file %s)", os.getpid(),
                      config.namespace, config.state_path / statefile.STATE_FILE)
             self._restore(fresh_on_corrupt_state)
-            self.fleet = fleet.from_config(config, self.policy, self.devices, self.costs,
-                                           self.clock, WallClock() if clock is None else clock)
             self.registrations.seed = self.fleet.seed
-            self.fleet.start(self.clock.now())
+            self.fleet.restored(self.clock.now())
             if config.metrics_port is not None:
                 from gearshift.controller.metrics import serve_metrics
 

@@ -6,8 +6,8 @@ statistics by `DimStats.snapshot`, costs listed) and hands them to the fleet's t
 reads them at that `now`, encodes a generation (`fleetcodec`), publishes it and reads the
 other nodes' (`fleetstore.Store`); the members of each profile identity (`core.fleet`) and
 their prior come back to the loop at a later tick. The loop never waits on the store, except
-at `start` (the first read, at most `fleet_timeout_seconds`, so that the first registrations
-already get the fleet's gears) and at `close` (the last publish, as long).
+at `first_read` (before the namespace is owned, at most `fleet_timeout_seconds`, so that the
+first registrations already get the fleet's gears) and at `close` (the last publish, as long).
 
 States (`state`): "off" (no URL), "joining" (no sync answered yet), "joined" (the last sync
 succeeded), "alone" (it failed, or no answer in `fleet_timeout_seconds`: the node decides on
@@ -68,11 +68,12 @@ class Fleet:
     """One controller's fleet (module docstring); `Fleet(None, ...)` is "off"."""
 
     def __init__(self, store: Store | None, node: str, key: FleetKey, policy: PolicyConfig,
-                 devices: Mapping[int, DeviceLedger], costs: CostBook, clock: Clock,
-                 wall: Clock, interval: float = 60.0, ttl: float = 600.0,
+                 clock: Clock, wall: Clock, interval: float = 60.0, ttl: float = 600.0,
                  timeout: float = 10.0) -> None:
         self.store, self.node, self.key, self.policy = store, node, key, policy
-        self.devices, self.costs, self.clock, self.wall = devices, costs, clock, wall
+        self.clock, self.wall = clock, wall
+        self.devices: Mapping[int, DeviceLedger] = {}
+        self.costs = CostBook()
         self.interval, self.ttl, self.timeout = interval, ttl, timeout
         self.state = "off" if store is None else "joining"
         self.reason = ""
@@ -88,18 +89,26 @@ class Fleet:
 
     # -- life cycle --
 
-    def start(self, now: float) -> None:
-        """The first read, waited for at most `timeout`; profiles restored with their own
-        evidence in the window take no prior."""
+    def attach(self, devices: Mapping[int, DeviceLedger], costs: CostBook) -> Fleet:
+        """Publish `devices` (the controller's ledgers) and `costs`, and price them; returns
+        this fleet."""
+        self.devices, self.costs = devices, costs
+        return self
+
+    def first_read(self) -> None:
+        """The first read, waited for at most `timeout` (the controller's start)."""
+        if self.store is not None:
+            self._begin(self.clock.now(), publish=False)
+            self._finish(wait=self.timeout)
+
+    def restored(self, now: float) -> None:
+        """Profiles restored from the state file with a window's evidence of their own take no
+        prior; the others joined `now`."""
         for device, dev in self.devices.items():
             for name, p in dev.profiles.items():
                 own = min((s.view(now).total_count for s in p.stats.values()), default=0)
                 self.joined[(device, name)] = (-math.inf if own >= self.policy.min_window_events
                                                else now)
-        if self.store is None:
-            return
-        self._begin(now, publish=False)
-        self._finish(wait=self.timeout)
 
     def close(self, now: float) -> None:
         """The last publish, waited for at most `timeout` (after any sync in flight)."""
@@ -122,6 +131,9 @@ class Fleet:
                 if (device, name) not in self.joined:
                     self.joined[(device, name)] = now
                     self._take_costs(device, name, dev)
+        if self.state == "alone" and self.learned.read.generations and (
+                self.wall.now() - self.learned.wall > self.ttl):
+            self.learned = _Learned()  # what it last read expired with its nodes
         if self._job is not None:
             self._finish(wait=0.0)
             if self._job is not None and now - self._job.began > self.timeout:
@@ -299,11 +311,11 @@ def _learn(read: Read, now: float, wall: float, policy: PolicyConfig) -> _Learne
     return _Learned(members, priors, read, wall)
 
 
-def from_config(config: Any, policy: PolicyConfig, devices: Mapping[int, DeviceLedger],
-                costs: CostBook, clock: Clock, wall: Clock) -> Fleet:
-    """The fleet of a `ControllerConfig` ("off" without `fleet_url`); ConfigError if no
-    filesystem serves the URL (s3:// without the `s3` extra)."""
+def from_config(config: Any, policy: PolicyConfig, clock: Clock, wall: Clock) -> Fleet:
+    """The fleet of a `ControllerConfig` ("off" without `fleet_url`), to `attach` to the
+    controller's ledgers; ConfigError if no filesystem serves the URL (s3:// without the `s3`
+    extra)."""
     store = Store(config.fleet_url) if config.fleet_url else None
-    return Fleet(store, config.fleet_node_name, config.fleet_key, policy, devices, costs, clock,
-                 wall, config.fleet_publish_seconds, config.fleet_ttl_seconds,
+    return Fleet(store, config.fleet_node_name, config.fleet_key, policy, clock, wall,
+                 config.fleet_publish_seconds, config.fleet_ttl_seconds,
                  config.fleet_timeout_seconds)

@@ -117,6 +117,7 @@ class Store:
         """Every node's newest generation but `skip`'s, at the reader's `wall` clock; nodes
         whose last publish is over `ttl` seconds old are expired."""
         out = Read()
+        self.fs.invalidate_cache()  # an object store's listings are cached: list anew
         try:
             listed = self.fs.ls(f"{self.root}/nodes", detail=False)
         except FileNotFoundError:
