@@ -101,11 +101,11 @@ def test_the_prior_is_one_members_worth_and_fades_with_the_half_life_then_the_wi
     assert prior is not None and prior.members == 2
     one = members[0].window["S"].at(0, 100.0, CONFIG.half_life_seconds, CONFIG.window_seconds)
     assert math.isclose(prior.window["S"].total_weight, one.total_weight)
-    at_join = primed(prior, 100.0, 100.0, CONFIG)["S"][0]
-    half = primed(prior, 100.0, 100.0 + CONFIG.half_life_seconds, CONFIG)["S"][0]
+    at_join = primed(prior, 100.0, 100.0, CONFIG, DIMS)["S"][0]
+    half = primed(prior, 100.0, 100.0 + CONFIG.half_life_seconds, CONFIG, DIMS)["S"][0]
     assert math.isclose(half.total_weight, at_join.total_weight / 4, rel_tol=1e-9)  # own decay
     assert prior_weight(CONFIG.half_life_seconds, CONFIG.half_life_seconds, 600) == 0.5
-    assert primed(prior, 100.0, 100.0 + CONFIG.plan_history_seconds, CONFIG) == {}
+    assert primed(prior, 100.0, 100.0 + CONFIG.plan_history_seconds, CONFIG, DIMS) == {}
     assert prior_of([], 0.0, CONFIG) is None
 
 
@@ -116,7 +116,7 @@ def test_a_late_node_with_the_prior_decides_the_fleets_gears_at_its_first_round(
     late = DeviceLedger(profiles={"p": ProfileLedger.new(DIMS, 100.0, CONFIG)})
     cold = decide_round(late, 101.0, None, CONFIG)
     warm = decide_round(late, 101.0, None, CONFIG,
-                        prior={"p": primed(prior, 100.0, 101.0, CONFIG)})
+                        prior={"p": primed(prior, 100.0, 101.0, CONFIG, DIMS)})
     assert cold is not None and not cold.changed  # no evidence: the ladder stays
     assert warm is not None and warm.changed
     gears = set(warm.gears["p"]["S"].gears)
@@ -128,6 +128,8 @@ def test_start_up_gears_are_the_members_set_that_pads_the_fleets_traffic_least()
                _member("c", [100, 500], (100, 500, 2048))]
     assert fleet_gears(members, DIMS) == {"S": (100, 500, 2048)}
     assert fleet_gears(members[:2], DIMS) == {"S": (128, 512, 2048)}
+    assert fleet_gears(members, DIMS, most=2) == {"S": (100, 2048)}  # a set too long: left out
+    assert fleet_gears(members, {"S": Dim(max=1024)}) is None  # every set past the bounds
     assert fleet_gears([], DIMS) is None
     assert fleet_gears(members, {"T": Dim()}) is None
     assert disagreement([(1, 2), (1, 2)]) == 0.0
@@ -141,3 +143,11 @@ def test_costs_keep_the_busiest_members_measurements_last() -> None:
     busy = _member("b", [100], (128,))
     busy = Member(busy.node, 0, busy.gears, busy.window, busy.history, {"S": [m2]})
     assert fleet_costs([busy, light]) == {"S": [m1, m2]}
+
+
+def test_the_prior_keeps_to_the_dims_bounds() -> None:
+    members = [_member("a", [100, 5000], (128, 8192))]
+    prior = prior_of(members, 100.0, CONFIG)
+    assert prior is not None
+    views = primed(prior, 100.0, 100.0, CONFIG, {"S": Dim(max=2048), "T": Dim()})
+    assert set(views) == {"S"} and views["S"][0].values.tolist() == [100]

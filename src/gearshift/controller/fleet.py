@@ -197,7 +197,7 @@ class Fleet:
 
     def seed(self, device: int, name: str, dims: Mapping[str, Dim]) -> dict[str, Gears] | None:
         """The fleet's start-up gears of a profile new here (None: the fleet has none)."""
-        return fleet_gears(self._members(name, dims)[1], dims)
+        return fleet_gears(self._members(name, dims)[1], dims, self.policy.max_gears_per_type)
 
     def prior(self, device: int, dev: DeviceLedger,
               now: float) -> dict[str, dict[str, Views]] | None:
@@ -206,7 +206,8 @@ class Fleet:
         for name, p in dev.profiles.items():
             prior = self.learned.priors.get(self.key.identity(name, p.dims))
             joined = self.joined.get((device, name), now)
-            if prior is not None and (views := primed(prior, joined, now, self.policy)):
+            if prior is not None and (views := primed(prior, joined, now, self.policy,
+                                                      p.dims)):
                 out[name] = views
         return out or None
 

@@ -41,6 +41,7 @@ from gearshift.core.stats import Histogram
 from gearshift.errors import ShapeError
 
 MAX_KEY_TEXT = 1024  # characters of one declared field of the key
+MAX_WEIGHT = float(1 << 53)  # of one value's weight and count: sums of many stay finite
 Views = tuple[Histogram, Histogram]  # (window, history) added to a dim's own
 
 
@@ -101,7 +102,8 @@ class Compact:
         if len(v) and (int(v[0]) < 1 or int(v[-1]) > MAX_VALUE or (np.diff(v) <= 0).any()):
             raise ShapeError("compact statistics' values are not distinct, increasing and "
                              "positive")
-        if not (np.isfinite(w).all() and (w >= 0).all() and (c > 0).all()
+        if not (np.isfinite(w).all() and (w >= 0).all() and (w <= MAX_WEIGHT).all()
+                and (c > 0).all() and (c <= MAX_WEIGHT).all()
                 and np.isfinite(a).all() and (a >= 0).all()):
             raise ShapeError("compact statistics' weights, counts or ages are out of bounds")
         if not (self.span >= 0):  # NaN too
@@ -204,9 +206,11 @@ def prior_weight(age: float, half_life: float, window: float) -> float:
     return math.exp(-math.log(2) / half_life * max(age, 0.0))
 
 
-def primed(prior: Prior, joined: float, now: float, config: PolicyConfig) -> dict[str, Views]:
-    """Per dim, the (window, history) Histograms to add to the node's own at `now`, for a
-    profile the node has had since `joined`; {} once the prior weighs nothing."""
+def primed(prior: Prior, joined: float, now: float, config: PolicyConfig,
+           dims: Mapping[str, Dim]) -> dict[str, Views]:
+    """Per dim of `dims`, the (window, history) Histograms to add to the node's own at `now`,
+    for a profile the node has had since `joined` (values outside the dim's bounds left out);
+    {} once the prior weighs nothing."""
     hist = config.history()
     fw = prior_weight(now - joined, config.half_life_seconds, config.window_seconds)
     fh = prior_weight(now - joined, hist.half_life_seconds, hist.window_seconds)
@@ -215,9 +219,18 @@ def primed(prior: Prior, joined: float, now: float, config: PolicyConfig) -> dic
     age = max(now - prior.now, 0.0)  # the prior was aged to its `now`: decay the rest
     dw = math.exp(-math.log(2) / config.half_life_seconds * age)
     dh = math.exp(-math.log(2) / hist.half_life_seconds * age)
-    return {d: (scaled(prior.window.get(d, Histogram.empty()), fw * dw),
-                scaled(prior.history.get(d, Histogram.empty()), fh * dh))
-            for d in set(prior.window) | set(prior.history)}
+    return {d: (scaled(_inside(prior.window.get(d), dim), fw * dw),
+                scaled(_inside(prior.history.get(d), dim), fh * dh))
+            for d, dim in dims.items() if d in prior.window or d in prior.history}
+
+
+def _inside(hist: Histogram | None, dim: Dim) -> Histogram:
+    """`hist`'s values within the dim's bounds (an empty Histogram for None)."""
+    if hist is None:
+        return Histogram.empty()
+    keep = (hist.values >= dim.min) & (hist.values <= dim.max)
+    return Histogram(hist.values[keep], hist.weights[keep], hist.counts[keep],
+                     hist.last_seen[keep], hist.since)
 
 
 def with_prior(own: Histogram, views: Views | None, which: int) -> Histogram:
@@ -227,16 +240,19 @@ def with_prior(own: Histogram, views: Views | None, which: int) -> Histogram:
     return own if added is None or not added.values.size else merged([own, added])
 
 
-def fleet_gears(members: Sequence[Member], dims: Mapping[str, Dim]) -> dict[str, Gears] | None:
+def fleet_gears(members: Sequence[Member], dims: Mapping[str, Dim],
+                most: int = 1 << 10) -> dict[str, Gears] | None:
     """The start-up gears of a profile from its live `members` (None: none, or a dim no
-    member has gears of): per dim, the member's gears that pad the fleet's traffic (their
-    windows' statistics added) least, in the dim's cost; the fewer gears on a tie. Every set
-    is one a node's policy chose, so it keeps within the policy's bounds."""
+    member has gears of within its bounds): per dim, of the members' sets of at most `most`
+    gears within the dim's bounds, the one that pads the fleet's traffic (their windows'
+    statistics added) least, in the dim's cost; the fewer gears on a tie."""
     if not members:
         return None
     out: dict[str, Gears] = {}
     for d, dim in dims.items():
-        sets = sorted({tuple(m.gears[d]) for m in members if d in m.gears}, key=len)
+        sets = sorted({tuple(m.gears[d]) for m in members if d in m.gears
+                       and len(m.gears[d]) <= most and dim.min <= m.gears[d][0]
+                       and m.gears[d][-1] <= dim.max}, key=len)
         if not sets:
             return None
         traffic = [m.window[d] for m in members if d in m.window]

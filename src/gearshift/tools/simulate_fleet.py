@@ -90,7 +90,7 @@ def run_node(name: str, times: np.ndarray, values: Mapping[str, np.ndarray],
     """Replay one node's events (`times`, `values`) from `join` to `end`; `fleet`: the nodes
     it reads (None: cold, and it reads none)."""
     members = _read(fleet, join, ttl) if fleet is not None else []
-    seeded = fleet_gears(members, dims)
+    seeded = fleet_gears(members, dims, config.max_gears_per_type)
     start = {d: dim for d, dim in dims.items()}
     if seeded:
         try:
@@ -117,7 +117,7 @@ def run_node(name: str, times: np.ndarray, values: Mapping[str, np.ndarray],
             padded[seg] += float(padded_cost(dim, p.gears[d].gears, v).sum())
             p.stats[d].fold(times[lo:hi], v)
         now = float(starts[seg] + interval)
-        views = primed(prior, join, now, config) if prior is not None else {}
+        views = primed(prior, join, now, config, dims) if prior is not None else {}
         round = decide_round(ledger, now, None, config, prices=prices,
                              prior={PROFILE: views} if views else None)
         if round is not None:
