@@ -3,10 +3,11 @@
 Each boundary of `boundaries.boundaries()` is a hypothesis strategy of cases (arbitrary bytes and
 well-formed but wrong values: ring header and records, snapshot header and payload, slot table
 words, mailbox messages, registration fields, the state file, the TOML configuration, a trace
-CSV; and the deployment faults of `fault_boundaries.faults()`: oversize registrations, a hostile
-state directory) and an attack that writes one case into a `target.Live` namespace and lets it
-run; `run` sizes each boundary by examples (the tests) or by time (the command) and returns a
-`target.Tally` per boundary. `real_processes` attacks a `gearshift serve` process and a worker
+CSV; the deployment faults of `fault_boundaries.faults()`: oversize registrations, a hostile
+state directory; a fleet store's objects, `fleet_boundary.fleet()`) and an attack that writes
+one case into a `target.Live` namespace (or a file, a directory) and lets it run; `run` sizes
+each boundary by examples (the tests) or by time (the command) and returns a `target.Tally` per
+boundary. `real_processes` attacks a `gearshift serve` process and a worker
 process from the outside. Hypothesis only generates: a failure is tallied, not raised, so
 nothing shrinks it. Hypothesis is the `test` extra's: it is imported only when a run starts
 (`require` says what to install when it is missing).
@@ -29,7 +30,7 @@ import numpy as np
 from gearshift.clock import MonotonicClock
 from gearshift.errors import GearshiftError
 from gearshift.shm import EventRing, Registry, SnapshotRegion, control
-from gearshift.tools.stress import boundaries, fault_boundaries
+from gearshift.tools.stress import boundaries, fault_boundaries, fleet_boundary
 from gearshift.tools.stress.target import DIMS, SIZES, WALL, Tally, objects, remove, serial
 
 
@@ -40,7 +41,8 @@ def run(examples: int | None = None, seconds: float | None = None,
     require()
     from hypothesis import HealthCheck, Phase, given, settings
 
-    chosen = [b for b in (*boundaries.boundaries(), *fault_boundaries.faults())
+    chosen = [b for b in (*boundaries.boundaries(), *fault_boundaries.faults(),
+                          *fleet_boundary.fleet())
               if only is None or b.name in only]
     tallies = {b.name: Tally() for b in chosen}
     quiet = logging.getLogger("gearshift")
