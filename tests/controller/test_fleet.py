@@ -219,6 +219,10 @@ def test_credentials_never_reach_the_log_or_the_status(caplog: pytest.LogCapture
         f.first_read()
     assert "s3://bucket/p" in caplog.text and "hunter2" not in caplog.text
     assert "hunter2" not in str(f.view(clock.now()))
+    from gearshift.controller.view import _fleet as line
+
+    shown = line(f.view(clock.now()))
+    assert "fleet s3://bucket/p as me: ALONE (OSError: denied)" in shown and "hunter2" not in shown
 
 
 def test_the_status_omits_the_fleet_when_off(controller: Controller, clock: FakeClock) -> None:

@@ -184,6 +184,8 @@ def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> s
             f"{_ms(r['last_seconds'])}; {e['errors']} loop errors", width, "  ")
         if doc.get("truncated"):
             lines += _wrap(f"status truncated: {doc['truncated']}", width, "  ")
+        if doc.get("fleet"):
+            lines += _wrap(_fleet(doc["fleet"]), width, "  ")
     consumed = {(w["slot"], w["generation"]): w for w in (doc or {}).get("workers", [])}
     lines.append(
         f"{'slot':>4} {'pid':>8} {'device':>6} {'state':>8} {'applied':>7} "
@@ -216,6 +218,17 @@ def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> s
                 lines += _wrap(f"  {p['name']}/{dim} last round: {action} {gear}: {reason}",
                                width, "      ")
     return "\n".join(lines)
+
+
+def _fleet(f: dict[str, Any]) -> str:
+    """The status document's `fleet` in one line: the store, the state (and why alone)."""
+    ago = {k: "never" if f.get(f"{k}_ago") is None else f"{f[f'{k}_ago']:.0f}{NB}s ago"
+           for k in ("published", "read")}
+    why = f" ({f['reason']})" if f.get("reason") else ""
+    state = "ALONE" if f["state"] == "alone" else f["state"]
+    return (f"fleet {f['url']} as {f['node']}: {state}{why}; {f['nodes']} other nodes, "
+            f"{f['expired']} expired, {f['bad_objects']} bad "
+            f"objects; published {ago['published']}, read {ago['read']}")
 
 
 def _dim(profile: str, d: dict[str, Any], verbose: bool, width: int) -> list[str]:
