@@ -202,6 +202,8 @@ class Fleet:
     def prior(self, device: int, dev: DeviceLedger,
               now: float) -> dict[str, dict[str, Views]] | None:
         """Per profile of `dev`, what the fleet adds to a round at `now` (None: nothing)."""
+        if not self.learned.priors:
+            return None
         out = {}
         for name, p in dev.profiles.items():
             prior = self.learned.priors.get(self.key.identity(name, p.dims))
