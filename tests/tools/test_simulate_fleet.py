@@ -35,7 +35,7 @@ def test_tiling_repeats_the_trace_end_to_end() -> None:
 def test_a_late_node_with_the_fleet_pads_its_first_interval_as_the_fleet_does() -> None:
     trace = _trace()
     dims = policy_dims(trace, "adaptive")
-    result = simulate_fleet(trace, dims, CONFIG, 3, Device(), stagger=300.0)
+    result = simulate_fleet(trace, dims, CONFIG, 3, Device(), stagger=300.0, hour=300.0)
     s = result.summary()
     late = s["late_node"]
     assert s["joins"] == [0.0, 300.0, 600.0]
@@ -54,10 +54,11 @@ def test_simulate_fleet_on_the_command_line(tmp_path) -> None:
     path = tmp_path / "t.csv"
     path.write_text("t,SEQLEN\n" + "".join(
         f"{t:.3f},{v}\n" for t, v in zip(trace.t, trace.dims["SEQLEN"], strict=True)))
-    out = CliRunner().invoke(simulate, [str(path), "--fleet", "2", "--json"])
+    slow = ["--set", "check_interval_seconds=120", "--set", "update_interval_seconds=120"]
+    out = CliRunner().invoke(simulate, [str(path), "--fleet", "2", "--json", *slow])
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)["nodes"] == 2
-    text = CliRunner().invoke(simulate, [str(path), "--fleet", "2"]).output
+    text = CliRunner().invoke(simulate, [str(path), "--fleet", "2", *slow]).output
     assert "with fleet" in text and "first interval, cost" in text
     refused = CliRunner().invoke(simulate, [str(path), "--fleet", "2", "--policy", "static"])
     assert refused.exit_code == 2 and "adaptive" in refused.output

@@ -144,11 +144,12 @@ class FleetResult:
     config: PolicyConfig
     nodes: tuple[NodeRun, ...]
     cold: NodeRun
+    hour: float = HOUR  # what "first hour" spans (shorter in tests)
 
     def summary(self) -> dict[str, object]:
         late, cold, early = self.nodes[-1], self.cold, self.nodes[:-1]
         lo, first = late.join, late.join + self.config.check_interval_seconds
-        hour = lo + HOUR
+        hour = lo + self.hour
 
         def steady(hi: float, captures: bool) -> float:
             raw = sum(float(n.raw[(n.starts >= lo) & (n.starts < hi)].sum()) for n in early)
@@ -183,13 +184,13 @@ class FleetResult:
 
 def simulate_fleet(trace: Trace, dims: Mapping[str, Dim], config: PolicyConfig, nodes: int,
                    device: Device | None = None, stagger: float = 600.0,
-                   publish: float = 60.0, ttl: float = 600.0) -> FleetResult:
-    """Replay `trace` across `nodes` nodes (module docstring)."""
+                   publish: float = 60.0, ttl: float = 600.0, hour: float = HOUR) -> FleetResult:
+    """Replay `trace` across `nodes` nodes (module docstring); the last one runs `hour`."""
     if nodes < 2:
         raise ShapeError(f"a fleet needs 2 nodes or more, got {nodes}")
     device = device or Device()
     joins = np.arange(nodes) * stagger
-    end = float(joins[-1]) + HOUR
+    end = float(joins[-1]) + hour
     times, values = tiled(trace, end)
     keep = times < end
     times, values = times[keep], {d: v[keep] for d, v in values.items()}
@@ -205,7 +206,7 @@ def simulate_fleet(trace: Trace, dims: Mapping[str, Dim], config: PolicyConfig, 
         if i == nodes - 1:
             cold = run_node(f"node{i}-cold", *args, fleet=None)
     assert cold is not None
-    return FleetResult(trace.name, config, tuple(runs), cold)
+    return FleetResult(trace.name, config, tuple(runs), cold, hour)
 
 
 def report(trace: Trace, dims: Mapping[str, Dim], config: PolicyConfig, nodes: int,
