@@ -18,6 +18,7 @@ from gearshift.controller.controller import Controller
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.fleet import Fleet
 from gearshift.controller.fleetstore import Read, Store, redact
+from gearshift.core.costs import Measurement
 from gearshift.core.fleet import FleetKey
 from gearshift.core.round import DeviceLedger
 
@@ -62,6 +63,8 @@ def test_a_late_node_starts_on_the_fleets_gears_and_its_first_round_keeps_them(
         _learn(early, clock, w, 15.0, 40)
         learned = early.devices[0].profiles["decode"].gear_lists()["B"]
         assert 40 in learned and learned != list(LADDER)
+        measured = Measurement(40, 0.25, 1 << 20, 0.001)
+        early.costs.add(0, "decode", "B", measured)
         clock.advance(early.config.fleet_publish_seconds)
         _synced(early, "publishes")
         assert early.fleet.state == "joined"
@@ -80,6 +83,7 @@ def test_a_late_node_starts_on_the_fleets_gears_and_its_first_round_keeps_them(
         assert doc["profiles"][0]["disagreement"] == {"B": 0.0}
         prior = late.fleet.prior(0, late.devices[0], clock.now())
         assert prior is not None and prior["decode"]["B"][0].total_count >= POLICY.min_window_events
+        assert late.costs.measurements(0, "decode")["B"] == [measured]  # its pricing's start
         clock.advance(2.0)
         late.step()  # its first round, on the prior: the fleet's gears stay
         assert list(late.devices[0].profiles["decode"].gear_lists()["B"]) == learned
