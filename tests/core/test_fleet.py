@@ -151,3 +151,16 @@ def test_the_prior_keeps_to_the_dims_bounds() -> None:
     assert prior is not None
     views = primed(prior, 100.0, 100.0, CONFIG, {"S": Dim(max=2048), "T": Dim()})
     assert set(views) == {"S"} and views["S"][0].values.tolist() == [100]
+
+
+def test_one_member_out_of_line_weighs_no_more_than_the_others() -> None:
+    honest = [_member("a", [100], (128,)), _member("b", [100], (128,))]
+    liar = _member("c", [1000], (1024,))
+    c = liar.window["S"]
+    liar = Member("c", 0.0, liar.gears, {"S": Compact(c.values, c.weights * 1e9, c.counts * 1000,
+                                                       c.ages, c.span)}, liar.history)
+    prior = prior_of([*honest, liar], 100.0, CONFIG)
+    assert prior is not None
+    w = prior.window["S"]
+    share = w.weights[w.values == 1000].sum() / w.total_weight
+    assert share <= 1 / 3 + 1e-9 and w.values.tolist()[0] == 100  # at most its share

@@ -13,7 +13,9 @@ node's clock. A reader ages them by the time since (`Compact.at`: weights times
 exp(-ln 2 / half-life * elapsed), the decay every event of `DimStats` gets).
 
 The prior (`prior_of`, `primed`): the other live members' statistics of a profile, aged to
-now, summed and divided by their number (one member's worth of traffic in the fleet's shape),
+now, each weighing at most the lower median of their total weights, summed and divided by
+their number (one member's worth of traffic in the fleet's shape; one member out of line with
+the others moves it by no more than its share),
 then weighed as if this node had seen that traffic before it joined and none since: by
 exp(-ln 2 / half-life * (now - joined)), and not at all once `now - joined` passes the
 statistics' window (the window's and the plan history's, each with its own half-life and
@@ -187,15 +189,26 @@ def prior_of(members: Sequence[Member], now: float, config: PolicyConfig) -> Pri
     if not members:
         return None
     hist = config.history()
-    per = 1.0 / len(members)
     dims = {d for m in members for d in m.window}
-    window = {d: scaled(merged(m.window[d].at(m.elapsed, now, config.half_life_seconds,
-                                               config.window_seconds)
-                               for m in members if d in m.window), per) for d in dims}
-    history = {d: scaled(merged(m.history[d].at(m.elapsed, now, hist.half_life_seconds,
-                                                hist.window_seconds)
-                                for m in members if d in m.history), per) for d in dims}
+    window = {d: _average([m.window[d].at(m.elapsed, now, config.half_life_seconds,
+                                          config.window_seconds)
+                           for m in members if d in m.window]) for d in dims}
+    history = {d: _average([m.history[d].at(m.elapsed, now, hist.half_life_seconds,
+                                            hist.window_seconds)
+                            for m in members if d in m.history]) for d in dims}
     return Prior(now, len(members), window, history)
+
+
+def _average(hists: list[Histogram]) -> Histogram:
+    """The members' histograms summed and divided by their number, each weighing at most
+    the lower median of their total weights: one member whose weights are out of line with
+    the others' (a lie, or a burst) moves the prior by no more than its share."""
+    if not hists:
+        return Histogram.empty()
+    totals = sorted(h.total_weight for h in hists)
+    ref = totals[(len(totals) - 1) // 2]
+    return scaled(merged(scaled(h, min(1.0, ref / h.total_weight))
+                         if h.total_weight > ref > 0 else h for h in hists), 1.0 / len(hists))
 
 
 def prior_weight(age: float, half_life: float, window: float) -> float:
