@@ -127,6 +127,9 @@ class _Faulty:
     def __init__(self, error: Exception | None = None) -> None:
         self.error, self.release, self.calls = error, threading.Event(), 0
 
+    def scrub(self, text: str) -> str:
+        return text
+
     def publish(self, node: str, blob: bytes, published: float) -> str:
         self.read(published, 0.0)
         return ""
@@ -286,3 +289,14 @@ def test_a_node_alone_forgets_what_it_read_once_that_expires() -> None:
     clock.advance(200.0)
     f.tick(clock.now())
     assert not f.learned.members and not f.learned.read.generations
+
+
+def test_an_errors_message_is_scrubbed_of_the_urls_secrets(tmp_path: Path) -> None:
+    store = Store(f"file://{tmp_path}/f?sig=hunter2")
+    assert store.scrub("GET file://x?sig=hunter2 failed: hunter2") == "GET file://x?*** failed: ***"
+    clock = FakeClock(1000.0)
+    faulty = _Faulty(OSError("denied for sig=hunter2"))
+    faulty.scrub = store.scrub  # type: ignore[attr-defined]
+    f = _fleet(faulty, clock)
+    f.first_read()
+    assert "hunter2" not in f.reason and "***" in f.reason

@@ -167,12 +167,14 @@ class Fleet:
             self.last_read = job.wall
             self.learned = job.learned
             for node, why in job.learned.read.bad:
+                why = self.store.scrub(why) if self.store is not None else why
                 self.counts["bad_objects"] += 1
                 self._warn(f"{node}: {why}", "fleet object of node %s ignored: %s", node, why)
         self.state, self.reason, self._failures = "joined", "", 0
         self._next = job.began + self.interval
 
     def _alone(self, why: str) -> None:
+        why = self.store.scrub(why) if self.store is not None else why
         if self.state != "alone" or why != self.reason:
             log.warning("fleet store %s: %s; running alone, retrying", self.url, why)
         self.counts["failures"] += 1

@@ -18,7 +18,8 @@ name checked, a symlink refused, a pointer over MAX_POINTER_BYTES or a generatio
 MAX_OBJECT_BYTES or of another size than its pointer says refused without being read whole. A
 bad node is left out with its reason (`Read.bad`), never the others. Store errors (OSError and
 whatever the filesystem raises) propagate to the caller (`controller/fleet.py`), which runs
-alone and retries. `redact` strips credentials from a URL before it is logged or shown.
+alone and retries. `redact` strips credentials from a URL before it is logged or shown,
+`Store.scrub` from an error's message.
 """
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ class Store:
         import fsspec
 
         self.url = redact(url)
+        parts = urllib.parse.urlsplit(url)
+        values = [v for _, v in urllib.parse.parse_qsl(parts.query)]
+        self._secrets = sorted({p for p in (url, parts.password, parts.username, parts.query,
+                                            parts.fragment, *values) if p and p not in self.url},
+                               key=len, reverse=True)
         try:
             self.fs, root = fsspec.core.url_to_fs(url, **options)
         except (ImportError, ValueError) as e:
@@ -79,6 +85,12 @@ class Store:
         self.root = root.rstrip("/")
         self.local = "file" in _protocols(self.fs)
         self._seq = 0
+
+    def scrub(self, text: str) -> str:
+        """`text` (an error's message) with what the URL held of a secret masked."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def _node_dir(self, node: str) -> str:
         return f"{self.root}/nodes/{node}"
