@@ -22,7 +22,9 @@ from gearshift.core.costs import Measurement
 from gearshift.core.fleet import FleetKey
 from gearshift.core.round import DeviceLedger
 
-from .workers import POLICY, WAIT, Worker
+from .workers import DIMS, POLICY, WAIT, Worker
+
+DIMS_B = DIMS["B"]
 
 LADDER = (1, 2, 4, 8, 16, 32, 64)
 
@@ -300,3 +302,42 @@ def test_an_errors_message_is_scrubbed_of_the_urls_secrets(tmp_path: Path) -> No
     f = _fleet(faulty, clock)
     f.first_read()
     assert "hunter2" not in f.reason and "***" in f.reason
+
+
+class _Recording:
+    """A store that answers at once and counts what it is asked."""
+
+    url = "rec://x"
+
+    def __init__(self) -> None:
+        self.published: list[float] = []
+        self.reads = 0
+
+    def scrub(self, text: str) -> str:
+        return text
+
+    def publish(self, node: str, blob: bytes, published: float) -> str:
+        self.published.append(published)
+        return ""
+
+    def read(self, wall: float, ttl: float, skip: str | None = None) -> Read:
+        self.reads += 1
+        return Read()
+
+
+def test_publishes_are_bounded_to_one_an_interval_and_one_at_stop() -> None:
+    from gearshift.core.round import ProfileLedger
+
+    clock = FakeClock(1000.0)
+    store = _Recording()
+    devices = {0: DeviceLedger(profiles={"p": ProfileLedger.new({"B": DIMS_B}, 1000.0, POLICY)})}
+    f = _fleet(store, clock, devices)
+    f.first_read()
+    assert store.reads == 1 and store.published == []  # the first read publishes nothing
+    for _ in range(1300):  # 130 s of 0.1 s loop iterations
+        clock.advance(0.1)
+        f.tick(clock.now())
+        _settle(f)
+    assert len(store.published) == 2 and store.published[1] - store.published[0] >= 60.0
+    f.close(clock.now())
+    assert len(store.published) == 3 and store.published[-1] == clock.now()
