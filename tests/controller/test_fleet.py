@@ -341,3 +341,23 @@ def test_publishes_are_bounded_to_one_an_interval_and_one_at_stop() -> None:
     assert len(store.published) == 2 and store.published[1] - store.published[0] >= 60.0
     f.close(clock.now())
     assert len(store.published) == 3 and store.published[-1] == clock.now()
+
+
+def test_a_publish_that_fails_still_reads_the_others() -> None:
+    class _NoPublish(_Recording):
+        def publish(self, node: str, blob: bytes, published: float) -> str:
+            raise OSError("read-only bucket")
+
+    from gearshift.core.round import ProfileLedger
+
+    clock = FakeClock(1000.0)
+    store = _NoPublish()
+    devices = {0: DeviceLedger(profiles={"p": ProfileLedger.new({"B": DIMS_B}, 1000.0, POLICY)})}
+    f = _fleet(store, clock, devices)
+    f.first_read()
+    clock.advance(61.0)
+    f.tick(clock.now())
+    _settle(f)
+    f.tick(clock.now())
+    assert store.reads == 2 and f.counts["reads"] == 2
+    assert f.state == "alone" and "read-only bucket" in f.reason

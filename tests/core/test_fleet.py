@@ -164,3 +164,9 @@ def test_one_member_out_of_line_weighs_no_more_than_the_others() -> None:
     w = prior.window["S"]
     share = w.weights[w.values == 1000].sum() / w.total_weight
     assert share <= 1 / 3 + 1e-9 and w.values.tolist()[0] == 100  # at most its share
+
+
+def test_a_node_publishes_its_heaviest_values_only() -> None:
+    s = _stats(np.array([5, 6, 7, 7, 8, 8, 8]), np.full(7, 100.0))
+    c = Compact.of(s.view(100.0), 100.0, most=2)
+    assert c.values.tolist() == [7, 8] and c.counts.tolist() == [2, 3]

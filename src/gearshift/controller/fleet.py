@@ -156,9 +156,6 @@ class Fleet:
                 self._alone(f"the store gave no answer in {wait:g} s")
             return
         self._job = None
-        if job.error is not None:
-            self._alone(f"{type(job.error).__name__}: {str(job.error)[:200]}")
-            return
         if job.published:
             self.counts["publishes"] += 1
             self.last_publish = job.wall
@@ -170,6 +167,9 @@ class Fleet:
                 why = self.store.scrub(why) if self.store is not None else why
                 self.counts["bad_objects"] += 1
                 self._warn(f"{node}: {why}", "fleet object of node %s ignored: %s", node, why)
+        if job.error is not None:
+            self._alone(f"{type(job.error).__name__}: {str(job.error)[:200]}")
+            return
         self.state, self.reason, self._failures = "joined", "", 0
         self._next = job.began + self.interval
 
@@ -261,16 +261,19 @@ class _Sync(threading.Thread):
     def run(self) -> None:
         f = self.fleet
         assert f.store is not None
-        try:
+        try:  # whatever the store raises: the loop runs alone and retries
             if self.entries:
                 f.store.publish(f.node, encode(f.node, self.wall, _entries(
                     f.node, self.entries, self.began, f.policy)), self.wall)
                 self.published = True
+        except Exception as e:  # the read goes on: a publish too large still reads the others
+            self.error = e
+        try:
             if self.read:
                 read = f.store.read(self.wall, f.ttl, skip=f.node)
                 self.learned = _learn(read, self.began, self.wall, f.policy)
-        except Exception as e:  # whatever the store raises: the loop runs alone and retries
-            self.error = e
+        except Exception as e:
+            self.error = self.error or e
 
 
 def profiles_view(generations: list[Generation], limit: int = 64) -> list[dict[str, Any]]:

@@ -43,6 +43,7 @@ from gearshift.core.stats import Histogram
 from gearshift.errors import ShapeError
 
 MAX_KEY_TEXT = 1024  # characters of one declared field of the key
+MAX_PUBLISHED = 4096  # values of one dim's statistics a node publishes: the heaviest
 MAX_WEIGHT = float(1 << 53)  # of one value's weight and count: sums of many stay finite
 Views = tuple[Histogram, Histogram]  # (window, history) added to a dim's own
 
@@ -112,12 +113,15 @@ class Compact:
             raise ShapeError(f"compact statistics' span {self.span!r} is negative")
 
     @classmethod
-    def of(cls, hist: Histogram, now: float) -> Compact:
-        """`hist` (read at `now`) as published at `now`."""
+    def of(cls, hist: Histogram, now: float, most: int = MAX_PUBLISHED) -> Compact:
+        """`hist` (read at `now`) as published at `now`: its `most` heaviest values (a long
+        tail of rare sizes is what a fleet's object would otherwise grow with)."""
+        keep = (np.sort(np.argsort(hist.weights, kind="stable")[-most:])
+                if len(hist.values) > most else slice(None))
         span = now - hist.since if math.isfinite(hist.since) else math.inf
-        return cls(hist.values.astype(np.int64), hist.weights.astype(np.float64),
-                   hist.counts.astype(np.int64), np.maximum(now - hist.last_seen, 0.0),
-                   max(span, 0.0))
+        return cls(hist.values[keep].astype(np.int64), hist.weights[keep].astype(np.float64),
+                   hist.counts[keep].astype(np.int64),
+                   np.maximum(now - hist.last_seen[keep], 0.0), max(span, 0.0))
 
     def at(self, elapsed: float, now: float, half_life: float, window: float) -> Histogram:
         """The Histogram `elapsed` seconds after the publish, read at `now` (the reader's
