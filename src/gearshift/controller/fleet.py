@@ -100,6 +100,8 @@ class Fleet:
         if self.store is not None:
             self._begin(self.clock.now(), publish=False)
             self._finish(wait=self.timeout)
+            log.info("fleet %s as node %s: %s, %d other live nodes", self.url, self.node,
+                     self.state, len(self.learned.read.generations))
 
     def restored(self, now: float) -> None:
         """Profiles restored from the state file with a window's evidence of their own take no
