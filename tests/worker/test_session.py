@@ -13,9 +13,9 @@ import pytest
 from fakeclock import FakeClock
 
 import gearshift as gs
-from gearshift.shm import Kind, Registry, SlotState, Snapshot, cleanup, names
+from gearshift.shm import EventRing, Kind, Registry, SlotState, Snapshot, cleanup, names, segment
 from gearshift.shm.segment import exists
-from worker.fake_controller import WAIT, FakeController, serve, wait_until
+from worker.fake_controller import WAIT, FakeController, ServingClock, serve, wait_until
 from worker.procs import DECODE
 
 
@@ -277,3 +277,29 @@ def test_the_swap_thread_adopts_snapshots_without_requests(fake: FakeController)
         wait_until(lambda: prof.version == version)
         assert prof.gears == {"BATCHSIZE": (8, 64), "SEQLEN": (4096, 8192)}
         wait_until(lambda: fake.registry.slots()[client.slot].applied_version == version)
+
+
+@pytest.mark.parametrize("error", ["no room", "other"])
+def test_a_worker_whose_ring_cannot_be_created_leaves_no_active_slot(
+    fake: FakeController, monkeypatch: pytest.MonkeyPatch, error: str
+) -> None:
+    def fail(namespace: str, slot: int, capacity: int) -> EventRing:
+        if error == "no room":  # what a full /dev/shm raises (test_space.py)
+            raise segment.no_space(names.ring(namespace, slot), 4194560)
+        raise OSError("ring creation failed")
+
+    monkeypatch.setattr(EventRing, "create", staticmethod(fail))
+    clock = ServingClock(fake.serve)
+    if error == "other":  # the constructor raises it
+        with pytest.raises(OSError, match="ring creation failed"):
+            gs.Client(fake.namespace, 0, clock=clock, background=False)
+    else:  # serves unrecorded and tries again later
+        client = gs.Client(fake.namespace, 0, clock=clock, background=False)
+        try:
+            for _ in range(3):  # the first try and two retries
+                client._tick()
+                clock.advance(client.retry_interval)
+            assert client.slot is None
+        finally:
+            client.close()
+    assert [s.slot for s in fake.registry.slots() if s.state == SlotState.ACTIVE] == []
