@@ -191,6 +191,20 @@ def test_ticks_ack_the_applied_version_beat_and_report_memory(
         assert fake.registry.slots()[client.slot].heartbeat_ns == clock.now_ns()
 
 
+def test_a_new_version_is_acked_at_once_not_at_the_next_heartbeat(
+    fake: FakeController, namespace: str
+) -> None:
+    clock = FakeClock()
+    with gs.Client(Registry.attach(namespace), 0, clock=clock, background=False) as client:
+        fake.publish({"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [8192]}})
+        client._tick()
+        clock.advance(client.heartbeat_interval / 4)  # no heartbeat due
+        version = fake.publish({"decode": {"BATCHSIZE": [8, 64], "SEQLEN": [8192]}})
+        client._tick()
+        info = fake.registry.slots()[client.slot]
+        assert (info.applied_version, info.heartbeat_ns) == (version, clock.now_ns())
+
+
 def test_a_full_ring_drops_and_counts_events_and_routing_goes_on(fake: FakeController) -> None:
     registry = Registry.attach(fake.namespace)
     with gs.Client(registry, 0, background=False, register_timeout=0, ring_capacity=4) as client:
@@ -283,7 +297,10 @@ def test_the_swap_thread_adopts_snapshots_without_requests(fake: FakeController)
 def test_a_worker_whose_ring_cannot_be_created_leaves_no_active_slot(
     fake: FakeController, monkeypatch: pytest.MonkeyPatch, error: str
 ) -> None:
+    tries = []
+
     def fail(namespace: str, slot: int, capacity: int) -> EventRing:
+        tries.append(slot)
         if error == "no room":  # what a full /dev/shm raises (test_space.py)
             raise segment.no_space(names.ring(namespace, slot), 4194560)
         raise OSError("ring creation failed")
@@ -296,10 +313,12 @@ def test_a_worker_whose_ring_cannot_be_created_leaves_no_active_slot(
     else:  # serves unrecorded and tries again later
         client = gs.Client(fake.namespace, 0, clock=clock, background=False)
         try:
-            for _ in range(3):  # the first try and two retries
+            for _ in range(3):  # the first try and two retries, none between
                 client._tick()
-                clock.advance(client.retry_interval)
-            assert client.slot is None
+                clock.advance(client.retry_interval / 2)
+                client._tick()
+                clock.advance(client.retry_interval / 2)
+            assert client.slot is None and len(tries) == 3
         finally:
             client.close()
     assert [s.slot for s in fake.registry.slots() if s.state == SlotState.ACTIVE] == []
