@@ -205,6 +205,54 @@ def test_a_new_version_is_acked_at_once_not_at_the_next_heartbeat(
         assert (info.applied_version, info.heartbeat_ns) == (version, clock.now_ns())
 
 
+class _Runner:
+    """The smallest Runner: captures whatever it is asked to, at once."""
+
+    transform = None
+
+    def __init__(self, dims: dict[str, gs.Dim]) -> None:
+        self.gears = {d: s.initial_gears for d, s in dims.items()}
+        self.captured: set[tuple[int, ...]] = set()
+
+    def ready(self) -> list[tuple[int, ...]]:
+        return sorted(self.captured)
+
+    def capture(self, variants: list[dict[str, int]]) -> int:
+        new = {tuple(v[d] for d in self.gears) for v in variants} - self.captured
+        self.captured |= new
+        return len(new)
+
+    def release(self, dim: str, gear: int) -> int:
+        i = list(self.gears).index(dim)
+        gone = {v for v in self.captured if v[i] == gear}
+        self.captured -= gone
+        return len(gone)
+
+    def room(self) -> tuple[None, str]:
+        return None, ""
+
+    def run(self, tensors: object, sizes: object = None) -> None:
+        return None
+
+
+def test_a_version_is_acked_only_once_every_profile_has_warmed_it_up(
+    fake: FakeController, client: gs.Client
+) -> None:
+    dims = {"BATCHSIZE": gs.Dim(gears=[1, 2], max=64), "SEQLEN": gs.Dim(gears=[8], max=64)}
+    prof = client.profile("p", dims, lazy_start=False)
+    prof.attach(_Runner(dims))
+    for _ in range(5):
+        client._tick()
+    assert prof.settled
+    version = fake.publish({"p": {"BATCHSIZE": [*range(1, 11)], "SEQLEN": [*range(1, 11)]}})
+    client._tick()  # adopted: 100 variants to capture, a few a tick
+    assert prof.version == version and not prof.settled
+    assert fake.registry.slots()[client.slot].applied_version != version
+    for _ in range(100):
+        client._tick()
+    assert prof.settled and fake.registry.slots()[client.slot].applied_version == version
+
+
 def test_a_full_ring_drops_and_counts_events_and_routing_goes_on(fake: FakeController) -> None:
     registry = Registry.attach(fake.namespace)
     with gs.Client(registry, 0, background=False, register_timeout=0, ring_capacity=4) as client:
