@@ -43,8 +43,9 @@ def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path: Pat
     assert victim.read_text() == "precious\n"
 
 
-@pytest.mark.parametrize("make", ["world-writable", "symlink", pytest.param("other user",
-                                                                            marks=root_only)])
+@pytest.mark.parametrize("make", ["world-writable", "group-writable", "symlink",
+                                  pytest.param("other user",
+                                               marks=root_only)])
 def test_a_state_directory_others_control_is_refused_naming_it(tmp_path: Path, make: str) -> None:
     real, victim = tmp_path / "real", _victim(tmp_path)
     real.mkdir(mode=0o700)
@@ -52,6 +53,8 @@ def test_a_state_directory_others_control_is_refused_naming_it(tmp_path: Path, m
     state = real
     if make == "world-writable":
         real.chmod(0o777)
+    elif make == "group-writable":
+        real.chmod(0o770)
     elif make == "other user":
         os.chown(real, 65534, 65534)
     else:

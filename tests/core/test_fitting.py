@@ -94,3 +94,22 @@ def test_trades_follow_the_counts_plan_where_the_gears_held_are_within_the_slack
     assert fit is not None and padded(fit) == best_that_fits(2600.0, 5) < padded(tuple(held))
     gap = padded(tuple(held)) - padded(fit)
     assert bounded_target(held, 5, best, work, CAND, WEIGHT, NONE, prices, 2600.0, gap) is None
+
+
+def test_a_best_set_of_exactly_the_room_fits() -> None:
+    best = optimal_sets(CAND, 5, WEIGHT).gears(5)
+    room = float(sum(best))
+    assert fitting_set(CAND, 5, WEIGHT, linear, linear, room, NONE, best) == best
+    assert fitting_set(CAND, 5, WEIGHT, linear, linear, room - 1, NONE, best) != best
+
+
+def test_more_gears_held_than_the_count_are_aimed_at_the_set_that_fits() -> None:
+    # all seven candidates held fit the room and pad less than the count's best five, but
+    # the plan holds five: the target is the set of five that fits, not "follow the plan"
+    work = Work(CAND, WEIGHT, WEIGHT, linear)
+    best = optimal_sets(CAND, 5, WEIGHT).gears(5)
+    held = CAND.tolist()
+    room = float(sum(held))
+    prices = Prices(Line(), bytes=Line(0.0, 1.0))
+    fit = bounded_target(held, 5, best, work, CAND, WEIGHT, NONE, prices, room, 0.0)
+    assert fit == best

@@ -33,6 +33,7 @@ COUNT = {"p": {"S": Prices(Line(), bytes=Line(1.0))}}  # a graph's bytes: 1, wha
 def test_unmeasured_bytes_are_the_model_and_measured_ones_are_kept() -> None:
     assert graph_bytes(Line()) == Line(float(MODEL_GRAPH_BYTES))
     assert graph_bytes(Line(0.0, 3.0)) == Line(0.0, 3.0)
+    assert graph_bytes(Line(5.0)) == Line(5.0)  # a graph of fixed bytes was measured too
 
 
 def test_the_default_bound_is_the_start_up_bytes_plus_a_quarter() -> None:
@@ -47,6 +48,10 @@ def test_the_bound_is_never_below_the_floor() -> None:
     assert bound(one, COUNT, CFG) == FLOOR_GRAPHS  # a profile started on one gear can grow
     per_gear = {"p": {"S": Prices(Line(), bytes=Line(0.0, 1.0))}}
     assert bound(one, per_gear, CFG) == FLOOR_GRAPHS * 1024
+    # the floor is graphs of the largest start-up gear, not the smallest: 2 x 1024 over
+    # 1.25 x (8 + 1024)
+    two = {"p": {"S": Dim(gears=(8, 1024), max=1024)}}
+    assert bound(two, per_gear, CFG) == FLOOR_GRAPHS * 1024
 
 
 def test_the_keys_set_scale_or_lift_the_bound() -> None:
@@ -95,6 +100,9 @@ def test_a_round_grows_into_the_devices_share() -> None:
 
 def test_held_bytes_counts_the_priced_dims_only() -> None:
     assert held_bytes({"p": {"S": (1, 2, 3), "B": (4,)}}, COUNT) == 3.0
+    # a dim that holds no gear holds no graph and sizes no buffer
+    buffered = {"p": {"S": Prices(Line(), bytes=Line(1.0), buffers=Line(0.0, 1.0))}}
+    assert held_bytes({"p": {"S": []}}, buffered) == 0.0
 
 
 def _ledger(config: PolicyConfig) -> DeviceLedger:

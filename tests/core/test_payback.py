@@ -151,7 +151,8 @@ def test_priced_an_unused_gear_is_kept_unless_under_pressure() -> None:
 
 
 @pytest.mark.parametrize(("headroom", "added"), [
-    (None, [500, 900]), (1500.0, [500, 900]), (1399.0, [500]), (600.0, [500]), (499.0, []),
+    (None, [500, 900]), (1500.0, [500, 900]), (1400.0, [500, 900]), (1399.0, [500]),
+    (600.0, [500]), (500.0, [500]), (499.0, []),  # a graph of exactly the headroom fits
 ])
 def test_a_graph_that_does_not_fit_the_headroom_is_not_added(
         headroom: float | None, added: list[int]) -> None:
@@ -159,7 +160,8 @@ def test_a_graph_that_does_not_fit_the_headroom_is_not_added(
     assert actions(run((1024,), TWO, prices)) == [("add", g) for g in added]
 
 
-@pytest.mark.parametrize(("headroom", "swapped"), [(450.0, True), (350.0, False)])
+@pytest.mark.parametrize(("headroom", "swapped"), [(450.0, True), (400.0, True),
+                                                   (399.0, False), (350.0, False)])
 def test_a_swap_counts_the_bytes_its_eviction_frees(headroom: float, swapped: bool) -> None:
     # 100 serves nothing; 500 needs 500 bytes, 100 frees 100
     prices = Prices(FREE, bytes=Line(0.0, 1.0), headroom=headroom)
@@ -189,6 +191,40 @@ def test_seed_mode_and_an_empty_price_list_ignore_prices() -> None:
     dims = {"B": Dim(gears=(1024,), max=100_000)}
     assert decide(dims, state, hist, None, NOW, CFG, prices={}) == decide(
         dims, state, hist, None, NOW, CFG)
+
+
+def test_a_graph_of_exactly_the_headroom_fits_alone_or_with_what_its_swap_frees() -> None:
+    hist = stats(TWO).view(NOW)
+    pay = Payback(Prices(FREE, bytes=Line(0.0, 1.0), headroom=500.0), hist, Dim().work,
+                  1400 * W5, NOW, CFG)
+    assert pay.fits(500) and not pay.fits(501)
+    a = np.array([500, 501])
+    net = net_worth(np.array([1e3, 1e3]), a, 1.0, pay)
+    assert np.isfinite(net[0]) and net[1] == -np.inf
+    swapped = net_worth(np.array([[1e3, 1e3]]), a + 100, 1.0, pay, evicted=np.array([100]))
+    assert np.isfinite(swapped[0, 0]) and swapped[0, 1] == -np.inf
+    unbounded = Payback(Prices(FREE, bytes=Line(0.0, 1.0)), hist, Dim().work, 1400 * W5, NOW,
+                        CFG)
+    assert unbounded.fits(10**9)
+
+
+def test_taking_and_giving_a_graph_moves_the_headroom_by_its_bytes() -> None:
+    hist = stats(TWO).view(NOW)
+    pay = Payback(Prices(FREE, bytes=Line(0.0, 1.0), headroom=1000.0, workers=2), hist,
+                  Dim().work, 1400 * W5, NOW, CFG)
+    pay.take(300)
+    assert pay.headroom == 400.0  # 300 bytes on each of two workers
+    pay.give(100)
+    assert pay.headroom == 600.0
+    unbounded = Payback(Prices(FREE), hist, Dim().work, 1400 * W5, NOW, CFG)
+    unbounded.take(300)
+    assert unbounded.headroom is None
+
+
+def test_net_worth_priced_refuses_a_saving_under_the_least_however_cheap() -> None:
+    pay = Payback(Prices(FREE), stats(TWO).view(NOW), Dim().work, 1400 * W5, NOW, CFG)
+    net = net_worth(np.array([5.0, 1.0]), np.array([10, 20]), 2.0, pay)
+    assert net[0] == pytest.approx(float(pay.seconds(5.0))) and net[1] == -np.inf
 
 
 def test_net_worth_unpriced_is_the_saving_over_the_least() -> None:

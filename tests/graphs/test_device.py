@@ -276,6 +276,48 @@ def test_a_failed_capture_gives_its_pool_back_and_the_next_one_works() -> None:
     assert backend.stats["captures"] == 1
 
 
+class Ledger:
+    """A device's stream ledger as `graphs.streams` describes it, for this process alone."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.held = budget, 0
+
+    def take(self, n: int) -> int | None:
+        if self.held + n > self.budget:
+            return 0  # the others hold none
+        self.held += n
+        return None
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+    def total(self) -> int:
+        return self.held
+
+
+def test_a_failed_capture_gives_its_streams_back_to_the_devices_ledger() -> None:
+    fake, ledger = FakeCuda(), Ledger(budget=6)
+    backend, x = fake.backend(streams=ledger, streams_per_graph=3), torch.randn(2, 64)
+
+    def boom() -> torch.Tensor:
+        raise ValueError("boom")
+
+    for _ in range(3):  # more failures than the budget holds graphs: none keeps a stream
+        with pytest.raises(ValueError, match="boom"):
+            backend.graph(boom).capture()
+        assert ledger.held == 0
+    graphs = [backend.graph(lambda: body(fake, x)) for _ in range(2)]
+    for g in graphs:
+        g.capture()
+    assert ledger.held == 6 and backend.shared_room() == 0
+    with pytest.raises(device.GraphLimit, match="hold 6 of the device's 6 streams"):
+        backend.graph(lambda: body(fake, x)).capture()
+    assert ledger.held == 6  # a capture the ledger refused took nothing
+    graphs[0].reset()
+    graphs[0].reset()  # a second reset gives nothing twice
+    assert ledger.held == 3 and backend.shared_room() == 1
+
+
 @pytest.mark.parametrize("hooks", [True, False])
 def test_a_voided_capture_is_ended_by_the_hooks_else_collect_stays_off(hooks: bool) -> None:
     fake = FakeCuda()

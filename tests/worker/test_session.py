@@ -13,9 +13,9 @@ import pytest
 from fakeclock import FakeClock
 
 import gearshift as gs
-from gearshift.shm import Kind, Registry, SlotState, Snapshot, cleanup, names
+from gearshift.shm import EventRing, Kind, Registry, SlotState, Snapshot, cleanup, names, segment
 from gearshift.shm.segment import exists
-from worker.fake_controller import WAIT, FakeController, serve, wait_until
+from worker.fake_controller import WAIT, FakeController, ServingClock, serve, wait_until
 from worker.procs import DECODE
 
 
@@ -191,6 +191,68 @@ def test_ticks_ack_the_applied_version_beat_and_report_memory(
         assert fake.registry.slots()[client.slot].heartbeat_ns == clock.now_ns()
 
 
+def test_a_new_version_is_acked_at_once_not_at_the_next_heartbeat(
+    fake: FakeController, namespace: str
+) -> None:
+    clock = FakeClock()
+    with gs.Client(Registry.attach(namespace), 0, clock=clock, background=False) as client:
+        fake.publish({"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [8192]}})
+        client._tick()
+        clock.advance(client.heartbeat_interval / 4)  # no heartbeat due
+        version = fake.publish({"decode": {"BATCHSIZE": [8, 64], "SEQLEN": [8192]}})
+        client._tick()
+        info = fake.registry.slots()[client.slot]
+        assert (info.applied_version, info.heartbeat_ns) == (version, clock.now_ns())
+
+
+class _Runner:
+    """The smallest Runner: captures whatever it is asked to, at once."""
+
+    transform = None
+
+    def __init__(self, dims: dict[str, gs.Dim]) -> None:
+        self.gears = {d: s.initial_gears for d, s in dims.items()}
+        self.captured: set[tuple[int, ...]] = set()
+
+    def ready(self) -> list[tuple[int, ...]]:
+        return sorted(self.captured)
+
+    def capture(self, variants: list[dict[str, int]]) -> int:
+        new = {tuple(v[d] for d in self.gears) for v in variants} - self.captured
+        self.captured |= new
+        return len(new)
+
+    def release(self, dim: str, gear: int) -> int:
+        i = list(self.gears).index(dim)
+        gone = {v for v in self.captured if v[i] == gear}
+        self.captured -= gone
+        return len(gone)
+
+    def room(self) -> tuple[None, str]:
+        return None, ""
+
+    def run(self, tensors: object, sizes: object = None) -> None:
+        return None
+
+
+def test_a_version_is_acked_only_once_every_profile_has_warmed_it_up(
+    fake: FakeController, client: gs.Client
+) -> None:
+    dims = {"BATCHSIZE": gs.Dim(gears=[1, 2], max=64), "SEQLEN": gs.Dim(gears=[8], max=64)}
+    prof = client.profile("p", dims, lazy_start=False)
+    prof.attach(_Runner(dims))
+    for _ in range(5):
+        client._tick()
+    assert prof.settled
+    version = fake.publish({"p": {"BATCHSIZE": [*range(1, 11)], "SEQLEN": [*range(1, 11)]}})
+    client._tick()  # adopted: 100 variants to capture, a few a tick
+    assert prof.version == version and not prof.settled
+    assert fake.registry.slots()[client.slot].applied_version != version
+    for _ in range(100):
+        client._tick()
+    assert prof.settled and fake.registry.slots()[client.slot].applied_version == version
+
+
 def test_a_full_ring_drops_and_counts_events_and_routing_goes_on(fake: FakeController) -> None:
     registry = Registry.attach(fake.namespace)
     with gs.Client(registry, 0, background=False, register_timeout=0, ring_capacity=4) as client:
@@ -277,3 +339,34 @@ def test_the_swap_thread_adopts_snapshots_without_requests(fake: FakeController)
         wait_until(lambda: prof.version == version)
         assert prof.gears == {"BATCHSIZE": (8, 64), "SEQLEN": (4096, 8192)}
         wait_until(lambda: fake.registry.slots()[client.slot].applied_version == version)
+
+
+@pytest.mark.parametrize("error", ["no room", "other"])
+def test_a_worker_whose_ring_cannot_be_created_leaves_no_active_slot(
+    fake: FakeController, monkeypatch: pytest.MonkeyPatch, error: str
+) -> None:
+    tries = []
+
+    def fail(namespace: str, slot: int, capacity: int) -> EventRing:
+        tries.append(slot)
+        if error == "no room":  # what a full /dev/shm raises (test_space.py)
+            raise segment.no_space(names.ring(namespace, slot), 4194560)
+        raise OSError("ring creation failed")
+
+    monkeypatch.setattr(EventRing, "create", staticmethod(fail))
+    clock = ServingClock(fake.serve)
+    if error == "other":  # the constructor raises it
+        with pytest.raises(OSError, match="ring creation failed"):
+            gs.Client(fake.namespace, 0, clock=clock, background=False)
+    else:  # serves unrecorded and tries again later
+        client = gs.Client(fake.namespace, 0, clock=clock, background=False)
+        try:
+            for _ in range(3):  # the first try and two retries, none between
+                client._tick()
+                clock.advance(client.retry_interval / 2)
+                client._tick()
+                clock.advance(client.retry_interval / 2)
+            assert client.slot is None and len(tries) == 3
+        finally:
+            client.close()
+    assert [s.slot for s in fake.registry.slots() if s.state == SlotState.ACTIVE] == []

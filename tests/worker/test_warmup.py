@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
+from fakeclock import FakeClock
 
 import gearshift as gs
 from gearshift.worker import profile as profile_module
@@ -275,3 +276,67 @@ def test_a_plan_the_cap_stopped_resumes_when_a_release_after_its_grace_makes_roo
     settle(client, prof)
     assert runner.released == [("BATCHSIZE", 8)]
     assert runner.captured == set(itertools.product((1, 2, 4), (1, 2)))
+
+
+# The start-up gears and the variants requests wanted (`WarmUp` driven by hand)
+
+TWO = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=8), "SEQLEN": gs.Dim(gears=[8, 16], max=16)}
+
+
+class WantingRunner(ScriptedRunner):
+    """A runner that remembers what its requests found not ready (`take_wanted`)."""
+
+    def __init__(self, dims: Mapping[str, gs.Dim]) -> None:
+        super().__init__(dims)
+        self.wanted: list[tuple[int, ...]] = []
+
+    def take_wanted(self) -> list[tuple[int, ...]]:
+        out, self.wanted = self.wanted, []
+        return out
+
+
+def stepped(warm: warmup.WarmUp, runner: ScriptedRunner, gears: Mapping[str, Any],
+            in_use: object, steps: int = 5) -> None:
+    for _ in range(steps):
+        warm.step(runner, in_use, gears, 0)
+
+
+def test_a_fresh_profile_captures_its_largest_variant_and_defers_the_other_start_up_gears(
+) -> None:
+    warm, runner = warmup.WarmUp("p", TWO, True, FakeClock()), WantingRunner(TWO)
+    gears, in_use = {d: tuple(s.initial_gears) for d, s in TWO.items()}, object()
+    stepped(warm, runner, gears, in_use)
+    assert runner.ready() == [(4, 16)] and warm.settled(in_use)
+    runner.wanted = [(2, 16), (1, 8)]  # requests found these not ready
+    stepped(warm, runner, gears, in_use)
+    assert runner.ready() == [(1, 8), (2, 16), (4, 16)] and warm.settled(in_use)
+    runner.wanted = [(3, 16)]  # not a gear in use: never captured
+    stepped(warm, runner, gears, in_use)
+    assert (3, 16) not in runner.asked
+    eager = warmup.WarmUp("p", TWO, False, FakeClock())  # lazy_start=False: all at once
+    stepped(eager, runner := WantingRunner(TWO), gears, in_use)
+    assert len(runner.ready()) == 6
+    blind = warmup.WarmUp("p", TWO, True, FakeClock())  # a runner without take_wanted
+    stepped(blind, runner := ScriptedRunner(TWO), gears, in_use)
+    assert len(runner.ready()) == 6  # defers nothing: no request could ask for the rest
+
+
+def test_a_start_up_gear_a_snapshot_keeps_stays_deferred_one_it_drops_does_not() -> None:
+    warm, runner = warmup.WarmUp("p", TWO, True, FakeClock()), WantingRunner(TWO)
+    first = {d: tuple(s.initial_gears) for d, s in TWO.items()}
+    stepped(warm, runner, first, object())
+    kept = {"BATCHSIZE": (1, 2, 4), "SEQLEN": (8, 16)}
+    warm.startup.adopted(kept)  # a snapshot that keeps every start-up gear
+    stepped(warm, runner, kept, object())
+    assert runner.ready() == [(4, 16)]
+    dropped = {"BATCHSIZE": (2, 3, 4), "SEQLEN": (16,)}  # 1 and 8 dropped, 3 new
+    warm.startup.adopted(dropped)
+    warm.startup.adopted(first)  # and back: 1 and 8 are ordinary gears for good
+    stepped(warm, runner, first, object())
+    assert runner.ready() == [(1, 8), (1, 16), (4, 8), (4, 16)]  # 2 is still a start-up gear
+
+
+def test_the_wanted_variants_held_are_bounded() -> None:
+    warm, runner = warmup.WarmUp("p", TWO, True, FakeClock()), WantingRunner(TWO)
+    runner.wanted = [(1, g) for g in range(warmup.MAX_HELD + 10)]
+    assert len(warm.startup.collect(runner)) == warmup.MAX_HELD

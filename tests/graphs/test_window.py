@@ -1,0 +1,94 @@
+"""The capture window (`graphs.window.CaptureGuard`): recordings are exclusive, shared
+sections run together and nest on a thread, and neither side starves the other."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from gearshift.graphs.window import CaptureGuard
+
+WAIT = 5.0  # seconds a thread is given to get where a test needs it (bounds a failure only)
+
+
+def started(target: Callable[[], None]) -> threading.Thread:
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t
+
+
+def until(cond: Callable[[], bool]) -> None:
+    end = time.monotonic() + WAIT
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
+
+
+def test_two_recordings_never_overlap() -> None:
+    guard = CaptureGuard()
+    inside, release, second = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with guard.exclusive():
+            inside.set()
+            release.wait(WAIT)
+
+    def other() -> None:
+        with guard.exclusive():
+            second.set()
+
+    a = started(first)
+    assert inside.wait(WAIT)
+    b = started(other)
+    assert not second.wait(0.2)  # waits for the first recording to end
+    release.set()
+    assert second.wait(WAIT)
+    a.join(WAIT), b.join(WAIT)
+
+
+def test_a_recording_waits_for_shared_sections_and_new_ones_wait_for_it() -> None:
+    guard = CaptureGuard()
+    recorded, late, nested = threading.Event(), threading.Event(), threading.Event()
+
+    def record() -> None:
+        with guard.exclusive():
+            recorded.set()
+
+    def shared() -> None:
+        with guard.shared():
+            late.set()
+
+    def holder() -> None:
+        with guard.shared():
+            r = started(record)
+            s = started(shared)
+            until(lambda: guard.blocked == 1)  # a new section waits behind the recording
+            assert not recorded.is_set() and not late.is_set()
+            with guard.shared():  # nested on this thread: runs, though a recording waits
+                nested.set()
+        r.join(WAIT), s.join(WAIT)
+
+    h = started(holder)
+    assert nested.wait(WAIT), "a nested shared section waited for the recording"
+    assert recorded.wait(WAIT) and late.wait(WAIT)
+    h.join(WAIT)
+    assert guard.blocked == 0
+
+
+def test_a_recording_inside_a_shared_section_is_refused_not_deadlocked() -> None:
+    guard = CaptureGuard()
+    refused: list[BaseException] = []
+
+    def nested() -> None:
+        with guard.shared():
+            try:
+                with guard.exclusive():
+                    pass
+            except RuntimeError as e:
+                refused.append(e)
+
+    started(nested).join(WAIT)
+    assert refused and "wait for itself" in str(refused[0])
+    with guard.exclusive():  # the section ended: the guard is free
+        pass
