@@ -102,3 +102,17 @@ def test_the_module_docstring_gives_the_messages_the_code_builds() -> None:
     payload = doc.split("Snapshot payload", 1)[1].split("\n\n", 2)[1]
     built = protocol.snapshot_payload(0, {"decode": {"BATCHSIZE": (1, 8)}})
     assert _keys(payload) == [*built, *built["profiles"]["decode"]]
+
+
+def test_a_group_rides_in_the_registration_and_none_is_absent() -> None:
+    from gearshift.core.group import Group
+
+    assert "group" not in protocol.register_message(0, "decode", DIMS)
+    assert protocol.parse_group(protocol.register_message(0, "decode", DIMS)) is None
+    msg = protocol.register_message(0, "decode", DIMS, Group("tp", 1, 2))
+    assert msg["group"] == ["tp", 1, 2]
+    assert protocol.parse_group(msg) == Group("tp", 1, 2)
+    assert protocol.parse_register(msg) == (0, "decode", DIMS)  # the rest as before
+    for bad in ("tp", ["tp", 1], ["tp", 2, 2], ["", 0, 1], ["tp", "0", 2]):
+        with pytest.raises(PayloadError):
+            protocol.parse_group({**msg, "group": bad})

@@ -13,6 +13,12 @@ characters of what was sent. The controller answers in the reply mailbox with
 `mailbox.error_reply(ProfileMismatch(...))` when NAME is registered on the same device with
 other dims. A worker re-registers its profiles when the controller's identity changes.
 
+A rank of a group (docs/architecture.md, "Tensor parallel") adds `"group": [GROUP, RANK,
+SIZE]` to its registration (`core.group.Group`; absent for a profile of no group), and the
+controller's reply echoes the group's name (`"group": GROUP`): a reply without it comes from a
+controller that predates groups, and the worker refuses the profile rather than serve it
+ungrouped. The mailbox carries msgpack maps, so neither key changes a shared-memory layout.
+
 Snapshot payload (controller -> every worker of one device, its snapshot region):
 
     {"device": D, "profiles": {NAME: {"gears": {DIM: [g, ...]}, "changes": [[DIM, gear,
@@ -37,7 +43,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gearshift.core.dims import Dim, Gears, brief, check_profile
-from gearshift.errors import PayloadError, ShapeError
+from gearshift.core.group import Group
+from gearshift.errors import GroupError, PayloadError, ShapeError
 
 MAX_PROFILE_ID = 0xFFFF
 _DIM_FIELDS = {f.name for f in dataclasses.fields(Dim)}
@@ -62,9 +69,27 @@ def dim_from_dict(data: Mapping[str, Any]) -> Dim:
         raise ShapeError(f"invalid Dim: {str(e)[:100]}") from None
 
 
-def register_message(profile: int, name: str, dims: Mapping[str, Dim]) -> dict[str, Any]:
-    return {"op": "register", "profile": profile, "name": name,
-            "dims": [[k, dim_to_dict(v)] for k, v in dims.items()]}
+def register_message(profile: int, name: str, dims: Mapping[str, Dim],
+                     group: Group | None = None) -> dict[str, Any]:
+    """The registration of profile `name` (worker-local id `profile`), of `group` if given."""
+    msg = {"op": "register", "profile": profile, "name": name,
+           "dims": [[k, dim_to_dict(v)] for k, v in dims.items()]}
+    if group is not None:
+        msg["group"] = group.fields()
+    return msg
+
+
+def parse_group(msg: Mapping[str, Any]) -> Group | None:
+    """The group a registration declares (None: none); PayloadError when it is malformed."""
+    fields = msg.get("group") if isinstance(msg, Mapping) else None
+    if fields is None:
+        return None
+    if not isinstance(fields, list) or len(fields) != 3:
+        raise PayloadError(f"group must be [name, rank, size], got {brief(fields)}")
+    try:
+        return Group(*fields)
+    except GroupError as e:
+        raise PayloadError(str(e)) from None
 
 
 def parse_register(msg: Mapping[str, Any]) -> tuple[int, str, dict[str, Dim]]:

@@ -14,7 +14,9 @@ effects (`effects`) that the controller applies in order: the new profile publis
 the worker's id mapped and the status document published, then the reply.
 
 Each slot is served on its own (`guard`): a request that cannot be read or answered, or a reply
-that cannot be posted, fails that slot alone, and every refusal is a short message. Warnings
+that cannot be posted, fails that slot alone, and every refusal is a short message. A rank of
+a group (`protocol.parse_group`) is checked against the group's live members and recorded
+(`controller.groups.Groups`), and its reply echoes the group's name. Warnings
 about one slot are logged at most every QUIET_SECONDS (with the count of those left out), so a
 worker posting junk flat out cannot flood the log.
 """
@@ -39,6 +41,7 @@ from gearshift.controller.effects import (
     Reply,
     Save,
 )
+from gearshift.controller.groups import Groups, Member
 from gearshift.controller.slots import Slots
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import MAX_DIMS, Dim
@@ -52,7 +55,7 @@ from gearshift.errors import (
     ShapeError,
     SpaceError,
 )
-from gearshift.protocol import parse_register
+from gearshift.protocol import parse_group, parse_register
 from gearshift.shm import Registry, error_reply
 
 log = logging.getLogger(__name__)
@@ -267,6 +270,11 @@ class Registrations:
         self.devices = devices
         self.policy = policy
         self.initial_gears = initial_gears
+        self.groups = Groups(self._alive)
+
+    def _alive(self, slot: int, pid: int) -> bool:
+        w = self.slots.workers.get(slot)
+        return w is not None and w.info.alive and w.info.pid == pid
 
     def claimant(self, slot: int, now: float) -> tuple[int, int]:
         w = self.slots.workers.get(slot)
@@ -298,13 +306,20 @@ class Registrations:
         the `Reply` refusing it."""
         try:
             request, device, pid, new = admit(self, slot, message, now)
+            group = parse_group(message)
+            if group is not None:
+                self.groups.check(group, request.name, request.dims, slot, pid)
             added = self._add(slot, device, request, now) if new else []
         except Exception as e:
             return [Reply(slot, failure(slot, e, now))]
         name, local = request.name, request.local
+        reply = {"op": "registered", "profile": local}
+        if group is not None:  # the echo: a worker refuses a reply without it (no groups)
+            self.groups.join(group, name, request.dims, Member(slot, pid, device))
+            reply["group"] = group.name
         return [*added, Map(slot, local, device, name), PublishStatus(),
                 Log(__name__, REGISTERED, (pid, slot, name, device, local)),
-                Reply(slot, {"op": "registered", "profile": local}, version_of=device)]
+                Reply(slot, reply, version_of=device)]
 
     def _add(self, slot: int, device: int, request: Request, now: float) -> list[Effect]:
         dev = self.devices.setdefault(device, DeviceLedger())
