@@ -2,16 +2,22 @@
 
 A `Group` is what a rank declares: the group's name, the rank's index and the group's size.
 `declare` completes a declaration from the world `torch.distributed` reports (the caller reads
-it; explicit arguments win). Pure: no clock, I/O, threads or torch (docs/architecture.md,
+it; explicit arguments win). `decide_group` is the group's one decision round, shared by the
+controller and the simulator. Pure: no clock, I/O, threads or torch (docs/architecture.md,
 "Tensor parallel").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import brief
+from gearshift.core.memory import PriceBook, bound, held_bytes, modelled
+from gearshift.core.policy import decide, should_update
+from gearshift.core.round import DeviceLedger, Round
 from gearshift.errors import GroupError
 
 MAX_GROUP_SIZE = 64  # ranks of one group: the largest tensor-parallel x expert-parallel node
@@ -54,3 +60,44 @@ def declare(name: str, rank: int | None = None, size: int | None = None,
         rank = world[0] if rank is None else rank
         size = world[1] if size is None else size
     return Group(name, rank, size)
+
+
+def headroom(device: DeviceLedger, prices: PriceBook, config: PolicyConfig) -> float | None:
+    """The bytes `device` may still take under its graph memory bound (`memory.bound`, at its
+    `memory_bytes`): the bound less what every profile's gears hold there; None: unbounded."""
+    priced = modelled(prices)
+    budget = bound({n: p.dims for n, p in device.profiles.items()}, priced, config,
+                   device.memory_bytes)
+    if budget is None:
+        return None
+    return budget - held_bytes({n: p.gear_lists() for n, p in device.profiles.items()}, priced)
+
+
+def decide_group(name: str, devices: Sequence[DeviceLedger], recorder: int,
+                 last_update: float | None, now: float, memory_usage: float | None,
+                 config: PolicyConfig, prices: Sequence[PriceBook] | None = None
+                 ) -> Round | None:
+    """The round of grouped profile `name`, held on each of `devices` (one per live rank),
+    at `now` (`should_update` from the group's `last_update`), or None when none is due.
+
+    One decision for the group: the statistics are `devices[recorder]`'s (the recorder's rank
+    records each step once; the others' ledgers, which saw the same steps, are not read), and
+    its gears are that ledger's. Its dims are priced as the recorder's device prices them
+    (`prices`: per device, aligned with `devices`), under the least headroom of the devices
+    (`headroom`): a gear set the group adds must fit on every rank's device. Reads the ledgers,
+    never changes them; the caller applies the round's gears to `name` on every device."""
+    trigger = should_update(last_update, now, memory_usage, config)
+    if trigger is None:
+        return None
+    books = list(prices) if prices is not None else [{} for _ in devices]
+    p = devices[recorder].profiles[name]
+    mine = modelled(books[recorder]).get(name)
+    if mine:
+        rooms = [r for d, book in zip(devices, books, strict=True)
+                 if (r := headroom(d, book, config)) is not None]
+        if rooms:
+            mine = {d: replace(pr, headroom=min(rooms)) for d, pr in mine.items()}
+    window = {d: s.view(now) for d, s in p.stats.items()}
+    history = {d: s.view(now) for d, s in p.history.items()}
+    decision = decide(p.dims, p.gears, window, memory_usage, now, config, history, mine or None)
+    return Round(now, trigger, {name: decision.gears}, {name: decision.changes})
