@@ -94,3 +94,48 @@ def test_a_group_with_a_missing_rank_is_degraded_and_gets_no_new_gears(
     finally:
         rank0.close()
         controller.close()
+
+
+def _usable(worker: Worker) -> frozenset | None:
+    snap = worker.snapshot()
+    return protocol.profile_usable(snap[1], "trace") if snap else None
+
+
+def test_the_usable_set_is_what_every_rank_reports_and_is_published_to_each(
+    namespace: str, tmp_path: Path
+) -> None:
+    policy = PolicyConfig()
+    dims = {"BATCHSIZE": policy_dims(_trace(3), "adaptive")["BATCHSIZE"]}
+    clock = FakeClock(0.0)
+    controller = Controller.open(ControllerConfig(namespace=namespace, state_dir=str(tmp_path)),
+                                 policy, clock=clock)
+    ranks = [Worker(namespace, r, clock) for r in range(2)]
+    try:
+        for r, w in enumerate(ranks):
+            _register(w, Group("tp", r, 2), dims, controller)
+
+        def report(w: Worker, *gears: int) -> None:
+            assert w.registry.requests(w.slot).post(
+                protocol.holds_message(0, [(g,) for g in gears]))
+            controller.step()
+
+        assert _usable(ranks[0]) == _usable(ranks[1]) == frozenset()
+        report(ranks[0], 8, 16, 32)
+        assert _usable(ranks[0]) == frozenset()  # rank 1 has not reported: nothing is usable
+        report(ranks[1], 16, 32, 64)
+        assert _usable(ranks[0]) == _usable(ranks[1]) == {(16,), (32,)}
+        report(ranks[1], 32)  # rank 1 released 16 and 64
+        assert _usable(ranks[0]) == _usable(ranks[1]) == {(32,)}
+        restarted = Worker(namespace, 1, clock)  # rank 1 restarts in another slot (a process
+        ranks[1].close()  # of its own: it holds nothing until it reports)
+        ranks[1] = restarted
+        clock.advance(1.0)
+        controller.step()
+        _register(ranks[1], Group("tp", 1, 2), dims, controller)
+        assert _usable(ranks[0]) == frozenset()
+        report(ranks[1], 32, 64)
+        assert _usable(ranks[0]) == _usable(ranks[1]) == {(32,)}
+    finally:
+        for w in ranks:
+            w.close()
+        controller.close()

@@ -9,7 +9,14 @@ import pytest
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Line, Prices
 from gearshift.core.dims import Dim
-from gearshift.core.group import MAX_GROUP_SIZE, Group, decide_group, declare, headroom
+from gearshift.core.group import (
+    MAX_GROUP_SIZE,
+    Group,
+    decide_group,
+    declare,
+    headroom,
+    usable,
+)
 from gearshift.core.round import DeviceLedger, ProfileLedger, decide_round
 from gearshift.errors import GroupError
 
@@ -97,3 +104,13 @@ def test_the_group_fits_the_tightest_rank_s_device() -> None:
     grown = {n: (sum(r.gears["p"]["S"].gears) - 4095) * 2**14
              for n, r in (("wide", wide), ("both", both))}
     assert 300 in both.gears["p"]["S"].gears and 0 < grown["both"] <= 2**20 < grown["wide"]
+
+
+# -- the usable set --
+
+
+def test_usable_is_what_every_rank_holds_and_nothing_while_a_rank_is_silent() -> None:
+    a, b, c = (8,), (16,), (32,)
+    assert usable({0: frozenset({a, b}), 1: frozenset({b, c})}, 2) == {b}
+    assert usable({0: frozenset({a, b})}, 2) == frozenset()
+    assert usable({0: frozenset({a}), 1: frozenset({a}), 2: frozenset()}, 3) == frozenset()

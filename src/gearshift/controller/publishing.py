@@ -17,6 +17,7 @@ from gearshift.controller import publish, rounds, status, upkeep
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.ingest import Batch
+from gearshift.controller.registrations import Registrations
 from gearshift.controller.slots import Slots
 from gearshift.core import memory
 from gearshift.core.config import PolicyConfig
@@ -40,6 +41,7 @@ class Publishing:
     batch: Batch
     costs: CostBook
     slots: Slots
+    registrations: Registrations
     errors: int
     lock_repairs: int
     rounds: dict[str, Any]
@@ -106,7 +108,8 @@ class Publishing:
             gears.update({name: {d: list(g.gears) for d, g in dims.items()}
                           for name, dims in round.gears.items()})
         changes = rounds.change_lists(round) if round is not None else self.changes.get(device)
-        dev.version = publish.snapshot(region, device, dev.version, gears, changes)
+        dev.version = publish.snapshot(region, device, dev.version, gears, changes,
+                                       self.registrations.groups.views(device))
         self.slots.published(device, dev.version, now)
         log.info("device %d: snapshot version %d published", device, dev.version)
 

@@ -9,7 +9,7 @@ controller and the simulator. Pure: no clock, I/O, threads or torch (docs/archit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -101,3 +101,14 @@ def decide_group(name: str, devices: Sequence[DeviceLedger], recorder: int,
     history = {d: s.view(now) for d, s in p.history.items()}
     decision = decide(p.dims, p.gears, window, memory_usage, now, config, history, mine or None)
     return Round(now, trigger, {name: decision.gears}, {name: decision.changes})
+
+
+Variant = tuple[int, ...]  # a gear per dim, in the profile's dim order: one graph
+
+
+def usable(holds: Mapping[int, frozenset[Variant]], size: int) -> frozenset[Variant]:
+    """The variants every one of the `size` ranks holds (`holds`: per rank, its last report);
+    none while a rank has not reported: nothing is usable that some rank may lack."""
+    if any(r not in holds for r in range(size)):
+        return frozenset()
+    return frozenset.intersection(*(holds[r] for r in range(size)))
