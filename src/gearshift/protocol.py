@@ -55,7 +55,7 @@ from gearshift.core.group import Group
 from gearshift.errors import GroupError, PayloadError, ShapeError
 
 MAX_PROFILE_ID = 0xFFFF
-MAX_HELD = 4096  # variants one report of what a rank holds may name
+MAX_HELD = 512  # variants one report of what a rank holds may name (fits a default mailbox)
 _DIM_FIELDS = {f.name for f in dataclasses.fields(Dim)}
 
 

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from tp import block
 
-COLLECTIVE_SECONDS = 4.0  # a collective that waits longer raises instead of hanging
+COLLECTIVE_SECONDS = 15.0  # a collective that waits longer raises instead of hanging
+HAZARD_SECONDS = 3.0  # the negative control's: its hang is the expected outcome, seen sooner
 MAX_TOKENS = 64
 LADDER = (1, 2, 4, 8, 16, 32, 64)  # static gears of the positive control
 
@@ -39,10 +40,11 @@ def inputs(seed: int, step: int, n: int) -> torch.Tensor:
     return torch.randn(n, block.HIDDEN, generator=g, dtype=block.DTYPE)
 
 
-def _join(rank: int, size: int, port: int) -> dist.ProcessGroup:
+def _join(rank: int, size: int, port: int,
+          seconds: float = COLLECTIVE_SECONDS) -> dist.ProcessGroup:
+    torch.set_num_threads(1)  # one core a rank: the ranks share the machine's few
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=size,
-                            timeout=datetime.timedelta(seconds=COLLECTIVE_SECONDS))
+                            world_size=size, timeout=datetime.timedelta(seconds=seconds))
     return dist.new_group(backend="gloo")  # the check's own communicator
 
 
@@ -94,7 +96,7 @@ def ungrouped(rank: int, size: int, port: int, seed: int, steps: int, namespace:
     try:
         import gearshift as gs
 
-        check = _join(rank, size, port)
+        check = _join(rank, size, port, HAZARD_SECONDS)
         full = block.weights(seed)
         mine = block.shard(full, rank, size)
 
@@ -119,6 +121,58 @@ def ungrouped(rank: int, size: int, port: int, seed: int, steps: int, namespace:
                     break
                 time.sleep(pause)
         results.put(("done", rank, step + 1, worst, differed))
+    except BaseException as e:
+        results.put(("error", rank, step, f"{type(e).__name__}: {str(e)[:300]}"))
+        sys.exit(1)
+
+
+def grouped(rank: int, size: int, port: int, seed: int, steps: int, namespace: str,
+            pause: float, results) -> None:
+    """The positive run: every rank declares the group (rank and size from torch.distributed)
+    and drives its runner through `GroupRank`; rank 0 is the driver: each step it announces
+    the boundary's maintenance and plans the step, and the engine's own broadcast (a third
+    gloo communicator) carries both to every rank, which maintains then replays exactly that."""
+    step = -1
+    try:
+        import gearshift as gs
+        from gearshift.graphs.adaptive import AdaptiveRunner
+        from gearshift.graphs.transform import Transform
+
+        check = _join(rank, size, port)
+        engine = dist.new_group(backend="gloo")  # the engine's step broadcast
+        full = block.weights(seed)
+        mine = block.shard(full, rank, size)
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            return block.forward(x, mine, dist.group.WORLD)
+
+        worst, differed, planned = 0.0, 0, set()
+        with gs.connect(namespace, device=rank) as client:
+            prof = client.profile("tp", {"SEQLEN": gs.Dim(max=MAX_TOKENS)}, group=gs.group("tp"))
+            example = {"x": torch.zeros(MAX_TOKENS, block.HIDDEN, dtype=block.DTYPE)}
+            runner = AdaptiveRunner(Transform(fn, prof.dims, {"x": ("S", None)},
+                                              outputs=("S", None)), example, replays=0)
+            group = gs.GroupRank(client, prof, runner)
+            for step, n in enumerate(traffic(seed, steps)):
+                said: list = [None]
+                if rank == 0:
+                    m = group.boundary()
+                    said = [(n, group.plan(SEQLEN=n), m.carried() if m else None)]
+                dist.broadcast_object_list(said, src=0, group=engine)
+                n, carried, maintenance = said[0]
+                if maintenance is not None:
+                    group.maintain(gs.Maintenance.of(maintenance, 1))
+                x = inputs(seed, step, n)
+                y = group.replay(carried, {"x": x})
+                worst = max(worst, _relative(y, block.reference(x, full)))
+                planned.add(tuple(sorted(group.usable())))
+                gears = _gathered(check, size, carried[1])
+                if len(set(gears)) > 1:
+                    differed += 1
+                    results.put(("step", rank, step, gears))
+                time.sleep(pause)
+            results.put(("done", rank, steps, worst, differed,
+                         {**group.stats, "usable sets": len(planned)}))
     except BaseException as e:
         results.put(("error", rank, step, f"{type(e).__name__}: {str(e)[:300]}"))
         sys.exit(1)

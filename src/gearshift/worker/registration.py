@@ -83,6 +83,12 @@ class RegistrationQueue:
             except GearshiftError as e:
                 self._warn("namespace %r: registration mailbox: %s", self.namespace, e)
 
+    def send(self, message: dict) -> bool:
+        """Post `message` (no reply expected) in the request mailbox, under the queue's lock;
+        False when unbound or the mailbox is not free yet (send it again later)."""
+        with self._lock:
+            return self.registry is not None and self.registry.requests(self.slot).post(message)
+
     def forked(self) -> None:
         """In a forked child: unbound (the slot and its mailboxes are the parent's) until `bind`
         gives it the child's own, with every profile not refused queued again."""
