@@ -139,3 +139,21 @@ def test_the_usable_set_is_what_every_rank_reports_and_is_published_to_each(
         for w in ranks:
             w.close()
         controller.close()
+
+
+def test_status_names_each_group_its_ranks_and_the_missing_one(namespace: str,
+                                                               tmp_path: Path) -> None:
+    clock = FakeClock(0.0)
+    controller = Controller.open(ControllerConfig(namespace=namespace, state_dir=str(tmp_path)),
+                                 PolicyConfig(), clock=clock)
+    rank1 = Worker(namespace, 1, clock)
+    try:
+        _register(rank1, Group("tp", 1, 2), {"B": policy_dims(_trace(3), "adaptive")[
+            "BATCHSIZE"]}, controller)
+        (entry,) = controller.status_document(clock.now())["groups"]
+        assert entry == {"group": "tp", "profile": "trace", "size": 2,
+                         "ranks": [[1, rank1.slot, entry["ranks"][0][2], 1, True]],
+                         "missing": [0], "recorder": 1, "usable": 0}
+    finally:
+        rank1.close()
+        controller.close()

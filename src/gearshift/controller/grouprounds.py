@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from gearshift.controller.groups import Groups
 from gearshift.core.config import PolicyConfig
-from gearshift.core.group import decide_group
+from gearshift.core.group import decide_group, usable
 from gearshift.core.memory import PriceBook
 from gearshift.core.round import DeviceLedger, Round
 
@@ -82,6 +83,24 @@ class GroupRounds:
                 self._publish(d, now, round)
         for ledger in ledgers:
             ledger.profiles[name].gears = round.gears[name]
+
+    def status(self) -> list[dict[str, Any]]:
+        """Per grouped profile, for the status document: its group, size, ranks (rank, slot,
+        pid, device, alive), the ranks missing (no live worker), its recorder, whether it is
+        degraded, and how many variants are usable."""
+        out = []
+        for (group, name), members in sorted(self.groups.profiles.items()):
+            key = (group, name)
+            live = self.groups.live(key)
+            recorder = self.groups.recorder(key)
+            out.append({
+                "group": group, "profile": name, "size": members.size,
+                "ranks": [[r, m.slot, m.pid, m.device, r in live]
+                          for r, m in sorted(members.ranks.items())],
+                "missing": self.groups.missing(key),
+                "recorder": next((r for r, m in live.items() if m == recorder), None),
+                "usable": len(usable(members.holds, members.size))})
+        return out
 
     def _align(self, name: str, recorder: int, devices: list[int], now: float) -> None:
         gears = self.devices[recorder].profiles[name].gears

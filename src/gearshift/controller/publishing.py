@@ -16,6 +16,7 @@ from typing import Any
 from gearshift.controller import publish, rounds, status, upkeep
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.costbook import CostBook
+from gearshift.controller.grouprounds import GroupRounds
 from gearshift.controller.ingest import Batch
 from gearshift.controller.registrations import Registrations
 from gearshift.controller.slots import Slots
@@ -42,6 +43,7 @@ class Publishing:
     costs: CostBook
     slots: Slots
     registrations: Registrations
+    group_rounds: GroupRounds
     errors: int
     lock_repairs: int
     rounds: dict[str, Any]
@@ -116,14 +118,14 @@ class Publishing:
     def status_document(self, now: float) -> dict[str, Any]:
         """The status document at `now` (format in `status`)."""
         memory_bytes = {d: self.device_memory(d) for d in self.devices}  # the ledgers' too
-        return status.document(
+        return {**status.document(
             now, namespace=self.config.namespace, embedded=self.embedded, policy=self.policy,
             counts=self.counts, rounds=self.rounds, workers=self.slots.workers.values(),
             devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
             lags=self.slots.lags, changes=self.changes, costs=self.costs,
             final_save=self.final_save, memory_bytes=memory_bytes, graph_bytes={
                 d: memory.device_usage(dev, self.prices(d), self.policy)
-                for d, dev in self.devices.items()})
+                for d, dev in self.devices.items()}), "groups": self.group_rounds.status()}
 
     def _publish_status(self, now: float) -> None:
         self._next_status = now + self.config.status_interval_seconds
