@@ -127,11 +127,12 @@ def ungrouped(rank: int, size: int, port: int, seed: int, steps: int, namespace:
 
 
 def grouped(rank: int, size: int, port: int, seed: int, steps: int, namespace: str,
-            pause: float, results) -> None:
+            pause: float, slow: float, results) -> None:
     """The positive run: every rank declares the group (rank and size from torch.distributed)
     and drives its runner through `GroupRank`; rank 0 is the driver: each step it announces
     the boundary's maintenance and plans the step, and the engine's own broadcast (a third
-    gloo communicator) carries both to every rank, which maintains then replays exactly that."""
+    gloo communicator) carries both to every rank, which maintains then replays exactly that.
+    The last rank's captures are `slow` seconds slower (a sleep before each)."""
     step = -1
     try:
         import gearshift as gs
@@ -152,6 +153,14 @@ def grouped(rank: int, size: int, port: int, seed: int, steps: int, namespace: s
             example = {"x": torch.zeros(MAX_TOKENS, block.HIDDEN, dtype=block.DTYPE)}
             runner = AdaptiveRunner(Transform(fn, prof.dims, {"x": ("S", None)},
                                               outputs=("S", None)), example, replays=0)
+            if slow and rank == size - 1:
+                capture = runner.capture
+
+                def slowly(variants: list) -> int:
+                    time.sleep(slow)
+                    return capture(variants)
+
+                runner.capture = slowly
             group = gs.GroupRank(client, prof, runner)
             for step, n in enumerate(traffic(seed, steps)):
                 said: list = [None]
