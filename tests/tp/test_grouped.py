@@ -34,4 +34,5 @@ def test_grouped_ranks_replay_the_same_gear_every_step_and_match_the_reference(
         assert served == steps and differed == 0 and worst <= TOLERANCE
         assert stats["captured"] > 0 and stats["replays"] > 0, stats
         assert stats["usable sets"] > 1, stats  # the usable set moved during the run
-        assert stats == done[0][5]  # the same captures, releases and replays on every rank
+        same = {k: v for k, v in stats.items() if k != "usable sets"}  # (each rank's read)
+        assert same == {k: v for k, v in done[0][5].items() if k != "usable sets"}
