@@ -32,8 +32,11 @@ from itertools import product
 from typing import Any
 
 from gearshift import protocol
-from gearshift.core.group import Variant
+from gearshift.core.group import Group, Variant
 from gearshift.errors import GearshiftError, GroupError, PayloadError, ShapeError
+from gearshift.worker.interfaces import Runner
+from gearshift.worker.profile import Profile
+from gearshift.worker.session import Client
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +79,7 @@ class Maintenance:
 class GroupRank:
     """`runner` of grouped `profile` of `client`, driven in lockstep (module docstring)."""
 
-    def __init__(self, client: Any, profile: Any, runner: Any,
+    def __init__(self, client: Client, profile: Profile, runner: Runner,
                  captures_per_boundary: int = CAPTURES_PER_BOUNDARY) -> None:
         if profile.group is None:
             raise GroupError(f"profile {profile.name!r} declares no group (client.profile(..., "
@@ -85,7 +88,7 @@ class GroupRank:
             raise ShapeError(f"{profile.name}: the runner's dims {list(runner.gears)} are not "
                              f"{list(profile.dims)} (in this order)")
         self.client, self.profile, self.runner = client, profile, runner
-        self.group = profile.group
+        self.group: Group = profile.group
         self.dims = list(profile.dims)
         self.per_boundary = captures_per_boundary
         self.stats = {"captured": 0, "capture_failures": 0, "released": 0, "replays": 0,
