@@ -16,6 +16,7 @@ from gearshift.configfile import load_policy_config
 from gearshift.core.config import MAX_BYTES, PolicyConfig, check_value
 from gearshift.core.costs import MAX_GRAPH_BYTES, MAX_MEASURED_SECONDS, Line
 from gearshift.core.dims import Gears, normalize_gears
+from gearshift.core.group import MAX_GROUP_SIZE
 from gearshift.errors import ConfigError, GearshiftError, TraceError
 from gearshift.tools import simulate as replay
 from gearshift.tools.simulate_plot import figure
@@ -127,6 +128,14 @@ from gearshift.tools.trace import Trace, load_trace
     help="The device's memory, as its workers report it: the priced policy's bound is never "
     "under graph_memory_floor_ratio (0.5 %) of it (default: unknown, no such floor).",
 )
+@click.option(
+    "--ranks",
+    type=click.IntRange(1, MAX_GROUP_SIZE),
+    default=1,
+    show_default=True,
+    help="Replay as one group of this many ranks (tensor parallel: every rank serves every "
+    "step, each on a device alike), decided as the controller decides a group.",
+)
 @config_options("policy", "at top level or under [policy]")
 @json_option()
 @click.option(
@@ -151,6 +160,7 @@ def simulate(
     buffer_bytes: tuple[str, ...],
     graph_budget: str | None,
     device_memory: float | None,
+    ranks: int,
     config_path: str | None,
     overrides: tuple[str, ...],
     as_json: bool,
@@ -187,7 +197,7 @@ def simulate(
         _fail(e, EXIT_ERROR)
     except GearshiftError as e:
         _fail(e, EXIT_USAGE)
-    result = replay.simulate(data, dims, config, adaptive=adaptive, device=device)
+    result = replay.simulate(data, dims, config, adaptive=adaptive, device=device, ranks=ranks)
     wall = time.perf_counter() - began
     summary = result.summary()
     if as_json:
