@@ -123,3 +123,10 @@ def test_a_rank_replays_exactly_what_is_carried_or_refuses_at_once() -> None:
 def test_a_profile_of_no_group_is_refused() -> None:
     with pytest.raises(gs.GroupError, match="declares no group"):
         _rank(group=None)
+
+
+def test_a_rank_records_its_own_sizes_or_the_max_it_is_given() -> None:
+    rank, _, _, _, requests = _rank(held={(16,)})
+    rank.replay((4, 16), {"n": 5})
+    rank.replay((4, 16), {"n": 5}, recorded={"S": 12})  # data-parallel: the max across ranks
+    assert requests == [{"S": 5}, {"S": 12}]

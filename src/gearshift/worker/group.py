@@ -159,9 +159,12 @@ class GroupRank:
         self._unreported = True
         self._report()
 
-    def replay(self, carried: Carried, tensors: Mapping[str, Any]) -> Any:
-        """Run the step on exactly the carried variant (recorded as a request of its sizes),
-        or eagerly when it is all 0s; GroupError at once when this rank does not hold it."""
+    def replay(self, carried: Carried, tensors: Mapping[str, Any],
+               recorded: Mapping[str, int] | None = None) -> Any:
+        """Run the step on exactly the carried variant, or eagerly when it is all 0s;
+        GroupError at once when this rank does not hold it. The step is recorded as a request
+        of `recorded` (default: the tensors' sizes; with data-parallel attention, the max the
+        driver planned: what the group's gears must fit)."""
         self._report()
         variant = tuple(int(g) for g in carried[1:])
         if len(variant) != len(self.dims):
@@ -177,7 +180,7 @@ class GroupRank:
                     f"which it does not hold; it holds {sorted(runner.ready())[:8]}")
             if any(sizes[d] > g for d, g in zip(self.dims, variant, strict=True)):
                 raise GroupError(f"sizes {dict(sizes)} exceed the carried {variant}")
-        with self.profile.request(**sizes):
+        with self.profile.request(**(sizes if recorded is None else recorded)):
             if eager:
                 self.stats["eager"] += 1
                 return runner.transform.call(tensors, sizes)
