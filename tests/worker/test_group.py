@@ -7,10 +7,11 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
+from fakeclock import FakeClock
 
 import gearshift as gs
 from gearshift import protocol
-from gearshift.worker.group import GroupRank, Maintenance
+from gearshift.worker.group import REPORT_SECONDS, GroupRank, Maintenance
 
 
 class Runner:
@@ -71,8 +72,8 @@ def _rank(held: set | tuple = (), gears: tuple = (8, 16, 32), group: gs.Group | 
 
     profile = SimpleNamespace(group=group, name="p", dims={"S": gs.Dim(max=64)}, id=3,
                               gears={"S": tuple(gears)}, registered=True, request=request)
-    client = SimpleNamespace(region=Region(), _registrations=SimpleNamespace(
-        send=lambda m: sent.append(m) or True))
+    client = SimpleNamespace(region=Region(), clock=FakeClock(0.0),
+                             _registrations=SimpleNamespace(send=lambda m: sent.append(m) or True))
     runner = Runner(set(held))
     return GroupRank(client, profile, runner), client.region, runner, sent, requests
 
@@ -130,3 +131,14 @@ def test_a_rank_records_its_own_sizes_or_the_max_it_is_given() -> None:
     rank.replay((4, 16), {"n": 5})
     rank.replay((4, 16), {"n": 5}, recorded={"S": 12})  # data-parallel: the max across ranks
     assert requests == [{"S": 5}, {"S": 12}]
+
+
+def test_what_a_rank_holds_is_sent_again_every_report_period() -> None:
+    rank, _, _, sent, _ = _rank(held={(16,)})
+    rank.replay((4, 16), {"n": 5})
+    assert len(sent) == 1  # the first report
+    rank.replay((4, 16), {"n": 5})
+    assert len(sent) == 1
+    rank.client.clock.advance(REPORT_SECONDS)
+    rank.replay((4, 16), {"n": 5})
+    assert len(sent) == 2 and sent[-1] == protocol.holds_message(3, [(16,)])

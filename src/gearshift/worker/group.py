@@ -18,8 +18,8 @@ reported holding, as the group's snapshot says, and what the driver holds now); 
 exactly the carried variant or raises GroupError before running anything when this rank does not
 hold it. A grouped request runs on one variant or eagerly, never cut into chunks. After each
 maintenance a rank reports what it holds to the controller (`protocol.holds_message`, sent
-again on later calls until the mailbox takes it). Not thread-safe: one engine thread per rank
-calls it.
+again on later calls until the mailbox takes it, and every REPORT_SECONDS). Not thread-safe:
+one engine thread per rank calls it.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 Carried = tuple[int, ...]  # (snapshot version, gear per dim); all gears 0: eager
 CAPTURES_PER_BOUNDARY = 2  # captures announced at one boundary: a step waits for at most these
+REPORT_SECONDS = 5.0  # what a rank holds is sent again this often (a restarted controller)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class GroupRank:
         self.stats = {"captured": 0, "capture_failures": 0, "released": 0, "replays": 0,
                       "eager": 0}
         self._unreported = True
+        self._reported_ns = 0  # when the last report was sent
         self._seen, self._usable = -1, frozenset()
         self._releasing: frozenset[tuple[int, int]] = frozenset()  # announced, not yet run
 
@@ -189,8 +191,12 @@ class GroupRank:
             return runner.run(tensors, sizes)
 
     def _report(self) -> None:
-        if not self._unreported or not self.profile.registered:
+        """Send what this rank holds after a change, and every REPORT_SECONDS (a restarted
+        controller knows nothing of it), once the profile is registered."""
+        now = self.client.clock.now_ns()
+        due = self._unreported or now - self._reported_ns >= REPORT_SECONDS * 1e9
+        if not due or not self.profile.registered:
             return
         held = sorted(self.runner.ready(), key=lambda v: (math.prod(v), v))[:protocol.MAX_HELD]
         if self.client._registrations.send(protocol.holds_message(self.profile.id, held)):
-            self._unreported = False
+            self._unreported, self._reported_ns = False, now
