@@ -102,3 +102,34 @@ def test_the_module_docstring_gives_the_messages_the_code_builds() -> None:
     payload = doc.split("Snapshot payload", 1)[1].split("\n\n", 2)[1]
     built = protocol.snapshot_payload(0, {"decode": {"BATCHSIZE": (1, 8)}})
     assert _keys(payload) == [*built, *built["profiles"]["decode"]]
+
+
+def test_a_group_rides_in_the_registration_and_none_is_absent() -> None:
+    from gearshift.core.group import Group
+
+    assert "group" not in protocol.register_message(0, "decode", DIMS)
+    assert protocol.parse_group(protocol.register_message(0, "decode", DIMS)) is None
+    msg = protocol.register_message(0, "decode", DIMS, Group("tp", 1, 2))
+    assert msg["group"] == ["tp", 1, 2]
+    assert protocol.parse_group(msg) == Group("tp", 1, 2)
+    assert protocol.parse_register(msg) == (0, "decode", DIMS)  # the rest as before
+    for bad in ("tp", ["tp", 1], ["tp", 2, 2], ["", 0, 1], ["tp", "0", 2]):
+        with pytest.raises(PayloadError):
+            protocol.parse_group({**msg, "group": bad})
+
+
+def test_a_rank_s_holdings_and_the_usable_set_ride_in_their_messages() -> None:
+    msg = protocol.holds_message(3, [(8, 64), (16, 64)])
+    assert protocol.parse_holds(msg, 2) == (3, frozenset({(8, 64), (16, 64)}))
+    for bad in ({**msg, "variants": [[8]]}, {**msg, "variants": [[8, 0]]},
+                {**msg, "variants": [[8, True]]}, {**msg, "profile": -1},
+                {**msg, "variants": [[1, 1]] * (protocol.MAX_HELD + 1)}):
+        with pytest.raises(PayloadError):
+            protocol.parse_holds(bad, 2)
+    payload = protocol.snapshot_payload(0, {"decode": {"B": (8, 16)}, "plain": {"B": (1,)}},
+                                        groups={"decode": {"name": "tp", "size": 2,
+                                                           "usable": [(8,)]}})
+    assert payload["profiles"]["decode"]["group"] == {"name": "tp", "size": 2, "usable": [[8]]}
+    assert protocol.profile_usable(payload, "decode") == {(8,)}
+    assert protocol.profile_usable(payload, "plain") is None
+    assert "group" not in payload["profiles"]["plain"]

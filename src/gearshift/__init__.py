@@ -1,19 +1,22 @@
 """gearshift: adaptive shape gears for accelerator graphs, decided by one sidecar per node.
 
 `import gearshift as gs` is the worker's API: `connect` (a `Client`), its profiles (`Profile`,
-`Dim`; `run`, `route` (a `Route`), `record`), `compile`, the graph runners a worker builds,
-`outside_capture`, and the errors a worker catches. The operator's names (the policy's
-configuration, the errors of the controller and its commands) are `gearshift.operator`'s.
+`Dim`; `run`, `route` (a `Route`), `record`), `compile`, a rank's `group` (a `Group`), the
+graph runners a worker builds, `outside_capture`, and the errors a worker catches. The
+operator's names (the policy's configuration, the errors of the controller and its commands)
+are `gearshift.operator`'s.
 """
 
 import importlib
 
 from gearshift.core.dims import Dim
+from gearshift.core.group import Group
 from gearshift.errors import (
     BackendUnavailable,
     ConfigError,
     ControllerNotFound,
     GearshiftError,
+    GroupError,
     LayoutError,
     NamespaceBusy,
     NamespaceError,
@@ -33,10 +36,13 @@ _LAZY = {
     "CompiledRunner": "gearshift.graphs.compiled",
     "GraphResourcePool": "gearshift.graphs.pool",
     "GraphRunner": "gearshift.graphs.runner",
+    "GroupRank": "gearshift.worker.group",
+    "Maintenance": "gearshift.worker.group",
     "Profile": "gearshift.worker.profile",
     "Route": "gearshift.worker.routing",
     "Transform": "gearshift.graphs.transform",
     "compile": "gearshift.worker.compiling",
+    "group": "gearshift.worker.declaring",
     "connect": "gearshift.worker.connecting",
     "outside_capture": "gearshift.graphs.device",
 }
@@ -53,7 +59,11 @@ __all__ = [  # exactly what a worker may import: the names above and `_LAZY`'s
     "GearshiftError",
     "GraphResourcePool",
     "GraphRunner",
+    "Group",
+    "GroupError",
+    "GroupRank",
     "LayoutError",
+    "Maintenance",
     "NamespaceBusy",
     "NamespaceError",
     "PaddingError",
@@ -66,6 +76,7 @@ __all__ = [  # exactly what a worker may import: the names above and `_LAZY`'s
     "Transform",
     "compile",
     "connect",
+    "group",
     "outside_capture",
 ]
 

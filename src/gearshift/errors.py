@@ -95,3 +95,8 @@ class BackendUnavailable(GearshiftError):
 class PaddingError(ShapeError):
     """A function whose result would change with the padding gearshift adds (it reduces or
     selects over a padded axis, or mixes padded rows into real ones): refused, with the fix."""
+
+
+class GroupError(GearshiftError, ValueError):
+    """A group of ranks is declared wrongly, or a rank is told to replay a gear it does not
+    hold (docs/architecture.md, "Tensor parallel")."""

@@ -13,13 +13,27 @@ characters of what was sent. The controller answers in the reply mailbox with
 `mailbox.error_reply(ProfileMismatch(...))` when NAME is registered on the same device with
 other dims. A worker re-registers its profiles when the controller's identity changes.
 
+A rank of a group (docs/architecture.md, "Tensor parallel") adds `"group": [GROUP, RANK,
+SIZE]` to its registration (`core.group.Group`; absent for a profile of no group), and the
+controller's reply echoes the group's name (`"group": GROUP`): a reply without it comes from a
+controller that predates groups, and the worker refuses the profile rather than serve it
+ungrouped. The mailbox carries msgpack maps, so neither key changes a shared-memory layout.
+
+What a rank holds (worker -> controller, the slot's request mailbox; no reply), after each
+change of the graphs it has captured of a grouped profile: `{"op": "holds", "profile": P,
+"variants": [[g, ...], ...]}`, every variant (a gear per dim, in record order) it holds, at most
+MAX_HELD. The controller keeps each rank's last report; a rank's restarted process holds nothing
+until it reports.
+
 Snapshot payload (controller -> every worker of one device, its snapshot region):
 
     {"device": D, "profiles": {NAME: {"gears": {DIM: [g, ...]}, "changes": [[DIM, gear,
      action, reason], ...]}}}
 
 `changes` are the last round's decisions of that profile (for status views). The payload
-carries no version: the region's seqlock version is the snapshot version.
+carries no version: the region's seqlock version is the snapshot version. A grouped profile's
+entry adds `"group": {"name": GROUP, "size": N, "usable": [[g, ...], ...]}`: the variants
+every rank of the group holds (`core.group.usable`).
 
 Ring records: `Kind.SHAPE` / `Kind.EAGER` / `Kind.RECORDED` (`record()`: only recorded) with
 `profile` = P, `values` = raw sizes in dim
@@ -33,13 +47,15 @@ gear, capture ns, graph bytes, replay ns; chunks = the dim's index), once P is r
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gearshift.core.dims import Dim, Gears, brief, check_profile
-from gearshift.errors import PayloadError, ShapeError
+from gearshift.core.group import Group
+from gearshift.errors import GroupError, PayloadError, ShapeError
 
 MAX_PROFILE_ID = 0xFFFF
+MAX_HELD = 512  # variants one report of what a rank holds may name (fits a default mailbox)
 _DIM_FIELDS = {f.name for f in dataclasses.fields(Dim)}
 
 
@@ -62,9 +78,27 @@ def dim_from_dict(data: Mapping[str, Any]) -> Dim:
         raise ShapeError(f"invalid Dim: {str(e)[:100]}") from None
 
 
-def register_message(profile: int, name: str, dims: Mapping[str, Dim]) -> dict[str, Any]:
-    return {"op": "register", "profile": profile, "name": name,
-            "dims": [[k, dim_to_dict(v)] for k, v in dims.items()]}
+def register_message(profile: int, name: str, dims: Mapping[str, Dim],
+                     group: Group | None = None) -> dict[str, Any]:
+    """The registration of profile `name` (worker-local id `profile`), of `group` if given."""
+    msg = {"op": "register", "profile": profile, "name": name,
+           "dims": [[k, dim_to_dict(v)] for k, v in dims.items()]}
+    if group is not None:
+        msg["group"] = group.fields()
+    return msg
+
+
+def parse_group(msg: Mapping[str, Any]) -> Group | None:
+    """The group a registration declares (None: none); PayloadError when it is malformed."""
+    fields = msg.get("group") if isinstance(msg, Mapping) else None
+    if fields is None:
+        return None
+    if not isinstance(fields, list) or len(fields) != 3:
+        raise PayloadError(f"group must be [name, rank, size], got {brief(fields)}")
+    try:
+        return Group(*fields)
+    except GroupError as e:
+        raise PayloadError(str(e)) from None
 
 
 def parse_register(msg: Mapping[str, Any]) -> tuple[int, str, dict[str, Dim]]:
@@ -93,12 +127,52 @@ def parse_register(msg: Mapping[str, Any]) -> tuple[int, str, dict[str, Dim]]:
 
 
 def snapshot_payload(device: int, gears: Mapping[str, Mapping[str, Gears]],
-                     changes: Mapping[str, list[list[Any]]] | None = None) -> dict[str, Any]:
-    """The payload of a device's snapshot: per profile, gears per dim and last changes."""
-    changes = changes or {}
-    return {"device": device, "profiles": {
+                     changes: Mapping[str, list[list[Any]]] | None = None,
+                     groups: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The payload of a device's snapshot: per profile, gears per dim and last changes, and a
+    grouped profile's group (`groups`: per profile, its name, size and usable variants)."""
+    changes, groups = changes or {}, groups or {}
+    out: dict[str, Any] = {"device": device, "profiles": {
         name: {"gears": {d: list(g) for d, g in dims.items()}, "changes": changes.get(name, [])}
         for name, dims in gears.items()}}
+    for name, group in groups.items():
+        if name in out["profiles"]:
+            out["profiles"][name]["group"] = {**group, "usable": [list(v) for v in
+                                                                  group["usable"]]}
+    return out
+
+
+def holds_message(profile: int, variants: Iterable[Sequence[int]]) -> dict[str, Any]:
+    """A rank's report of the variants of profile id `profile` it holds."""
+    return {"op": "holds", "profile": profile, "variants": [list(v) for v in variants]}
+
+
+def parse_holds(msg: Mapping[str, Any], ndim: int) -> tuple[int, frozenset[tuple[int, ...]]]:
+    """(profile id, variants) of a report of what a rank holds, each variant `ndim` gears;
+    PayloadError when it is malformed or names more than MAX_HELD."""
+    profile, variants = msg.get("profile"), msg.get("variants")
+    if isinstance(profile, bool) or not isinstance(profile, int) or not (
+            0 <= profile <= MAX_PROFILE_ID):
+        raise PayloadError(f"profile id {brief(profile)} is outside [0, {MAX_PROFILE_ID}]")
+    if not isinstance(variants, list) or len(variants) > MAX_HELD:
+        raise PayloadError(f"variants must be a list of at most {MAX_HELD}, got {brief(variants)}")
+    held = set()
+    for v in variants:
+        if not (isinstance(v, list) and len(v) == ndim and all(
+                isinstance(g, int) and not isinstance(g, bool) and 0 < g < 2**63 for g in v)):
+            raise PayloadError(f"a variant is {ndim} positive gears, got {brief(v)}")
+        held.add(tuple(v))
+    return profile, frozenset(held)
+
+
+def profile_usable(payload: Any, name: str) -> frozenset[tuple[int, ...]] | None:
+    """The usable variants of grouped profile `name` in a snapshot payload; None when it is
+    absent, of no group, or malformed."""
+    try:
+        usable = payload["profiles"][name]["group"]["usable"]
+        return frozenset(tuple(int(g) for g in v) for v in usable)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
 
 
 def profile_gears(payload: Any, name: str) -> dict[str, Gears] | None:

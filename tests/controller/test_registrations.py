@@ -143,3 +143,31 @@ def test_a_profile_whose_snapshot_does_not_publish_is_withdrawn_and_refused_nami
     refused = registrations_.plan(1, {"op": "junk"}, 0.0)
     assert len(refused) == 1 and isinstance(refused[0], Reply)
     assert refused[0].message["error"] == "PayloadError"
+
+
+def test_a_rank_of_a_group_is_recorded_and_its_reply_echoes_the_group() -> None:
+    from gearshift.core.group import Group
+
+    devices: dict[int, DeviceLedger] = {}
+    regs = _registrations(devices)
+    message = protocol.register_message(5, "decode", B, Group("tp", 1, 2))
+    effects = regs.plan(1, message, 0.0)
+    assert effects[-1] == Reply(1, {"op": "registered", "profile": 5, "group": "tp"},
+                                version_of=3)
+    assert regs.groups.missing(("tp", "decode")) == [0]
+    refused = regs.plan(1, protocol.register_message(6, "decode", B, Group("tp", 1, 4)), 0.0)
+    with pytest.raises(ProfileMismatch, match="has 2 ranks"):
+        raise_for_error(refused[-1].message)
+    malformed = regs.plan(1, {**message, "group": ["tp", 5, 2]}, 0.0)
+    with pytest.raises(PayloadError, match="rank 5"):
+        raise_for_error(malformed[-1].message)
+
+
+def test_a_report_of_what_a_rank_holds_is_never_answered_and_a_bad_one_is_ignored() -> None:
+    devices: dict[int, DeviceLedger] = {}
+    regs = _registrations(devices)
+    assert regs.plan(1, protocol.holds_message(9, [(8,)]), 0.0) == []  # id 9: not registered
+    regs.plan(1, protocol.register_message(5, "decode", B), 0.0)
+    regs.slots.workers[1].profiles[5] = "decode"  # the Map effect, applied
+    assert regs.plan(1, protocol.holds_message(5, [(8, 8)]), 0.0) == []  # wrong arity
+    assert regs.plan(1, protocol.holds_message(5, [(8,)]), 0.0) == []  # of no group: nothing

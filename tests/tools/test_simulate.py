@@ -341,3 +341,16 @@ def test_the_largest_gear_only_grows_under_drift_and_memory_pressure() -> None:
             top = tops[int(np.searchsorted(result.starts, c.t))]
             assert c.gear < top, c  # the largest of the round's new set stays
     assert any(c.action == "evict" and "memory pressure" in c.reason for c in result.changes)
+
+
+def test_a_group_of_ranks_decides_as_one_device_its_steps_counted_once() -> None:
+    rng = np.random.default_rng(5)
+    n = 4000
+    sizes = np.r_[rng.integers(1, 300, n // 2), rng.integers(500, 900, n // 2)]
+    trace = make_trace(list(np.linspace(0, 600, n)), SEQLEN=list(sizes))
+    dims = policy_dims(trace, "adaptive")
+    device = Device(priced=True, bytes={"SEQLEN": Line(2**20)})
+    alone = simulate(trace, dims, PolicyConfig(), device=device)
+    group = simulate(trace, dims, PolicyConfig(), device=device, ranks=4)
+    assert alone.updates > 0 and group.changes == alone.changes
+    assert group.dims["SEQLEN"].final_gears == alone.dims["SEQLEN"].final_gears

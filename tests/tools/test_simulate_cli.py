@@ -331,3 +331,13 @@ def test_graph_bytes_and_budget_are_reported_and_checked() -> None:
                 ("--device-memory", "0"), ("--device-memory", "1e18")):
         code, _, err = run("azure_code_prefill", *bad)
         assert code == EXIT_USAGE and bad[0] in err
+
+
+def test_a_group_of_ranks_counts_each_step_once_and_decides_as_one_device() -> None:
+    code, alone, _ = run("azure_code_prefill", "--json")
+    code2, group, _ = run("azure_code_prefill", "--json", "--ranks", "4")
+    assert code == code2 == EXIT_OK
+    alone_, group_ = json.loads(alone), json.loads(group)
+    assert alone_["updates"] > 0 and alone_["decisions"] == group_["decisions"]
+    assert alone_["dims"] == group_["dims"]
+    assert run("azure_code_prefill", "--ranks", "0")[0] == 2

@@ -44,6 +44,7 @@ from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.deciding import Decided, Decider
 from gearshift.controller.embedded import EmbeddedController
+from gearshift.controller.grouprounds import GroupRounds
 from gearshift.controller.ingest import Batch, ProfileKeys
 from gearshift.controller.publishing import Publishing
 from gearshift.controller.registrations import Registrations
@@ -84,6 +85,9 @@ class Controller(Applying, Publishing):
                                   partial(self._failed, "state save"))
         self.slots = Slots(registry, config, self.batch)  # both return effects (`applying`)
         self.registrations = Registrations(self.slots, self.devices, policy, initial_gears)
+        self.group_rounds = GroupRounds(self.registrations.groups, self.devices, policy,
+                                        self._publish, self.prices, self.memory_usage,
+                                        self.device_memory)
         self.workers, self.lags = self.slots.workers, self.slots.lags  # by slot, by device
         self.errors = 0  # phases that failed
         self.lock_repairs = 0  # locks released after their holder died holding them
@@ -254,6 +258,7 @@ class Controller(Applying, Publishing):
         self._guard("registration", self._serve, now)
         self._guard("drain", self._drain, now)
         self._guard("fleet", self.fleet.tick, now)
+        self._guard("group rounds", self.group_rounds.step, now)
         for device in list(self.devices):
             due = now >= self._next_check.get(device, -math.inf) or device in self.decider.redo
             if due and not self.decider.busy(device):

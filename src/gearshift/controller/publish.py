@@ -30,15 +30,18 @@ log = logging.getLogger(__name__)
 
 def snapshot(region: SnapshotRegion, device: int, version: int,
              gears: Mapping[str, Mapping[str, Sequence[int]]],
-             changes: Mapping[str, list[list[Any]]] | None) -> int:
-    """Publish `device`'s `gears` (and `changes` when they fit too) in `region` as a version
-    above `version`; returns it. PayloadError when the gears alone do not fit."""
+             changes: Mapping[str, list[list[Any]]] | None,
+             groups: Mapping[str, Mapping[str, Any]] | None = None) -> int:
+    """Publish `device`'s `gears` and `groups` (and `changes` when they fit too) in `region`
+    as a version above `version`; returns it. PayloadError when the rest does not fit."""
     try:
-        return region.publish(snapshot_payload(device, gears, changes), at_least=version + 1)
+        return region.publish(snapshot_payload(device, gears, changes, groups),
+                              at_least=version + 1)
     except PayloadError:
         if not changes or not any(changes.values()):
             raise
-    published = region.publish(snapshot_payload(device, gears), at_least=version + 1)
+    published = region.publish(snapshot_payload(device, gears, None, groups),
+                               at_least=version + 1)
     log.warning("device %d: snapshot version %d leaves the last round's changes out: with them "
                 "it exceeds the region's %d bytes", device, published, region.capacity)
     return published

@@ -17,7 +17,9 @@ from gearshift.controller import publish, rounds, status, upkeep
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.fleet import Fleet
+from gearshift.controller.grouprounds import GroupRounds
 from gearshift.controller.ingest import Batch
+from gearshift.controller.registrations import Registrations
 from gearshift.controller.slots import Slots
 from gearshift.core import memory
 from gearshift.core.config import PolicyConfig
@@ -41,6 +43,8 @@ class Publishing:
     batch: Batch
     costs: CostBook
     slots: Slots
+    registrations: Registrations
+    group_rounds: GroupRounds
     errors: int
     lock_repairs: int
     rounds: dict[str, Any]
@@ -108,7 +112,8 @@ class Publishing:
             gears.update({name: {d: list(g.gears) for d, g in dims.items()}
                           for name, dims in round.gears.items()})
         changes = rounds.change_lists(round) if round is not None else self.changes.get(device)
-        dev.version = publish.snapshot(region, device, dev.version, gears, changes)
+        dev.version = publish.snapshot(region, device, dev.version, gears, changes,
+                                       self.registrations.groups.views(device))
         self.slots.published(device, dev.version, now)
         log.info("device %d: snapshot version %d published", device, dev.version)
 
@@ -123,6 +128,7 @@ class Publishing:
             final_save=self.final_save, memory_bytes=memory_bytes, graph_bytes={
                 d: memory.device_usage(dev, self.prices(d), self.policy)
                 for d, dev in self.devices.items()})
+        doc["groups"] = self.group_rounds.status()
         if self.fleet.store is not None:
             doc["fleet"] = self.fleet.view(now)
         return doc

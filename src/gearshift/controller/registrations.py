@@ -14,7 +14,9 @@ effects (`effects`) that the controller applies in order: the new profile publis
 the worker's id mapped and the status document published, then the reply.
 
 Each slot is served on its own (`guard`): a request that cannot be read or answered, or a reply
-that cannot be posted, fails that slot alone, and every refusal is a short message. Warnings
+that cannot be posted, fails that slot alone, and every refusal is a short message. A rank of
+a group (`protocol.parse_group`) is checked against the group's live members and recorded
+(`controller.groups.Groups`), and its reply echoes the group's name. Warnings
 about one slot are logged at most every QUIET_SECONDS (with the count of those left out), so a
 worker posting junk flat out cannot flood the log.
 """
@@ -39,9 +41,10 @@ from gearshift.controller.effects import (
     Reply,
     Save,
 )
+from gearshift.controller.groups import Groups, Member
 from gearshift.controller.slots import Slots
 from gearshift.core.config import PolicyConfig
-from gearshift.core.dims import MAX_DIMS, Dim, Gears
+from gearshift.core.dims import MAX_DIMS, Dim, Gears, brief
 from gearshift.core.gears import starting_gears
 from gearshift.core.round import DeviceLedger, ProfileLedger
 from gearshift.errors import (
@@ -52,7 +55,7 @@ from gearshift.errors import (
     ShapeError,
     SpaceError,
 )
-from gearshift.protocol import parse_register
+from gearshift.protocol import parse_group, parse_holds, parse_register
 from gearshift.shm import Registry, error_reply
 
 log = logging.getLogger(__name__)
@@ -269,6 +272,11 @@ class Registrations:
         self.policy = policy
         self.initial_gears = initial_gears
         self.seed: Seed = lambda device, name, dims: None  # the fleet's gears (`fleet.seed`)
+        self.groups = Groups(self._alive)
+
+    def _alive(self, slot: int, pid: int) -> bool:
+        w = self.slots.workers.get(slot)
+        return w is not None and w.info.alive and w.info.pid == pid
 
     def claimant(self, slot: int, now: float) -> tuple[int, int]:
         w = self.slots.workers.get(slot)
@@ -298,15 +306,42 @@ class Registrations:
     def plan(self, slot: int, message: Mapping[str, Any], now: float) -> list[Effect]:
         """The effects answering `slot`'s registration `message` (see the class docstring), or
         the `Reply` refusing it."""
+        if isinstance(message, Mapping) and message.get("op") == "holds":
+            return self._holds(slot, message, now)
         try:
             request, device, pid, new = admit(self, slot, message, now)
+            group = parse_group(message)
+            if group is not None:
+                self.groups.check(group, request.name, request.dims, slot, pid)
             added = self._add(slot, device, request, now) if new else []
         except Exception as e:
             return [Reply(slot, failure(slot, e, now))]
         name, local = request.name, request.local
+        reply: dict[str, Any] = {"op": "registered", "profile": local}
+        if group is not None:  # the echo: a worker refuses a reply without it (no groups)
+            added += [Publish(d) for d in self.groups.join(
+                group, name, request.dims, Member(slot, pid, device))]
+            reply["group"] = group.name
         return [*added, Map(slot, local, device, name), PublishStatus(),
                 Log(__name__, REGISTERED, (pid, slot, name, device, local)),
-                Reply(slot, {"op": "registered", "profile": local}, version_of=device)]
+                Reply(slot, reply, version_of=device)]
+
+    def _holds(self, slot: int, message: Mapping[str, Any], now: float) -> list[Effect]:
+        """A rank's report of what it holds (no reply): the group's usable set updated, and
+        every member device's snapshot published when it changed; a bad report is logged."""
+        w = self.slots.workers.get(slot)
+        try:
+            local = message.get("profile")
+            name = w.profiles.get(local) if w is not None and isinstance(local, int) else None
+            dims = self.dims_of(w.info.device, name) if w is not None and name else None
+            if dims is None:
+                raise PayloadError(f"profile id {brief(local)} is not registered by slot {slot}")
+            _, variants = parse_holds(message, len(dims))
+        except PayloadError as e:
+            _warn(slot, now, "slot %d: report of what it holds ignored: %s", slot, e)
+            return []
+        changed = self.groups.hold(slot, name, variants)
+        return [Publish(d) for d in changed or ()]
 
     def _add(self, slot: int, device: int, request: Request, now: float) -> list[Effect]:
         dev = self.devices.setdefault(device, DeviceLedger())

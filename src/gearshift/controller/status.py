@@ -19,7 +19,9 @@ NaN-free floats only:
                   "profiles": [{"name", "changes": [[dim, gear, action, reason], ...],
                                 "dims": [{"name", "gears", "hit_rate", "avg_pad",
                                           "padding", "samples", "history_samples",
-                                          "cost", "costs"}]}]}]}
+                                          "cost", "costs"}]}]}],
+     "groups": [{"group", "profile", "size", "ranks": [[rank, slot, pid, device, alive], ...],
+                 "missing": [rank, ...], "recorder", "usable"}]}
 
 `hit_rate` and `avg_pad` are per gear (decayed, as the policy sees them); `padding` is the
 decayed mean pad ratio of the dim's requests; `samples` the events in the window,
@@ -31,6 +33,10 @@ it (`DeviceLedger.memory_bytes`, kept across restarts; None: never read), and it
 `graph_bytes` {"held", "bound", "buffers"}: what its priced dims' graphs and their profiles'
 static buffers hold on all its workers, its memory bound (None: none; `core.memory`), and
 the buffers' part of "held" (0 where unreported);
+`groups` are the groups of ranks (docs/architecture.md, "Tensor parallel";
+`GroupRounds.status`, added by the controller): a group's `missing` ranks have no live worker
+(the group is decided no more until they are back), its `recorder` is the rank whose
+statistics it is decided on, `usable` the count of variants every rank holds;
 `measured` counts the measurement records kept (`unknown` and
 `invalid` count the refused ones with the samples). A restarted
 controller reads the last document to map the live workers' profile ids again before they

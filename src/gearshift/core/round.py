@@ -28,11 +28,13 @@ from gearshift.core.stats import DimStats
 @dataclass
 class ProfileLedger:
     """One profile on one device: its dims, each dim's gears, and its statistics (the
-    window's, each feeding its `history`)."""
+    window's, each feeding its `history`). `group`: the group of ranks it belongs to (None:
+    none), decided by `core.group.decide_group`, never by the device's round."""
 
     dims: dict[str, Dim]
     gears: dict[str, DimGears]
     stats: dict[str, DimStats]
+    group: str | None = None
 
     @classmethod
     def new(cls, dims: Mapping[str, Dim], now: float, config: PolicyConfig) -> ProfileLedger:
@@ -81,7 +83,7 @@ class DeviceLedger:
         statistics by `DimStats.snapshot`), for a round decided in another thread."""
         return DeviceLedger(self.version, self.last_update, {
             name: ProfileLedger(dict(p.dims), dict(p.gears),
-                                {d: s.snapshot() for d, s in p.stats.items()})
+                                {d: s.snapshot() for d, s in p.stats.items()}, p.group)
             for name, p in self.profiles.items()}, self.memory_bytes)
 
     def apply(self, round: Round) -> None:
@@ -104,7 +106,8 @@ def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
     under the device's bound (`memory.bound`, at the ledger's `memory_bytes`) they share its
     headroom (the bound less the
     bytes of every priced dim's gears and of their profiles' buffers): each profile, and each
-    dim, gets what those decided before it left."""
+    dim, gets what those decided before it left. A profile of a group is left out (its gears
+    count in what the device holds)."""
     trigger = should_update(device.last_update, now, memory_usage, config)
     if trigger is None:
         return None
@@ -114,6 +117,8 @@ def decide_round(device: DeviceLedger, now: float, memory_usage: float | None,
     prices = _with_headroom(device, prices, budget)
     gears, changes = {}, {}
     for name, p in device.profiles.items():
+        if p.group is not None:  # decided once for its group (`core.group`), its gears held
+            continue
         try:
             extra = (prior or {}).get(name, {})
             window = {d: with_prior(s.view(now), extra.get(d), 0) for d, s in p.stats.items()}

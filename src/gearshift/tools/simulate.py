@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Line, Prices, buffer_bytes
 from gearshift.core.dims import Dim, Gears, ladder, padded_cost, padded_work
+from gearshift.core.group import decide_group
 from gearshift.core.memory import bound, graph_bytes
 from gearshift.core.optimal import optimal_sets
 from gearshift.core.round import DeviceLedger, ProfileLedger, decide_round
@@ -257,10 +258,12 @@ class Device:
 
 def simulate(
     trace: Trace, dims: Mapping[str, Dim], config: PolicyConfig, *, adaptive: bool = True,
-    device: Device | None = None,
+    device: Device | None = None, ranks: int = 1,
 ) -> SimulationResult:
     """Replay `trace` (every column a dim of `dims`) through the policy, or static gears, on
-    `device` (default: captures free, unpriced)."""
+    `device` (default: captures free, unpriced); `ranks` > 1: as one group of that many ranks,
+    each on a device alike, every rank seeing every step, decided by `core.group.decide_group`
+    as the controller decides a group."""
     device = device or Device()
     prices = device.prices(dims)
     t = trace.t - trace.t[0]
@@ -273,9 +276,11 @@ def simulate(
     cuts = np.r_[0, np.searchsorted(t, checks, side="left"), t.size]
     starts = np.r_[0.0, checks]
     current = {name: dim.initial_gears for name, dim in dims.items()}
-    ledger = DeviceLedger(last_update=0.0, profiles={PROFILE: ProfileLedger.new(dims, 0.0, config)},
-                          memory_bytes=device.memory)
-    stats = ledger.profiles[PROFILE].stats
+    group = "group" if ranks > 1 else None
+    ledgers = [DeviceLedger(last_update=0.0, memory_bytes=device.memory, profiles={
+        PROFILE: replace(ProfileLedger.new(dims, 0.0, config), group=group)})
+        for _ in range(ranks)]
+    ledger = ledgers[0]
     gears = {name: [] for name in dims}
     raw = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
     padded = {name: np.zeros(starts.size, dtype=np.int64) for name in dims}
@@ -289,16 +294,20 @@ def simulate(
             raw[name][seg] = values.sum()
             padded[name][seg] = padded_work(current[name], values, dim.splittable).sum()
             costs[name][seg] = padded_cost(dim, current[name], values).sum()
-            if adaptive:
-                stats[name].fold(t[lo:hi], values)
+            for each in ledgers if adaptive else ():  # each rank records what it serves
+                each.profiles[PROFILE].stats[name].fold(t[lo:hi], values)
         if seg == checks.size or not adaptive:
             continue
         now = float(checks[seg])
         mem = None if trace.mem_usage is None or hi == 0 else float(trace.mem_usage[hi - 1])
-        round = decide_round(ledger, now, mem, config, prices=prices)
+        round = decide_round(ledger, now, mem, config, prices=prices) if group is None else \
+            decide_group(PROFILE, ledgers, 0, ledger.last_update, now, mem, config,
+                         [prices or {}] * ranks)
         if round is None:
             continue
-        ledger.apply(round)
+        for each in ledgers:
+            each.profiles[PROFILE].gears = round.gears[PROFILE]
+            each.last_update = now
         updates += 1
         current = {name: g.gears for name, g in round.gears[PROFILE].items()}
         changes += [Change(now, round.trigger, c.dim, c.gear, c.action, c.reason)

@@ -16,6 +16,7 @@ from gearshift.configfile import load_policy_config
 from gearshift.core.config import MAX_BYTES, PolicyConfig, check_value
 from gearshift.core.costs import MAX_GRAPH_BYTES, MAX_MEASURED_SECONDS, Line
 from gearshift.core.dims import Gears, normalize_gears
+from gearshift.core.group import MAX_GROUP_SIZE
 from gearshift.errors import ConfigError, GearshiftError, TraceError
 from gearshift.tools import simulate as replay
 from gearshift.tools.simulate_fleet import report
@@ -132,6 +133,14 @@ from gearshift.tools.trace import Trace, load_trace
               help="Split the trace across N nodes joining 600 s apart that share a fleet "
               "(docs/architecture.md, \"Fleet\"): the last node's overhead with the fleet "
               "and cold, against the fleet's steady state.")
+@click.option(
+    "--ranks",
+    type=click.IntRange(1, MAX_GROUP_SIZE),
+    default=1,
+    show_default=True,
+    help="Replay as one group of this many ranks (tensor parallel: every rank serves every "
+    "step, each on a device alike), decided as the controller decides a group.",
+)
 @config_options("policy", "at top level or under [policy]")
 @json_option()
 @click.option(
@@ -157,6 +166,7 @@ def simulate(
     graph_budget: str | None,
     device_memory: float | None,
     fleet: int | None,
+    ranks: int,
     config_path: str | None,
     overrides: tuple[str, ...],
     as_json: bool,
@@ -176,6 +186,9 @@ def simulate(
     ratios (0.25 is 25 %).
     """
     began = time.perf_counter()
+    if fleet and ranks > 1:
+        _fail(ConfigError("--ranks", "--fleet replays ungrouped nodes: drop --ranks or --fleet"),
+              EXIT_USAGE)
     if plot:
         _pyplot()  # before the replay: a missing extra fails at once
     try:
@@ -195,7 +208,7 @@ def simulate(
         _fail(e, EXIT_ERROR)
     except GearshiftError as e:
         _fail(e, EXIT_USAGE)
-    result = replay.simulate(data, dims, config, adaptive=adaptive, device=device)
+    result = replay.simulate(data, dims, config, adaptive=adaptive, device=device, ranks=ranks)
     wall = time.perf_counter() - began
     summary = result.summary()
     if as_json:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gearshift.core.dims import Dim
+from gearshift.core.group import Group
 from gearshift.errors import ShapeError
 from gearshift.shm import names
 from gearshift.worker import compile_cache
@@ -96,6 +97,7 @@ def compile(
     device: int = 0,
     embedded: bool = False,
     lazy_start: bool = True,
+    group: Group | None = None,
     shared_cache: bool = True,
     **transform_options: Any,
 ) -> Compiled:
@@ -105,7 +107,8 @@ def compile(
     `example` (default: the first call's tensors) gives static sizes and dtypes. The client is
     `client`, else a shared one of `namespace` (default: `GEARSHIFT_NAMESPACE`, else
     `default`) and accelerator `device` (`embedded`: see `connect`). `shared_cache`: the
-    namespace's compile cache on this node (`worker.compile_cache`), with per-shape locks."""
+    namespace's compile cache on this node (`worker.compile_cache`), with per-shape locks.
+    `group`: the rank of a group its profile is (`gs.group`)."""
     options = {"mode": mode, "options": options, "backend": backend, **transform_options}
     release = _nothing
     if client is None:
@@ -114,7 +117,7 @@ def compile(
         if shared_cache:
             options["lock_dir"] = str(compile_cache.prepare(client.namespace))
         profile_name = name or getattr(fn, "__name__", None) or type(fn).__name__
-        profile = client.profile(profile_name, dims, lazy_start=lazy_start)
+        profile = client.profile(profile_name, dims, lazy_start=lazy_start, group=group)
         compiled = Compiled(client, profile, fn, inputs, options, release)
         if example is not None:
             compiled.attach(example)

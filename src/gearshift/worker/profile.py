@@ -28,6 +28,7 @@ from typing import Any
 
 from gearshift import protocol
 from gearshift.core.dims import Dim, Gears, normalize_gears
+from gearshift.core.group import Group
 from gearshift.errors import ShapeError, StateError
 from gearshift.worker.interfaces import Host, Runner
 from gearshift.worker.measured import Measured
@@ -74,10 +75,12 @@ class _Request:
 class Profile(Router):
     """One named graph-compiled function of a client's device; made by `Client.profile`.
     `lazy_start` (default on): capture the start-up gears a request needs when it first does,
-    not at once (`worker.warmup`); off, every combination of the gears in use is captured."""
+    not at once (`worker.warmup`); off, every combination of the gears in use is captured.
+    `group`: the rank of a group it is (docs/architecture.md, "Tensor parallel")."""
 
     def __init__(self, host: Host, pid: int, name: str, dims: Mapping[str, Dim], *,
-                 lazy_start: bool = True) -> None:
+                 lazy_start: bool = True, group: Group | None = None) -> None:
+        self.group = group  # the rank of a group it declares (None: none)
         self.registered = False
         self.rejected: Exception | None = None  # a registration the controller refused
         self._lock = threading.Lock()

@@ -19,11 +19,13 @@ from collections.abc import Callable
 
 from gearshift import protocol
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.errors import GearshiftError, SpaceError
+from gearshift.errors import GearshiftError, GroupError, SpaceError
 from gearshift.shm import Registry, mailbox
 from gearshift.worker.profile import Profile
 
 log = logging.getLogger(__name__)
+NO_GROUPS = ("the controller did not acknowledge its group (it predates groups, "
+             "docs/architecture.md \"Tensor parallel\"): upgrade gearshift on it")
 REGISTER_POLL = 0.001  # seconds between looks at the reply mailbox while waiting for a reply
 
 
@@ -75,11 +77,17 @@ class RegistrationQueue:
                 ):
                     p = self._queue[0]
                     if registry.requests(slot).post(
-                        protocol.register_message(p.id, p.name, p.dims)
+                        protocol.register_message(p.id, p.name, p.dims, p.group)
                     ):
                         self._outstanding = self._queue.pop(0)
             except GearshiftError as e:
                 self._warn("namespace %r: registration mailbox: %s", self.namespace, e)
+
+    def send(self, message: dict) -> bool:
+        """Post `message` (no reply expected) in the request mailbox, under the queue's lock;
+        False when unbound or the mailbox is not free yet (send it again later)."""
+        with self._lock:
+            return self.registry is not None and self.registry.requests(self.slot).post(message)
 
     def forked(self) -> None:
         """In a forked child: unbound (the slot and its mailboxes are the parent's) until `bind`
@@ -134,7 +142,12 @@ class RegistrationQueue:
         if prof is None or reply.get("op") != "registered":
             log.warning("namespace %r: unexpected registration reply %r", self.namespace, reply)
             return
-        prof.registered = True
+        if prof.group is not None and reply.get("group") != prof.group.name:
+            log.error("registration of profile %r refused: %s", prof.name, NO_GROUPS)
+            prof.rejected = GroupError(f"profile {prof.name!r} of group {prof.group.name!r}: "
+                                       f"{NO_GROUPS}")
+        else:
+            prof.registered = True
         if prof in self._queue:
             self._queue.remove(prof)
         if self._outstanding is prof:

@@ -38,6 +38,7 @@ from typing import Any
 from gearshift import protocol
 from gearshift.clock import Clock, MonotonicClock
 from gearshift.core.dims import Dim, redeclared
+from gearshift.core.group import Group
 from gearshift.errors import (
     ConfigError,
     ControllerNotFound,
@@ -148,22 +149,25 @@ class Client:
                     p.registered for p in self._profiles.values()):
                 self._life.advance("registered")
 
-    def profile(self, name: str, dims: Mapping[str, Dim], *, lazy_start: bool = True) -> Profile:
-        """The profile `name` with these dims (in record order; `lazy_start`: see `Profile`),
-        registered; ProfileMismatch if it or the controller knows `name` with other dims."""
+    def profile(self, name: str, dims: Mapping[str, Dim], *, lazy_start: bool = True,
+                group: Group | None = None) -> Profile:
+        """The profile `name` with these dims (in record order; `lazy_start`, `group`: see
+        `Profile`), registered; ProfileMismatch if it or the controller knows `name` otherwise."""
         dims = checked_dims(name, dims)
         with self._adopting:  # one profile per name, even when threads race to make it
             known = self._profiles.get(name)
             if known is None:
-                prof = Profile(self, next(self._ids), name, dims, lazy_start=lazy_start)
+                prof = Profile(self, next(self._ids), name, dims, group=group,
+                               lazy_start=lazy_start)
                 if prof.id > protocol.MAX_PROFILE_ID:
                     raise ConfigError("profile", f"at most {protocol.MAX_PROFILE_ID + 1} a client")
                 with self._life.lock:  # StateError on a closed client
                     self._life.advance("profile")
                     self._profiles = {**self._profiles, name: prof}
         if known is not None:
-            if known.dims != dims:
-                raise ProfileMismatch(redeclared(name, known.dims, dims))
+            if known.dims != dims or known.group != group:
+                raise ProfileMismatch(redeclared(name, known.dims, dims) if known.dims != dims
+                                      else f"profile {name!r} is of {known.group}, not {group}")
             return known
         self._registrations.add(prof)
         if self.registry is not None and self.registry.controller().alive:

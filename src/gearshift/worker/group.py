@@ -1,0 +1,202 @@
+"""One rank's side of a grouped profile: the driver's plan and boundaries, every rank's replay
+and lockstep maintenance (docs/architecture.md, "Tensor parallel").
+
+`GroupRank(client, profile, runner)` drives `runner` for a profile declared with a group; the
+runner is not attached to the profile, so the client's swap thread never captures, warms up or
+releases its graphs: all of that happens in `maintain`, on the engine's thread, at the step
+boundaries the driver announces. Each step:
+
+- the driver (one rank, usually rank 0) calls `boundary()` (a `Maintenance` or None: the
+  variants to capture, largest first, and the gears to release) and `plan(**sizes)` (a
+  `Carried`: the variant the step runs on, 0s for an eager run); both are short tuples of
+  ints, which the engine puts in the step broadcast it already makes;
+- every rank, the driver included, calls `maintain(maintenance)` when there is one, then
+  `replay(carried, tensors)`.
+
+The plan is a pure function of the sizes and the variants usable at the driver (what every rank
+reported holding, as the group's snapshot says, and what the driver holds now); `replay` runs
+exactly the carried variant or raises GroupError before running anything when this rank does not
+hold it. A grouped request runs on one variant or eagerly, never cut into chunks. After each
+maintenance a rank reports what it holds to the controller (`protocol.holds_message`, sent
+again on later calls until the mailbox takes it, and every REPORT_SECONDS). Not thread-safe:
+one engine thread per rank calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import product
+from typing import Any
+
+from gearshift import protocol
+from gearshift.core.group import Group, Variant
+from gearshift.errors import GearshiftError, GroupError, PayloadError, ShapeError
+from gearshift.worker.interfaces import Runner
+from gearshift.worker.profile import Profile
+from gearshift.worker.session import Client
+
+log = logging.getLogger(__name__)
+
+Carried = tuple[int, ...]  # (snapshot version, gear per dim); all gears 0: eager
+CAPTURES_PER_BOUNDARY = 2  # captures announced at one boundary: a step waits for at most these
+REPORT_SECONDS = 5.0  # what a rank holds is sent again this often (a restarted controller)
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """What every rank runs at one step boundary, in this order: `captures` (variants) then
+    `releases` ((dim index, gear): every variant of that gear)."""
+
+    captures: tuple[Variant, ...]
+    releases: tuple[tuple[int, int], ...]
+
+    def carried(self) -> tuple[int, ...]:
+        """As ints: the count of captures, their gears, the count of releases, their pairs."""
+        return (len(self.captures), *(g for v in self.captures for g in v),
+                len(self.releases), *(x for r in self.releases for x in r))
+
+    @classmethod
+    def of(cls, ints: tuple[int, ...] | list[int], ndim: int) -> Maintenance:
+        """The maintenance `carried()` gave; GroupError when `ints` are not such."""
+        try:
+            n, at = int(ints[0]), 1
+            captures = tuple(tuple(int(g) for g in ints[at + i * ndim: at + (i + 1) * ndim])
+                             for i in range(n))
+            at += n * ndim
+            m = int(ints[at])
+            releases = tuple((int(ints[at + 1 + 2 * i]), int(ints[at + 2 + 2 * i]))
+                             for i in range(m))
+            if at + 1 + 2 * m != len(ints) or any(len(v) != ndim for v in captures):
+                raise IndexError
+        except (IndexError, TypeError, ValueError):
+            raise GroupError(f"not a carried maintenance of {ndim} dims: {list(ints)[:20]}"
+                             ) from None
+        return cls(captures, releases)
+
+
+class GroupRank:
+    """`runner` of grouped `profile` of `client`, driven in lockstep (module docstring)."""
+
+    def __init__(self, client: Client, profile: Profile, runner: Runner,
+                 captures_per_boundary: int = CAPTURES_PER_BOUNDARY) -> None:
+        if profile.group is None:
+            raise GroupError(f"profile {profile.name!r} declares no group (client.profile(..., "
+                             "group=gs.group(NAME)))")
+        if list(runner.gears) != list(profile.dims):
+            raise ShapeError(f"{profile.name}: the runner's dims {list(runner.gears)} are not "
+                             f"{list(profile.dims)} (in this order)")
+        self.client, self.profile, self.runner = client, profile, runner
+        self.group: Group = profile.group
+        self.dims = list(profile.dims)
+        self.per_boundary = captures_per_boundary
+        self.stats = {"captured": 0, "capture_failures": 0, "released": 0, "replays": 0,
+                      "eager": 0}
+        self._unreported = True
+        self._reported_ns = 0  # when the last report was sent
+        self._seen, self._usable = -1, frozenset()
+        self._releasing: frozenset[tuple[int, int]] = frozenset()  # announced, not yet run
+
+    # the driver
+
+    def usable(self) -> frozenset[Variant]:
+        """The variants the driver may plan: the group's usable set (its snapshot) that this
+        rank still holds, less those the last announced boundary releases (the step it plans
+        runs after that boundary)."""
+        region = self.client.region
+        version = region.version()
+        if version != self._seen:
+            try:
+                snap = region.read()
+            except PayloadError:
+                snap = None
+            usable = protocol.profile_usable(snap.payload, self.profile.name) if snap else None
+            self._seen, self._usable = version, usable or frozenset()
+        held = self._usable & frozenset(self.runner.ready())
+        if self._releasing:
+            held = frozenset(v for v in held if not any((i, g) in self._releasing
+                                                        for i, g in enumerate(v)))
+        return held
+
+    def plan(self, **sizes: int) -> Carried:
+        """The variant this step runs on: the smallest usable one covering `sizes` (fewest
+        padded elements, then the lowest gears), all 0s when none does (eager)."""
+        need = tuple(int(sizes[d]) for d in self.dims)
+        covering = [v for v in self.usable() if all(map(int.__ge__, v, need))]
+        best = min(covering, key=lambda v: (math.prod(v), v), default=(0,) * len(self.dims))
+        return (self._seen, *best)
+
+    def boundary(self) -> Maintenance | None:
+        """What every rank should run at this boundary: up to `per_boundary` variants of the
+        profile's gears in use that this rank does not hold (largest first), and the gears it
+        holds that are no longer in use; None when there is nothing."""
+        gears = self.profile.gears
+        held = set(self.runner.ready())
+        wanted = sorted((v for v in product(*(gears[d] for d in self.dims)) if v not in held),
+                        key=lambda v: (math.prod(v), v), reverse=True)[:self.per_boundary]
+        releases = sorted({(i, v[i]) for v in held for i, d in enumerate(self.dims)
+                           if v[i] not in gears[d]})
+        self._releasing = frozenset(releases)
+        return Maintenance(tuple(wanted), tuple(releases)) if wanted or releases else None
+
+    # every rank
+
+    def maintain(self, maintenance: Maintenance) -> None:
+        """Capture, then release, what `maintenance` says, on this (the engine's) thread, then
+        report what this rank holds. A capture that fails is logged and left out: the rank
+        does not hold it, so it never becomes usable."""
+        for variant in maintenance.captures:
+            try:
+                self.stats["captured"] += self.runner.capture([dict(zip(self.dims, variant,
+                                                                        strict=True))])
+            except GearshiftError as e:
+                self.stats["capture_failures"] += 1
+                log.warning("group %r rank %d: capturing %s failed: %s", self.group.name,
+                            self.group.rank, variant, e)
+        for dim, gear in maintenance.releases:
+            self.stats["released"] += self.runner.release(self.dims[dim], gear)
+        self._releasing = frozenset()
+        self._unreported = True
+        self._report()
+
+    def replay(self, carried: Carried, tensors: Mapping[str, Any],
+               recorded: Mapping[str, int] | None = None) -> Any:
+        """Run the step on exactly the carried variant, or eagerly when it is all 0s;
+        GroupError at once when this rank does not hold it. The step is recorded as a request
+        of `recorded` (default: the tensors' sizes; with data-parallel attention, the max the
+        driver planned: what the group's gears must fit)."""
+        self._report()
+        variant = tuple(int(g) for g in carried[1:])
+        if len(variant) != len(self.dims):
+            raise GroupError(f"carried {list(carried)[:8]} has not one gear per dim {self.dims}")
+        runner = self.runner
+        sizes = runner.transform.check(tensors)
+        eager = not any(variant)
+        if not eager:
+            if variant not in set(runner.ready()):
+                raise GroupError(
+                    f"group {self.group.name!r} rank {self.group.rank}: told to replay "
+                    f"{dict(zip(self.dims, variant, strict=True))} (snapshot {carried[0]}), "
+                    f"which it does not hold; it holds {sorted(runner.ready())[:8]}")
+            if any(sizes[d] > g for d, g in zip(self.dims, variant, strict=True)):
+                raise GroupError(f"sizes {dict(sizes)} exceed the carried {variant}")
+        with self.profile.request(**(sizes if recorded is None else recorded)):
+            if eager:
+                self.stats["eager"] += 1
+                return runner.transform.call(tensors, sizes)
+            runner.gears = {d: (g,) for d, g in zip(self.dims, variant, strict=True)}
+            self.stats["replays"] += 1
+            return runner.run(tensors, sizes)
+
+    def _report(self) -> None:
+        """Send what this rank holds after a change, and every REPORT_SECONDS (a restarted
+        controller knows nothing of it), once the profile is registered."""
+        now = self.client.clock.now_ns()
+        due = self._unreported or now - self._reported_ns >= REPORT_SECONDS * 1e9
+        if not due or not self.profile.registered:
+            return
+        held = sorted(self.runner.ready(), key=lambda v: (math.prod(v), v))[:protocol.MAX_HELD]
+        if self.client._registrations.send(protocol.holds_message(self.profile.id, held)):
+            self._unreported, self._reported_ns = False, now

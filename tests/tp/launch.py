@@ -1,0 +1,100 @@
+"""Starting the harness's rank processes and a controller, bounded in time, and cleaning up."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing.context import BaseContext
+from pathlib import Path
+
+from gearshift.shm import cleanup, names, segment
+
+START_SECONDS = 20.0  # the controller's start
+
+
+@dataclass
+class Outcome:
+    """What the ranks reported, their exit codes (None: killed at the deadline) and whether
+    any had to be killed (a hang)."""
+
+    reports: list[tuple] = field(default_factory=list)
+    exitcodes: list[int | None] = field(default_factory=list)
+    hung: bool = False
+
+    def of(self, kind: str) -> list[tuple]:
+        return [r for r in self.reports if r[0] == kind]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(mp: BaseContext, target: Callable[..., None], size: int, args: tuple,
+              deadline: float) -> Outcome:
+    """`target(rank, size, port, *args, results)` in `size` processes; waits up to `deadline`
+    seconds for all to exit, kills those left (a hang) and returns what they said."""
+    results = mp.Queue()
+    port = free_port()
+    procs = [mp.Process(target=target, args=(r, size, port, *args, results), daemon=True)
+             for r in range(size)]
+    for p in procs:
+        p.start()
+    out = Outcome()
+    end = time.monotonic() + deadline
+    while any(p.is_alive() for p in procs) and time.monotonic() < end:
+        _take(results, out, 0.05)
+    for p in procs:
+        if p.is_alive():
+            out.hung = True
+            p.kill()
+        p.join(10)
+    _take(results, out, 0.2)
+    out.exitcodes = [None if p.exitcode is not None and p.exitcode < 0 and out.hung
+                     else p.exitcode for p in procs]
+    results.close()
+    return out
+
+
+def _take(results, out: Outcome, wait: float) -> None:
+    try:
+        while True:
+            out.reports.append(results.get(timeout=wait))
+            wait = 0.0
+    except queue.Empty:
+        pass
+
+
+@contextmanager
+def controller(namespace: str, state: Path, *settings: str) -> Iterator[subprocess.Popen]:
+    """`gearshift serve` on `namespace` with `settings` (KEY=VALUE); stopped, and every
+    segment of the namespace removed, at the end."""
+    cmd = [sys.executable, "-m", "gearshift", "serve", "-n", namespace, "--state-dir",
+           str(state), "--set", "scan_interval_seconds=0.05"]
+    for s in settings:
+        cmd += ["--set", s]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + START_SECONDS
+        while not segment.exists(names.status(namespace)):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < end, "the controller did not start"
+            time.sleep(0.02)
+        yield proc
+    finally:
+        subprocess.run([sys.executable, "-m", "gearshift", "stop", "-n", namespace],
+                       capture_output=True, timeout=START_SECONDS)
+        try:
+            proc.wait(START_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        cleanup(namespace)

@@ -1,0 +1,144 @@
+"""One rank's side of a group (`worker.group.GroupRank`) on fakes: the carried maintenance, the
+driver's boundary and plan, every rank's lockstep maintenance, report and exact replay."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import pytest
+from fakeclock import FakeClock
+
+import gearshift as gs
+from gearshift import protocol
+from gearshift.worker.group import REPORT_SECONDS, GroupRank, Maintenance
+
+
+class Runner:
+    def __init__(self, held: set[tuple[int, ...]]) -> None:
+        self.gears = {"S": (1,)}
+        self.held = set(held)
+        self.ran: list[tuple] = []
+        self.transform = SimpleNamespace(check=lambda t: {"S": t["n"]},
+                                         call=lambda t, s: ("eager", s["S"]))
+
+    def ready(self) -> list[tuple[int, ...]]:
+        return sorted(self.held)
+
+    def capture(self, variants) -> int:
+        new = {(v["S"],) for v in variants} - self.held
+        self.held |= new
+        return len(new)
+
+    def release(self, dim: str, gear: int) -> int:
+        gone = {v for v in self.held if v[0] == gear}
+        self.held -= gone
+        return len(gone)
+
+    def run(self, tensors, sizes):
+        self.ran.append((dict(self.gears), sizes["S"]))
+        return ("graph", self.gears["S"][0])
+
+
+class Region:
+    def __init__(self) -> None:
+        self.v, self.payload = 0, None
+
+    def version(self) -> int:
+        return self.v
+
+    def read(self):
+        return SimpleNamespace(version=self.v, payload=self.payload)
+
+    def usable(self, *gears: int) -> None:
+        self.v += 1
+        self.payload = protocol.snapshot_payload(
+            0, {"p": {"S": (8, 16, 32)}},
+            groups={"p": {"name": "tp", "size": 2, "usable": [(g,) for g in gears]}})
+
+
+TP0 = gs.Group("tp", 0, 2)
+
+
+def _rank(held: set | tuple = (), gears: tuple = (8, 16, 32), group: gs.Group | None = TP0
+          ) -> tuple[GroupRank, Region, Runner, list[dict], list[dict]]:
+    sent: list[dict] = []
+    requests: list[dict] = []
+
+    @contextmanager
+    def request(**sizes: int):
+        requests.append(sizes)
+        yield
+
+    profile = SimpleNamespace(group=group, name="p", dims={"S": gs.Dim(max=64)}, id=3,
+                              gears={"S": tuple(gears)}, registered=True, request=request)
+    client = SimpleNamespace(region=Region(), clock=FakeClock(0.0),
+                             _registrations=SimpleNamespace(send=lambda m: sent.append(m) or True))
+    runner = Runner(set(held))
+    return GroupRank(client, profile, runner), client.region, runner, sent, requests
+
+
+def test_a_maintenance_rides_as_ints_and_a_garbled_one_is_refused() -> None:
+    m = Maintenance(((8, 64), (4, 64)), ((1, 32),))
+    assert Maintenance.of(m.carried(), 2) == m
+    assert Maintenance.of(list(Maintenance((), ()).carried()), 2) == Maintenance((), ())
+    for bad in ((2, 8, 64), (1, 8, 64, 1, 0), (0, 1, 0, 0, 9), ("x",), ()):
+        with pytest.raises(gs.GroupError):
+            Maintenance.of(bad, 2)
+
+
+def test_the_driver_announces_captures_largest_first_and_releases_what_left_its_gears() -> None:
+    rank, region, runner, sent, _ = _rank(held={(4,), (8,)})
+    rank.per_boundary = 2
+    m = rank.boundary()
+    assert m == Maintenance(((32,), (16,)), ((0, 4),))
+    region.usable(4, 8)
+    assert rank.usable() == {(8,)}  # 4 goes at this boundary: the step after it cannot use it
+    rank.maintain(m)
+    assert runner.held == {(8,), (16,), (32,)}
+    assert sent[-1] == protocol.holds_message(3, [(8,), (16,), (32,)])
+    assert rank.boundary() is None  # nothing left to do
+
+
+def test_the_plan_is_the_smallest_usable_variant_covering_the_sizes_or_eager() -> None:
+    rank, region, _, _, _ = _rank(held={(8,), (16,), (32,)})
+    assert rank.plan(S=5) == (0, 0)  # nothing usable yet: eager
+    region.usable(8, 32, 64)  # 64: reported by the controller, not held here: not planned
+    assert rank.plan(S=5) == (1, 8)
+    assert rank.plan(S=9) == (1, 32)  # 16 is held here, not by every rank
+    assert rank.plan(S=40) == (1, 0)
+
+
+def test_a_rank_replays_exactly_what_is_carried_or_refuses_at_once() -> None:
+    rank, _, runner, _, requests = _rank(held={(16,)})
+    assert rank.replay((4, 16), {"n": 9}) == ("graph", 16)
+    assert runner.ran == [({"S": (16,)}, 9)] and requests == [{"S": 9}]
+    assert rank.replay((4, 0), {"n": 40}) == ("eager", 40)
+    with pytest.raises(gs.GroupError, match=r"told to replay \{'S': 32\}"):
+        rank.replay((5, 32), {"n": 9})
+    with pytest.raises(gs.GroupError, match="exceed"):
+        rank.replay((4, 16), {"n": 17})
+    assert len(runner.ran) == 1 and len(requests) == 2  # refused before running or recording
+
+
+def test_a_profile_of_no_group_is_refused() -> None:
+    with pytest.raises(gs.GroupError, match="declares no group"):
+        _rank(group=None)
+
+
+def test_a_rank_records_its_own_sizes_or_the_max_it_is_given() -> None:
+    rank, _, _, _, requests = _rank(held={(16,)})
+    rank.replay((4, 16), {"n": 5})
+    rank.replay((4, 16), {"n": 5}, recorded={"S": 12})  # data-parallel: the max across ranks
+    assert requests == [{"S": 5}, {"S": 12}]
+
+
+def test_what_a_rank_holds_is_sent_again_every_report_period() -> None:
+    rank, _, _, sent, _ = _rank(held={(16,)})
+    rank.replay((4, 16), {"n": 5})
+    assert len(sent) == 1  # the first report
+    rank.replay((4, 16), {"n": 5})
+    assert len(sent) == 1
+    rank.client.clock.advance(REPORT_SECONDS)
+    rank.replay((4, 16), {"n": 5})
+    assert len(sent) == 2 and sent[-1] == protocol.holds_message(3, [(16,)])
