@@ -67,8 +67,9 @@ def test_a_late_node_starts_on_the_fleets_gears_and_its_first_round_keeps_them(
         assert 40 in learned and learned != list(LADDER)
         measured = Measurement(40, 0.25, 1 << 20, 0.001)
         early.costs.add(0, "decode", "B", measured)
-        clock.advance(early.config.fleet_publish_seconds)
-        _synced(early, "publishes")
+        for _ in range(2):  # the first may be a publish begun before the measurement
+            clock.advance(early.config.fleet_publish_seconds)
+            _synced(early, "publishes")
         assert early.fleet.state == "joined"
     finally:
         w.close()
