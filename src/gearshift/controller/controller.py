@@ -50,7 +50,7 @@ from gearshift.controller.registrations import Registrations
 from gearshift.controller.slots import Slots
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger
-from gearshift.errors import NamespaceLost, StateError
+from gearshift.errors import ControllerRunning, NamespaceBusy, NamespaceLost, StateError
 from gearshift.shm import Registry, SnapshotRegion
 from gearshift.shm.cleanup import own
 
@@ -72,6 +72,7 @@ class Controller(Applying, Publishing):
         self.config = config
         self.policy = policy
         self.registry = registry
+        registry.clock = clock  # times the leases it watches (shm.lease)
         self.clock = clock
         self.embedded = embedded
         self.devices: dict[int, DeviceLedger] = {}
@@ -234,9 +235,10 @@ class Controller(Applying, Publishing):
     def step(self) -> None:
         """One loop iteration at the clock's `now`, without sleeping."""
         now = self.clock.now()
-        if not self.registry.owns_controller():  # overwritten by another process: claim again
-            self._guard("controller identity", self.registry.claim_controller)
-        self.registry.beat_controller(int(now * 1e9))
+        if not self.registry.owns_controller():
+            self._taken_over()
+        if self.registry.owns_controller():  # never beats another's lease
+            self.registry.beat_controller(int(now * 1e9))
         self._guard("lock repair", self._repair_lock)
         if now >= self._next_scan or self.slots.polling(now):
             self._check_objects(now)
@@ -254,6 +256,19 @@ class Controller(Applying, Publishing):
         self._guard("state save", self.saver.poll, now)
         if now >= self._next_status:
             self._guard("status", self._publish_status, now)
+
+    def _taken_over(self) -> None:
+        """The controller word no longer names this process: claim it back only if it is free
+        or names a dead process of this realm; another live controller took over (it judged
+        this one dead: a stop longer than the lease): NamespaceLost, this one stops."""
+        try:
+            self.registry.claim_controller()
+        except NamespaceBusy as e:  # the lock: tried again next iteration
+            self._failed("controller identity", e)
+        except ControllerRunning as e:
+            raise NamespaceLost(f"namespace {self.config.namespace!r}: {e}; another controller "
+                                "took the namespace over (this one was judged dead: stopped "
+                                "or stalled past the lease), so this one stops") from None
 
     def _scan(self, now: float, spare: int | None = None) -> None:
         scanned, effects = self.slots.scan(now, spare)  # False: the lock was busy, try again

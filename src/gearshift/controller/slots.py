@@ -8,8 +8,9 @@ skipped; a slot whose worker is gone (RELEASED, or ACTIVE with a dead identity) 
 once the registration it left pending is served (`Reclaim`, applied by the controller): its
 ring drained to the end into the batch, then `Registry.reclaim` frees the slot and unlinks the
 ring, so no recorded event is lost to a reclaim. A slot claimed from another pid namespace
-(`foreign`: its liveness cannot be read here) is never reclaimed while ACTIVE, and logged as
-the misdeployment it is. A scan also reads the applied versions back: a device's propagation
+(`foreign`, the ordinary sidecar deployment) is judged by its lease (shm/lease.py): the
+registry's watch, timed by the controller's clock, sees its beats at every scan and judges it
+dead LEASE seconds after its last one. A scan also reads the applied versions back: a device's propagation
 lag runs from a publish until every live worker with a profile on it acknowledged that version.
 
 Nothing here calls back into the controller: `scan`, `drain` and `reclaim` return the effects
@@ -196,11 +197,8 @@ class Slots:
             w = self.workers[info.slot] = Worker(info)
             effects.append(Inherit(info.slot))
             if info.foreign:
-                log.error(
-                    "slot %d is held by pid %d of another pid namespace: its liveness cannot be "
-                    "checked from here, so it is never reclaimed unless released. Run the "
-                    "controller and its workers in one pid namespace (docker: --pid=host or a "
-                    "shared --pid=container:...)", info.slot, info.pid)
+                log.info("slot %d is held by pid %d of another pid namespace: judged by its "
+                         "lease", info.slot, info.pid)
         w.info = info
         if w.ring is None:
             w.ring = self._attach_ring(info)

@@ -85,7 +85,13 @@ class RegistrationQueue:
         """In a forked child: unbound (the slot and its mailboxes are the parent's) until `bind`
         gives it the child's own, with every profile not refused queued again."""
         self._lock = threading.Lock()  # a parent's thread may have held it at the fork
-        self.registry, self.slot, self._held_until = None, -1, float("-inf")
+        self.unbind()
+
+    def unbind(self) -> None:
+        """Unbound (the slot is gone: the client re-attaches) until `bind`, with every profile
+        not refused queued again."""
+        with self._lock:
+            self.registry, self.slot, self._held_until = None, -1, float("-inf")
         self.again()
 
     def wait(self, prof: Profile, timeout: float) -> None:
