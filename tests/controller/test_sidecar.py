@@ -1,0 +1,132 @@
+"""`gearshift serve` as a Kubernetes sidecar runs it: in a pid namespace of its own, sharing
+/dev/shm with its workers (no shareProcessNamespace); and the signals a terminal sends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from isolated import Isolated, needs_pidns
+
+from gearshift.clikit import EXIT_CONFLICT
+from gearshift.controller import statefile
+from gearshift.shm import Registry, SlotState, cleanup, names, segment
+
+WAIT = 20.0
+
+
+def _serve_argv(namespace: str, state: Path) -> list[str]:
+    return [sys.executable, "-m", "gearshift", "serve", "-n", namespace, "--state-dir",
+            str(state), "--set", "scan_interval_seconds=0.05"]
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def leftovers(namespace: str) -> Iterator[None]:
+    yield
+    for entry in os.listdir(segment.SHM_DIR):
+        if namespace in entry:
+            os.unlink(os.path.join(segment.SHM_DIR, entry))
+
+
+def _worker(namespace: str, stop: threading.Event) -> tuple[Registry, int, threading.Thread]:
+    """A raw worker in this process: a slot claimed, beaten every 0.1 s until `stop`."""
+    registry = Registry.attach(namespace)
+    slot = registry.claim_slot(0)
+
+    def beat() -> None:
+        while not stop.is_set():
+            registry.beat(slot, time.monotonic_ns(), 0, 0)
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=beat)
+    thread.start()
+    return registry, slot, thread
+
+
+@needs_pidns
+def test_serve_in_its_own_pid_namespace_stops_leaving_the_namespace_to_a_live_worker(
+    namespace: str, tmp_path: Path, leftovers: None
+) -> None:
+    """Fault 2: at a graceful stop it judged the worker dead (not in its /proc) and removed
+    the namespace under it."""
+    serve = Isolated("", argv=_serve_argv(namespace, tmp_path))
+    stop = threading.Event()
+    try:
+        _until(lambda: segment.exists(names.status(namespace)), "serve to start")
+        registry, slot, beating = _worker(namespace, stop)
+        time.sleep(1.0)  # a few of its scans: the worker is watched, never reclaimed
+        serve.signal(signal.SIGTERM)
+        assert serve.wait() == 0, serve.stderr
+        assert segment.exists(names.control(namespace)), serve.stderr
+        assert not registry.segment.displaced()
+        info = registry.slots()[slot]
+        assert info.state == SlotState.ACTIVE and info.alive and registry.holds(slot)
+        assert registry.controller().pid == 0  # released
+        stop.set()
+        beating.join()
+        registry.release_slot(slot)
+        registry.close()
+        cleanup(namespace)
+    finally:
+        stop.set()
+        serve.kill()
+
+
+@needs_pidns
+def test_a_second_serve_from_another_pid_namespace_is_refused(
+    namespace: str, tmp_path: Path, leftovers: None
+) -> None:
+    """Fault 3: both ran, the controller word flipping between them."""
+    first = subprocess.Popen(_serve_argv(namespace, tmp_path / "a"), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        _until(lambda: segment.exists(names.status(namespace)), "the first serve to start")
+        second = Isolated("", argv=_serve_argv(namespace, tmp_path / "b"))
+        try:
+            assert second.wait() == EXIT_CONFLICT
+            assert "owned by a live controller" in second.stderr, second.stderr
+        finally:
+            second.kill()
+        registry = Registry.attach(namespace)
+        try:
+            owner = registry.controller()
+            assert owner.alive and owner.pid == first.pid
+        finally:
+            registry.close()
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(WAIT) == 0
+    finally:
+        first.kill()
+        first.wait(WAIT)
+        first.stderr.close()
+
+
+def test_sighup_stops_serve_like_sigterm(namespace: str, tmp_path: Path, leftovers: None) -> None:
+    """A terminal closing under `serve` (tmux, ssh) killed it with 129: no final save, its
+    identity left behind."""
+    proc = subprocess.Popen(_serve_argv(namespace, tmp_path), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _until(lambda: segment.exists(names.status(namespace)), "serve to start")
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(WAIT) == 0, proc.stderr.read()
+        assert not segment.exists(names.control(namespace))  # no worker: removed at the stop
+        assert list(tmp_path.rglob(statefile.STATE_FILE))  # the final save
+    finally:
+        proc.kill()
+        proc.wait(WAIT)
+        proc.stderr.close()
