@@ -319,7 +319,4 @@ class Controller(Applying, Publishing):
 
     def _save(self) -> None:
         """Save now, on the loop, after any write in flight (open, new profile, close)."""
-        self.saver.wait()
-        measured = self.costs.counts["measured"]
-        statefile.save(self.config.state_path, self.devices, self.costs)
-        self.saver.saved(self.clock.now(), measured)
+        self.saver.save_now()

@@ -10,8 +10,9 @@ ring drained to the end into the batch, then `Registry.reclaim` frees the slot a
 ring, so no recorded event is lost to a reclaim. A slot claimed from another pid namespace
 (`foreign`, the ordinary sidecar deployment) is judged by its lease (shm/lease.py): the
 registry's watch, timed by the controller's clock, sees its beats at every scan and judges it
-dead LEASE seconds after its last one. A scan also reads the applied versions back: a device's propagation
-lag runs from a publish until every live worker with a profile on it acknowledged that version.
+dead LEASE seconds after its last one. A scan also reads the applied versions back: a device's
+propagation lag runs from a publish until every live worker with a profile on it acknowledged
+that version.
 
 Nothing here calls back into the controller: `scan`, `drain` and `reclaim` return the effects
 (`effects`) it applies: `Inherit` for a new claim, `Reclaim` for a gone worker, `Measured` for
