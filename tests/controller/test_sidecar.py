@@ -13,10 +13,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from isolated import Isolated, needs_pidns
+from isolated import Isolated, needs_pidns, needs_timens
 
+import gearshift as gs
 from gearshift.clikit import EXIT_CONFLICT
-from gearshift.controller import statefile
+from gearshift.clock import MonotonicClock
+from gearshift.controller import statefile, status, view
 from gearshift.shm import Registry, SlotState, cleanup, names, segment
 
 WAIT = 20.0
@@ -130,3 +132,36 @@ def test_sighup_stops_serve_like_sigterm(namespace: str, tmp_path: Path, leftove
         proc.kill()
         proc.wait(WAIT)
         proc.stderr.close()
+
+
+@needs_timens
+def test_a_controller_whose_clock_is_not_its_workers_folds_their_events_in_its_window(
+    namespace: str, tmp_path: Path, leftovers: None
+) -> None:
+    """Fault 8: under a time namespace (CRIU, sandboxes) every event was counted folded, dated
+    a day before the controller's window, and none reached it; status said "-100000 s ago"."""
+    serve = Isolated("", time_offset=100_000, argv=_serve_argv(namespace, tmp_path))
+    try:
+        _until(lambda: segment.exists(names.status(namespace)), "serve to start")
+        with gs.connect(namespace) as client:
+            prof = client.profile("prefill", {"SEQLEN": gs.Dim(max=4096)})
+            _until(lambda: prof.registered, "the registration")
+            time.sleep(1.5)  # a heartbeat or two: the controller estimates this clock's offset
+            for i in range(200):
+                prof.route(SEQLEN=1 + i)
+
+            def folded() -> dict | None:
+                doc = status.read(namespace)
+                return doc if doc and doc["events"]["folded"] >= 200 else None
+
+            _until(lambda: folded() is not None, "the events folded")
+            doc = folded()
+            assert doc["events"].get("misdated", 0) == 0 and doc["events"]["invalid"] == 0
+            (dim,) = doc["devices"][0]["profiles"][0]["dims"]
+            assert dim["samples"] > 100  # in the window, not decayed to nothing
+            shown = view.gather(namespace, MonotonicClock())["controller"]
+            assert shown["heartbeat_age_seconds"] is None  # its clock is not ours: not shown
+        serve.signal(signal.SIGTERM)
+        assert serve.wait() == 0, serve.stderr
+    finally:
+        serve.kill()

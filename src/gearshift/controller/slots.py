@@ -10,9 +10,12 @@ ring drained to the end into the batch, then `Registry.reclaim` frees the slot a
 ring, so no recorded event is lost to a reclaim. A slot claimed from another pid namespace
 (`foreign`, the ordinary sidecar deployment) is judged by its lease (shm/lease.py): the
 registry's watch, timed by the controller's clock, sees its beats at every scan and judges it
-dead LEASE seconds after its last one. A scan also reads the applied versions back: a device's
-propagation lag runs from a publish until every live worker with a profile on it acknowledged
-that version.
+dead LEASE seconds after its last one. A worker of another time namespace (its monotonic clock is
+not the controller's) has its records dated in the controller's clock by an offset estimated
+from its heartbeats (the least gap seen between the controller's clock and its heartbeat), and
+stamped at their drain until one is seen (`ingest.dated`). A scan also reads the applied
+versions back: a device's propagation lag runs from a publish until every live worker with a
+profile on it acknowledged that version.
 
 Nothing here calls back into the controller: `scan`, `drain` and `reclaim` return the effects
 (`effects`) it applies: `Inherit` for a new claim, `Reclaim` for a gone worker, `Measured` for
@@ -52,6 +55,7 @@ class Worker:
     profiles: dict[int, str] = field(default_factory=dict)  # local id -> profile name
     consumed: int = 0
     memory: tuple[float, float, float] | None = None  # (time, used share, device bytes): latest
+    offset: float | None = 0.0  # its clock + offset = the controller's (None: not known yet)
 
     def map(self, local: int, key: int, name: str) -> None:
         if local >= len(self.lut) - 1:
@@ -118,7 +122,7 @@ class Slots:
             elif info.state != SlotState.FREE:
                 claimed.add(info.slot)
                 _guarded(effects, f"slot {info.slot}", self._track, info, info.slot != spare,
-                         effects)
+                         effects, now)
         self._scanned = True
         for slot in set(self.workers) - claimed:  # freed behind our back, or corrupt now
             self._forget(slot)
@@ -143,6 +147,7 @@ class Slots:
         the cost book as a `Measured` effect too."""
         if not len(events):
             return
+        events = ingest.dated(events, w.offset, now)
         w.consumed += len(events)
         reading = ingest.memory_reading(events)
         if reading is not None:
@@ -188,19 +193,24 @@ class Slots:
         assert w.ring is not None
         self.take(w, w.ring.drain(self.config.drain_max_events), now, effects)
 
-    def _track(self, info: SlotInfo, reclaim: bool, effects: list[Effect]) -> None:
-        """Follow a claimed slot: attach its ring; `Reclaim` it once its worker is gone."""
+    def _track(self, info: SlotInfo, reclaim: bool, effects: list[Effect], now: float) -> None:
+        """Follow a claimed slot: attach its ring, estimate its clock's offset; `Reclaim` it
+        once its worker is gone."""
         w = self.workers.get(info.slot)
         if w is not None and w.info.generation != info.generation:  # claimed anew meanwhile
             self._forget(info.slot)
             w = None
         if w is None:
-            w = self.workers[info.slot] = Worker(info)
+            w = self.workers[info.slot] = Worker(info, offset=0.0 if info.clock_shared else None)
             effects.append(Inherit(info.slot))
             if info.foreign:
                 log.info("slot %d is held by pid %d of another pid namespace: judged by its "
                          "lease", info.slot, info.pid)
         w.info = info
+        if not info.clock_shared and info.heartbeat_ns:
+            gap = now - info.heartbeat_ns * 1e-9  # the offset plus this read's delay
+            if w.offset is None or gap < w.offset:
+                w.offset = gap
         if w.ring is None:
             w.ring = self._attach_ring(info)
         if info.reclaimable and reclaim:

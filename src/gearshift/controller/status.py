@@ -6,7 +6,7 @@ in another process never sees it torn). msgpack, so JSON-compatible except that 
 NaN-free floats only:
 
     {"format": 1, "namespace", "pid", "embedded", "time": controller monotonic seconds,
-     "events": {"consumed", "folded", "unknown", "invalid", "reclaimed_workers",
+     "events": {"consumed", "folded", "unknown", "invalid", "misdated", "reclaimed_workers",
                 "exited_workers", "errors", "corrupt_slots", "lock_busy", "lock_repairs",
                 "measured"},
      "rounds": {"count", "seconds_sum", "last_seconds"},

@@ -166,6 +166,11 @@ def absent(namespace: str) -> str:
                            80, "  "))
 
 
+def _misdated(events: dict[str, Any]) -> str:
+    """" (N misdated)" where samples were dated outside the sane window (ingest.py)."""
+    return f" ({events['misdated']} misdated)" if events.get("misdated") else ""
+
+
 def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> str:
     owner, doc = view["controller"], view["status"]
     mode = " (embedded in a worker)" if doc and doc["embedded"] else ""
@@ -192,9 +197,10 @@ def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> s
         lines += _wrap(
             f"events: {e['consumed']} consumed, {e['folded']} folded, "
             f"{e.get('measured', 0)} measurements, {e['unknown']} "
-            f"unknown profile, {e['invalid']} invalid; {e.get('exited_workers', 0)} workers "
-            f"exited, {e['reclaimed_workers']} died; {r['count']} rounds, last "
-            f"{_ms(r['last_seconds'])}; {e['errors']} loop errors", width, "  ")
+            f"unknown profile, {e['invalid']} invalid{_misdated(e)}; "
+            f"{e.get('exited_workers', 0)} workers exited, {e['reclaimed_workers']} died; "
+            f"{r['count']} rounds, last {_ms(r['last_seconds'])}; {e['errors']} loop errors",
+            width, "  ")
         if doc.get("truncated"):
             lines += _wrap(f"status truncated: {doc['truncated']}", width, "  ")
     consumed = {(w["slot"], w["generation"]): w for w in (doc or {}).get("workers", [])}

@@ -16,6 +16,7 @@ from gearshift.shm import liveness
 from gearshift.shm.lease import Watch
 
 MAX_DEVICE = 0xFFFF  # devices are 0..MAX_DEVICE
+TIME_NS = (1 << 32) - 1  # a realm's time-namespace part (liveness.realm)
 
 
 class SlotState(enum.IntEnum):
@@ -36,6 +37,7 @@ class SlotInfo(NamedTuple):
     applied_version: int
     dropped: int
     foreign: bool = False  # claimed from another realm (pid or time namespace): leased
+    clock_shared: bool = True  # its time namespace is the reader's: its monotonic times read
 
     @property
     def reclaimable(self) -> bool:
@@ -77,6 +79,7 @@ def judge(slot: int, row: tuple[int, ...], watch: Watch, now: float) -> SlotInfo
     alive = state == SlotState.ACTIVE and is_alive(
         ident, realm, (slot, generation), beats, watch, now)
     pid = liveness.pid_of(ident)
+    shared = (realm ^ liveness.realm()) & TIME_NS == 0
     return SlotInfo(
-        slot, state, pid, alive, device, generation, heartbeat, applied, dropped, foreign
+        slot, state, pid, alive, device, generation, heartbeat, applied, dropped, foreign, shared
     )
