@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import gearshift as gs
 from gearshift.clikit import EXIT_CONFLICT
 from gearshift.clock import MonotonicClock
 from gearshift.controller import statefile, status, view
+from gearshift.controller.controller import Controller
 from gearshift.shm import Registry, SlotState, cleanup, names, segment
 
 WAIT = 20.0
@@ -165,3 +167,20 @@ def test_a_controller_whose_clock_is_not_its_workers_folds_their_events_in_its_w
         assert serve.wait() == 0, serve.stderr
     finally:
         serve.kill()
+
+
+def test_a_worker_whose_ring_layout_the_controller_cannot_read_is_told_so_in_its_log(
+    controller: Controller, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It was told it was registered while every event it wrote was dropped, with no word."""
+    with gs.connect(controller.config.namespace, background=False,
+                    register_timeout=0) as client:
+        client.profile("prefill", {"SEQLEN": gs.Dim(max=4096)})
+        client.ring.segment.words[1] = 99  # its ring's layout word: another version's
+        with caplog.at_level(logging.ERROR):
+            for _ in range(3):
+                controller.step()
+                client._tick()
+        refusals = [r for r in caplog.records if r.name == "gearshift.worker.registration"]
+        assert refusals and "controller refuses this worker" in refusals[0].getMessage()
+        assert "layout" in refusals[0].getMessage()

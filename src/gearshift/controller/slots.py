@@ -36,7 +36,7 @@ from gearshift.controller import ingest
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.effects import Effect, Failed, Inherit, Measured, Reclaim
 from gearshift.errors import LayoutError, NamespaceBusy, NotOwned, Unsealed
-from gearshift.shm import EventRing, Registry, SlotInfo, SlotState, names, segment
+from gearshift.shm import EventRing, Registry, SlotInfo, SlotState, mailbox, names, segment
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class Worker:
     consumed: int = 0
     memory: tuple[float, float, float] | None = None  # (time, used share, device bytes): latest
     offset: float | None = 0.0  # its clock + offset = the controller's (None: not known yet)
+    refused: bool = False  # told that its ring's layout is not one this controller reads
 
     def map(self, local: int, key: int, name: str) -> None:
         if local >= len(self.lut) - 1:
@@ -212,7 +213,16 @@ class Slots:
             if w.offset is None or gap < w.offset:
                 w.offset = gap
         if w.ring is None:
-            w.ring = self._attach_ring(info)
+            try:
+                w.ring = self._attach_ring(info)
+            except LayoutError as e:
+                if not w.refused:  # said to the worker itself, in its log, at once
+                    w.refused = True
+                    self.registry.replies(info.slot).post(mailbox.error_reply(LayoutError(
+                        f"this controller cannot read the ring of slot {info.slot}: {e}; "
+                        "nothing this worker records is read: run one gearshift version on "
+                        "the workers and the controller")))
+                raise
         if info.reclaimable and reclaim:
             effects.append(Reclaim(info.slot))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from gearshift.errors import (
     GearshiftError,
+    LayoutError,
     NamespaceBusy,
     PayloadError,
     ProfileMismatch,
@@ -34,7 +35,7 @@ from gearshift.shm.segment import Segment, fence
 POSTED, TAKEN, LENGTH, PAYLOAD = 0, 8, 16, 64  # offsets inside a mailbox
 MAX_MESSAGE = 1024  # characters of an error reply's message
 _REMOTE = (  # one-argument errors
-    ProfileMismatch, ShapeError, PayloadError, NamespaceBusy, SpaceError
+    ProfileMismatch, ShapeError, PayloadError, NamespaceBusy, SpaceError, LayoutError
 )
 _REMOTE_ERRORS = {cls.__name__: cls for cls in _REMOTE}
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from gearshift import protocol
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.errors import GearshiftError, SpaceError
+from gearshift.errors import GearshiftError, LayoutError, SpaceError
 from gearshift.shm import Registry, mailbox
 from gearshift.worker.profile import Profile
 
@@ -130,6 +130,11 @@ class RegistrationQueue:
                 self._warn("namespace %r: registration of profile %r held: %s; serving on its "
                            "initial gears, trying again every %g s", self.namespace,
                            prof.name if prof else None, e, self.retry_interval)
+            except LayoutError as e:  # no verdict on a profile: on this worker's whole ring
+                log.error("namespace %r: the controller refuses this worker: %s",
+                          self.namespace, e)
+                if prof is not None and prof not in self._queue:
+                    self._queue.insert(0, prof)
             except GearshiftError as e:
                 log.error("registration of profile %r refused: %s", prof.name if prof else None, e)
                 if prof is not None:
