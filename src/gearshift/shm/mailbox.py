@@ -73,6 +73,11 @@ class Mailbox:
         words[at + POSTED // 8] = posted + 1
         return True
 
+    def waiting(self) -> bool:
+        """Whether a message waits to be taken (one read each of two words)."""
+        words, at = self.segment.words, self.offset // 8
+        return words[at + POSTED // 8] != words[at + TAKEN // 8]
+
     def take(self) -> dict | None:
         """Take the waiting message, or None if the box is empty; PayloadError if malformed."""
         words, at = self.segment.words, self.offset // 8
