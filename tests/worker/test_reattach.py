@@ -11,7 +11,7 @@ import pytest
 from fakeclock import FakeClock
 
 import gearshift as gs
-from gearshift.shm import SlotState, control, names, segment
+from gearshift.shm import Registry, SlotState, control, names, segment
 from worker.fake_controller import FakeController, wait_until
 from worker.procs import DECODE
 
@@ -77,5 +77,33 @@ def test_a_client_whose_slot_was_reclaimed_claims_another(namespace: str) -> Non
         assert len(fake.drain(client.slot)) == 1
     finally:
         client.close()
+        fake.close()
+        _remove_ipc(namespace)
+
+
+def test_a_client_finding_every_slot_held_serves_unrecorded_and_claims_one_when_freed(
+    namespace: str,
+) -> None:
+    """gs.connect() raised NamespaceBusy when the slots were full."""
+    fake = FakeController(namespace)
+    holders = [Registry.attach(namespace) for _ in range(fake.registry.nslots)]
+    clock = FakeClock()
+    try:
+        slots = [h.claim_slot(0) for h in holders]
+        client = gs.connect(namespace, clock=clock, background=False, register_timeout=0)
+        try:
+            prof = client.profile("decode", DECODE)
+            assert client.slot is None
+            prof.route(BATCHSIZE=1, SEQLEN=1)
+            assert client.unrecorded == 1
+            holders[0].release_slot(slots[0])  # released, ring-less: reusable at once
+            clock.advance(1.0)
+            client._tick()
+            assert client.slot == slots[0]
+        finally:
+            client.close()
+    finally:
+        for h in holders:
+            h.close()
         fake.close()
         _remove_ipc(namespace)

@@ -18,8 +18,15 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gearshift.clock import Clock
-from gearshift.errors import ControllerNotFound, GearshiftError, SpaceError
-from gearshift.shm import EventRing, Registry, SnapshotRegion
+from gearshift.errors import (
+    ControllerNotFound,
+    GearshiftError,
+    NamespaceBusy,
+    NotOwned,
+    SpaceError,
+)
+from gearshift.shm import EventRing, Registry, SnapshotRegion, lease
+from gearshift.shm.lease import Watch
 from gearshift.worker import lifecycle
 from gearshift.worker.standins import NoSnapshot, Unrecorded
 
@@ -52,6 +59,7 @@ class Attaching:
     _region_stale: bool
     _ring_capacity: int
     _seen: int
+    _watch: Watch  # this client's observations of leases, kept across its registries
 
     def _warn(self, message: str, *args: Any) -> None: ...  # session.Client's
     def _forked(self, restart: bool = True) -> None: ...
@@ -62,7 +70,8 @@ class Attaching:
     def _attach(self, strict: bool, given: Registry | None = None) -> None:
         """Attach the namespace (`given`: attached already; its caller closes it if this raises)
         if a controller has created it (`_bind`). No room for the ring: a try `retry_interval`
-        later. Another failure raises if `strict` (the constructor), else the next tick tries."""
+        later; every slot held (or the lock busy): serving unrecorded, a try every lease.BEAT.
+        Another failure raises if `strict` (the constructor), else the next tick tries."""
         now = self.clock.now()
         if given is not None:
             registry = given
@@ -78,7 +87,8 @@ class Attaching:
                     raise
                 self._warn("namespace %r: cannot attach its control segment: %s", self.namespace, e)
                 return
-        try:
+        registry.watch, registry.clock = self._watch, self.clock  # leases watched across
+        try:  # tries (a dead slot of another pid namespace: reusable once its lease expired)
             self._bind(registry)
         except SpaceError as e:
             registry.close()
@@ -93,9 +103,12 @@ class Attaching:
             registry.close()
             if isinstance(e, ControllerNotFound):  # cleaned up meanwhile: the next controller
                 return  # creates it anew
-            if strict:
+            busy = isinstance(e, NamespaceBusy) and not isinstance(e, NotOwned)
+            if strict and not busy:  # every slot held, or the lock: tried again, unrecorded
                 raise
-            self._warn("namespace %r: cannot claim a worker slot: %s", self.namespace, e)
+            self._retry_at = now + lease.BEAT
+            self._warn("namespace %r: cannot claim a worker slot: %s; serving unrecorded, "
+                       "trying again", self.namespace, e)
         else:
             if not strict or self._no_room:
                 self._no_room = False

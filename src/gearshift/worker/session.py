@@ -50,6 +50,7 @@ from gearshift.graphs import streams
 from gearshift.graphs.streams import NPU_BUDGET
 from gearshift.shm import EventRing, Registry, SnapshotRegion, StreamLedger
 from gearshift.shm.cleanup import leave
+from gearshift.shm.lease import Watch
 from gearshift.shm.ring import DEFAULT_CAPACITY
 from gearshift.worker import forking, lifecycle
 from gearshift.worker.attaching import Attaching
@@ -123,6 +124,7 @@ class Client(Attaching):
         self._life = lifecycle.Machine(lifecycle.CLIENT, lifecycle.NO_CONTROLLER)
         self._no_room = False  # the last try to create the ring found no room in /dev/shm
         self._retry_at = float("-inf")
+        self._watch = Watch()  # leases this client watched (Attaching)
         self._attach(strict=True, given=None if isinstance(registry, str) else registry)
         self._watch_controller()
         self._attach_region()
