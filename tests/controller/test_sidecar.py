@@ -71,6 +71,9 @@ def test_serve_in_its_own_pid_namespace_stops_leaving_the_namespace_to_a_live_wo
     stop = threading.Event()
     try:
         _until(lambda: segment.exists(names.status(namespace)), "serve to start")
+        shown = view.gather(namespace, MonotonicClock())
+        assert shown["controller"]["alive"] and shown["controller"]["foreign"]
+        assert "in another pid namespace" in view.render(shown)
         registry, slot, beating = _worker(namespace, stop)
         time.sleep(1.0)  # a few of its scans: the worker is watched, never reclaimed
         serve.signal(signal.SIGTERM)

@@ -92,7 +92,7 @@ def test_claim_beat_release_and_the_table(registry: Registry) -> None:
     slot = registry.claim_slot(device=1)
     registry.beat(slot, now_ns=123, applied_version=7, dropped=2)
     info = registry.slots()[slot]
-    assert info[:] == (slot, SlotState.ACTIVE, os.getpid(), True, 1, 1, 123, 7, 2, False)
+    assert info[:] == (slot, SlotState.ACTIVE, os.getpid(), True, 1, 1, 123, 7, 2, False, True)
     assert not info.reclaimable
     assert registry.release_slot(slot)
     assert not registry.release_slot(slot)  # not ACTIVE any more

@@ -130,6 +130,7 @@ def _versions(namespace: str) -> dict[str, int]:
 
 
 MAX_BEAT_AGE = 86400.0 * 365  # seconds: an age beyond it (or below 0) is another clock
+BEAT_LOOK = 0.2  # seconds: a controller of another pid namespace beats within it (20 loops)
 
 
 def gather(namespace: str, clock: Clock) -> dict[str, Any]:
@@ -138,6 +139,10 @@ def gather(namespace: str, clock: Clock) -> dict[str, Any]:
     registry = attach(namespace)
     try:
         owner = registry.controller()
+        if owner.foreign and owner.alive:  # of another pid namespace: does its lease move?
+            beats = registry.controller_beats()
+            clock.sleep(BEAT_LOOK)
+            owner = owner._replace(alive=registry.controller_beats() != beats)
         slots = [s._asdict() for s in registry.slots() if s.state != SlotState.FREE]
     finally:
         registry.close()

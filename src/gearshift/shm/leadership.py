@@ -85,6 +85,11 @@ class Leadership:
             liveness.pid_of(owner), alive, self._word(CONTROLLER_BEAT), owner, foreign
         )
 
+    def controller_beats(self) -> int:
+        """The controller's lease counter as it reads now (two readings apart in time tell
+        whether it beats)."""
+        return self._word(CONTROLLER_BEATS)
+
     def beat_controller(self, now_ns: int) -> None:
         """The controller's heartbeat (its clock, for display) and lease beat."""
         self._set(CONTROLLER_BEAT, now_ns)
