@@ -25,9 +25,10 @@ def _say(*words: object) -> None:
     print(*words, flush=True)
 
 
-def beating_slot(namespace: str, device: int = 0, events: int = 0) -> None:
+def beating_slot(namespace: str, device: int = 0, events: int = 0, beat: bool = True) -> None:
     """A raw worker: claim a slot, create its ring (with `events` records), beat every 0.1 s
-    until "release" (release the slot and exit) or "die" (exit holding it)."""
+    (`beat`; else only the process's lease thread renews it) until "release" (release the slot
+    and exit) or "die" (exit holding it)."""
     from gearshift.shm import EventRing, Registry
 
     registry = Registry.attach(namespace)
@@ -42,7 +43,8 @@ def beating_slot(namespace: str, device: int = 0, events: int = 0) -> None:
             registry.beat(slot, time.monotonic_ns(), 0, 0)
             stop.wait(0.1)
 
-    threading.Thread(target=beat, daemon=True).start()
+    if beat:
+        threading.Thread(target=beat, daemon=True).start()
     _say("claimed", slot, os.getpid())
     for command in _commands():
         if command == "release":

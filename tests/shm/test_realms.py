@@ -73,6 +73,21 @@ def test_a_beating_worker_of_another_pid_namespace_is_alive_past_the_lease_then_
 
 
 @needs_pidns
+def test_a_slot_of_another_pid_namespace_stays_leased_while_its_process_lives_busy_elsewhere(
+    registry: Registry, isolated: list[Isolated]
+) -> None:
+    """Its lease thread renews it: a long compile or restore never lets a live lease lapse."""
+    registry.watch = Watch(lease=1.5)  # three renewals (every lease.BEAT / 2)
+    child = Isolated(f"beating_slot({registry.namespace!r}, beat=False)")
+    isolated.append(child)
+    slot = int(child.expect("claimed").split()[1])
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline:
+        assert registry.slots()[slot].alive
+        time.sleep(0.1)
+
+
+@needs_pidns
 def test_a_worker_of_another_pid_namespace_leaving_keeps_the_live_controllers_namespace(
     registry: Registry, isolated: list[Isolated]
 ) -> None:

@@ -42,19 +42,13 @@ as CORRUPT (skipped by the controller, shown by `gearshift status`, never fatal 
 counters wrap at 64 bits. `closed` holds the identity of the cleanup that closed the namespace:
 no slot and no controller is claimed in a closed namespace.
 
-Liveness is judged by lease.py: the identity (pid and start time, robust to pid reuse) where
-the participant's realm (its pid and time namespaces) is the judge's, else its lease, the beats
-counter it bumps, watched by the judge's `Watch` (`self.watch`, timed by `self.clock`): dead once
-it stayed the same LEASE seconds. So a participant of another pid namespace is never judged dead
-while it beats, and a dead one is judged so within LEASE by a judge that keeps looking. A
-controller of another realm is taken over only after `claim_controller` watched its lease expire
-(it refuses as soon as a beat shows it alive). A lock holder that dies would block everyone:
-holders record themselves in `lock_owner`, waiters give up after `wait` (default
-`lock.timeout`) with NamespaceBusy naming it, and `repair_lock()` (run by the controller every
-iteration, and by `cleanup` and `own`) releases a dead holder's lock (lock.py). A worker that
-finds no FREE slot reuses a released or dead one (`claim_slot`), without a controller: its ring,
-drained or not, is unlinked first (what it still held is counted in `discarded`), and only
-when no live controller would drain it, unless it is empty.
+Liveness is judged by lease.py: the identity (pid and start time) where the participant's realm
+(its pid and time namespaces) is the judge's, else its lease (the beats counter lease.renewer
+bumps for it), watched by the judge's `Watch` (`self.watch`, timed by `self.clock`). A lock
+holder that dies would block everyone: holders record themselves in `lock_owner`, waiters give
+up after `wait` (default `lock.timeout`) with NamespaceBusy naming it, and `repair_lock()` (the
+controller every iteration, `cleanup` and `own`) releases a dead holder's lock (lock.py). A
+worker that finds no FREE slot reuses a released or dead one (reuse.py).
 The controller clears its identity without the lock: only a claimant overwrites a live one's.
 Claims take the lowest free slot and raise `high_water`, which bounds what the controller polls.
 
@@ -235,7 +229,8 @@ class Registry(Leadership):
             self._set_slot(slot, STATE, SlotState.ACTIVE)
             self._set(HIGH_WATER, max(min(self._word(HIGH_WATER), self.nslots), slot + 1))
             self._claimed[slot] = generation
-            return slot
+        lease.renewer.add((id(self), slot), lambda: self.renew(slot))
+        return slot
 
     @property
     def discarded(self) -> int:
@@ -253,7 +248,8 @@ class Registry(Leadership):
                 return False
             self._set_slot(slot, STATE, SlotState.RELEASED)
             self._claimed.pop(slot, None)
-            return True
+        lease.renewer.remove((id(self), slot))
+        return True
 
     def holds(self, slot: int) -> bool:
         """Whether `slot` is still this process's claim (not freed and claimed anew by a judge
@@ -263,6 +259,11 @@ class Registry(Leadership):
             and self._slot_word(slot, IDENT) == liveness.current()
             and self._slot_word(slot, GENERATION) == self._claimed.get(slot)
         )
+
+    def renew(self, slot: int) -> None:
+        """Bump the lease of `slot` if it is still this process's claim (lease.renewer's)."""
+        if self.holds(slot):
+            self._set_slot(slot, BEATS, (self._slot_word(slot, BEATS) + 1) & _WORD)
 
     def beat(self, slot: int, now_ns: int, applied_version: int, dropped: int) -> None:
         """The worker's lock-free report: heartbeat, applied snapshot version, dropped events,
@@ -349,6 +350,9 @@ class Registry(Leadership):
             self._set(CLOSED, me)
 
     def close(self) -> None:
+        """Unmap; its leases are no longer renewed (a live claim lapses after lease.LEASE)."""
+        for key in [(id(self), slot) for slot in self._claimed] + [(id(self), "controller")]:
+            lease.renewer.remove(key)
         self.lock.close()
         self.segment.close()
 

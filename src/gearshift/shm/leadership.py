@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 
 from gearshift.clock import Clock
 from gearshift.errors import ControllerNotFound, ControllerRunning
-from gearshift.shm import liveness
+from gearshift.shm import lease, liveness
 from gearshift.shm.lease import Watch
 from gearshift.shm.slotinfo import ControllerInfo, is_alive
 
@@ -56,11 +56,17 @@ class Leadership:
                     self._set(CONTROLLER_REALM, mine)  # before the identity it qualifies
                     self._set(CONTROLLER, me)
                     self._me = me
+                    lease.renewer.add((id(self), "controller"), self.renew_controller)
                     return
             first = first or (owner, beats)
             if realm == mine or first != (owner, beats) or now - start >= wait:
                 raise ControllerRunning(self.namespace, liveness.pid_of(owner))
             self.clock.sleep(min(0.05, wait))
+
+    def renew_controller(self) -> None:
+        """Bump the controller's lease while the word names this process (lease.renewer's)."""
+        if self.owns_controller():
+            self._set(CONTROLLER_BEATS, (self._word(CONTROLLER_BEATS) + 1) & _WORD)
 
     def owns_controller(self) -> bool:
         """Whether the controller word still names this process since `claim_controller` (one
@@ -70,6 +76,7 @@ class Leadership:
     def release_controller(self) -> None:
         """Clear the controller word if it names this process; without the lock (it may be
         held by a stopped or dead process): while this process lives, no claimant writes it."""
+        lease.renewer.remove((id(self), "controller"))
         if self._word(CONTROLLER) == liveness.current() and (
                 self._word(CONTROLLER_REALM) == liveness.realm()):
             self._set(CONTROLLER, 0)
