@@ -50,7 +50,7 @@ from gearshift.controller.registrations import Registrations
 from gearshift.controller.slots import Slots
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger
-from gearshift.errors import ControllerRunning, NamespaceBusy, NamespaceLost, StateError
+from gearshift.errors import ControllerRunning, GearshiftError, NamespaceLost, StateError
 from gearshift.shm import Registry, SnapshotRegion
 from gearshift.shm.cleanup import own
 
@@ -102,6 +102,7 @@ class Controller(Applying, Publishing):
         self._state_lock: statefile.StateLock | None = None
         self._closed = False
         self.final_save: str | None = None  # at close: "saved" or "failed: why"
+        self._usurper: tuple[int, int] | None = None  # (identity, beats) of a word not ours
 
     # -- life cycle --
 
@@ -258,17 +259,23 @@ class Controller(Applying, Publishing):
             self._guard("status", self._publish_status, now)
 
     def _taken_over(self) -> None:
-        """The controller word no longer names this process: claim it back only if it is free
-        or names a dead process of this realm; another live controller took over (it judged
-        this one dead: a stop longer than the lease): NamespaceLost, this one stops."""
+        """The controller word no longer names this process: claim it back if it is free, names
+        a dead process of this realm, or one of another realm whose lease expired while this one
+        watched; another controller, beating, took over (it judged this one dead: a stop longer
+        than the lease): NamespaceLost, this one stops."""
         try:
             self.registry.claim_controller()
-        except NamespaceBusy as e:  # the lock: tried again next iteration
-            self._failed("controller identity", e)
+            self._usurper = None
         except ControllerRunning as e:
+            seen = (self.registry.controller().ident, self.registry.controller_beats())
+            if self._usurper is None or self._usurper == seen:  # no beat seen yet: a word
+                self._usurper = self._usurper or seen  # a buggy process wrote is claimed back
+                return  # once its lease expired; a controller beating takes over
             raise NamespaceLost(f"namespace {self.config.namespace!r}: {e}; another controller "
                                 "took the namespace over (this one was judged dead: stopped "
                                 "or stalled past the lease), so this one stops") from None
+        except GearshiftError as e:  # the lock busy, the namespace closed: next iteration
+            self._failed("controller identity", e)
 
     def _scan(self, now: float, spare: int | None = None) -> None:
         scanned, effects = self.slots.scan(now, spare)  # False: the lock was busy, try again

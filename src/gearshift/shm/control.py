@@ -257,7 +257,6 @@ class Registry(Leadership):
         return (
             self._slot_word(slot, STATE) == SlotState.ACTIVE
             and self._slot_word(slot, IDENT) == liveness.current()
-            and self._slot_word(slot, GENERATION) == self._claimed.get(slot)
         )
 
     def renew(self, slot: int) -> None:
