@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fakeclock import FakeClock
 from isolated import Isolated, needs_pidns, needs_timens
 
 import gearshift as gs
@@ -21,7 +22,8 @@ from gearshift.clikit import EXIT_CONFLICT
 from gearshift.clock import MonotonicClock
 from gearshift.controller import statefile, status, view
 from gearshift.controller.controller import Controller
-from gearshift.shm import Registry, SlotState, cleanup, names, segment
+from gearshift.errors import NamespaceLost
+from gearshift.shm import Registry, SlotState, cleanup, control, lease, names, segment
 
 WAIT = 20.0
 
@@ -187,3 +189,35 @@ def test_a_worker_whose_ring_layout_the_controller_cannot_read_is_told_so_in_its
         refusals = [r for r in caplog.records if r.name == "gearshift.worker.registration"]
         assert refusals and "controller refuses this worker" in refusals[0].getMessage()
         assert "layout" in refusals[0].getMessage()
+
+
+def _usurp(controller: Controller) -> memoryview:
+    """The controller word rewritten to name a process of another realm; its words."""
+    words = controller.registry.segment.words
+    words[control.CONTROLLER_REALM // 8] = 12345  # not this process's pid and time namespaces
+    words[control.CONTROLLER // 8] = 99 << 22 | 4242
+    return words
+
+
+def test_a_controller_whose_word_another_beating_controller_took_stops(
+    controller: Controller, clock: FakeClock
+) -> None:
+    words = _usurp(controller)
+    controller.step()  # watched: not yet known to be alive
+    words[control.CONTROLLER_BEATS // 8] += 1  # it beats: another controller took over
+    clock.advance(0.01)
+    with pytest.raises(NamespaceLost, match="another controller took the namespace over"):
+        controller.step()
+    words[control.CONTROLLER // 8] = 0  # (the fixture's close releases nothing of its own)
+
+
+def test_a_controller_word_a_buggy_write_took_is_claimed_back_after_the_lease(
+    controller: Controller, clock: FakeClock
+) -> None:
+    _usurp(controller)
+    controller.step()
+    assert not controller.registry.owns_controller()
+    for _ in range(int(lease.LEASE) + 1):  # it never beats
+        clock.advance(1.0)
+        controller.step()
+    assert controller.registry.owns_controller()
