@@ -16,7 +16,7 @@ import pytest
 from fakeclock import FakeClock
 
 from gearshift.clikit import EXIT_ERROR, EXIT_OK
-from gearshift.controller import statedir, statefile, status, view
+from gearshift.controller import metrics, statedir, statefile, status, view
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig
@@ -218,6 +218,11 @@ def test_a_registration_whose_save_failed_reaches_the_state_file_once_saves_work
                         "heartbeat_age_seconds": None}, "slots": [], "versions": {},
                         "status": doc})
     assert "STATE UNSAVED since" in text
+    pytest.importorskip("prometheus_client")
+    later = controller.status_document(since + 2.0)
+    (gauge,) = [f for f in metrics._Collector(lambda: later).collect()
+                if f.name == "gearshift_state_unsaved_seconds"]
+    assert gauge.samples[0].value == pytest.approx(2.0)
     monkeypatch.setattr(statefile, "save", real)
     for _ in range(3):
         clock.advance(controller.config.save_interval_seconds)
