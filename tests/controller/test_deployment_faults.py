@@ -4,9 +4,7 @@ unlinked under it, a worker of another pid namespace. Real processes, real share
 
 from __future__ import annotations
 
-import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from fakeclock import FakeClock
+from isolated import Isolated, needs_pidns
 from shm.procs import (
     WAIT,
     Spawn,
@@ -29,6 +28,7 @@ from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.errors import NamespaceLost
 from gearshift.shm import Registry, SnapshotRegion, cleanup, control, lock, names, segment
+from gearshift.shm.lease import LEASE
 
 from .workers import DIMS, POLICY, Worker
 
@@ -143,32 +143,29 @@ def test_a_removed_snapshot_region_is_created_and_published_again(
         region.close()
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
-def test_a_worker_of_another_pid_namespace_is_named_and_its_slot_kept(
-    controller: Controller, clock: FakeClock, caplog: pytest.LogCaptureFixture
+@needs_pidns
+def test_a_worker_of_another_pid_namespace_is_kept_while_it_beats_and_reclaimed_after_its_lease(
+    controller: Controller, clock: FakeClock
 ) -> None:
-    tests = str(Path(__file__).parents[1])
-    code = f"import sys; sys.path.insert(0, {tests!r}); from shm.procs import claim_and_sleep; " \
-        f"claim_and_sleep({controller.config.namespace!r})"
-    child = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
-                              "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    child = Isolated(f"beating_slot({controller.config.namespace!r}, events=3)")
     try:
-        line = child.stdout.readline()
-        if line != "claimed\n":
-            pytest.skip(f"no pid namespace here: {child.stderr.read()[:200]}")
-        with caplog.at_level(logging.ERROR):
-            clock.advance(controller.config.scan_interval_seconds)
+        child.expect("claimed")
+        for _ in range(3 * int(LEASE)):  # fake seconds past the lease; it beats meanwhile
+            time.sleep(0.15)
+            clock.advance(1.0)
             controller.step()
-        (info,) = [i for i in controller.registry.slots() if i.state != 0]
-        assert info.foreign and not info.reclaimable
+        (info,) = [w.info for w in controller.workers.values()]
+        assert info.foreign and info.alive and not info.reclaimable
         assert controller.counts["reclaimed_workers"] == 0
-        assert "another pid namespace" in caplog.text
+        child.send("die")
+        child.wait()
+        for _ in range(int(LEASE) + 2):
+            clock.advance(1.0)
+            controller.step()
+        assert controller.counts["reclaimed_workers"] == 1  # within the lease of its last beat
+        assert controller.counts["consumed"] == 3  # its ring drained before the reclaim
     finally:
         child.kill()
-        child.wait(WAIT)
-        child.stdout.close()
-        child.stderr.close()
 
 
 def _serve(namespace: str, state: Path) -> subprocess.Popen:

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+import pytest
 
 from gearshift.controller import ingest
 from gearshift.core.config import PolicyConfig
@@ -75,9 +78,9 @@ def test_a_gone_profile_counts_as_unknown() -> None:
     assert out == ingest.FoldCounts(folded=0, unknown=1, invalid=0)
 
 
-def test_times_are_capped_at_now() -> None:
+def test_times_a_little_ahead_are_capped_at_now() -> None:
     decode = _profile(B=Dim(max=64))
-    ingest.fold(_events([(500.0, 0, (8,), Kind.SHAPE)]), np.array([0]), [decode], now=100.0)
+    ingest.fold(_events([(150.0, 0, (8,), Kind.SHAPE)]), np.array([0]), [decode], now=100.0)
     assert decode.stats["B"].view(100.0).last_seen.tolist() == [100.0]
 
 
@@ -98,3 +101,29 @@ def test_memory_reading_refuses_a_device_over_a_petabyte() -> None:
     huge = 1 << 51
     events = _events([(1.0, 0, (25, 100), Kind.MEMORY), (2.0, 0, (0, huge), Kind.MEMORY)])
     assert ingest.memory_reading(events) == (1.0, 0.75, 100.0)
+
+
+def test_samples_outside_the_sane_window_are_misdated_and_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker clock a day behind the controller's: its samples were folded into nothing
+    (decayed away), counted as folded."""
+    decode = _profile(B=Dim(max=64))
+    now = 200_000.0
+    batch = ingest.Batch(1 << 10, lambda: [decode])
+    rows = [(now - 100_000.0, 0, (8,), Kind.SHAPE), (now + 1_000.0, 0, (8,), Kind.SHAPE),
+            (now - 1.0, 0, (8,), Kind.SHAPE)]
+    with caplog.at_level(logging.WARNING):
+        batch.add(_events(rows), np.array([0, 0, 0]), now)
+        batch.flush(now)
+    assert batch.counts["folded"] == 1
+    assert batch.counts["misdated"] == 2 and batch.counts["invalid"] == 2
+    assert "counted invalid" in caplog.text
+
+
+def test_records_are_dated_in_the_controllers_clock_by_offset_or_at_drain() -> None:
+    events = _events([(5.0, 0, (8,), Kind.SHAPE)])
+    assert ingest.dated(events, 0.0, 9.0) is events  # one clock: as they are
+    assert ingest.dated(events, 100.0, 9.0)["t_ns"].tolist() == [105_000_000_000]
+    assert ingest.dated(events, None, 9.0)["t_ns"].tolist() == [9_000_000_000]
+    assert events["t_ns"].tolist() == [5_000_000_000]  # the drained copy is left alone

@@ -49,6 +49,7 @@ def test_metrics_endpoint_serves_the_status_document(namespace: str, tmp_path: P
     dim = 'device="0",dim="B"'
     assert "gearshift_measurements_total 1.0" in lines
     assert {"gearshift_workers_exited_total 0.0", "gearshift_workers_reclaimed_total 0.0"} <= lines
+    assert "gearshift_state_unsaved_seconds 0.0" in lines  # saved
     assert f'gearshift_cost_measurements{{{dim},profile="decode"}} 1.0' in lines
     assert f'gearshift_replay_seconds{{{dim},gear="8",profile="decode"}} 0.001' in lines
     assert f'gearshift_capture_seconds{{{dim},gear="8",profile="decode"}} 0.25' in lines

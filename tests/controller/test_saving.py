@@ -78,3 +78,26 @@ def test_a_failed_write_is_reported_at_the_next_poll_and_retried(
     assert not saver.changed and saver.saves == 1 and len(failures) == 1
 
 
+
+
+def test_a_failed_save_on_the_loop_is_retried_off_it_and_unsaved_until_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = statefile.save
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(statefile, "save", full)
+    clock, failures = FakeClock(10.0), []
+    saver = _saver(tmp_path, clock, failures)
+    with pytest.raises(OSError):
+        saver.save_now()  # a new profile's save, before its reply
+    assert saver.changed and saver.unsaved_since == 10.0
+    monkeypatch.setattr(statefile, "save", real)
+    clock.advance(5.0)
+    saver.poll(clock.now())  # off the loop, once the interval is over
+    saver.wait()
+    saver.poll(clock.now())
+    assert saver.saves == 1 and not saver.changed and saver.unsaved_since is None
+    assert (tmp_path / statefile.STATE_FILE).exists()

@@ -13,16 +13,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fakeclock import FakeClock
 
 from gearshift.clikit import EXIT_ERROR, EXIT_OK
-from gearshift.controller import statedir, statefile, status
+from gearshift.controller import metrics, statedir, statefile, status, view
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig
 from gearshift.errors import StateError, UnsafeStateDir
 from gearshift.shm import cleanup
 
-from .workers import WAIT, Worker
+from .workers import DIMS, POLICY, WAIT, Worker
 
 CONFIG = PolicyConfig()
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away needs root")
@@ -196,3 +197,41 @@ def test_the_final_save_is_logged_even_right_after_another_failed_save(
         controller.close()  # in the same 10 s: the loop's errors would be throttled
     assert any("final state save" in r.getMessage() for r in caplog.records)
     assert controller.status is not None and controller.status["final_save"].startswith("failed")
+
+
+def test_a_registration_whose_save_failed_reaches_the_state_file_once_saves_work_again(
+    controller: Controller, clock: FakeClock, worker: Callable[..., Worker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failed on-loop save (a full state directory) was never retried: a crash lost the
+    profiles registered meanwhile, and `status` said only "N loop errors"."""
+    real = statefile.save
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(statefile, "save", full)
+    w = worker()
+    w.register(0, "decode", DIMS, serve=controller.step)  # answered all the same
+    since = controller.saver.unsaved_since
+    assert since is not None
+    doc = controller.status_document(clock.now())
+    assert doc["unsaved_since"] == since
+    text = view.render({"namespace": "ns", "controller": {"pid": 1, "alive": True,
+                        "heartbeat_age_seconds": None}, "slots": [], "versions": {},
+                        "status": doc})
+    assert "STATE UNSAVED since" in text
+    pytest.importorskip("prometheus_client")
+    later = controller.status_document(since + 2.0)
+    (gauge,) = [f for f in metrics._Collector(lambda: later).collect()
+                if f.name == "gearshift_state_unsaved_seconds"]
+    assert gauge.samples[0].value == pytest.approx(2.0)
+    monkeypatch.setattr(statefile, "save", real)
+    for _ in range(3):
+        clock.advance(controller.config.save_interval_seconds)
+        controller.step()
+        controller.saver.wait()
+    controller.step()
+    assert controller.saver.unsaved_since is None
+    restored = statefile.load(controller.config.state_path, clock.now(), POLICY)
+    assert "decode" in restored[0].profiles

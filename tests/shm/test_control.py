@@ -54,7 +54,7 @@ def registry(namespace: str) -> Iterator[Registry]:
 
 def test_layout_table_matches_the_code() -> None:
     M = control.DEFAULT_MAILBOX_CAPACITY
-    S, i = control.REQUESTS + 2 * (64 + M), 2
+    S, i = 128 + 2 * (64 + M), 2
     table = layout_table(control.__doc__, i=i, S=S, M=M)
     slot = control.TABLE + i * S
     assert {field: offset for field, (offset, _) in table.items()} == {
@@ -69,6 +69,10 @@ def test_layout_table_matches_the_code() -> None:
         "lock_owner": control.LOCK_OWNER,
         "lock_count": control.LOCK_COUNT,
         "high_water": control.HIGH_WATER,
+        "lock_realm": control.LOCK_REALM,
+        "controller_realm": control.CONTROLLER_REALM,
+        "controller_beats": control.CONTROLLER_BEATS,
+        "discarded": control.DISCARDED,
         "state[i]": slot + control.STATE,
         "ident[i]": slot + control.IDENT,
         "device[i]": slot + control.DEVICE,
@@ -76,7 +80,8 @@ def test_layout_table_matches_the_code() -> None:
         "heartbeat[i]": slot + control.HEARTBEAT,
         "applied[i]": slot + control.APPLIED,
         "dropped[i]": slot + control.DROPPED,
-        "pidns[i]": slot + control.PIDNS,
+        "realm[i]": slot + control.REALM,
+        "beats[i]": slot + control.BEATS,
         "requests[i]": slot + control.REQUESTS,
         "replies[i]": slot + control.REQUESTS + 64 + M,
     }
@@ -87,7 +92,7 @@ def test_claim_beat_release_and_the_table(registry: Registry) -> None:
     slot = registry.claim_slot(device=1)
     registry.beat(slot, now_ns=123, applied_version=7, dropped=2)
     info = registry.slots()[slot]
-    assert info[:] == (slot, SlotState.ACTIVE, os.getpid(), True, 1, 1, 123, 7, 2, False)
+    assert info[:] == (slot, SlotState.ACTIVE, os.getpid(), True, 1, 1, 123, 7, 2, False, True)
     assert not info.reclaimable
     assert registry.release_slot(slot)
     assert not registry.release_slot(slot)  # not ACTIVE any more

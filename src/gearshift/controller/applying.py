@@ -83,10 +83,13 @@ class Applying:
             self._guard(f"registration of slot {slot}", self._serve_slot, slot, now)
 
     def _serve_slot(self, slot: int, now: float) -> None:
+        if slot not in self.slots.workers and self.registry.requests(slot).waiting():
+            busy = self.slots.lock_busy  # a request may come before its slot's scan
+            self._scan(now, slot)
+            if slot not in self.slots.workers and self.slots.lock_busy != busy:
+                return  # the lock was busy (a dead holder's, being repaired): next iteration
         taken = registrations.take(self.registry, slot, now)
         if isinstance(taken, dict):
-            if slot not in self.slots.workers:  # a request may come before its slot's scan
-                self._scan(now, slot)
             self._apply(self.registrations.plan(slot, taken, now), now)
         elif taken is not None:
             self._apply([taken], now)

@@ -38,7 +38,7 @@ from gearshift.errors import (
     StateError,
 )
 from gearshift.export import engines
-from gearshift.shm import Registry, cleanup, liveness, names
+from gearshift.shm import Registry, cleanup, lease, liveness, names
 
 log = logging.getLogger(__name__)
 EXITS = (  # the first class an error is an instance of decides the exit status
@@ -149,7 +149,7 @@ def serve(
 ) -> None:
     """Run a namespace's controller in the foreground.
 
-    Until SIGTERM or SIGINT it drains the workers' event rings, keeps decayed statistics
+    Until SIGTERM, SIGINT or SIGHUP it drains the workers' event rings, keeps decayed statistics
     per device, profile and dim, runs the gear policy every check interval and publishes a
     new snapshot of each device whose gears change. The state file (gears, protections,
     statistics, versions) is saved within save_interval_seconds of a change (off the loop),
@@ -163,16 +163,18 @@ def serve(
     A controller key comes from its option (-n, --state-dir, --metrics-*, --fleet), else --set, else
     its GEARSHIFT_* variable, else --config; an option and a --set that disagree are refused.
 
-    On SIGTERM/SIGINT: final drain, state saved, exit 0 (1 if that save failed). Live workers
-    keep serving on their last snapshot and every shared-memory object stays for the next
-    controller, or until the last worker leaves; with no live worker the namespace is
-    removed. The state file stays (`gearshift cleanup --state` removes it). It warns at start
-    when /dev/shm is smaller than its slots need (README, "Deployment").
+    On SIGTERM/SIGINT/SIGHUP (a closing terminal): final drain, state saved, exit 0 (1 if
+    that save failed). Live workers keep serving on their last snapshot and every
+    shared-memory object stays for the next controller, or until the last worker leaves;
+    with no live worker the namespace is removed. The state file stays (`gearshift cleanup
+    --state` removes it). It warns at start when /dev/shm is smaller than its slots need
+    (README, "Deployment").
     """
     logging.getLogger().setLevel(log_level.upper())
     stop = threading.Event()  # handlers first: `gearshift stop` may signal as soon as we own it
     previous = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
+        sig: signal.signal(sig, lambda *_: stop.set())
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     }
     try:
         with exits():
@@ -232,6 +234,11 @@ def stop(namespace: str | None, timeout: float) -> None:
             registry.close()
         if not owner.alive:
             raise view.none_running(namespace)
+        if owner.foreign:
+            raise NamespaceBusy(
+                f"the controller of namespace {namespace!r} runs in another pid namespace (pid "
+                f"{owner.pid} there): stop it from there (its container: `kill -TERM "
+                f"{owner.pid}`, or delete its pod)")
         doc = status_doc.read(namespace)
         if doc and doc["embedded"] and doc["pid"] == owner.pid:
             raise NamespaceBusy(
@@ -272,13 +279,14 @@ def cleanup_command(namespace: str | None, with_state: bool, state_dir: str | No
     """Remove a dead namespace's shared memory (--state: its state).
 
     Every shared-memory object of a namespace whose controller and workers are all dead
-    (refused, removing nothing, while any of them lives). The state file stays, for the
-    next controller to resume from, unless --state is given."""
+    (refused, removing nothing, while any of them lives; one of another pid namespace is
+    watched for its lease, a few seconds, before it is taken for dead). The state file stays,
+    for the next controller to resume from, unless --state is given."""
     with exits():
         namespace = names.resolve(namespace)
         given = state_dir or environment.read("state_dir")
         state = ControllerConfig(namespace=namespace, state_dir=given or "").state_path
-        removed = cleanup(namespace)
+        removed = cleanup(namespace, patience=lease.LEASE + lease.BEAT)
         if with_state:
             removed += map(str, remove_state(state, remove_directory=not given))
     click.echo("\n".join(removed) if removed else f"namespace {namespace!r}: nothing to remove")

@@ -51,7 +51,7 @@ from gearshift.controller.registrations import Registrations
 from gearshift.controller.slots import Slots
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger
-from gearshift.errors import NamespaceLost, StateError
+from gearshift.errors import ControllerRunning, GearshiftError, NamespaceLost, StateError
 from gearshift.shm import Registry, SnapshotRegion
 from gearshift.shm.cleanup import own
 
@@ -73,6 +73,7 @@ class Controller(Applying, Publishing):
         self.config = config
         self.policy = policy
         self.registry = registry
+        registry.clock = clock  # times the leases it watches (shm.lease)
         self.clock = clock
         self.embedded = embedded
         self.devices: dict[int, DeviceLedger] = {}
@@ -107,6 +108,7 @@ class Controller(Applying, Publishing):
         self.final_save: str | None = None  # at close: "saved" or "failed: why"
         self.fleet = fleet.Fleet(None, "", config.fleet_key, policy, clock, clock).attach(
             self.devices, self.costs)  # "off" until `open` gives the configured one
+        self._usurper: tuple[int, int] | None = None  # (identity, beats) of a word not ours
 
     # -- life cycle --
 
@@ -248,9 +250,10 @@ class Controller(Applying, Publishing):
     def step(self) -> None:
         """One loop iteration at the clock's `now`, without sleeping."""
         now = self.clock.now()
-        if not self.registry.owns_controller():  # overwritten by another process: claim again
-            self._guard("controller identity", self.registry.claim_controller)
-        self.registry.beat_controller(int(now * 1e9))
+        if not self.registry.owns_controller():
+            self._taken_over()
+        if self.registry.owns_controller():  # never beats another's lease
+            self.registry.beat_controller(int(now * 1e9))
         self._guard("lock repair", self._repair_lock)
         if now >= self._next_scan or self.slots.polling(now):
             self._check_objects(now)
@@ -270,6 +273,25 @@ class Controller(Applying, Publishing):
         self._guard("state save", self.saver.poll, now)
         if now >= self._next_status:
             self._guard("status", self._publish_status, now)
+
+    def _taken_over(self) -> None:
+        """The controller word no longer names this process: claim it back if it is free, names
+        a dead process of this realm, or one of another realm whose lease expired while this one
+        watched; another controller, beating, took over (it judged this one dead: a stop longer
+        than the lease): NamespaceLost, this one stops."""
+        try:
+            self.registry.claim_controller()
+            self._usurper = None
+        except ControllerRunning as e:
+            seen = (self.registry.controller().ident, self.registry.controller_beats())
+            if self._usurper is None or self._usurper == seen:  # no beat seen yet: a word
+                self._usurper = self._usurper or seen  # a buggy process wrote is claimed back
+                return  # once its lease expired; a controller beating takes over
+            raise NamespaceLost(f"namespace {self.config.namespace!r}: {e}; another controller "
+                                "took the namespace over (this one was judged dead: stopped "
+                                "or stalled past the lease), so this one stops") from None
+        except GearshiftError as e:  # the lock busy, the namespace closed: next iteration
+            self._failed("controller identity", e)
 
     def _scan(self, now: float, spare: int | None = None) -> None:
         scanned, effects = self.slots.scan(now, spare)  # False: the lock was busy, try again
@@ -320,7 +342,4 @@ class Controller(Applying, Publishing):
 
     def _save(self) -> None:
         """Save now, on the loop, after any write in flight (open, new profile, close)."""
-        self.saver.wait()
-        measured = self.costs.counts["measured"]
-        statefile.save(self.config.state_path, self.devices, self.costs)
-        self.saver.saved(self.clock.now(), measured)
+        self.saver.save_now()

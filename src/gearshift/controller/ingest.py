@@ -7,10 +7,17 @@ are samples of their profile's dims (an eager or only recorded run is still a re
 size); MEMORY records are device memory readings; MEASURED and BUFFERS records are the cost
 book's (`costbook.CostBook.take`), not samples. `Batch` holds drained records until `limit` of them
 are waiting and counts what it consumed and folded (the status document's event counters).
+
+Times are the controller's: `Slots.take` dates each worker's records in the controller's clock
+first (`dated`). A sample dated outside the sane window [now - MAX_AGE, now + MAX_AHEAD] (a
+worker's clock that is not the controller's and was not corrected: a time namespace, CRIU) is
+counted `misdated` (and `invalid`), never folded, and `Batch` warns about it (at most every
+WARN_SECONDS); one a little ahead is folded at `now`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
@@ -20,11 +27,31 @@ from gearshift.core.config import MAX_BYTES
 from gearshift.core.round import DeviceLedger, ProfileLedger
 from gearshift.shm import Kind
 
+log = logging.getLogger(__name__)
+MAX_AGE = 86400.0  # seconds: a sample older than this (controller's clock) is misdated
+MAX_AHEAD = 300.0  # seconds: a sample further ahead of `now` is misdated (nearer: folded at now)
+WARN_SECONDS = 60.0  # the least time between two warnings about misdated samples
+
 
 class FoldCounts(NamedTuple):
     folded: int  # samples folded into statistics
     unknown: int  # samples of a profile id no registration maps
-    invalid: int  # samples outside their dims' bounds or of another arity; records of no kind
+    invalid: int  # samples outside their dims' bounds or of another arity; records of no kind;
+    # misdated samples
+    misdated: int = 0  # samples dated outside the sane window (counted in `invalid` too)
+
+
+def dated(events: np.ndarray, offset: float | None, now: float) -> np.ndarray:
+    """`events` with their times in the controller's clock: shifted by `offset` seconds (the
+    worker's clock + offset = the controller's), or stamped `now` (None: not known yet)."""
+    if offset == 0.0 or not len(events):
+        return events
+    events = events.copy()
+    if offset is None:
+        events["t_ns"] = int(now * 1e9)
+    else:
+        events["t_ns"] += int(offset * 1e9)
+    return events
 
 
 def fold(
@@ -33,9 +60,10 @@ def fold(
     """Fold the samples of `events` (EVENT_DTYPE) into the DimStats of `profiles[key]`
     (each feeds its history).
 
-    A record's time is its t_ns in seconds (the controller's clock is the same
-    CLOCK_MONOTONIC), capped at `now`; values outside a dim's [min, max] are counted, not
-    folded. Cost: a few numpy passes over the batch plus one `DimStats.fold` per profile dim.
+    A record's time is its t_ns in seconds, in the controller's clock (`dated`), capped at
+    `now`; one outside the sane window (module docstring) is counted misdated, and values
+    outside a dim's [min, max] are counted, neither folded. Cost: a few numpy passes over the
+    batch plus one `DimStats.fold` per profile dim.
     """
     kind = events["kind"].copy()  # one pass over the records; then compact arrays only
     is_sample = (kind == Kind.SHAPE) | (kind == Kind.EAGER) | (kind == Kind.RECORDED)
@@ -44,10 +72,14 @@ def fold(
         (kind == Kind.MEMORY) | (kind == Kind.MEASURED) | (kind == Kind.BUFFERS)))
     take = is_sample & (keys >= 0)
     unknown = samples - int(np.count_nonzero(take))
+    raw = events["t_ns"] * 1e-9
+    sane = (raw >= now - MAX_AGE) & (raw <= now + MAX_AHEAD)
+    misdated = int(np.count_nonzero(take & ~sane))
+    take &= sane
     if not take.all():
         events, keys = events[take], keys[take]
     if not len(keys):
-        return FoldCounts(0, unknown, odd)
+        return FoldCounts(0, unknown, odd + misdated, misdated)
     times = np.minimum(events["t_ns"] * 1e-9, now)
     values, ndim = events["values"], events["ndim"]
     folded = invalid = 0
@@ -60,7 +92,7 @@ def fold(
         done = _fold_profile(profile, times[rows], values[rows], ndim[rows])
         folded += done
         invalid += count - done
-    return FoldCounts(folded, unknown, odd + invalid)
+    return FoldCounts(folded, unknown, odd + invalid + misdated, misdated)
 
 
 class ProfileKeys:
@@ -94,6 +126,7 @@ class Batch:
         self.counts = dict.fromkeys(("consumed", *FoldCounts._fields), 0)
         self._parts: list[tuple[np.ndarray, np.ndarray]] = []
         self._held = 0
+        self._warned = -float("inf")
 
     def add(self, events: np.ndarray, keys: np.ndarray, now: float) -> None:
         """Hold `events` with their global profile `keys`; fold the batch once it is full."""
@@ -116,6 +149,13 @@ class Batch:
         counts = fold(events, keys, self.ledgers(), now)
         for name in counts._fields:
             self.counts[name] += getattr(counts, name)
+        if counts.misdated and now - self._warned >= WARN_SECONDS:
+            self._warned = now
+            log.warning(
+                "%d samples dated outside [now - %g s, now + %g s] of the controller's clock "
+                "counted invalid (%d so far): a worker's clock that is not the controller's "
+                "(a time namespace?)", counts.misdated, MAX_AGE, MAX_AHEAD,
+                self.counts["misdated"])
 
 
 def _groups(keys: np.ndarray) -> Iterator[tuple[int, slice | np.ndarray]]:

@@ -159,8 +159,13 @@ class _Collector:
                     gears.add_metric([device, p["name"], d["name"]], len(d["gears"]))
                     padding.add_metric([device, p["name"], d["name"]], d["padding"])
                     costs.add([device, p["name"], d["name"]], d.get("costs"))
+        unsaved = GaugeMetricFamily(
+            "gearshift_state_unsaved_seconds", "Seconds since the first failed state save not "
+            "followed by a good one (0: saved; the saves are retried until one succeeds)")
+        since = doc.get("unsaved_since")
+        unsaved.add_metric([], doc["time"] - since if isinstance(since, (int, float)) else 0.0)
         yield from (consumed, dropped, rejected, reclaimed, exited, rounds, version, lag, gears,
-                    padding, measured, held, buffers, bound, *costs.families)
+                    padding, measured, held, buffers, bound, unsaved, *costs.families)
         if doc.get("fleet"):
             yield from _fleet(doc["fleet"], GaugeMetricFamily, CounterMetricFamily)
 

@@ -125,7 +125,8 @@ class Publishing:
             counts=self.counts, rounds=self.rounds, workers=self.slots.workers.values(),
             devices=self.devices, memory_usage={d: self.memory_usage(d, now) for d in self.devices},
             lags=self.slots.lags, changes=self.changes, costs=self.costs,
-            final_save=self.final_save, memory_bytes=memory_bytes, graph_bytes={
+            final_save=self.final_save, unsaved_since=self.saver.unsaved_since,
+            memory_bytes=memory_bytes, graph_bytes={
                 d: memory.device_usage(dev, self.prices(d), self.policy)
                 for d, dev in self.devices.items()})
         doc["groups"] = self.group_rounds.status()

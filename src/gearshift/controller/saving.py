@@ -7,9 +7,14 @@ last save began. The loop only takes the snapshot (`statefile.snapshot`: gears c
 statistics frozen by reference); a writer thread encodes, writes, fsyncs and renames it
 (`statefile.write`), so the loop never waits on the disk (it shares the interpreter lock with
 the encoding, a few ms at a time). A write that failed is reported at the next `poll`
-(`failed`) and the state stays changed, so the next interval retries it. `wait()` returns once
-no write is in flight (before a save on the loop, so that no older snapshot lands after it);
-so does `close()`.
+(`failed`) and the state stays changed, so the next interval retries it. A save on the loop
+(`save_now`: a new profile before its reply, the start, the stop) that fails marks the state
+changed alike: the next `poll` retries it off the loop, every `interval`, until one succeeds.
+From the first failed save until the next that succeeds, `unsaved_since` holds when that
+failure happened (the caller's clock): the status document and the metrics show it ("state
+unsaved since ..."), since a crash then loses what changed. `wait()` returns once no write is
+in flight (before a save on the loop, so that no older snapshot lands after it); so does
+`close()`.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class Saver:
         self.directory, self.devices, self.costs, self.clock = directory, devices, costs, clock
         self.interval, self.failed = interval, failed
         self.changed = False
+        self.unsaved_since: float | None = None  # the first failed save since the last good one
         self.saves = 0  # writes the writer thread completed
         self.seconds: deque[float] = deque(maxlen=64)
         self.loop_seconds: deque[float] = deque(maxlen=64)
@@ -57,6 +63,24 @@ class Saver:
         """A save of the current state (`measured`: the book's count then) completed on the
         caller's side at `now`."""
         self.changed, self._began, self._measured = False, now, measured
+        self.unsaved_since = None
+
+    def save_now(self) -> None:
+        """Save on the caller's thread, after any write in flight; a failure raises, and the
+        state stays changed for `poll` to save again (`unsaved_since` set)."""
+        self.wait()
+        measured = self.costs.counts["measured"]
+        try:
+            statefile.save(self.directory, self.devices, self.costs)
+        except BaseException:
+            self._unsaved()
+            raise
+        self.saved(self.clock.now(), measured)
+
+    def _unsaved(self) -> None:
+        self.changed = True
+        if self.unsaved_since is None:
+            self.unsaved_since = self.clock.now()
 
     def poll(self, now: float) -> None:
         """Report a finished write; start the next one when one is due."""
@@ -87,8 +111,9 @@ class Saver:
         if done.error is None:
             self.saves += 1
             self.seconds.append(done.seconds)
+            self.unsaved_since = None  # saves work again: what is left is the usual wait
         else:
-            self.changed = True  # retried at the next interval
+            self._unsaved()  # retried at the next interval
             self.failed(done.error)
 
 

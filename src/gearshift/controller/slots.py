@@ -8,9 +8,14 @@ skipped; a slot whose worker is gone (RELEASED, or ACTIVE with a dead identity) 
 once the registration it left pending is served (`Reclaim`, applied by the controller): its
 ring drained to the end into the batch, then `Registry.reclaim` frees the slot and unlinks the
 ring, so no recorded event is lost to a reclaim. A slot claimed from another pid namespace
-(`foreign`: its liveness cannot be read here) is never reclaimed while ACTIVE, and logged as
-the misdeployment it is. A scan also reads the applied versions back: a device's propagation
-lag runs from a publish until every live worker with a profile on it acknowledged that version.
+(`foreign`, the ordinary sidecar deployment) is judged by its lease (shm/lease.py): the
+registry's watch, timed by the controller's clock, sees its beats at every scan and judges it
+dead LEASE seconds after its last one. A worker of another time namespace (its monotonic clock is
+not the controller's) has its records dated in the controller's clock by an offset estimated
+from its heartbeats (the least gap seen between the controller's clock and its heartbeat), and
+stamped at their drain until one is seen (`ingest.dated`). A scan also reads the applied
+versions back: a device's propagation lag runs from a publish until every live worker with a
+profile on it acknowledged that version.
 
 Nothing here calls back into the controller: `scan`, `drain` and `reclaim` return the effects
 (`effects`) it applies: `Inherit` for a new claim, `Reclaim` for a gone worker, `Measured` for
@@ -31,7 +36,7 @@ from gearshift.controller import ingest
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.effects import Effect, Failed, Inherit, Measured, Reclaim
 from gearshift.errors import LayoutError, NamespaceBusy, NotOwned, Unsealed
-from gearshift.shm import EventRing, Registry, SlotInfo, SlotState, names, segment
+from gearshift.shm import EventRing, Registry, SlotInfo, SlotState, mailbox, names, segment
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,8 @@ class Worker:
     profiles: dict[int, str] = field(default_factory=dict)  # local id -> profile name
     consumed: int = 0
     memory: tuple[float, float, float] | None = None  # (time, used share, device bytes): latest
+    offset: float | None = 0.0  # its clock + offset = the controller's (None: not known yet)
+    refused: bool = False  # told that its ring's layout is not one this controller reads
 
     def map(self, local: int, key: int, name: str) -> None:
         if local >= len(self.lut) - 1:
@@ -116,7 +123,7 @@ class Slots:
             elif info.state != SlotState.FREE:
                 claimed.add(info.slot)
                 _guarded(effects, f"slot {info.slot}", self._track, info, info.slot != spare,
-                         effects)
+                         effects, now)
         self._scanned = True
         for slot in set(self.workers) - claimed:  # freed behind our back, or corrupt now
             self._forget(slot)
@@ -141,6 +148,7 @@ class Slots:
         the cost book as a `Measured` effect too."""
         if not len(events):
             return
+        events = ingest.dated(events, w.offset, now)
         w.consumed += len(events)
         reading = ingest.memory_reading(events)
         if reading is not None:
@@ -186,24 +194,35 @@ class Slots:
         assert w.ring is not None
         self.take(w, w.ring.drain(self.config.drain_max_events), now, effects)
 
-    def _track(self, info: SlotInfo, reclaim: bool, effects: list[Effect]) -> None:
-        """Follow a claimed slot: attach its ring; `Reclaim` it once its worker is gone."""
+    def _track(self, info: SlotInfo, reclaim: bool, effects: list[Effect], now: float) -> None:
+        """Follow a claimed slot: attach its ring, estimate its clock's offset; `Reclaim` it
+        once its worker is gone."""
         w = self.workers.get(info.slot)
         if w is not None and w.info.generation != info.generation:  # claimed anew meanwhile
             self._forget(info.slot)
             w = None
         if w is None:
-            w = self.workers[info.slot] = Worker(info)
+            w = self.workers[info.slot] = Worker(info, offset=0.0 if info.clock_shared else None)
             effects.append(Inherit(info.slot))
             if info.foreign:
-                log.error(
-                    "slot %d is held by pid %d of another pid namespace: its liveness cannot be "
-                    "checked from here, so it is never reclaimed unless released. Run the "
-                    "controller and its workers in one pid namespace (docker: --pid=host or a "
-                    "shared --pid=container:...)", info.slot, info.pid)
+                log.info("slot %d is held by pid %d of another pid namespace: judged by its "
+                         "lease", info.slot, info.pid)
         w.info = info
+        if not info.clock_shared and info.heartbeat_ns:
+            gap = now - info.heartbeat_ns * 1e-9  # the offset plus this read's delay
+            if w.offset is None or gap < w.offset:
+                w.offset = gap
         if w.ring is None:
-            w.ring = self._attach_ring(info)
+            try:
+                w.ring = self._attach_ring(info)
+            except LayoutError as e:
+                if not w.refused:  # said to the worker itself, in its log, at once
+                    w.refused = True
+                    self.registry.replies(info.slot).post(mailbox.error_reply(LayoutError(
+                        f"this controller cannot read the ring of slot {info.slot}: {e}; "
+                        "nothing this worker records is read: run one gearshift version on "
+                        "the workers and the controller")))
+                raise
         if info.reclaimable and reclaim:
             effects.append(Reclaim(info.slot))
 

@@ -6,11 +6,13 @@ in another process never sees it torn). msgpack, so JSON-compatible except that 
 NaN-free floats only:
 
     {"format": 1, "namespace", "pid", "embedded", "time": controller monotonic seconds,
-     "events": {"consumed", "folded", "unknown", "invalid", "reclaimed_workers",
+     "events": {"consumed", "folded", "unknown", "invalid", "misdated", "reclaimed_workers",
                 "exited_workers", "errors", "corrupt_slots", "lock_busy", "lock_repairs",
                 "measured"},
      "rounds": {"count", "seconds_sum", "last_seconds"},
      "final_save": None while running; at close "saved" or "failed: why",
+     "unsaved_since": None, or the "time" of the first failed save since the last that
+                      succeeded (`saving.Saver.unsaved_since`: retried until one succeeds),
      "workers": [{"slot", "generation", "pid", "device", "alive", "consumed", "dropped",
                   "applied", "profiles": [[local id, name], ...]}],
      "devices": [{"device", "version", "memory_usage", "memory_bytes", "graph_bytes",
@@ -161,6 +163,7 @@ def document(
     changes: Mapping[int, Mapping[str, list[list[Any]]]],
     costs: CostBook | None = None,
     final_save: str | None = None,
+    unsaved_since: float | None = None,
     graph_bytes: Mapping[int, tuple[float, float | None, float]] | None = None,
     memory_bytes: Mapping[int, float | None] | None = None,
 ) -> dict[str, Any]:
@@ -215,6 +218,7 @@ def document(
         "events": dict(counts),
         "rounds": dict(rounds),
         "final_save": final_save,
+        "unsaved_since": unsaved_since,
         "workers": worker_entries,
         "devices": device_entries,
     }

@@ -129,25 +129,35 @@ def _versions(namespace: str) -> dict[str, int]:
     return out
 
 
+MAX_BEAT_AGE = 86400.0 * 365  # seconds: an age beyond it (or below 0) is another clock
+BEAT_LOOK = 0.2  # seconds: a controller of another pid namespace beats within it (20 loops)
+
+
 def gather(namespace: str, clock: Clock) -> dict[str, Any]:
     """The status view: the slot table, then the devices' versions (read after it, so that
     none is behind a slot's applied version), then the controller's last document."""
     registry = attach(namespace)
     try:
         owner = registry.controller()
+        if owner.foreign and owner.alive:  # of another pid namespace: does its lease move?
+            beats = registry.controller_beats()
+            clock.sleep(BEAT_LOOK)
+            owner = owner._replace(alive=registry.controller_beats() != beats)
         slots = [s._asdict() for s in registry.slots() if s.state != SlotState.FREE]
     finally:
         registry.close()
     for s in slots:
         s["state"] = SlotState(s["state"]).name.lower()
     beat = clock.now() - owner.heartbeat_ns / 1e9 if owner.heartbeat_ns else None
+    if beat is not None and not 0 <= beat < MAX_BEAT_AGE:  # its clock is not ours
+        beat = None  # (a time namespace: CRIU, a sandbox); its lease says it lives
     versions = _versions(namespace)
     doc = status_doc.read(namespace)
     last = owner.pid or (doc["pid"] if doc and isinstance(doc.get("pid"), int) else 0)
     return {
         "namespace": namespace,
         "controller": {"pid": owner.pid, "last_pid": last, "alive": owner.alive,
-                       "heartbeat_age_seconds": beat},
+                       "heartbeat_age_seconds": beat, "foreign": owner.foreign},
         "slots": slots,
         "versions": versions,
         "status": doc,
@@ -161,6 +171,11 @@ def absent(namespace: str) -> str:
                            80, "  "))
 
 
+def _misdated(events: dict[str, Any]) -> str:
+    """" (N misdated)" where samples were dated outside the sane window (ingest.py)."""
+    return f" ({events['misdated']} misdated)" if events.get("misdated") else ""
+
+
 def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> str:
     owner, doc = view["controller"], view["status"]
     mode = " (embedded in a worker)" if doc and doc["embedded"] else ""
@@ -171,17 +186,26 @@ def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> s
         embedded = ", embedded in a worker" if mode else ""
         head = f"namespace {view['namespace']!r}: controller NOT RUNNING" + (
             f" (last pid {last}{embedded})" if last else "")
+    if owner.get("foreign") and owner["alive"]:
+        head += " in another pid namespace (alive by its lease)"
     if owner["heartbeat_age_seconds"] is not None:
         head += f", last heartbeat {owner['heartbeat_age_seconds']:.1f}{NB}s ago"
     lines = _wrap(head, width, "  ")
+    if doc and isinstance(doc.get("unsaved_since"), (int, float)) and isinstance(
+            doc.get("time"), (int, float)):
+        lines += _wrap(
+            f"STATE UNSAVED since {doc['time'] - doc['unsaved_since']:.1f}{NB}s: its saves "
+            "fail (the controller's log says why) and are retried; a crash now loses what "
+            "changed since", width, "  ")
     if doc:
         e, r = doc["events"], doc["rounds"]
         lines += _wrap(
             f"events: {e['consumed']} consumed, {e['folded']} folded, "
             f"{e.get('measured', 0)} measurements, {e['unknown']} "
-            f"unknown profile, {e['invalid']} invalid; {e.get('exited_workers', 0)} workers "
-            f"exited, {e['reclaimed_workers']} died; {r['count']} rounds, last "
-            f"{_ms(r['last_seconds'])}; {e['errors']} loop errors", width, "  ")
+            f"unknown profile, {e['invalid']} invalid{_misdated(e)}; "
+            f"{e.get('exited_workers', 0)} workers exited, {e['reclaimed_workers']} died; "
+            f"{r['count']} rounds, last {_ms(r['last_seconds'])}; {e['errors']} loop errors",
+            width, "  ")
         if doc.get("truncated"):
             lines += _wrap(f"status truncated: {doc['truncated']}", width, "  ")
         if doc.get("fleet"):

@@ -9,9 +9,10 @@
 """
 
 from gearshift.shm.cleanup import cleanup
-from gearshift.shm.control import ControllerInfo, Registry, SlotInfo, SlotState
+from gearshift.shm.control import Registry, SlotInfo, SlotState
 from gearshift.shm.mailbox import Mailbox, error_reply, raise_for_error
 from gearshift.shm.ring import EVENT_DTYPE, EventRing, Kind
+from gearshift.shm.slotinfo import ControllerInfo
 from gearshift.shm.snapshot import Snapshot, SnapshotRegion
 from gearshift.shm.streams import StreamLedger
 

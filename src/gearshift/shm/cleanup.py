@@ -1,6 +1,8 @@
 """A namespace's end (`cleanup`), and the controller's start (`own`), which must not race it.
 
-`cleanup(namespace)` removes a namespace whose controller and workers are all dead. Under the
+`cleanup(namespace)` removes a namespace whose controller and workers are all dead (as its
+`Registry` judges them, lease.py: one of another pid namespace is taken for alive until its lease
+is seen to expire, so a one-shot cleanup never removes it; `patience` watches that long). Under the
 lock it closes the control segment, recording its own identity (`Registry.retire`, refused while
 anyone lives: from then on nobody claims a slot or the controller in it); then it removes the
 lock, every other segment of the namespace, and the control segment last, each only if it is
@@ -21,8 +23,10 @@ under the lock leave the namespace in place while its controller or another work
 the last worker to leave a namespace whose controller is gone removes it.
 
 `own(namespace, slots)` is the controller's start: the namespace's registry, created or taken
-over, with this process as its controller (ControllerRunning if another live one is). It waits
-up to the lock timeout for a cleanup under way and finishes one whose process died.
+over, with this process as its controller (ControllerRunning if another live one is; one of
+another pid namespace is watched until a beat shows it alive, or its lease expires: a
+takeover). It waits up to the lock timeout for a cleanup under way and finishes one whose
+process died.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from gearshift.errors import (
     NamespaceBusy,
     NotOwned,
 )
-from gearshift.shm import liveness, lock, names, segment
+from gearshift.shm import lease, liveness, lock, names, segment
 from gearshift.shm.control import LOCK_TIMEOUT, Registry
 from gearshift.shm.segment import Inode
 
@@ -48,13 +52,16 @@ log = logging.getLogger(__name__)
 GRACE = 1.0  # seconds a cleanup under way (a lockless control segment) gets before `own` helps
 
 
-def cleanup(namespace: str, wait: float | None = None) -> list[str]:
+def cleanup(namespace: str, wait: float | None = None, patience: float = 0.0,
+            clock: Clock | None = None) -> list[str]:
     """Remove every segment and the lock of `namespace`; return the segments removed.
 
     Refuses, removing nothing, while its controller (ControllerRunning) or any worker holding a
     slot (NamespaceBusy) is alive, or the lock stays held by a live process over `wait`
-    (default: the lock timeout); NotOwned, after removing the rest, if some of its objects
-    belong to another user.
+    (default: the lock timeout); a participant of another pid namespace is alive until its
+    lease expires within `patience` seconds of watching it (lease.py: give at least LEASE to
+    remove a dead one). NotOwned, after removing the rest, if some of its objects belong to
+    another user.
     """
     control: Inode | None = None
     lock_inode: Inode | None = None
@@ -67,12 +74,19 @@ def cleanup(namespace: str, wait: float | None = None) -> list[str]:
         control = _inode(names.control(namespace))
     if registry is not None:
         registry.wait = wait
+        clock = clock or MonotonicClock()
+        registry.clock = clock
+        start = clock.now()
         try:
-            owner = registry.controller()
-            if owner.alive:
-                raise ControllerRunning(namespace, owner.pid)
-            registry.repair_lock()
-            registry.retire()
+            while True:
+                try:
+                    _retire(registry, namespace)
+                    break
+                except (ControllerRunning, NamespaceBusy) as e:
+                    if isinstance(e, NotOwned) or clock.now() - start >= patience or not (
+                            _leased(registry)):
+                        raise
+                    clock.sleep(min(0.1, patience))
             control, lock_inode = registry.segment.inode, registry.lock.inode
         finally:
             registry.close()
@@ -83,6 +97,22 @@ def cleanup(namespace: str, wait: float | None = None) -> list[str]:
             + "; ".join(left)
         )
     return removed
+
+
+def _retire(registry: Registry, namespace: str) -> None:
+    owner = registry.controller()
+    if owner.alive:
+        raise ControllerRunning(namespace, owner.pid)
+    registry.repair_lock()
+    registry.retire()
+
+
+def _leased(registry: Registry) -> bool:
+    """Whether a participant judged alive is of another realm (its lease may yet expire)."""
+    owner = registry.controller()
+    if owner.alive:
+        return owner.foreign
+    return any(info.alive and info.foreign for info in registry.slots())
 
 
 def leave(namespace: str) -> list[str]:
@@ -115,7 +145,7 @@ def own(namespace: str, slots: int, clock: Clock | None = None) -> Registry:
         if registry is not None:
             try:
                 registry.repair_lock()
-                registry.claim_controller()
+                registry.claim_controller(wait=lease.LEASE + lease.BEAT)
                 return registry
             except ControllerNotFound:  # closed by a cleanup
                 closer = registry.closed

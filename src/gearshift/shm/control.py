@@ -8,21 +8,27 @@
     32             8     mailbox_capacity  creator            once (M below)
     40             8     closed            cleanup            under the lock, before unlinking
     64             8     controller        controller         claim under the lock (an identity)
-    72             8     controller_beat   controller         any time (monotonic ns)
+    72             8     controller_beat   controller         any time (monotonic ns, its clock)
     80             8     lock_owner        lock holder        on acquiring; 0 before releasing
     88             8     lock_count        lock holder        on acquiring, +1 (a repairer: +1)
     96             8     high_water        claimer            under the lock (top slot claimed + 1)
-    128+i*S        8     state[i]          claimer/releaser   under the lock, last of a claim
-    128+i*S+8      8     ident[i]          claimer            under the lock (pid + start time)
-    128+i*S+16     8     device[i]         claimer            under the lock
-    128+i*S+24     8     generation[i]     claimer            under the lock, +1 per claim
-    128+i*S+32     8     heartbeat[i]      worker             any time (monotonic ns)
-    128+i*S+40     8     applied[i]        worker             any time (snapshot version)
-    128+i*S+48     8     dropped[i]        worker             any time (its ring's counter)
-    128+i*S+56     8     pidns[i]          claimer            under the lock (its pid namespace)
-    128+i*S+64     64+M  requests[i]       worker/controller  mailbox protocol (mailbox.py)
-    128+i*S+128+M  64+M  replies[i]        controller/worker  mailbox protocol (mailbox.py)
-    (slot i of `slots`; S = 64 + 2 * (64 + M) bytes per slot, M = mailbox payload bytes)
+    104            8     lock_realm        lock holder        on acquiring, before lock_owner
+    112            8     controller_realm  controller         claim under the lock, before its id
+    120            8     controller_beats  controller         every iteration, +1 (its lease)
+    128            8     discarded         claimer            under the lock, + events of a reused
+                                                              slot's ring dropped without a drain
+    192+i*S        8     state[i]          claimer/releaser   under the lock, last of a claim
+    192+i*S+8      8     ident[i]          claimer            under the lock (pid + start time)
+    192+i*S+16     8     device[i]         claimer            under the lock
+    192+i*S+24     8     generation[i]     claimer            under the lock, +1 per claim
+    192+i*S+32     8     heartbeat[i]      worker             any time (monotonic ns, its clock)
+    192+i*S+40     8     applied[i]        worker             any time (snapshot version)
+    192+i*S+48     8     dropped[i]        worker             any time (its ring's counter)
+    192+i*S+56     8     realm[i]          claimer            under the lock (liveness.realm)
+    192+i*S+64     8     beats[i]          worker             every heartbeat, +1 (its lease)
+    192+i*S+128    64+M  requests[i]       worker/controller  mailbox protocol (mailbox.py)
+    192+i*S+192+M  64+M  replies[i]        controller/worker  mailbox protocol (mailbox.py)
+    (slot i of `slots`; S = 128 + 2 * (64 + M) bytes per slot, M = mailbox payload bytes)
 
 Why nothing is read torn: every field is one aligned 8-byte word stored once per change;
 identities pack pid and start time into one word (liveness.py). Multi-word slot changes (claim,
@@ -36,24 +42,27 @@ as CORRUPT (skipped by the controller, shown by `gearshift status`, never fatal 
 counters wrap at 64 bits. `closed` holds the identity of the cleanup that closed the namespace:
 no slot and no controller is claimed in a closed namespace.
 
-Liveness is an identity check (pid and start time, robust to pid reuse), not a heartbeat; the
-heartbeats are for display and hang detection. A slot claimed from another pid namespace (its
-`pidns`, the claimer's /proc/self/ns/pid inode, is not ours) reads as `foreign`: its identity
-means nothing here, so it is never alive nor reclaimable (only released). A lock holder that
-dies would block everyone: holders record themselves in `lock_owner`, waiters give up after
-`wait` (default `lock.timeout`) with NamespaceBusy naming it, and `repair_lock()` (run by the
-controller every iteration, and by `cleanup` and `own`) releases a dead holder's lock (lock.py).
+Liveness is judged by lease.py: the identity (pid and start time) where the participant's realm
+(its pid and time namespaces) is the judge's, else its lease (the beats counter lease.renewer
+bumps for it), watched by the judge's `Watch` (`self.watch`, timed by `self.clock`). A lock
+holder that dies would block everyone: holders record themselves in `lock_owner`, waiters give
+up after `wait` (default `lock.timeout`) with NamespaceBusy naming it, and `repair_lock()` (the
+controller every iteration, `cleanup` and `own`) releases a dead holder's lock (lock.py). A
+worker that finds no FREE slot reuses a released or dead one (reuse.py).
 The controller clears its identity without the lock: only a claimant overwrites a live one's.
 Claims take the lowest free slot and raise `high_water`, which bounds what the controller polls.
 
 Worker: `slot = claim_slot(device)`; `EventRing.create(ns, slot)`; register profiles by
 `requests(slot).post(msg)` and poll `replies(slot).take()` (`mailbox.raise_for_error`); then
-`beat(slot, ...)` now and then; on exit close the ring (do not unlink it) and `release_slot(slot)`.
-Controller: `Registry.open(ns)`, `repair_lock()`, `claim_controller()`; every tick
-`beat_controller(now)`, `slots(high_water())`, drain each ACTIVE/RELEASED slot's ring
-(re-attach when its generation changes), answer requests; for a `reclaimable` slot drain its
-ring to the end, then `reclaim(slot, ring)`, which unlinks the ring and frees the slot. A slot
-is never freed while its ring holds events.
+`beat(slot, ...)` at least every lease.BEAT seconds; `holds(slot)` says whether the slot is
+still its own (not reclaimed by a judge that took it for dead); on exit close the ring (do
+not unlink it) and `release_slot(slot)`.
+Controller: `Registry.open(ns)`, `repair_lock()`, `claim_controller(wait)` (leadership.py);
+every tick `owns_controller()` (else another took over: stop), `beat_controller(now)`,
+`slots(high_water())`, drain each ACTIVE/RELEASED slot's ring (re-attach when its generation
+changes), answer requests; for a `reclaimable` slot drain its ring to the end, then
+`reclaim(slot, ring)`, which unlinks the ring and frees the slot. The controller never frees a
+slot while its ring holds events; a worker reusing one without a live controller counts them.
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from gearshift.clock import Clock
+from gearshift.clock import Clock, MonotonicClock
 from gearshift.errors import (
     ConfigError,
     ControllerNotFound,
@@ -69,26 +78,34 @@ from gearshift.errors import (
     NamespaceBusy,
     NotOwned,
 )
-from gearshift.shm import liveness, lock, names, segment
+from gearshift.shm import lease, liveness, lock, names, segment
+from gearshift.shm.leadership import CONTROLLER as CONTROLLER
+from gearshift.shm.leadership import CONTROLLER_BEAT as CONTROLLER_BEAT
+from gearshift.shm.leadership import CONTROLLER_BEATS as CONTROLLER_BEATS
+from gearshift.shm.leadership import CONTROLLER_REALM as CONTROLLER_REALM
+from gearshift.shm.leadership import Leadership
+from gearshift.shm.lease import Watch
 from gearshift.shm.lock import NamespaceLock
 from gearshift.shm.mailbox import Mailbox
+from gearshift.shm.reuse import reusable
 from gearshift.shm.segment import LINE, Segment
-from gearshift.shm.slotinfo import MAX_DEVICE, ControllerInfo, SlotInfo, SlotState, judge
+from gearshift.shm.slotinfo import MAX_DEVICE, SlotInfo, SlotState, judge
 
 if TYPE_CHECKING:
     from gearshift.shm.ring import EventRing
 
 MAGIC = int.from_bytes(b"gs.ctl\0\0", "little")
-LAYOUT = 1
+LAYOUT = 2
 SLOTS, SLOT_SIZE, MAILBOX_CAPACITY = 2, 3, 4  # header constant word indices
-CLOSED, CONTROLLER, CONTROLLER_BEAT, LOCK_OWNER = 40, 64, 72, 80  # byte offsets
-LOCK_COUNT, HIGH_WATER = 88, 96  # byte offsets (lock_count: the lock's, lock.py)
-TABLE = 128
+CLOSED, LOCK_OWNER, LOCK_COUNT, HIGH_WATER = 40, 80, 88, 96  # byte offsets
+LOCK_REALM, DISCARDED = 104, 128  # (controller words: leadership.py; lock_count: lock.py)
+TABLE = 192
 STATE, IDENT, DEVICE, GENERATION = 0, 8, 16, 24  # offsets inside a slot: under the lock
 HEARTBEAT, APPLIED, DROPPED = 32, 40, 48  # written by the slot's worker
-PIDNS = 56  # the claimer's pid namespace, under the lock
-REQUESTS = 64  # then the two mailboxes
-_ROW = (STATE, IDENT, DEVICE, GENERATION, HEARTBEAT, APPLIED, DROPPED, PIDNS)  # SlotInfo's
+REALM = 56  # the claimer's realm (liveness.realm), under the lock
+BEATS = 64  # the worker's lease counter
+REQUESTS = 128  # then the two mailboxes
+_ROW = (STATE, IDENT, DEVICE, GENERATION, HEARTBEAT, APPLIED, DROPPED, REALM, BEATS)
 DEFAULT_SLOTS = 64
 DEFAULT_MAILBOX_CAPACITY = 8192
 MAX_SLOTS = 4096  # bounds of the header constants an attacher accepts
@@ -97,13 +114,16 @@ LOCK_TIMEOUT = lock.TIMEOUT
 _WORD = (1 << 64) - 1
 
 
-class Registry:
+class Registry(Leadership):
     """The control segment of `namespace`, attached; see the module docstring for roles."""
 
     def __init__(self, namespace: str, seg: Segment, lock: NamespaceLock) -> None:
         self.namespace, self.segment, self.lock, self._words = namespace, seg, lock, seg.words
-        self._me = 0  # this process's identity once it claimed the controller
+        self._me = 0  # this process's identity once it claimed the controller (leadership)
+        self._claimed: dict[int, int] = {}  # slot -> generation this process claimed it at
         self.wait: float | None = None  # the longest wait for the lock (None: lock.timeout)
+        self.watch = Watch()  # this process's observations of leases (lease.py)
+        self.clock: Clock = MonotonicClock()  # times them (the controller sets its own)
         self.nslots, self._slot_size, capacity = seg.words[SLOTS : MAILBOX_CAPACITY + 1]
         base = [TABLE + slot * self._slot_size for slot in range(self.nslots)]
         self._requests = [Mailbox(seg, b + REQUESTS, capacity) for b in base]
@@ -127,7 +147,7 @@ class Registry:
         slot_size = _slot_size(mailbox_capacity)
         seg = Segment.create(names.control(namespace), TABLE + slots * slot_size)
         try:  # a lock left by a namespace that was cleaned up half-way is stale: replace it
-            lock = NamespaceLock.create(namespace, seg.words, LOCK_OWNER // 8)
+            lock = NamespaceLock.create(namespace, seg.words, *_LOCK_WORDS)
         except BaseException as e:
             error = segment.no_room(e, names.lock(namespace), 32)  # a sem_t, on a full tmpfs
             seg.unlink()
@@ -150,11 +170,11 @@ class Registry:
         seg.require(valid, TABLE + slots * slot_size)
         try:
             try:
-                lock = NamespaceLock.open(namespace, seg.words, LOCK_OWNER // 8)
+                lock = NamespaceLock.open(namespace, seg.words, *_LOCK_WORDS)
             except FileNotFoundError:
                 if not relock:
                     raise
-                lock = NamespaceLock.create(namespace, seg.words, LOCK_OWNER // 8)
+                lock = NamespaceLock.create(namespace, seg.words, *_LOCK_WORDS)
         except FileNotFoundError:
             seg.close()
             raise ControllerNotFound(f"namespace {namespace!r} is being cleaned up") from None
@@ -179,46 +199,11 @@ class Registry:
         """The identity of the cleanup that closed the namespace (0: open)."""
         return self._word(CLOSED)
 
-    # controller identity
-
-    def claim_controller(self) -> None:
-        """Make this process the controller; ControllerRunning if another live one is,
-        ControllerNotFound if the namespace was closed for removal."""
-        me = liveness.current()
-        with self._locked():
-            if self._word(CLOSED):
-                raise ControllerNotFound(f"namespace {self.namespace!r} is being cleaned up")
-            owner = self._word(CONTROLLER)
-            if owner != me and liveness.alive(owner):
-                raise ControllerRunning(self.namespace, liveness.pid_of(owner))
-            self._set(CONTROLLER, me)
-        self._me = me
-
-    def owns_controller(self) -> bool:
-        """Whether the controller word still names this process since `claim_controller` (one
-        read: the controller checks it every iteration and claims again if it was overwritten)."""
-        return self._me != 0 and self._word(CONTROLLER) == self._me
-
-    def release_controller(self) -> None:
-        """Clear the controller word if it names this process; without the lock (it may be
-        held by a stopped or dead process): while this process lives, no claimant writes it."""
-        if self._word(CONTROLLER) == liveness.current():
-            self._set(CONTROLLER, 0)
-
-    def controller(self) -> ControllerInfo:
-        owner = self._word(CONTROLLER)
-        return ControllerInfo(
-            liveness.pid_of(owner), liveness.alive(owner), self._word(CONTROLLER_BEAT), owner
-        )
-
-    def beat_controller(self, now_ns: int) -> None:
-        self._set(CONTROLLER_BEAT, now_ns)
-
     # worker side
 
     def claim_slot(self, device: int) -> int:
-        """Claim a free slot for this process on `device` (0..MAX_DEVICE, else ConfigError);
-        NamespaceBusy if none is free."""
+        """Claim a slot for this process on `device` (0..MAX_DEVICE, else ConfigError): the
+        lowest FREE one, else a released or dead one (`_reusable`); NamespaceBusy if none is."""
         if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device <= MAX_DEVICE:
             raise ConfigError("device", f"expected an int in [0, {MAX_DEVICE}], got {device!r}")
         me = liveness.current()
@@ -226,40 +211,66 @@ class Registry:
             if self._word(CLOSED):
                 raise ControllerNotFound(f"namespace {self.namespace!r} was cleaned up")
             free = [s for s in range(self.nslots) if self._slot_word(s, STATE) == SlotState.FREE]
-            if not free:
+            slot = free[0] if free else reusable(self)
+            if slot is None:
                 raise NamespaceBusy(
-                    f"all {self.nslots} worker slots of {self.namespace!r} are taken"
+                    f"all {self.nslots} worker slots of {self.namespace!r} are held by live "
+                    "workers (or by workers of another pid namespace whose lease has not "
+                    f"expired yet: {lease.LEASE:g} s)"
                 )
-            slot = free[0]
             generation = (self._slot_word(slot, GENERATION) + 1) & _WORD
-            pidns = liveness.pid_namespace()
-            fields = {IDENT: me, DEVICE: device, GENERATION: generation, PIDNS: pidns}
-            fields.update(dict.fromkeys((HEARTBEAT, APPLIED, DROPPED), 0))
+            fields = {IDENT: me, DEVICE: device, GENERATION: generation,
+                      REALM: liveness.realm()}
+            fields.update(dict.fromkeys((HEARTBEAT, APPLIED, DROPPED, BEATS), 0))
             for offset, value in fields.items():
                 self._set_slot(slot, offset, value)
             self._requests[slot].reset()
             self._replies[slot].reset()
             self._set_slot(slot, STATE, SlotState.ACTIVE)
             self._set(HIGH_WATER, max(min(self._word(HIGH_WATER), self.nslots), slot + 1))
-            return slot
+            self._claimed[slot] = generation
+        lease.renewer.add((id(self), slot), lambda: self.renew(slot))
+        return slot
+
+    @property
+    def discarded(self) -> int:
+        """Events of reused slots' rings dropped undrained (reuse.py), since creation."""
+        return self._word(DISCARDED)
+
+    def add_discarded(self, events: int) -> None:
+        """Under the lock: count `events` a reused slot's ring held (reuse.py)."""
+        self._set(DISCARDED, (self._word(DISCARDED) + events) & _WORD)
 
     def release_slot(self, slot: int) -> bool:
         """Detach this process from `slot` (its ring stays for the controller to drain)."""
-        me = liveness.current()
         with self._locked():
-            if (
-                self._slot_word(slot, IDENT) != me
-                or self._slot_word(slot, STATE) != SlotState.ACTIVE
-            ):
+            if not self.holds(slot):
                 return False
             self._set_slot(slot, STATE, SlotState.RELEASED)
-            return True
+            self._claimed.pop(slot, None)
+        lease.renewer.remove((id(self), slot))
+        return True
+
+    def holds(self, slot: int) -> bool:
+        """Whether `slot` is still this process's claim (not freed and claimed anew by a judge
+        that took this process for dead)."""
+        return (
+            self._slot_word(slot, STATE) == SlotState.ACTIVE
+            and self._slot_word(slot, IDENT) == liveness.current()
+        )
+
+    def renew(self, slot: int) -> None:
+        """Bump the lease of `slot` if it is still this process's claim (lease.renewer's)."""
+        if self.holds(slot):
+            self._set_slot(slot, BEATS, (self._slot_word(slot, BEATS) + 1) & _WORD)
 
     def beat(self, slot: int, now_ns: int, applied_version: int, dropped: int) -> None:
-        """The worker's lock-free report: heartbeat, applied snapshot version, dropped events."""
+        """The worker's lock-free report: heartbeat, applied snapshot version, dropped events,
+        and its lease beat (at least every lease.BEAT seconds)."""
         self._set_slot(slot, HEARTBEAT, now_ns)
         self._set_slot(slot, APPLIED, applied_version)
         self._set_slot(slot, DROPPED, dropped)
+        self._set_slot(slot, BEATS, (self._slot_word(slot, BEATS) + 1) & _WORD)
 
     def requests(self, slot: int) -> Mailbox:
         """Worker -> controller mailbox of `slot`."""
@@ -281,8 +292,9 @@ class Registry:
         included)."""
         count = self.nslots if limit is None else max(0, min(limit, self.nslots))
         with self._locked():
-            rows = [self._row(slot) for slot in range(count)]
-        return [judge(slot, row) for slot, row in enumerate(rows)]
+            rows = [self.row(slot) for slot in range(count)]
+        now = self.clock.now()
+        return [judge(slot, row, self.watch, now) for slot, row in enumerate(rows)]
 
     def reclaim(self, slot: int, ring: EventRing | None) -> None:
         """Free a reclaimable slot and unlink its ring, which must be attached and drained.
@@ -292,7 +304,7 @@ class Registry:
         or the ring still holds events or exists but was not passed.
         """
         with self._locked():
-            info = judge(slot, self._row(slot))
+            info = judge(slot, self.row(slot), self.watch, self.clock.now())
             if not info.reclaimable:
                 raise NamespaceBusy(f"slot {slot} is {info.state.name} with live pid {info.pid}")
             name = names.ring(self.namespace, slot)
@@ -319,22 +331,27 @@ class Registry:
 
     def retire(self) -> None:
         """Close the namespace for good (before cleanup unlinks it), recording this process as
-        its closer; refuses while anyone lives."""
+        its closer; refuses while anyone lives (as this registry judges: lease.py)."""
         me = liveness.current()
         with self._locked():
-            owner = self._word(CONTROLLER)
-            if liveness.alive(owner):
-                raise ControllerRunning(self.namespace, liveness.pid_of(owner))
+            owner = self.controller()
+            if owner.alive:
+                raise ControllerRunning(self.namespace, owner.pid)
+            now = self.clock.now()
             for slot in range(self.nslots):
-                ident = self._slot_word(slot, IDENT)
-                if self._slot_word(slot, STATE) == SlotState.ACTIVE and liveness.alive(ident):
+                info = judge(slot, self.row(slot), self.watch, now)
+                if info.alive:
+                    where = " of another pid namespace" if info.foreign else ""
                     raise NamespaceBusy(
-                        f"namespace {self.namespace!r} has a live worker, pid "
-                        f"{liveness.pid_of(ident)} (slot {slot})"
+                        f"namespace {self.namespace!r} has a live worker, pid {info.pid}{where} "
+                        f"(slot {slot})"
                     )
             self._set(CLOSED, me)
 
     def close(self) -> None:
+        """Unmap; its leases are no longer renewed (a live claim lapses after lease.LEASE)."""
+        for key in [(id(self), slot) for slot in self._claimed] + [(id(self), "controller")]:
+            lease.renewer.remove(key)
         self.lock.close()
         self.segment.close()
 
@@ -349,7 +366,9 @@ class Registry:
     def _locked(self) -> AbstractContextManager[None]:
         return self.lock.held(self.wait)
 
-    def _row(self, slot: int) -> tuple[int, ...]:
+    def row(self, slot: int) -> tuple[int, ...]:
+        """The words of `slot` that `slotinfo.judge` reads (under the lock, for a consistent
+        row)."""
         return tuple(self._slot_word(slot, offset) for offset in _ROW)
 
     def _word(self, offset: int) -> int:
@@ -363,6 +382,9 @@ class Registry:
 
     def _set_slot(self, slot: int, offset: int, value: int) -> None:
         self._words[(TABLE + slot * self._slot_size + offset) // 8] = value
+
+
+_LOCK_WORDS = (LOCK_OWNER // 8, LOCK_REALM // 8)  # NamespaceLock's words (lock_count follows)
 
 
 def _slot_size(mailbox_capacity: int) -> int:

@@ -6,8 +6,10 @@ Linux pids are below 2**22 (PID_MAX_LIMIT) and start ticks (clock ticks since bo
 /proc/<pid>/stat) fit the remaining 42 bits for centuries. Being one word, an identity is
 published with one aligned 8-byte store and never read torn. A process is alive iff /proc still
 shows the same pid with the same start time and it is not a zombie; a recycled pid has another
-start time, so it never passes for the dead process. Pids, hence identities, mean something
-only inside the pid namespace they were read in (`pid_namespace`).
+start time, so it never passes for the dead process. Pids and start times, hence identities,
+mean something only inside the pid and time namespaces they were read in: a participant records
+its `realm` beside its identity, and only a judge of the same realm checks the identity; others
+watch its lease (lease.py).
 """
 
 from __future__ import annotations
@@ -76,17 +78,33 @@ def send_signal(ident: int, sig: int) -> bool:
         os.close(fd)
 
 
-_namespace: tuple[int, int] = (0, 0)  # (pid, its pid namespace) of the last reading
+_namespaces: tuple[int, int, int] = (0, 0, 0)  # (pid, pid ns, time ns) of the last reading
+_INODE = (1 << 32) - 1  # namespace inodes are 32-bit (proc inode numbers)
+
+
+def _read() -> tuple[int, int, int]:
+    global _namespaces
+    pid = os.getpid()
+    if _namespaces[0] != pid:
+        found = []
+        for kind in ("pid", "time"):
+            try:
+                found.append(os.stat(f"/proc/self/ns/{kind}").st_ino & _INODE)
+            except OSError:  # no /proc, or a kernel without time namespaces (before 5.6)
+                found.append(0)
+        _namespaces = (pid, found[0], found[1])
+    return _namespaces
 
 
 def pid_namespace() -> int:
     """The inode of this process's pid namespace (0 if /proc does not show it); read once per
     process (a process never changes its own pid namespace)."""
-    global _namespace
-    pid = os.getpid()
-    if _namespace[0] != pid:
-        try:
-            _namespace = (pid, os.stat("/proc/self/ns/pid").st_ino)
-        except OSError:
-            _namespace = (pid, 0)
-    return _namespace[1]
+    return _read()[1]
+
+
+def realm() -> int:
+    """Where this process's identities mean something: its pid namespace's inode << 32 | its
+    time namespace's (start times are shown relative to the time namespace). Never 0 where
+    /proc shows the pid namespace; two processes of one realm judge each other's identities."""
+    _, pid_ns, time_ns = _read()
+    return pid_ns << 32 | time_ns

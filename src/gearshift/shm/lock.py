@@ -2,13 +2,15 @@
 `/dev/shm/sem.gearshift.<ns>.lock`), held for microseconds around every multi-word change of
 the slot table (control.py).
 
-Its holder bumps the control segment's `lock_count` word and records its identity in its
-`lock_owner` word; a waiter gives up after its wait (`timeout` unless it asks for less; a wait
-cut short by a handled signal goes on to its end) with NamespaceBusy naming the holder.
-`repair` releases a lock whose holder died holding it: its recorded identity is dead, or none
-is recorded and `lock_count` stays the same while the lock stays held for a whole `timeout` (a
-holder killed between acquiring and recording itself, or between clearing and releasing; a live
-one passes there in microseconds), observed across calls no more than STALE seconds apart, so a
+Its holder bumps the control segment's `lock_count` word and records its realm (liveness.realm)
+in `lock_realm`, then its identity in `lock_owner`; a waiter gives up after its wait (`timeout`
+unless it asks for less; a wait cut short by a handled signal goes on to its end) with
+NamespaceBusy naming the holder. `repair` releases a lock whose holder died holding it: its
+recorded identity is dead in the repairer's own realm, or none is recorded, or the holder is of
+another realm (its pid means nothing here), and `lock_count` stays the same while the lock stays
+held for a whole `timeout` (a holder killed between acquiring and recording itself, or between
+clearing and releasing, or anywhere if it is of another realm; a live one holds it for
+microseconds), observed across calls no more than STALE seconds apart, so a
 caller that must not wait (the controller's loop) calls it once per iteration with
 `wait=False`. A live holder's lock is never released, nor one held unrecorded for less than a
 whole `timeout`. Repairs are serialised by an exclusive flock on the control segment's file,
@@ -47,21 +49,28 @@ def semaphore_name(namespace: str) -> str:
 
 
 class NamespaceLock:
-    """The opened semaphore of `namespace`; `words[owner]` is the `lock_owner` word and
-    `words[owner + 1]` the `lock_count` word."""
+    """The opened semaphore of `namespace`; `words[owner]` is the `lock_owner` word,
+    `words[owner + 1]` the `lock_count` word and `words[realm]` the `lock_realm` word."""
 
     def __init__(
-        self, namespace: str, sem: posix_ipc.Semaphore, inode: Inode, words: Words, owner: int
+        self, namespace: str, sem: posix_ipc.Semaphore, inode: Inode, words: Words, owner: int,
+        realm: int,
     ) -> None:
         self.namespace, self.inode, self.timeout = namespace, inode, TIMEOUT
-        self._sem, self._words, self._at = sem, words, owner
+        self._sem, self._words, self._at, self._realm_at = sem, words, owner, realm
         self._suspect: tuple[int, float, float] | None = None  # (count, first seen, last seen)
 
     def _owner(self) -> int:
         return self._words[self._at]
 
     def _record(self, ident: int) -> None:
+        if ident:
+            self._words[self._realm_at] = liveness.realm()  # before the identity it qualifies
         self._words[self._at] = ident
+
+    def _ours(self) -> bool:
+        """Whether the recorded holder's realm is this process's (its identity reads here)."""
+        return self._words[self._realm_at] == liveness.realm()
 
     def _count(self) -> int:
         return self._words[self._at + 1]
@@ -70,7 +79,7 @@ class NamespaceLock:
         self._words[self._at + 1] = (self._words[self._at + 1] + 1) & ((1 << 64) - 1)
 
     @classmethod
-    def create(cls, namespace: str, words: Words, owner: int) -> NamespaceLock:
+    def create(cls, namespace: str, words: Words, owner: int, realm: int) -> NamespaceLock:
         """Create the semaphore (free), replacing a stale one of this user (the creator of the
         control segment only); NotOwned if another user's is in the way."""
         name, file = names.lock(namespace), semaphore_name(namespace)
@@ -87,10 +96,10 @@ class NamespaceLock:
             raise NamespaceBusy(
                 f"{file} appeared while namespace {namespace!r} was created"
             ) from None
-        return cls._checked(namespace, sem, words, owner)
+        return cls._checked(namespace, sem, words, owner, realm)
 
     @classmethod
-    def open(cls, namespace: str, words: Words, owner: int) -> NamespaceLock:
+    def open(cls, namespace: str, words: Words, owner: int, realm: int) -> NamespaceLock:
         """Open the existing semaphore; FileNotFoundError if there is none, NotOwned if it is
         not this user's alone."""
         name, file = names.lock(namespace), semaphore_name(namespace)
@@ -103,11 +112,11 @@ class NamespaceLock:
             if info is not None:
                 segment.owned(file, info)
             raise NamespaceBusy(f"{file} is not accessible to uid {os.geteuid()}") from None
-        return cls._checked(namespace, sem, words, owner)
+        return cls._checked(namespace, sem, words, owner, realm)
 
     @classmethod
     def _checked(
-        cls, namespace: str, sem: posix_ipc.Semaphore, words: Words, owner: int
+        cls, namespace: str, sem: posix_ipc.Semaphore, words: Words, owner: int, realm: int
     ) -> NamespaceLock:
         file = semaphore_name(namespace)
         info = segment.stat_of(file)
@@ -118,7 +127,7 @@ class NamespaceLock:
         except BaseException:
             sem.close()
             raise
-        return cls(namespace, sem, inode, words, owner)
+        return cls(namespace, sem, inode, words, owner, realm)
 
     @property
     def value(self) -> int:
@@ -141,7 +150,12 @@ class NamespaceLock:
                     continue
         except posix_ipc.BusyError:
             owner = self._owner()
-            state = "alive" if liveness.alive(owner) else "dead: the controller or cleanup frees it"
+            if not self._ours():
+                state = "of another pid namespace: freed if it stays held for the lock timeout"
+            elif liveness.alive(owner):
+                state = "alive"
+            else:
+                state = "dead: the controller or cleanup frees it"
             raise NamespaceBusy(
                 f"the lock of namespace {self.namespace!r} is held over {wait:g} s by "
                 f"pid {liveness.pid_of(owner)} ({state})"
@@ -172,20 +186,20 @@ class NamespaceLock:
 
     def _judge(self, now: float) -> tuple[int, int] | bool | None:
         """(owner, count) of a lock held by a dead holder; False if it is free or its holder
-        lives; None while an unrecorded holder is observed for less than `timeout` (followed
-        across calls in `_suspect`)."""
+        lives; None while an unrecorded holder, or one of another realm, is observed for less
+        than `timeout` (followed across calls in `_suspect`)."""
         if self._sem.value != 0:
             self._suspect = None
             return False
         owner, count = self._owner(), self._count()
-        if owner:
+        if owner and self._ours():
             self._suspect = None
             return False if liveness.alive(owner) else (owner, count)
         suspect = self._suspect
         if suspect is None or suspect[0] != count or now - suspect[2] > STALE:
             suspect = (count, now, now)
         self._suspect = (count, suspect[1], now)
-        return (0, count) if now - suspect[1] >= self.timeout else None
+        return (owner, count) if now - suspect[1] >= self.timeout else None
 
     def _release_stuck(self, control: segment.Segment, owner: int, count: int) -> bool:
         """Release the lock judged stuck with (owner, count), under the repairers' flock."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from gearshift.errors import (
     GearshiftError,
+    LayoutError,
     NamespaceBusy,
     PayloadError,
     ProfileMismatch,
@@ -34,7 +35,7 @@ from gearshift.shm.segment import Segment, fence
 POSTED, TAKEN, LENGTH, PAYLOAD = 0, 8, 16, 64  # offsets inside a mailbox
 MAX_MESSAGE = 1024  # characters of an error reply's message
 _REMOTE = (  # one-argument errors
-    ProfileMismatch, ShapeError, PayloadError, NamespaceBusy, SpaceError
+    ProfileMismatch, ShapeError, PayloadError, NamespaceBusy, SpaceError, LayoutError
 )
 _REMOTE_ERRORS = {cls.__name__: cls for cls in _REMOTE}
 
@@ -71,6 +72,11 @@ class Mailbox:
         fence()
         words[at + POSTED // 8] = posted + 1
         return True
+
+    def waiting(self) -> bool:
+        """Whether a message waits to be taken (one read each of two words)."""
+        words, at = self.segment.words, self.offset // 8
+        return words[at + POSTED // 8] != words[at + TAKEN // 8]
 
     def take(self) -> dict | None:
         """Take the waiting message, or None if the box is empty; PayloadError if malformed."""

@@ -210,7 +210,10 @@ class Segment:
             segment.close()
             if found != magic:
                 raise LayoutError(f"{name}: magic {found:#x}, expected {magic:#x}")
-            raise LayoutError(f"{name}: layout version {found_layout}, gearshift reads {layout}")
+            raise LayoutError(
+                f"{name}: layout version {found_layout}, gearshift reads {layout}: processes of "
+                "another gearshift version use this namespace; run one version on the node (stop "
+                "them, then `gearshift cleanup`), or use another namespace")
         return segment
 
     def require(self, valid: bool, size: int) -> Segment:

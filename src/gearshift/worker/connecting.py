@@ -20,8 +20,9 @@ from gearshift import environment
 from gearshift.clock import Clock
 from gearshift.errors import ControllerNotFound, ControllerRunning
 from gearshift.shm import Registry, names
+from gearshift.worker.attaching import NO_CONTROLLER
 from gearshift.worker.interfaces import Stoppable
-from gearshift.worker.session import NO_CONTROLLER, Client, MemoryReader
+from gearshift.worker.session import Client, MemoryReader
 
 
 def connect(

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from gearshift import protocol
 from gearshift.clock import Clock, MonotonicClock
-from gearshift.errors import GearshiftError, GroupError, SpaceError
+from gearshift.errors import GearshiftError, GroupError, LayoutError, SpaceError
 from gearshift.shm import Registry, mailbox
 from gearshift.worker.profile import Profile
 
@@ -93,7 +93,13 @@ class RegistrationQueue:
         """In a forked child: unbound (the slot and its mailboxes are the parent's) until `bind`
         gives it the child's own, with every profile not refused queued again."""
         self._lock = threading.Lock()  # a parent's thread may have held it at the fork
-        self.registry, self.slot, self._held_until = None, -1, float("-inf")
+        self.unbind()
+
+    def unbind(self) -> None:
+        """Unbound (the slot is gone: the client re-attaches) until `bind`, with every profile
+        not refused queued again."""
+        with self._lock:
+            self.registry, self.slot, self._held_until = None, -1, float("-inf")
         self.again()
 
     def wait(self, prof: Profile, timeout: float) -> None:
@@ -132,6 +138,11 @@ class RegistrationQueue:
                 self._warn("namespace %r: registration of profile %r held: %s; serving on its "
                            "initial gears, trying again every %g s", self.namespace,
                            prof.name if prof else None, e, self.retry_interval)
+            except LayoutError as e:  # no verdict on a profile: on this worker's whole ring
+                log.error("namespace %r: the controller refuses this worker: %s",
+                          self.namespace, e)
+                if prof is not None and prof not in self._queue:
+                    self._queue.insert(0, prof)
             except GearshiftError as e:
                 log.error("registration of profile %r refused: %s", prof.name if prof else None, e)
                 if prof is not None:

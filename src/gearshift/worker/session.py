@@ -12,8 +12,11 @@ The swap thread (`_tick()` every `poll_interval`, or when woken) attaches the na
 yet, watches the controller (a new identity: register every profile again, re-attach the
 region; none alive: a warning at most every `warn_interval`), polls the snapshot version, lets
 every profile warm up and release (`Profile._maintain`), acks the applied version with a
-heartbeat in the slot (every `heartbeat_interval`, and at once when it changes) and records a
-memory reading every `memory_interval` (`memory`, else the first attached runner's backend).
+heartbeat in the slot (every `heartbeat_interval`, at most lease.BEAT: the slot's lease, and at
+once when it changes), checks with it that the namespace it mapped is still there (`_lost`: its
+control segment and ring by inode, its slot still its claim; else it re-attaches: `_reattach`,
+the reset a fork does, then a new slot, ring and registrations) and records a memory reading
+every `memory_interval` (`memory`, else the first attached runner's backend).
 Nothing on the request path waits for it or for the controller, or raises because of them.
 
 With no room in /dev/shm for its ring, or the controller none for its device's snapshot region
@@ -41,17 +44,17 @@ from gearshift.core.dims import Dim, redeclared
 from gearshift.core.group import Group
 from gearshift.errors import (
     ConfigError,
-    ControllerNotFound,
     GearshiftError,
     ProfileMismatch,
-    SpaceError,
 )
 from gearshift.graphs import streams
 from gearshift.graphs.streams import NPU_BUDGET
 from gearshift.shm import EventRing, Registry, SnapshotRegion, StreamLedger
 from gearshift.shm.cleanup import leave
+from gearshift.shm.lease import Watch
 from gearshift.shm.ring import DEFAULT_CAPACITY
 from gearshift.worker import forking, lifecycle
+from gearshift.worker.attaching import Attaching
 from gearshift.worker.interfaces import Runner, Stoppable
 from gearshift.worker.profile import Profile
 from gearshift.worker.registration import RegistrationQueue
@@ -62,10 +65,9 @@ from gearshift.worker.swap import SwapThread
 log = logging.getLogger(__name__)
 MemoryReader = Callable[[], tuple[int, int]]  # reads (free, total) bytes of the device
 JOIN_TIMEOUT = 5.0
-NO_CONTROLLER = "no controller is running on namespace %r (start one with `gearshift serve -n %s`)"
 
 
-class Client:
+class Client(Attaching):
     """One worker's session on one device: profiles, the event ring, snapshots, the swap thread.
 
     `registry` is the namespace's control segment, attached (by `connect`), or the namespace's
@@ -123,6 +125,7 @@ class Client:
         self._life = lifecycle.Machine(lifecycle.CLIENT, lifecycle.NO_CONTROLLER)
         self._no_room = False  # the last try to create the ring found no room in /dev/shm
         self._retry_at = float("-inf")
+        self._watch = Watch()  # leases this client watched (Attaching)
         self._attach(strict=True, given=None if isinstance(registry, str) else registry)
         self._watch_controller()
         self._attach_region()
@@ -247,6 +250,10 @@ class Client:
         if closed or registry is None or slot is None or not isinstance(ring, EventRing):
             return
         if applied != self.applied or now >= self._next_beat:
+            lost = self._lost(registry, slot, ring) if now >= self._next_beat else None
+            if lost is not None:
+                self._reattach(lost)
+                return
             registry.beat(slot, self._now_ns(), applied, ring.dropped)
             self.applied, self._next_beat = applied, now + self.heartbeat_interval
         if self.memory is not None and now >= self._next_memory:
@@ -258,98 +265,6 @@ class Client:
         return SwapThread(self._tick, lambda: self.poll_interval, lambda e: self._warn(
             "namespace %r: swap thread tick failed: %r", self.namespace, e), background)
 
-    def _attach(self, strict: bool, given: Registry | None = None) -> None:
-        """Attach the namespace (`given`: attached already; its caller closes it if this raises)
-        if a controller has created it (`_bind`). No room for the ring: a try `retry_interval`
-        later. Another failure raises if `strict` (the constructor), else the next tick tries."""
-        now = self.clock.now()
-        if given is not None:
-            registry = given
-        elif now < self._retry_at:
-            return
-        else:
-            try:
-                registry = Registry.attach(self.namespace)
-            except ControllerNotFound:  # no control segment yet, or one being cleaned up
-                return
-            except (GearshiftError, OSError) as e:
-                if strict:
-                    raise
-                self._warn("namespace %r: cannot attach its control segment: %s", self.namespace, e)
-                return
-        try:
-            self._bind(registry)
-        except SpaceError as e:
-            registry.close()
-            self._retry_at = now + self.retry_interval
-            if not self._no_room:
-                log.warning("namespace %r: %s; serving unrecorded, trying again every %g s",
-                            self.namespace, e, self.retry_interval)
-            self._no_room = True
-        except (GearshiftError, OSError) as e:
-            if given is not None:
-                raise
-            registry.close()
-            if isinstance(e, ControllerNotFound):  # cleaned up meanwhile: the next controller
-                return  # creates it anew
-            if strict:
-                raise
-            self._warn("namespace %r: cannot claim a worker slot: %s", self.namespace, e)
-        else:
-            if not strict or self._no_room:
-                self._no_room = False
-                log.info("namespace %r: attached as slot %d; %d requests before were not "
-                         "recorded", self.namespace, self.slot, self.unrecorded)
-
-    def _bind(self, registry: Registry) -> None:
-        """Claim a slot of `registry`, create its ring, record and register through it."""
-        slot = registry.claim_slot(self.device)
-        try:
-            ring = EventRing.create(self.namespace, slot, self._ring_capacity)
-        except BaseException:
-            registry.release_slot(slot)
-            raise
-        self._leader = registry.controller().pid
-        self.slot, self.ring = slot, ring
-        self._unrecorded.forward(ring.write)
-        for prof in self._profiles.values():  # made before the ring: straight to it now
-            prof._rebind(ring.write)
-        self._registrations.bind(registry, slot)
-        self.registry = registry  # last: the swap thread's sign that the client is attached
-        self._life.advance("attach")
-
-    def _watch_controller(self) -> None:
-        registry = self.registry
-        if registry is None:
-            if self._no_room:  # a controller runs: _attach said why there is no ring
-                return
-            self._warn(NO_CONTROLLER + ": serving on the initial gears, unrecorded, until one "
-                       "starts", self.namespace, self.namespace)
-            return
-        info = registry.controller()
-        if not info.alive:
-            self._warn("namespace %r has no live controller: serving on snapshot v%d (start one "
-                       "with `gearshift serve -n %s`)", self.namespace, self._seen, self.namespace)
-        elif info.pid != self._leader:
-            log.info("namespace %r: controller pid %d took over from pid %d; registering again",
-                     self.namespace, info.pid, self._leader)
-            self._leader, self._region_stale = info.pid, True
-            self._registrations.again()
-            self._life.advance("new controller")
-
-    def _attach_region(self) -> None:
-        if self.registry is None:  # a region without a control segment is a leftover
-            return
-        try:
-            region = SnapshotRegion.attach(self.namespace, self.device)
-        except FileNotFoundError:
-            return
-        except GearshiftError as e:
-            self._warn("namespace %r: snapshot region of device %d: %s", self.namespace,
-                       self.device, e)
-            return
-        self.region, self._region_stale = region, False  # the old mapping goes with its last use
-
     def _warn(self, message: str, *args: Any) -> None:
         """log.warning, at most once per `warn_interval` of the client's clock."""
         now = self.clock.now()
@@ -357,21 +272,32 @@ class Client:
             self._quiet_until = now + self.warn_interval
             log.warning(message, *args)
 
-    def _forked(self) -> None:
+    def _forked(self, restart: bool = True) -> None:
         """In a forked child (`forking`): drop the parent's handles (slot, ring, mailboxes,
-        embedded controller), serve unrecorded; the first record starts a swap thread."""
+        embedded controller), serve unrecorded; the first record starts a swap thread.
+        `restart=False`: the same reset in this process (`_reattach`), its threads and locks
+        kept."""
         if self.state == lifecycle.CLOSED:
             return
-        self._life = lifecycle.Machine(lifecycle.CLIENT, self.state)  # fresh locks: a parent's
-        self._adopting = threading.Lock()  # thread may have held them at the fork
+        if restart:
+            self._life = lifecycle.Machine(lifecycle.CLIENT, self.state)  # fresh locks: a
+            self._adopting = threading.Lock()  # parent's thread may have held them at the fork
+            self._swap = self._swap_thread(self._swap.background)  # the parent's is not here
+            self._embedded = None
         self._life.advance("fork")
-        self._swap = self._swap_thread(self._swap.background)  # the parent's does not run here
-        self._embedded, self._leader = None, 0
+        self._leader = 0
         self.registry, self.slot = None, None  # the parent's: closed with the child's mappings
-        self.ring = self._unrecorded = Unrecorded(first_use=self._swap.start)
+        self.ring = self._unrecorded = Unrecorded(
+            first_use=self._swap.start if restart else None)
         for prof in self._profiles.values():
-            prof._forked(self._unrecorded.write)
-        self._registrations.forked()
+            if restart:
+                prof._forked(self._unrecorded.write)
+            else:
+                prof._rebind(self._unrecorded.write)
+        if restart:
+            self._registrations.forked()
+        else:
+            self._registrations.unbind()
         self._next_beat = self._next_memory = self._retry_at = float("-inf")
 
     def close(self) -> None:

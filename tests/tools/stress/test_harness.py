@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 
+from isolated import needs_pidns
+
 from gearshift.tools.stress import StressConfig, run
 from gearshift.tools.stress.harness import chaos_plan
 
@@ -43,3 +45,18 @@ def test_the_chaos_plan_kills_each_kind_at_least_twice_within_the_run() -> None:
         kinds = [kind for _, kind in plan]
         assert kinds.count("controller") >= max(2, seconds // 5)
         assert kinds.count("worker") >= max(2, int(seconds))
+
+
+@needs_pidns
+def test_a_pod_shaped_chaos_run_keeps_every_invariant(namespace: str) -> None:
+    """The controller and each worker in a pid namespace of its own, sharing /dev/shm, killed
+    and restarted at random: nothing lost, no namespace replaced, never two controllers."""
+    report = run(StressConfig(workers=2, seconds=5, chaos=True, namespace=namespace, pod=True))
+    details = report.details
+    assert report.worker_kills >= 2 and report.controller_kills >= 1
+    assert report.events_consumed > 0 and report.events_lost == 0
+    assert details["namespace_replaced"] == 0 and details["controllers_at_once"] == 0
+    assert report.torn_snapshots_accepted == 0 and details["versions_routed_unpublished"] == 0
+    assert details["counter_mismatches"] == []
+    assert report.leaked_segments == 0 and not shm_entries(namespace)
+    assert not processes_naming(namespace)

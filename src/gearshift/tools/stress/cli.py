@@ -34,6 +34,14 @@ from gearshift.tools.stress.report import COUNTING
     is_flag=True,
     help="SIGKILL a worker about every second and the controller about every 5 s; restart them.",
 )
+@click.option(
+    "--pod",
+    is_flag=True,
+    help="Pod-shaped: the controller and every worker each in a pid namespace of its own "
+    "(unshare --pid --fork --mount-proc, as root), sharing /dev/shm, as a Kubernetes sidecar "
+    "without shareProcessNamespace; checks that no namespace is replaced under a live "
+    "participant and that no two controllers act at once.",
+)
 @click.option("--seed", default=0, show_default=True, help="Seed of the shapes and the chaos.")
 @namespace_option(
     "Namespace to run in, e.g. to watch it with `gearshift status -n NS` "
@@ -56,6 +64,7 @@ def command(
     workers: int,
     seconds: float,
     chaos: bool,
+    pod: bool,
     seed: int,
     namespace: str,
     fuzz: float | None,
@@ -83,7 +92,8 @@ def command(
 
     previous = signal.signal(signal.SIGTERM, interrupt)  # cleans up like Ctrl-C
     try:
-        report = run(StressConfig(workers, seconds, chaos, seed=seed, namespace=namespace))
+        report = run(StressConfig(workers, seconds, chaos, seed=seed, namespace=namespace,
+                                  pod=pod))
     except GearshiftError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_ERROR)

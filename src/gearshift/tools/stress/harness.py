@@ -8,6 +8,14 @@ at least twice each. Everything lives in one fresh namespace and a temporary dir
 counter files, journal, state file), both removed at the end, also after an error, Ctrl-C or
 SIGTERM (a SIGKILLed harness leaves that to `gearshift cleanup`; its children stop when they
 see it gone).
+
+Pod-shaped (`pod`): the controller and every worker each run in a pid namespace of their own
+(`unshare --pid --fork --mount-proc --kill-child`, as root), sharing /dev/shm, as a Kubernetes
+sidecar and its workers do without shareProcessNamespace; liveness is then judged by leases
+(shm/lease.py), so a restarted controller takes the namespace over once its predecessor's
+lease expired. Two more invariants are watched throughout: the control segment is never
+replaced under live participants (`namespace_replaced`), and the controller word never passes
+from one live controller to another (`controllers_at_once`: only after the harness killed it).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +37,7 @@ from typing import Any
 
 from gearshift.controller import status
 from gearshift.errors import ControllerNotFound, GearshiftError
-from gearshift.shm import EventRing, Registry, cleanup, names
+from gearshift.shm import EventRing, Registry, SlotState, cleanup, lease, names
 from gearshift.shm.ring import HEAD, TAIL
 from gearshift.shm.segment import SHM_DIR
 from gearshift.tools.stress import roles
@@ -45,6 +54,7 @@ SETTINGS = (  # the policy's and the controller's intervals, scaled down: many p
     "scan_interval_seconds=0.1",
     "status_interval_seconds=0.1",
 )
+POD = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")  # a pid namespace each
 WAIT = 30.0  # seconds: the bound of every wait for a process
 TICK = 0.01  # the harness's loop
 STATUS_SECONDS = 0.2  # the controller's status document is read this often
@@ -58,6 +68,7 @@ class StressConfig:
     devices: int = 2  # workers are spread over them; one reader per device reads them all
     seed: int = 0
     namespace: str = ""  # "" -> a fresh one, unique to the run
+    pod: bool = False  # the controller and each worker in a pid namespace of its own
 
 
 def run(config: StressConfig) -> StressReport:
@@ -87,6 +98,9 @@ class _Harness:
         self.current: list[Incarnation] = []  # the worker of each index
         self.registry: Registry | None = None
         self.next_status = 0.0
+        self.owner = 0  # the controller word's identity last seen (0: none)
+        self.killed: set[int] = set()  # identities of controllers the harness killed
+        self.ending = False  # finish() under way: the namespace may go
 
     def start(self) -> None:
         self._start_controller()
@@ -123,11 +137,18 @@ class _Harness:
         cleanup must leave nothing behind; then count."""
         ending = [*self.readers, *(w.proc for w in self.current)]
         for proc in ending:
-            proc.terminate()
+            self._terminate(proc)
         for proc in ending:
             _reap(proc)
+        if self.config.pod:  # killed workers' leases expire: the controller reclaims them
+            deadline = time.monotonic() + lease.LEASE + WAIT
+            while not self._all_free():
+                if time.monotonic() > deadline:
+                    raise GearshiftError("timed out waiting for the dead workers' slots")
+                time.sleep(TICK)
+        self.ending = True
         assert self.controller is not None
-        self.controller.terminate()
+        self._terminate(self.controller)
         if _reap(self.controller) != 0:
             raise GearshiftError(f"the controller failed at exit:\n{self._stderr('controller')}")
         for w in self.tally.incarnations:
@@ -152,9 +173,11 @@ class _Harness:
     # processes
 
     def _spawn(self, role: str, name: str, **spec: Any) -> subprocess.Popen:
+        isolated = self.config.pod and role in ("controller", "worker")
         with open(self.dir / f"{name}.err", "ab") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gearshift.tools.stress", role, json.dumps(spec)],
+                [*(POD if isolated else ()), sys.executable, "-m", "gearshift.tools.stress",
+                 role, json.dumps(spec)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
@@ -202,8 +225,9 @@ class _Harness:
             if not self.controller_up:
                 return False
             assert self.controller is not None
-            self.controller.kill()
+            self.controller.kill()  # (pod: unshare's child dies with it, --kill-child)
             self.controller.wait()
+            self.killed.add(self.owner)
             self.controller_up = False
             self.tally.downtime.append([time.monotonic_ns(), 0])
             self.restart_at = time.monotonic() + self.rng.uniform(0.2, 0.8)
@@ -226,7 +250,8 @@ class _Harness:
         assert self.controller is not None
         if self.controller.poll() is not None and self.restart_at is None:
             raise GearshiftError(f"the controller exited:\n{self._stderr('controller')}")
-        if not self.controller_up and self._owner() == self.controller.pid:
+        current = self._owner_is_current()  # every poll: it watches the invariants too
+        if not self.controller_up and current:
             self.controller_up = True
             if self.tally.downtime and not self.tally.downtime[-1][1]:
                 self.tally.downtime[-1][1] = time.monotonic_ns()
@@ -249,14 +274,43 @@ class _Harness:
                 unattributed = doc["events"]["unknown"] + doc["events"]["invalid"]
                 self.tally.unattributed[doc["pid"]] = unattributed
 
-    def _owner(self) -> int | None:
+    def _owner_is_current(self) -> bool:
+        """Whether the controller word names the controller last started, alive; counts a word
+        that passed from one live controller to another, and a control segment replaced."""
+        if self.registry is not None and self.registry.segment.displaced():
+            if not self.ending:
+                self.tally.namespace_replaced += 1
+            self.registry.close()
+            self.registry = None
         if self.registry is None:
             try:
                 self.registry = Registry.attach(self.namespace)
             except ControllerNotFound:
-                return None
+                return False
+        self.tally.discarded = max(self.tally.discarded, self.registry.discarded)
         info = self.registry.controller()
-        return info.pid if info.alive else None
+        if info.ident != self.owner:
+            if self.owner and info.ident and self.owner not in self.killed:
+                self.tally.controllers_at_once += 1
+            self.owner = info.ident
+        if not info.alive or info.ident in self.killed:
+            return False
+        assert self.controller is not None
+        return info.foreign if self.config.pod else info.pid == self.controller.pid
+
+    def _all_free(self) -> bool:
+        assert self.registry is not None
+        return all(i.state == SlotState.FREE for i in self.registry.slots())
+
+    def _terminate(self, proc: subprocess.Popen) -> None:
+        """SIGTERM `proc`; in a pod, the process unshare forked (unshare would die of it and
+        SIGKILL its child)."""
+        if self.config.pod and proc not in self.readers:
+            with contextlib.suppress(OSError, ValueError):
+                children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text()
+                os.kill(int(children.split()[0]), signal.SIGTERM)
+                return
+        proc.terminate()
 
     def _finalize(self, w: Incarnation, force: bool = False) -> None:
         """Read a ring's counters once they are final (its worker dead, the ring drained; or

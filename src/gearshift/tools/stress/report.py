@@ -29,10 +29,13 @@ INVARIANTS = (  # what the verdict checks, as it states them
     "leaked_segments = 0",
     f"route_stall_ms_max <= {STALL_MS}",
     "versions_routed_unpublished = 0",
+    "namespace_replaced = 0",
+    "controllers_at_once = 0",
 )
 COUNTING = (
     "events_dropped: refused by a full ring and counted by its worker (allowed: route() never "
-    "waits); events_lost = sent - consumed - dropped: events that vanished (must be 0)"
+    "waits); events_lost = sent - consumed - dropped - discarded (events_discarded: a dead "
+    "worker's ring a new worker reused without a controller): events that vanished (must be 0)"
 )
 
 
@@ -68,6 +71,8 @@ class StressReport:
             "leaked_segments": self.leaked_segments != 0,
             "route_stall_ms_max": self.route_stall_ms_max > STALL_MS,
             "versions_routed_unpublished": figures.get("versions_routed_unpublished", 0) != 0,
+            "namespace_replaced": figures.get("namespace_replaced", 0) != 0,
+            "controllers_at_once": figures.get("controllers_at_once", 0) != 0,
         }
         return [f"{name} = {figures[name]}" for name, bad in broken.items() if bad]
 

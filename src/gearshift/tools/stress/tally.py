@@ -48,6 +48,9 @@ class Tally:
     controllers: int = 0  # incarnations
     downtime: list[list[int]] = field(default_factory=list)  # [killed, back up] monotonic ns
     unattributed: dict[int, int] = field(default_factory=dict)  # controller pid -> unknown+invalid
+    namespace_replaced: int = 0  # control segments replaced under live participants
+    controllers_at_once: int = 0  # the controller word taken from a live controller
+    discarded: int = 0  # events of reused slots' rings dropped undrained (the control segment's)
 
     def count(self, readers: int, leaked: int) -> StressReport:
         """The figures, once every process has ended and every ring's counters are final."""
@@ -86,7 +89,7 @@ class Tally:
             events_sent=sent,
             events_consumed=consumed,
             events_dropped=dropped,
-            events_lost=sent - consumed - dropped,
+            events_lost=sent - consumed - dropped - self.discarded,
             snapshots_published=len(journal.entries),
             torn_snapshots_accepted=sum(r[3] for r in counts),
             worker_kills=self.kills["worker"],
@@ -118,5 +121,8 @@ class Tally:
                     for version, _ in log.versions
                 ),
                 "counter_mismatches": mismatched,
+                "events_discarded": self.discarded,
+                "namespace_replaced": self.namespace_replaced,
+                "controllers_at_once": self.controllers_at_once,
             },
         )
