@@ -106,3 +106,61 @@ def test_a_closed_runner_compiles_nothing_more_and_keeps_its_graphs() -> None:
     assert runner.capture([{"SEQLEN": 4}]) == 0 and runner.ready() == [(8,)]
     x = torch.randn(3, H)
     torch.testing.assert_close(runner.run({"x": x}), block(x))
+
+
+def elementwise(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2).sin() + 1
+
+
+def test_a_child_forked_while_the_parent_compiles_can_compile_and_close() -> None:
+    """A pre-fork server forks while the swap thread compiles: the child inherits the capture
+    lock (and Dynamo's compile lock) held by a thread it does not have. It must compile its own
+    gears and close at once (before: no compile ever, and `close` waited 600 s)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    parent = os.getpid()
+    started, go = threading.Event(), threading.Event()
+
+    def slow(gm: torch.fx.GraphModule, example: object) -> object:
+        if os.getpid() == parent:
+            started.set()
+            go.wait(30)
+        return gm.forward
+
+    runner = make(elementwise, gears=(4, 8), compile_backend=slow)  # no OpenMP team: a
+    # child cannot join the parent's (libgomp), whatever gearshift does
+    compiling = threading.Thread(target=runner.capture, args=([{"SEQLEN": 8}],))
+    compiling.start()
+    try:
+        assert started.wait(30)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what it could do, never return into pytest
+            code = 1
+            try:
+                signal.alarm(20)
+                done = runner.capture([{"SEQLEN": 4}])
+                began = time.monotonic()
+                closed = runner.close(timeout=5.0)
+                x = torch.randn(3, H)
+                same = bool(torch.allclose(runner.run({"x": x}), elementwise(x)))
+                os.write(write, repr((done, closed, time.monotonic() - began < 2, same)).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        deadline = time.monotonic() + 40
+        while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if waited[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        found = os.read(read, 200).decode()
+        os.close(read)
+    finally:
+        go.set()
+        compiling.join(30)
+    assert found == repr((1, True, True, True)), (waited, found)

@@ -50,6 +50,7 @@ from torch.utils._pytree import tree_unflatten
 from gearshift.clock import Clock
 from gearshift.core.dims import Gears, Variant, gear_for
 from gearshift.errors import ShapeError
+from gearshift.graphs import forks
 from gearshift.graphs.backends import Graph, backend_for
 from gearshift.graphs.buffers import StaticBuffers
 from gearshift.graphs.device import outside_capture
@@ -119,6 +120,13 @@ class AdaptiveRunner:
         self._keys: dict[Variant, list[int]] = {}  # each variant's graph keys
         self._restage = False  # the survivors of a release need smaller buffers
         self._prober.check_eagerly(self.gears)
+        forks.track(self)
+
+    def _forked(self) -> None:
+        """In a forked child (`graphs.forks`): fresh locks, a parent's thread may have held
+        them (a compile or capture under way, a replay)."""
+        self._lock, self._count_lock = threading.Lock(), threading.Lock()
+        self._capture_lock = threading.Lock()
 
     @property
     def _buffers(self) -> dict[str, torch.Tensor]:
