@@ -42,8 +42,9 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gearshift.core.dims import Dim, Gears, chunks_for
 from gearshift.errors import PaddingError, ShapeError
-from gearshift.graphs import padding
+from gearshift.graphs import padding, state
 from gearshift.graphs.padding import Axes
+from gearshift.graphs.state import StateWrite
 
 Chunk = dict[str, "Span"]
 DEFAULT_SYMBOLS = {"B": "BATCHSIZE", "S": "SEQLEN"}
@@ -256,6 +257,10 @@ class Transform:
         """`fn`'s outputs as pytree leaves and spec; ShapeError unless the leaves are one tensor
         per output with its axes."""
         leaves, spec = tree_flatten(outputs)
+        if outputs is None or not all(isinstance(t, torch.Tensor) for t in leaves):
+            i, bad = next(((i, t) for i, t in enumerate(leaves)
+                           if not isinstance(t, torch.Tensor)), (0, None))
+            raise ShapeError(padding.not_tensor(self.fn, i, bad))
         if len(leaves) != len(self._axes()):
             raise ShapeError(f"fn returned {len(leaves)} tensors, expected {len(self._axes())}")
         for i, (t, axes) in enumerate(zip(leaves, self._axes(), strict=True)):
@@ -329,6 +334,10 @@ class Transform:
         else:
             try:
                 leaves, shapes = padding.trace(self.fn, self._fakes(tensors))
+            except StateWrite as e:
+                raise PaddingError(state.written(self.fn, e)) from None
+            except padding.NotTensor as e:
+                raise ShapeError(padding.not_tensor(self.fn, e.index, e.value)) from None
             except Exception as e:
                 raise ShapeError(
                     f"cannot trace the output axes of {self.fn!r} ({e}); declare outputs="
