@@ -164,3 +164,31 @@ def test_a_child_forked_while_the_parent_compiles_can_compile_and_close() -> Non
         go.set()
         compiling.join(30)
     assert found == repr((1, True, True, True)), (waited, found)
+
+
+REQUESTS = 0
+
+
+def counted(x: torch.Tensor) -> torch.Tensor:
+    global REQUESTS
+    REQUESTS += 1  # a request counter: Python state Dynamo guards on
+    return (x * 2).sin() + 1
+
+
+def test_a_python_side_effect_runs_eagerly_instead_of_failing_a_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A counter in the function made every replay recompile, and past the recompile limit
+    fullgraph raised FailOnRecompileLimitHit into the 5th request (plain torch.compile serves
+    it). Now the compile finds it and the runner runs it eagerly, counting every request."""
+    runner = make(counted, gears=(4, 8), compile_backend="eager")
+    with caplog.at_level(logging.WARNING, "gearshift.graphs.compiled"):
+        assert runner.capture([{"SEQLEN": 8}, {"SEQLEN": 4}]) == 0
+    assert runner.refused is not None and "changes Python state" in runner.refused
+    assert any("Keep such state outside fn" in r.getMessage() for r in caplog.records)
+    before = REQUESTS
+    for n in range(1, 13):
+        x = torch.randn(n, H)
+        torch.testing.assert_close(runner.run({"x": x}), (x * 2).sin() + 1)
+    assert REQUESTS - before == 12 and runner.stats["eager"] == 12
+    assert runner.capture([{"SEQLEN": 4}]) == 0  # nothing compiled after

@@ -152,7 +152,12 @@ class AdaptiveRunner:
         """Capture the given variants (dim -> gear) that are not ready, largest first; returns
         how many were captured. For the warm-up thread, never the request path. GraphLimit
         when the pool is full; a failed capture is counted and raised (nothing is kept); a
-        graph that fails the padding check is dropped, and none is captured after it."""
+        graph that fails the padding check is dropped, and none is captured after it. Under
+        the transform's grad mode (`Transform.mode`), whatever the calling thread's."""
+        with self.transform.mode():
+            return self._capture_all(variants)
+
+    def _capture_all(self, variants: Iterable[Mapping[str, int]]) -> int:
         todo = {self._variant(v) for v in variants} - self._variants.keys()
         if self._restage:
             with self._capture_lock:
@@ -238,9 +243,14 @@ class AdaptiveRunner:
             sizes: Mapping[str, int] | None = None) -> Any:
         """`fn(**tensors)`, computed by replaying graphs on padded chunks where possible. A call
         whose every dim fits one gear (the common case) is one chunk: no Tiling, nothing to join.
-        `sizes`: `transform.check(tensors)` when the caller has already checked them."""
+        `sizes`: `transform.check(tensors)` when the caller has already checked them. Graphs and
+        eager chunks alike run under the transform's grad mode (`Transform.mode`: no grad_fn)."""
+        sizes = self.transform.check(tensors) if sizes is None else sizes  # the caller's mode
+        with self.transform.mode():
+            return self._run(tensors, sizes)
+
+    def _run(self, tensors: Mapping[str, torch.Tensor], sizes: Mapping[str, int]) -> Any:
         t, current = self.transform, self.gears  # read once: it may be replaced meanwhile
-        sizes = t.check(tensors) if sizes is None else sizes
         self._staged.check(tensors)
         if self.refused is not None:
             self._count_eager()

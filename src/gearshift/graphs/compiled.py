@@ -16,6 +16,12 @@ and npu its replay is recorded as a device graph: compile, then capture). Hence:
   lists the breaks (`torch._dynamo.explain`), logs them once as a warning, keeps them in
   `graph_breaks` and compiles this and later variants with `fullgraph=False` (the parts
   between breaks run eagerly inside the compiled function; nothing is silently left out).
+- A function that changes Python state it reads (a request counter: Dynamo guards on its
+  value) would recompile on every call, and a graph replay runs none of its Python: each
+  compile calls the new function twice on the same inputs, and a second Dynamo entry means
+  exactly that. The runner then compiles nothing more and runs every call eagerly on its
+  unpadded inputs (`refused`, logged once), where plain torch.compile would fall back to eager
+  at its recompile limit: a request never meets Dynamo's recompile-limit error.
 - On a device, gearshift's graph is the only one: compile options that make Inductor capture
   device graphs of its own inside it (`mode` "reduce-overhead" or "max-autotune", option
   `triton.cudagraphs`; Dynamo's "cudagraphs" backend) are refused (ConfigError): their
@@ -156,8 +162,13 @@ class CompiledRunner(AdaptiveRunner):
         return True
 
     def _capture(self, gears: Variant) -> Any:
-        with self._shape_lock(gears):  # its wait is not part of the measured capture
-            return super()._capture(gears)
+        try:
+            with self._shape_lock(gears):  # its wait is not part of the measured capture
+                return super()._capture(gears)
+        except PythonState as e:  # no graph can run it: every call eagerly from now on
+            self.refused = str(e)
+            log.warning("%s", e)
+            return None
 
     @contextlib.contextmanager
     def _shape_lock(self, gears: Variant) -> Iterator[None]:
@@ -266,17 +277,25 @@ class CompiledRunner(AdaptiveRunner):
         return functools.partial(fn, **tensors)
 
     def _compiled_call(self, tensors: dict[str, torch.Tensor], fullgraph: bool) -> Any:
-        fn = torch.compile(_trampoline(self.transform.fn), dynamic=False, fullgraph=fullgraph,
-                           **self._options)
-        with torch.no_grad():  # as graphs capture and replay: one grad-mode guard
+        """A compiled trampoline of fn, compiled by a call on `tensors` and called once more:
+        PythonState if that second call compiled it again (its guards failed on the same
+        inputs: fn changed Python state it reads, a counter or a global)."""
+        gear = _trampoline(self.transform.fn)
+        fn = torch.compile(gear, dynamic=False, fullgraph=fullgraph, **self._options)
+        with self.transform.mode():  # as graphs capture and replay: one grad-mode guard
             fn(**tensors)
+            fn(**tensors)
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        if len(_debug_get_cache_entry_list(gear.__code__)) > 1:
+            raise PythonState(_changes_state(self.transform.fn))
         return fn
 
     def _broke(self, tensors: dict[str, torch.Tensor], error: Exception) -> None:
         """A graph break under fullgraph: list the breaks, warn once, compile with breaks."""
         self.fullgraph = False
         try:
-            with torch.no_grad():
+            with self.transform.mode():
                 explained = torch._dynamo.explain(_trampoline(self.transform.fn))(**tensors)
             reasons = [str(getattr(b, "reason", b)) for b in explained.break_reasons]
         except Exception as e:  # the explanation is a courtesy: the error says the first one
@@ -289,6 +308,19 @@ class CompiledRunner(AdaptiveRunner):
             " between breaks runs eagerly inside each gear's compiled function): %s",
             self.transform.fn, len(reasons), "; ".join(self.graph_breaks),
         )
+
+
+class PythonState(RuntimeError):
+    """fn changes Python state it reads: no compiled graph can replay it."""
+
+
+def _changes_state(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return (f"{name} changes Python state that it reads (a request counter, a global, an"
+            f" attribute): compiled, a second call on the same inputs no longer matched its"
+            f" guards, and a graph replays none of its Python; so it is not compiled, and every"
+            f" call runs it eagerly on its unpadded inputs from now on (as torch.compile falls"
+            f" back to eager past its recompile limit). Keep such state outside fn")
 
 
 def _refuse_own_graphs(kind: str, compile_backend: str | Callable[..., Any], mode: str | None,

@@ -25,6 +25,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from gearshift.core.dims import Dim
+from gearshift.errors import ShapeError
 from gearshift.graphs.state import NoStateWrites, reached
 
 Axes = tuple[str | None, ...]  # per tensor axis: the dim it carries, or None (static)
@@ -109,6 +110,28 @@ def trace(fn: Callable[..., Any], fakes: Mapping[str, torch.Tensor]) -> tuple[li
             raise NotTensor(i, val)
         leaves.append(Leaf(_sizes(val), reads[node] | written.get(root(node), frozenset())))
     return leaves, shapes
+
+
+def axes_of(fn: Callable[..., Any], inputs: Mapping[str, Axes], leaves: Sequence[Leaf],
+            shapes: Mapping[str, tuple]) -> list[Axes]:
+    """Each traced output's axes (`inputs`: each input's dims): the dim whose symbol its size
+    is, or None (static); ShapeError for a size of no one dim."""
+    symbol_dim: dict[Any, str] = {}
+    for name, axes in inputs.items():
+        for axis, dim in enumerate(axes):
+            expr = shapes[name][axis]
+            if (dim is not None and expr.free_symbols
+                    and symbol_dim.setdefault(expr, dim) != dim):
+                raise ShapeError(f"{fn!r} requires {symbol_dim[expr]} == {dim}")
+    found = []
+    for i, leaf in enumerate(leaves):
+        for axis, expr in enumerate(leaf.sizes):
+            if expr.free_symbols and expr not in symbol_dim:
+                raise ShapeError(
+                    f"output {i} axis {axis} has size {expr}, not one dim's: declare outputs="
+                )
+        found.append(tuple(symbol_dim.get(e) for e in leaf.sizes))
+    return found
 
 
 def _aliased(node: torch.fx.Node) -> list[tuple[torch.fx.Node, bool]]:

@@ -31,6 +31,7 @@ construction.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +43,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gearshift.core.dims import Dim, Gears, chunks_for
 from gearshift.errors import PaddingError, ShapeError
-from gearshift.graphs import padding, state
+from gearshift.graphs import grad, padding, state
 from gearshift.graphs.padding import Axes
 from gearshift.graphs.state import StateWrite
 
@@ -117,6 +118,7 @@ class Transform:
             declared = [outputs] if single else list(outputs)
             self.outputs = [self._resolve(a, f"outputs[{i}]") for i, a in enumerate(declared)]
         self._traced = False
+        self.inference = False  # the first call ran under torch.inference_mode (`mode`)
         self._check_signature()
 
     def _check_signature(self) -> None:
@@ -181,10 +183,16 @@ class Transform:
                     raise ShapeError(
                         f"{name} axis {axis}: {dim}={size} is outside [{spec.min}, {spec.max}]"
                     )
+        grad.refuse_grad(tensors)
         if not self._traced:
+            self.inference = torch.is_inference_mode_enabled()
             self.outputs = self._padding_checked(tensors)
             self._traced = True
         return {dim: sizes[dim] for dim in self.dims}
+
+    def mode(self) -> contextlib.AbstractContextManager[None]:
+        """The grad mode every run of fn is made under, on any thread (`grad.mode`)."""
+        return grad.mode(self.inference)
 
     def tile(
         self, sizes: Mapping[str, int], gears: Mapping[str, Gears] | None = None
@@ -343,7 +351,7 @@ class Transform:
                     f"cannot trace the output axes of {self.fn!r} ({e}); declare outputs="
                     " (each output then counts as reading every input)"
                 ) from e
-            found = self._axes_of(leaves, shapes)
+            found = padding.axes_of(self.fn, self.inputs, leaves, shapes)
             reads = [leaf.reads for leaf in leaves]
         for i, (axes, read) in enumerate(zip(found, reads, strict=True)):
             for dim in self.dims:
@@ -383,21 +391,3 @@ class Transform:
             fakes[name] = mode.from_tensor(size, symbolic_context=static)
         return fakes
 
-    def _axes_of(self, leaves: Sequence[padding.Leaf], shapes: Mapping[str, tuple]) -> list[Axes]:
-        """Each output's axes: the dim whose symbol its size is, or None (static)."""
-        symbol_dim: dict[Any, str] = {}
-        for name, axes in self.inputs.items():
-            for axis, dim in enumerate(axes):
-                expr = shapes[name][axis]
-                if (dim is not None and expr.free_symbols
-                        and symbol_dim.setdefault(expr, dim) != dim):
-                    raise ShapeError(f"{self.fn!r} requires {symbol_dim[expr]} == {dim}")
-        found = []
-        for i, leaf in enumerate(leaves):
-            for axis, expr in enumerate(leaf.sizes):
-                if expr.free_symbols and expr not in symbol_dim:
-                    raise ShapeError(
-                        f"output {i} axis {axis} has size {expr}, not one dim's: declare outputs="
-                    )
-            found.append(tuple(symbol_dim.get(e) for e in leaf.sizes))
-        return found
