@@ -165,6 +165,10 @@ class Transform:
                 kind = type(tensors[name]).__name__
                 raise ShapeError(f"{name} must be a torch.Tensor, got {kind} (convert it first,"
                                  f" e.g. torch.as_tensor)")
+            if tensors[name].is_meta:
+                raise ShapeError(f"{name} is on the meta device (a shape without data, as a model"
+                                 f" built with device='meta' has): gearshift runs fn on real"
+                                 f" data; load the weights and pass tensors on a real device")
             shape = tensors[name].shape
             if len(shape) != len(axes):
                 raise ShapeError(f"{name}: expected {len(axes)} axes {axes}, got {tuple(shape)}")
