@@ -26,6 +26,7 @@ from gearshift.controller.config import (
     seed_lines,
 )
 from gearshift.controller.controller import Controller
+from gearshift.controller.embedded import remove_scratch
 from gearshift.controller.metrics import check_endpoint
 from gearshift.controller.stateclear import remove_state
 from gearshift.errors import (
@@ -259,13 +260,14 @@ def cleanup_command(namespace: str | None, with_state: bool, state_dir: str | No
     """Remove a dead namespace's shared memory (--state: its state).
 
     Every shared-memory object of a namespace whose controller and workers are all dead
-    (refused, removing nothing, while any of them lives). The state file stays, for the
+    (refused, removing nothing, while any of them lives), and the temporary state
+    directories its dead embedded controllers left. The state file stays, for the
     next controller to resume from, unless --state is given."""
     with exits():
         namespace = names.resolve(namespace)
         given = state_dir or environment.read("state_dir")
         state = ControllerConfig(namespace=namespace, state_dir=given or "").state_path
-        removed = cleanup(namespace)
+        removed = cleanup(namespace) + remove_scratch(namespace)
         if with_state:
             removed += map(str, remove_state(state, remove_directory=not given))
     click.echo("\n".join(removed) if removed else f"namespace {namespace!r}: nothing to remove")
