@@ -192,3 +192,25 @@ def test_a_python_side_effect_runs_eagerly_instead_of_failing_a_request(
         torch.testing.assert_close(runner.run({"x": x}), (x * 2).sin() + 1)
     assert REQUESTS - before == 12 and runner.stats["eager"] == 12
     assert runner.capture([{"SEQLEN": 4}]) == 0  # nothing compiled after
+
+
+def test_a_long_compile_is_logged_once_with_its_shape_and_seconds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Inductor compiles a cold gear for 10-20 s: a progress line says what and how long
+    (before: nothing while it ran)."""
+    import time
+
+    def slow(gm: torch.fx.GraphModule, example: object) -> object:
+        time.sleep(0.5)  # a slow compiler, not the clock: the runner's clock is its own
+        return gm.forward
+
+    runner = make(elementwise, gears=(4, 8), compile_backend=slow)
+    runner.progress_after = 0.1
+    with caplog.at_level(logging.INFO, "gearshift.graphs.compiled"):
+        assert runner.capture([{"SEQLEN": 8}]) == 1
+    lines = [r.getMessage() for r in caplog.records]
+    (still,) = [line for line in lines if line.startswith("compiling ")]
+    assert "elementwise at SEQLEN=8 (x (8, 4) float32)" in still and "s so far" in still
+    (done,) = [line for line in lines if line.startswith("compiled ")]
+    assert "SEQLEN=8" in done and float(done.split(" in ")[1].split()[0]) >= 0.1

@@ -29,7 +29,9 @@ and npu its replay is recorded as a device graph: compile, then capture). Hence:
 - Compiles run where captures do, on the caller's (the swap) thread, never a request's; the
   compile is timed as part of the capture, so the graph's measured capture seconds include
   it (cold or from Inductor's caches) and reach the controller as any capture's. Each compile
-  is also kept in `compiles` (seconds, FX graph cache hits and misses), bounded.
+  is also kept in `compiles` (seconds, FX graph cache hits and misses), bounded. A compile
+  running past `progress_after` (PROGRESS_SECONDS) is logged once while it runs (a timer
+  thread: its gears, input shapes and seconds so far) and once done, at INFO.
 
 Seconds are wall seconds by default (`MonotonicClock`), on every backend: a compile's work
 runs partly in other processes (the C++ compiler, Inductor's compile workers) that a
@@ -44,6 +46,7 @@ import functools
 import hashlib
 import logging
 import os
+import threading
 import types
 import weakref
 from collections import deque
@@ -66,6 +69,7 @@ MAX_BREAKS = 32  # graph-break reasons kept and logged
 LOCK_WAIT_SECONDS = 600.0  # the longest wait for another process compiling the same shape
 LOCK_POLL_SECONDS = 0.05
 CLOSE_WAIT_SECONDS = 600.0  # the longest `close` waits for a compile under way
+PROGRESS_SECONDS = 5.0  # a compile running longer is logged once meanwhile, and when done
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,7 @@ class CompiledRunner(AdaptiveRunner):
             weakref.WeakValueDictionary())
         self.lock_dir, self.lock_wait = lock_dir, lock_wait
         self.closed = False
+        self.progress_after = PROGRESS_SECONDS  # a longer compile: logged once meanwhile
         self._waited = 0.0  # by the capture under way, for its Compile record
         self.stats.update(compiles=0, compile_seconds=0.0, compile_cache_hits=0,
                           compile_cache_misses=0, graph_breaks=0, compile_wait_seconds=0.0)
@@ -255,15 +260,24 @@ class CompiledRunner(AdaptiveRunner):
         compiled now by one call; full graph unless a break was met."""
         hits, misses = _fxgraph_counts()
         began = self.clock.now()
+        what = self._described(gears, tensors)
+        timer = threading.Timer(self.progress_after, self._still, (what, began))
+        timer.daemon = True
+        timer.start()
         fn = None
-        if self.fullgraph:
-            try:
-                fn = self._compiled_call(tensors, fullgraph=True)
-            except torch._dynamo.exc.Unsupported as e:
-                self._broke(tensors, e)
-        if fn is None:
-            fn = self._compiled_call(tensors, fullgraph=False)
+        try:
+            if self.fullgraph:
+                try:
+                    fn = self._compiled_call(tensors, fullgraph=True)
+                except torch._dynamo.exc.Unsupported as e:
+                    self._broke(tensors, e)
+            if fn is None:
+                fn = self._compiled_call(tensors, fullgraph=False)
+        finally:
+            timer.cancel()
         seconds = max(self.clock.now() - began, 0.0)
+        if seconds >= self.progress_after:
+            log.info("compiled %s in %.1f s", what, seconds)
         hit, miss = (a - b for a, b in zip(_fxgraph_counts(), (hits, misses), strict=True))
         self.compiles.append(Compile(dict(zip(self.names, gears, strict=True)), seconds, hit,
                                      miss, self.fullgraph, self._waited))
@@ -275,6 +289,20 @@ class CompiledRunner(AdaptiveRunner):
             s["compile_cache_hits"] += hit
             s["compile_cache_misses"] += miss
         return functools.partial(fn, **tensors)
+
+    def _described(self, gears: Variant, tensors: Mapping[str, torch.Tensor]) -> str:
+        """A compile's gears and input shapes, as its progress lines name them."""
+        fn = self.transform.fn
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        at = ", ".join(f"{d}={g}" for d, g in zip(self.names, gears, strict=True))
+        shapes = ", ".join(f"{n} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+                           for n, t in tensors.items())
+        return f"{name} at {at} ({shapes})"
+
+    def _still(self, what: str, began: float) -> None:
+        """The progress line of a compile that runs past `progress_after` (a timer's)."""
+        log.info("compiling %s: %.0f s so far (requests run on a larger gear, or eagerly,"
+                 " meanwhile)", what, max(self.clock.now() - began, 0.0))
 
     def _compiled_call(self, tensors: dict[str, torch.Tensor], fullgraph: bool) -> Any:
         """A compiled trampoline of fn, compiled by a call on `tensors` and called once more:
