@@ -12,22 +12,36 @@ grad while the caller records gradients is refused (`refuse_grad`): it would get
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from gearshift.errors import ShapeError
 
 
-def mode(inference: bool) -> contextlib.AbstractContextManager[None]:
+def mode(inference: bool) -> contextlib.AbstractContextManager[Any]:
     """torch.inference_mode if `inference`, else no_grad outside inference mode."""
-    return torch.inference_mode() if inference else _no_grad()
+    return torch.inference_mode() if inference else _NoGrad()
 
 
-@contextlib.contextmanager
-def _no_grad() -> Iterator[None]:
-    with torch.inference_mode(False), torch.no_grad():
-        yield
+class _NoGrad:
+    """no_grad, outside inference mode (left for the block if the caller is in it); a plain
+    class: the request path enters it on every call."""
+
+    __slots__ = ("_grad", "_inner")
+
+    def __enter__(self) -> None:
+        self._inner = torch.inference_mode(False) if torch.is_inference_mode_enabled() else None
+        if self._inner is not None:
+            self._inner.__enter__()
+        self._grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+
+    def __exit__(self, *exc: object) -> None:
+        torch._C._set_grad_enabled(self._grad)
+        if self._inner is not None:
+            self._inner.__exit__(*exc)
 
 
 def refuse_grad(tensors: Mapping[str, torch.Tensor]) -> None:
