@@ -168,7 +168,9 @@ def compile(
     `example` (default: the first call's tensors) gives static sizes and dtypes. The client is
     `client`, else a shared one of `namespace` (default: `GEARSHIFT_NAMESPACE`, else
     `default`) and accelerator `device` (`embedded`: see `connect`). `shared_cache`: the
-    namespace's compile cache on this node (`worker.compile_cache`), with per-shape locks."""
+    namespace's compile cache on this node (`worker.compile_cache`), with per-shape locks.
+    The profile is `name`, else fn's `__name__` or class, suffixed when another function on
+    the client holds it (`Names`)."""
     options = {"mode": mode, "options": options, "backend": backend, **transform_options}
     release = _nothing
     if client is None:
