@@ -196,6 +196,23 @@ def test_a_function_that_writes_state_outside_its_inputs_is_refused_and_left_alo
         gs.AdaptiveRunner(transform, {"x": torch.ones(3, H)}, pool=GraphResourcePool(CpuBackend()))
     assert not cache.any()
 
+    def pure(x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        new = state + x  # the fix: the new state is an output, the caller writes it
+        return torch.tanh(LAYER(new)), new
+
+    transform = gs.Transform(pure, dims, inputs={"x": ("B", None), "state": ("B", None)})
+    served = gs.AdaptiveRunner(transform, {"x": torch.ones(3, H), "state": cache[:3]},
+                               pool=GraphResourcePool(CpuBackend()))
+    served.capture([{"BATCHSIZE": 16}, {"BATCHSIZE": 4}])
+    plain = torch.zeros(16, H)
+    for _ in range(3):  # the decode loop, against the same loop run eagerly
+        x = torch.randn(3, H)
+        y, cache[:3] = served.run({"x": x, "state": cache[:3]})
+        want, plain[:3] = pure(x, plain[:3])
+        torch.testing.assert_close(y, want)
+    torch.testing.assert_close(cache, plain)
+    assert served.stats["replays"] == 3
+
     train = torch.nn.BatchNorm1d(H)  # a model left in train mode updates its statistics
 
     def normed(x: torch.Tensor) -> torch.Tensor:
