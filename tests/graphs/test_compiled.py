@@ -214,3 +214,28 @@ def test_a_long_compile_is_logged_once_with_its_shape_and_seconds(
     assert "elementwise at SEQLEN=8 (x (8, 4) float32)" in still and "s so far" in still
     (done,) = [line for line in lines if line.startswith("compiled ")]
     assert "SEQLEN=8" in done and float(done.split(" in ")[1].split()[0]) >= 0.1
+
+
+SCALE = 1.0
+
+
+def scaled(x: torch.Tensor) -> torch.Tensor:
+    return (x * SCALE).sin()
+
+
+def test_state_the_caller_changes_never_fails_a_request() -> None:
+    """A float the caller changes between requests fails the compiled guards each time: past
+    the recompile limit the full graph raised FailOnRecompileLimitHit into the request, where
+    plain torch.compile runs it eagerly; now so does the runner."""
+    global SCALE
+    runner = make(scaled, gears=(4, 8), compile_backend="eager")
+    assert runner.capture([{"SEQLEN": 8}, {"SEQLEN": 4}]) == 2 and runner.refused is None
+    with torch._dynamo.config.patch(recompile_limit=2):
+        try:
+            for step in range(6):
+                SCALE = 1.0 + step
+                x = torch.randn(3, H)
+                torch.testing.assert_close(runner.run({"x": x}), scaled(x))
+        finally:
+            SCALE = 1.0
+    assert runner.stats["replays"] == 6

@@ -21,7 +21,9 @@ and npu its replay is recorded as a device graph: compile, then capture). Hence:
   compile calls the new function twice on the same inputs, and a second Dynamo entry means
   exactly that. The runner then compiles nothing more and runs every call eagerly on its
   unpadded inputs (`refused`, logged once), where plain torch.compile would fall back to eager
-  at its recompile limit: a request never meets Dynamo's recompile-limit error.
+  at its recompile limit. State the caller changes between calls (a module's float attribute)
+  recompiles on the cpu's replays; past the limit the variant runs fn itself (`_served`): a
+  request never meets Dynamo's recompile-limit error.
 - On a device, gearshift's graph is the only one: compile options that make Inductor capture
   device graphs of its own inside it (`mode` "reduce-overhead" or "max-autotune", option
   `triton.cudagraphs`; Dynamo's "cudagraphs" backend) are refused (ConfigError): their
@@ -288,7 +290,7 @@ class CompiledRunner(AdaptiveRunner):
             s["compile_seconds"] += seconds
             s["compile_cache_hits"] += hit
             s["compile_cache_misses"] += miss
-        return functools.partial(fn, **tensors)
+        return functools.partial(_served, fn, self.transform.fn, tensors)
 
     def _described(self, gears: Variant, tensors: Mapping[str, torch.Tensor]) -> str:
         """A compile's gears and input shapes, as its progress lines name them."""
@@ -336,6 +338,17 @@ class CompiledRunner(AdaptiveRunner):
             " between breaks runs eagerly inside each gear's compiled function): %s",
             self.transform.fn, len(reasons), "; ".join(self.graph_breaks),
         )
+
+
+def _served(compiled: Callable[..., Any], fn: Callable[..., Any],
+            tensors: Mapping[str, torch.Tensor]) -> Any:
+    """A variant's compiled function on its static tensors; fn itself once Dynamo, its guards
+    failing call after call (state the caller changes: a module's float attribute), reaches
+    its recompile limit, as plain torch.compile runs it: never an error into a request."""
+    try:
+        return compiled(**tensors)
+    except torch._dynamo.exc.FailOnRecompileLimitHit:
+        return fn(**tensors)
 
 
 class PythonState(RuntimeError):
