@@ -277,3 +277,17 @@ def test_a_model_in_train_mode_is_refused_for_train_mode_not_padding() -> None:
     model.eval()
     x = torch.randn(5, H)
     torch.testing.assert_close(captured(runner(forward)).run({"x": x}), forward(x))
+
+
+def test_tensors_the_function_makes_itself_are_its_own_to_write() -> None:
+    def own(x: torch.Tensor) -> torch.Tensor:
+        c = torch.tensor([1.0] * H)  # a constant it makes: not state
+        c.mul_(2)
+        y = torch.arange(float(H))
+        y += 1
+        out = torch.empty_like(x)
+        torch.add(x, c, out=out)
+        return out + y + LAYER.weight.t()[0]  # a view of a parameter, read
+
+    x = torch.randn(5, H)
+    torch.testing.assert_close(captured(runner(own)).run({"x": x}), own(x))

@@ -32,6 +32,11 @@ class StateWrite(Exception):
         self.op, self.tensor = op, tensor
 
 
+# ops whose real argument fn has just made (`torch.tensor(...)` in fn: a constant lifted
+# into the trace): their result is fn's own
+_FRESH = frozenset({torch.ops.aten.lift_fresh.default})
+
+
 class NoStateWrites(TorchDispatchMode):
     """Raises StateWrite at the first op that would write a real (non-fake) tensor or a view
     of one (a real tensor sliced by a symbolic size is a fake view of it)."""
@@ -64,9 +69,9 @@ class NoStateWrites(TorchDispatchMode):
                     raise StateWrite(str(func), real)
                 viewed = viewed if real is None else real
         out = func(*args, **kwargs)
-        if viewed is not None:  # a view of a real tensor: writes to it are writes to that
+        if viewed is not None and func not in _FRESH:  # a view of a real tensor: a write
             for t in out if isinstance(out, (list, tuple)) else (out,):
-                if isinstance(t, FakeTensor):
+                if isinstance(t, FakeTensor):  # to it is a write to that
                     self._bases[id(t)] = (t, viewed)
         return out
 
