@@ -106,3 +106,136 @@ def test_a_closed_runner_compiles_nothing_more_and_keeps_its_graphs() -> None:
     assert runner.capture([{"SEQLEN": 4}]) == 0 and runner.ready() == [(8,)]
     x = torch.randn(3, H)
     torch.testing.assert_close(runner.run({"x": x}), block(x))
+
+
+def elementwise(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2).sin() + 1
+
+
+def test_a_child_forked_while_the_parent_compiles_can_compile_and_close() -> None:
+    """A pre-fork server forks while the swap thread compiles: the child inherits the capture
+    lock (and Dynamo's compile lock) held by a thread it does not have. It must compile its own
+    gears and close at once (before: no compile ever, and `close` waited 600 s)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    parent = os.getpid()
+    started, go = threading.Event(), threading.Event()
+
+    def slow(gm: torch.fx.GraphModule, example: object) -> object:
+        if os.getpid() == parent:
+            started.set()
+            go.wait(30)
+        return gm.forward
+
+    runner = make(elementwise, gears=(4, 8), compile_backend=slow)  # no OpenMP team: a
+    # child cannot join the parent's (libgomp), whatever gearshift does
+    compiling = threading.Thread(target=runner.capture, args=([{"SEQLEN": 8}],))
+    compiling.start()
+    try:
+        assert started.wait(30)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what it could do, never return into pytest
+            code = 1
+            try:
+                signal.alarm(20)
+                done = runner.capture([{"SEQLEN": 4}])
+                began = time.monotonic()
+                closed = runner.close(timeout=5.0)
+                x = torch.randn(3, H)
+                same = bool(torch.allclose(runner.run({"x": x}), elementwise(x)))
+                os.write(write, repr((done, closed, time.monotonic() - began < 2, same)).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        deadline = time.monotonic() + 40
+        while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if waited[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        found = os.read(read, 200).decode()
+        os.close(read)
+    finally:
+        go.set()
+        compiling.join(30)
+    assert found == repr((1, True, True, True)), (waited, found)
+
+
+REQUESTS = 0
+
+
+def counted(x: torch.Tensor) -> torch.Tensor:
+    global REQUESTS
+    REQUESTS += 1  # a request counter: Python state Dynamo guards on
+    return (x * 2).sin() + 1
+
+
+def test_a_python_side_effect_runs_eagerly_instead_of_failing_a_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A counter in the function made every replay recompile, and past the recompile limit
+    fullgraph raised FailOnRecompileLimitHit into the 5th request (plain torch.compile serves
+    it). Now the compile finds it and the runner runs it eagerly, counting every request."""
+    runner = make(counted, gears=(4, 8), compile_backend="eager")
+    with caplog.at_level(logging.WARNING, "gearshift.graphs.compiled"):
+        assert runner.capture([{"SEQLEN": 8}, {"SEQLEN": 4}]) == 0
+    assert runner.refused is not None and "changes Python state" in runner.refused
+    assert any("Keep such state outside fn" in r.getMessage() for r in caplog.records)
+    before = REQUESTS
+    for n in range(1, 13):
+        x = torch.randn(n, H)
+        torch.testing.assert_close(runner.run({"x": x}), (x * 2).sin() + 1)
+    assert REQUESTS - before == 12 and runner.stats["eager"] == 12
+    assert runner.capture([{"SEQLEN": 4}]) == 0  # nothing compiled after
+
+
+def test_a_long_compile_is_logged_once_with_its_shape_and_seconds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Inductor compiles a cold gear for 10-20 s: a progress line says what and how long
+    (before: nothing while it ran)."""
+    import time
+
+    def slow(gm: torch.fx.GraphModule, example: object) -> object:
+        time.sleep(0.5)  # a slow compiler, not the clock: the runner's clock is its own
+        return gm.forward
+
+    runner = make(elementwise, gears=(4, 8), compile_backend=slow)
+    runner.progress_after = 0.1
+    with caplog.at_level(logging.INFO, "gearshift.graphs.compiled"):
+        assert runner.capture([{"SEQLEN": 8}]) == 1
+    lines = [r.getMessage() for r in caplog.records]
+    (still,) = [line for line in lines if line.startswith("compiling ")]
+    assert "elementwise at SEQLEN=8 (x (8, 4) float32)" in still and "s so far" in still
+    (done,) = [line for line in lines if line.startswith("compiled ")]
+    assert "SEQLEN=8" in done and float(done.split(" in ")[1].split()[0]) >= 0.1
+
+
+SCALE = 1.0
+
+
+def scaled(x: torch.Tensor) -> torch.Tensor:
+    return (x * SCALE).sin()
+
+
+def test_state_the_caller_changes_never_fails_a_request() -> None:
+    """A float the caller changes between requests fails the compiled guards each time: past
+    the recompile limit the full graph raised FailOnRecompileLimitHit into the request, where
+    plain torch.compile runs it eagerly; now so does the runner."""
+    global SCALE
+    runner = make(scaled, gears=(4, 8), compile_backend="eager")
+    assert runner.capture([{"SEQLEN": 8}, {"SEQLEN": 4}]) == 2 and runner.refused is None
+    with torch._dynamo.config.patch(recompile_limit=2):
+        try:
+            for step in range(6):
+                SCALE = 1.0 + step
+                x = torch.randn(3, H)
+                torch.testing.assert_close(runner.run({"x": x}), scaled(x))
+        finally:
+            SCALE = 1.0
+    assert runner.stats["replays"] == 6

@@ -184,3 +184,117 @@ def test_mismatch_is_exact_on_integers_and_relative_on_floats() -> None:
     assert padding.mismatch([nan], [nan.clone()]) is None
     assert padding.mismatch([nan], [torch.ones(2)]) is not None
     assert "is (2,)" in str(padding.mismatch([torch.ones(2)], [torch.ones(3)]))
+
+
+def test_a_function_that_writes_state_outside_its_inputs_is_refused_and_left_alone() -> None:
+    """A decode step writing a static cache held outside it (the HF "static cache" pattern):
+    gearshift's own runs (trace, probes, warm-ups, measuring replays) would write junk into
+    it, so `runner()` refuses it, naming the tensor, and leaves it untouched (before: no
+    refusal, and the cache was already changed when `runner()` returned)."""
+    cache = torch.zeros(16, H)  # one row of state per batch row, kept between steps
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        cache[: x.shape[0]] += x
+        return torch.tanh(LAYER(cache[: x.shape[0]]))
+
+    dims = {"BATCHSIZE": gs.Dim(gears=[4, 16], max=16)}
+    transform = gs.Transform(step, dims, inputs={"x": ("B", None)})
+    with pytest.raises(gs.PaddingError, match=r"step writes cache .* neither one of its inputs"):
+        gs.AdaptiveRunner(transform, {"x": torch.ones(3, H)}, pool=GraphResourcePool(CpuBackend()))
+    assert not cache.any()
+
+    def pure(x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        new = state + x  # the fix: the new state is an output, the caller writes it
+        return torch.tanh(LAYER(new)), new
+
+    transform = gs.Transform(pure, dims, inputs={"x": ("B", None), "state": ("B", None)})
+    served = gs.AdaptiveRunner(transform, {"x": torch.ones(3, H), "state": cache[:3]},
+                               pool=GraphResourcePool(CpuBackend()))
+    served.capture([{"BATCHSIZE": 16}, {"BATCHSIZE": 4}])
+    plain = torch.zeros(16, H)
+    for _ in range(3):  # the decode loop, against the same loop run eagerly
+        x = torch.randn(3, H)
+        y, cache[:3] = served.run({"x": x, "state": cache[:3]})
+        want, plain[:3] = pure(x, plain[:3])
+        torch.testing.assert_close(y, want)
+    torch.testing.assert_close(cache, plain)
+    assert served.stats["replays"] == 3
+
+    train = torch.nn.BatchNorm1d(H)  # a model left in train mode updates its statistics
+
+    def normed(x: torch.Tensor) -> torch.Tensor:
+        return train(x)
+
+    with pytest.raises(gs.PaddingError, match=r"writes train\..* train mode"):
+        runner(normed)
+    assert not train.running_mean.any()
+
+
+@pytest.mark.parametrize(("fn", "what"), [(lambda x: None, "returns None"),
+                                          (lambda x: float(x.shape[0]), "returns a float")])
+def test_an_output_that_is_not_a_tensor_says_so(fn: Callable[..., Any], what: str) -> None:
+    with pytest.raises(gs.ShapeError, match=what) as e:
+        runner(fn)
+    assert "outputs=" not in str(e.value)  # declaring them would not help
+    with pytest.raises(gs.ShapeError, match=what):  # nor does it: the same reason
+        runner(fn, outputs=("S", None))
+
+
+def causal(x: torch.Tensor) -> torch.Tensor:
+    """Causal self-attention over the sequence: each row reads every earlier row."""
+    n = x.shape[0]
+    scores = (x @ x.T) / H**0.5
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1) @ x
+
+
+def test_causal_attention_on_a_splittable_dim_is_refused_by_a_probe_across_the_split() -> None:
+    """Padding keeps causal attention exact, splitting does not: past the largest gear the
+    chunks would not see the earlier ones (before: no refusal, and 2.18 off at n = 100 over a
+    largest gear of 32). Split probe refuses it; unsplittable, it stays exact."""
+    dims = {"SEQLEN": gs.Dim(gears=[8, 32], max=128, splittable=True)}
+    transform = gs.Transform(causal, dims, inputs={"x": ("S", None)})
+    pool = GraphResourcePool(CpuBackend())
+    with pytest.raises(gs.PaddingError, match=r"split into chunks of .*splittable=False"):
+        gs.AdaptiveRunner(transform, {"x": torch.zeros(1, H)}, pool=pool)
+    dims = {"SEQLEN": gs.Dim(gears=[8, 32], max=128)}
+    r = gs.AdaptiveRunner(gs.Transform(causal, dims, inputs={"x": ("S", None)}),
+                          {"x": torch.zeros(1, H)}, pool=pool)
+    r.capture([{"SEQLEN": 32}, {"SEQLEN": 8}])
+    for n in (5, 20, 100):  # 100: eager, unsplit
+        x = torch.randn(n, H)
+        torch.testing.assert_close(r.run({"x": x}), causal(x))
+    rows = gs.AdaptiveRunner(gs.Transform(m, {"SEQLEN": gs.Dim(gears=[8, 32], max=128,
+                                                                 splittable=True)},
+                                          inputs={"x": ("S", None)}),
+                             {"x": torch.zeros(1, H)}, pool=pool)  # row-wise: split freely
+    x = torch.randn(100, H)
+    torch.testing.assert_close(rows.run({"x": x}), m(x))
+
+
+def test_a_model_in_train_mode_is_refused_for_train_mode_not_padding() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(H, H), torch.nn.Dropout(0.5))  # not .eval()
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return model(x)
+
+    with pytest.raises(gs.PaddingError, match="Sequential is in train mode") as e:
+        runner(forward)
+    assert "padding changes" not in str(e.value)
+    model.eval()
+    x = torch.randn(5, H)
+    torch.testing.assert_close(captured(runner(forward)).run({"x": x}), forward(x))
+
+
+def test_tensors_the_function_makes_itself_are_its_own_to_write() -> None:
+    def own(x: torch.Tensor) -> torch.Tensor:
+        c = torch.tensor([1.0] * H)  # a constant it makes: not state
+        c.mul_(2)
+        y = torch.arange(float(H))
+        y += 1
+        out = torch.empty_like(x)
+        torch.add(x, c, out=out)
+        return out + y + LAYER.weight.t()[0]  # a view of a parameter, read
+
+    x = torch.randn(5, H)
+    torch.testing.assert_close(captured(runner(own)).run({"x": x}), own(x))

@@ -214,3 +214,10 @@ def test_an_input_that_is_not_a_tensor_is_named() -> None:
     with pytest.raises(gs.ShapeError, match=r"x must be a torch\.Tensor, got list"):
         ONE.check({"x": [[1.0] * H]})  # type: ignore[dict-item]
 
+
+
+def test_a_meta_tensor_is_a_clear_gearshift_error() -> None:
+    """Before: torch's raw device error from the trace or the probe."""
+    t = gs.Transform(lambda x: x * 2, {"SEQLEN": gs.Dim(max=64)}, inputs={"x": ("S", None)})
+    with pytest.raises(gs.ShapeError, match="x is on the meta device"):
+        gs.AdaptiveRunner(t, {"x": torch.zeros(3, 4, device="meta")})

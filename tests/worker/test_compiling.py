@@ -69,3 +69,35 @@ def test_the_namespace_comes_from_the_environment_and_one_client_is_shared(
         assert again.client is not second.client
     finally:
         again.close()
+
+
+def test_twin_models_get_profiles_of_their_own(fake: FakeController, client: gs.Client) -> None:
+    """Two models of one class (a draft and a target) each keep their own profile and runner:
+    the second's profile is named `Linear.2`, so `status` tells them apart; an explicit name
+    another function holds is refused (before: one profile, and `c1(x)` gave `c2`'s output)."""
+    torch.manual_seed(0)
+    dims = {"SEQLEN": gs.Dim(gears=[4, 16], max=64)}
+    one, two = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    inputs = {"input": ("S", None)}
+    c1 = gs.compile(one, dims, inputs, client=client, backend="eager")
+    c2 = gs.compile(two, dims, inputs, client=client, backend="eager")
+    assert (c1.profile.name, c2.profile.name) == ("Linear", "Linear.2")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        want1, want2 = one(x), two(x)
+    torch.testing.assert_close(c2(x), want2)
+    torch.testing.assert_close(c1(x), want1)
+    fake.serve()
+    client._tick()
+    torch.testing.assert_close(c1(x), want1)
+    torch.testing.assert_close(c2(x), want2)
+    same = gs.compile(one, dims, inputs, client=client, backend="eager")
+    assert same.profile is c1.profile  # the same function shares its profile
+    with pytest.raises(gs.ConfigError, match="name"):
+        gs.compile(two, dims, inputs, client=client, backend="eager", name="Linear")
+    c1.close()
+    same.close()  # the name is free again once its last user closes
+    three = gs.compile(torch.nn.Linear(8, 8), dims, inputs, client=client, backend="eager")
+    assert three.profile.name == "Linear"
+    c2.close()
+    three.close()

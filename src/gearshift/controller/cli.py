@@ -26,6 +26,7 @@ from gearshift.controller.config import (
     seed_lines,
 )
 from gearshift.controller.controller import Controller
+from gearshift.controller.embedded import remove_scratch
 from gearshift.controller.metrics import check_endpoint
 from gearshift.controller.stateclear import remove_state
 from gearshift.errors import (
@@ -280,13 +281,14 @@ def cleanup_command(namespace: str | None, with_state: bool, state_dir: str | No
 
     Every shared-memory object of a namespace whose controller and workers are all dead
     (refused, removing nothing, while any of them lives; one of another pid namespace is
-    watched for its lease, a few seconds, before it is taken for dead). The state file stays,
-    for the next controller to resume from, unless --state is given."""
+    watched for its lease, a few seconds, before it is taken for dead), and the temporary state
+    directories its dead embedded controllers left. The state file stays, for the next
+    controller to resume from, unless --state is given."""
     with exits():
         namespace = names.resolve(namespace)
         given = state_dir or environment.read("state_dir")
         state = ControllerConfig(namespace=namespace, state_dir=given or "").state_path
-        removed = cleanup(namespace, patience=lease.LEASE + lease.BEAT)
+        removed = cleanup(namespace, patience=lease.LEASE + lease.BEAT) + remove_scratch(namespace)
         if with_state:
             removed += map(str, remove_state(state, remove_directory=not given))
     click.echo("\n".join(removed) if removed else f"namespace {namespace!r}: nothing to remove")

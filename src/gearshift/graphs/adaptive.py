@@ -50,6 +50,7 @@ from torch.utils._pytree import tree_unflatten
 from gearshift.clock import Clock
 from gearshift.core.dims import Gears, Variant, gear_for
 from gearshift.errors import ShapeError
+from gearshift.graphs import forks
 from gearshift.graphs.backends import Graph, backend_for
 from gearshift.graphs.buffers import StaticBuffers
 from gearshift.graphs.device import outside_capture
@@ -119,6 +120,13 @@ class AdaptiveRunner:
         self._keys: dict[Variant, list[int]] = {}  # each variant's graph keys
         self._restage = False  # the survivors of a release need smaller buffers
         self._prober.check_eagerly(self.gears)
+        forks.track(self)
+
+    def _forked(self) -> None:
+        """In a forked child (`graphs.forks`): fresh locks, a parent's thread may have held
+        them (a compile or capture under way, a replay)."""
+        self._lock, self._count_lock = threading.Lock(), threading.Lock()
+        self._capture_lock = threading.Lock()
 
     @property
     def _buffers(self) -> dict[str, torch.Tensor]:
@@ -144,7 +152,12 @@ class AdaptiveRunner:
         """Capture the given variants (dim -> gear) that are not ready, largest first; returns
         how many were captured. For the warm-up thread, never the request path. GraphLimit
         when the pool is full; a failed capture is counted and raised (nothing is kept); a
-        graph that fails the padding check is dropped, and none is captured after it."""
+        graph that fails the padding check is dropped, and none is captured after it. Under
+        the transform's grad mode (`Transform.mode`), whatever the calling thread's."""
+        with self.transform.mode():
+            return self._capture_all(variants)
+
+    def _capture_all(self, variants: Iterable[Mapping[str, int]]) -> int:
         todo = {self._variant(v) for v in variants} - self._variants.keys()
         if self._restage:
             with self._capture_lock:
@@ -230,9 +243,14 @@ class AdaptiveRunner:
             sizes: Mapping[str, int] | None = None) -> Any:
         """`fn(**tensors)`, computed by replaying graphs on padded chunks where possible. A call
         whose every dim fits one gear (the common case) is one chunk: no Tiling, nothing to join.
-        `sizes`: `transform.check(tensors)` when the caller has already checked them."""
+        `sizes`: `transform.check(tensors)` when the caller has already checked them. Graphs and
+        eager chunks alike run under the transform's grad mode (`Transform.mode`: no grad_fn)."""
+        sizes = self.transform.check(tensors) if sizes is None else sizes  # the caller's mode
+        with self.transform.mode():
+            return self._run(tensors, sizes)
+
+    def _run(self, tensors: Mapping[str, torch.Tensor], sizes: Mapping[str, int]) -> Any:
         t, current = self.transform, self.gears  # read once: it may be replaced meanwhile
-        sizes = t.check(tensors) if sizes is None else sizes
         self._staged.check(tensors)
         if self.refused is not None:
             self._count_eager()

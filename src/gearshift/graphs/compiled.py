@@ -16,6 +16,14 @@ and npu its replay is recorded as a device graph: compile, then capture). Hence:
   lists the breaks (`torch._dynamo.explain`), logs them once as a warning, keeps them in
   `graph_breaks` and compiles this and later variants with `fullgraph=False` (the parts
   between breaks run eagerly inside the compiled function; nothing is silently left out).
+- A function that changes Python state it reads (a request counter: Dynamo guards on its
+  value) would recompile on every call, and a graph replay runs none of its Python: each
+  compile calls the new function twice on the same inputs, and a second Dynamo entry means
+  exactly that. The runner then compiles nothing more and runs every call eagerly on its
+  unpadded inputs (`refused`, logged once), where plain torch.compile would fall back to eager
+  at its recompile limit. State the caller changes between calls (a module's float attribute)
+  recompiles on the cpu's replays; past the limit the variant runs fn itself (`_served`): a
+  request never meets Dynamo's recompile-limit error.
 - On a device, gearshift's graph is the only one: compile options that make Inductor capture
   device graphs of its own inside it (`mode` "reduce-overhead" or "max-autotune", option
   `triton.cudagraphs`; Dynamo's "cudagraphs" backend) are refused (ConfigError): their
@@ -23,7 +31,9 @@ and npu its replay is recorded as a device graph: compile, then capture). Hence:
 - Compiles run where captures do, on the caller's (the swap) thread, never a request's; the
   compile is timed as part of the capture, so the graph's measured capture seconds include
   it (cold or from Inductor's caches) and reach the controller as any capture's. Each compile
-  is also kept in `compiles` (seconds, FX graph cache hits and misses), bounded.
+  is also kept in `compiles` (seconds, FX graph cache hits and misses), bounded. A compile
+  running past `progress_after` (PROGRESS_SECONDS) is logged once while it runs (a timer
+  thread: its gears, input shapes and seconds so far) and once done, at INFO.
 
 Seconds are wall seconds by default (`MonotonicClock`), on every backend: a compile's work
 runs partly in other processes (the C++ compiler, Inductor's compile workers) that a
@@ -38,6 +48,7 @@ import functools
 import hashlib
 import logging
 import os
+import threading
 import types
 import weakref
 from collections import deque
@@ -60,6 +71,7 @@ MAX_BREAKS = 32  # graph-break reasons kept and logged
 LOCK_WAIT_SECONDS = 600.0  # the longest wait for another process compiling the same shape
 LOCK_POLL_SECONDS = 0.05
 CLOSE_WAIT_SECONDS = 600.0  # the longest `close` waits for a compile under way
+PROGRESS_SECONDS = 5.0  # a compile running longer is logged once meanwhile, and when done
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,7 @@ class CompiledRunner(AdaptiveRunner):
             weakref.WeakValueDictionary())
         self.lock_dir, self.lock_wait = lock_dir, lock_wait
         self.closed = False
+        self.progress_after = PROGRESS_SECONDS  # a longer compile: logged once meanwhile
         self._waited = 0.0  # by the capture under way, for its Compile record
         self.stats.update(compiles=0, compile_seconds=0.0, compile_cache_hits=0,
                           compile_cache_misses=0, graph_breaks=0, compile_wait_seconds=0.0)
@@ -156,8 +169,13 @@ class CompiledRunner(AdaptiveRunner):
         return True
 
     def _capture(self, gears: Variant) -> Any:
-        with self._shape_lock(gears):  # its wait is not part of the measured capture
-            return super()._capture(gears)
+        try:
+            with self._shape_lock(gears):  # its wait is not part of the measured capture
+                return super()._capture(gears)
+        except PythonState as e:  # no graph can run it: every call eagerly from now on
+            self.refused = str(e)
+            log.warning("%s", e)
+            return None
 
     @contextlib.contextmanager
     def _shape_lock(self, gears: Variant) -> Iterator[None]:
@@ -244,15 +262,24 @@ class CompiledRunner(AdaptiveRunner):
         compiled now by one call; full graph unless a break was met."""
         hits, misses = _fxgraph_counts()
         began = self.clock.now()
+        what = self._described(gears, tensors)
+        timer = threading.Timer(self.progress_after, self._still, (what, began))
+        timer.daemon = True
+        timer.start()
         fn = None
-        if self.fullgraph:
-            try:
-                fn = self._compiled_call(tensors, fullgraph=True)
-            except torch._dynamo.exc.Unsupported as e:
-                self._broke(tensors, e)
-        if fn is None:
-            fn = self._compiled_call(tensors, fullgraph=False)
+        try:
+            if self.fullgraph:
+                try:
+                    fn = self._compiled_call(tensors, fullgraph=True)
+                except torch._dynamo.exc.Unsupported as e:
+                    self._broke(tensors, e)
+            if fn is None:
+                fn = self._compiled_call(tensors, fullgraph=False)
+        finally:
+            timer.cancel()
         seconds = max(self.clock.now() - began, 0.0)
+        if seconds >= self.progress_after:
+            log.info("compiled %s in %.1f s", what, seconds)
         hit, miss = (a - b for a, b in zip(_fxgraph_counts(), (hits, misses), strict=True))
         self.compiles.append(Compile(dict(zip(self.names, gears, strict=True)), seconds, hit,
                                      miss, self.fullgraph, self._waited))
@@ -263,20 +290,42 @@ class CompiledRunner(AdaptiveRunner):
             s["compile_seconds"] += seconds
             s["compile_cache_hits"] += hit
             s["compile_cache_misses"] += miss
-        return functools.partial(fn, **tensors)
+        return functools.partial(_served, fn, self.transform.fn, tensors)
+
+    def _described(self, gears: Variant, tensors: Mapping[str, torch.Tensor]) -> str:
+        """A compile's gears and input shapes, as its progress lines name them."""
+        fn = self.transform.fn
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        at = ", ".join(f"{d}={g}" for d, g in zip(self.names, gears, strict=True))
+        shapes = ", ".join(f"{n} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+                           for n, t in tensors.items())
+        return f"{name} at {at} ({shapes})"
+
+    def _still(self, what: str, began: float) -> None:
+        """The progress line of a compile that runs past `progress_after` (a timer's)."""
+        log.info("compiling %s: %.0f s so far (requests run on a larger gear, or eagerly,"
+                 " meanwhile)", what, max(self.clock.now() - began, 0.0))
 
     def _compiled_call(self, tensors: dict[str, torch.Tensor], fullgraph: bool) -> Any:
-        fn = torch.compile(_trampoline(self.transform.fn), dynamic=False, fullgraph=fullgraph,
-                           **self._options)
-        with torch.no_grad():  # as graphs capture and replay: one grad-mode guard
+        """A compiled trampoline of fn, compiled by a call on `tensors` and called once more:
+        PythonState if that second call compiled it again (its guards failed on the same
+        inputs: fn changed Python state it reads, a counter or a global)."""
+        gear = _trampoline(self.transform.fn)
+        fn = torch.compile(gear, dynamic=False, fullgraph=fullgraph, **self._options)
+        with self.transform.mode():  # as graphs capture and replay: one grad-mode guard
             fn(**tensors)
+            fn(**tensors)
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        if len(_debug_get_cache_entry_list(gear.__code__)) > 1:
+            raise PythonState(_changes_state(self.transform.fn))
         return fn
 
     def _broke(self, tensors: dict[str, torch.Tensor], error: Exception) -> None:
         """A graph break under fullgraph: list the breaks, warn once, compile with breaks."""
         self.fullgraph = False
         try:
-            with torch.no_grad():
+            with self.transform.mode():
                 explained = torch._dynamo.explain(_trampoline(self.transform.fn))(**tensors)
             reasons = [str(getattr(b, "reason", b)) for b in explained.break_reasons]
         except Exception as e:  # the explanation is a courtesy: the error says the first one
@@ -289,6 +338,30 @@ class CompiledRunner(AdaptiveRunner):
             " between breaks runs eagerly inside each gear's compiled function): %s",
             self.transform.fn, len(reasons), "; ".join(self.graph_breaks),
         )
+
+
+def _served(compiled: Callable[..., Any], fn: Callable[..., Any],
+            tensors: Mapping[str, torch.Tensor]) -> Any:
+    """A variant's compiled function on its static tensors; fn itself once Dynamo, its guards
+    failing call after call (state the caller changes: a module's float attribute), reaches
+    its recompile limit, as plain torch.compile runs it: never an error into a request."""
+    try:
+        return compiled(**tensors)
+    except torch._dynamo.exc.FailOnRecompileLimitHit:
+        return fn(**tensors)
+
+
+class PythonState(RuntimeError):
+    """fn changes Python state it reads: no compiled graph can replay it."""
+
+
+def _changes_state(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return (f"{name} changes Python state that it reads (a request counter, a global, an"
+            f" attribute): compiled, a second call on the same inputs no longer matched its"
+            f" guards, and a graph replays none of its Python; so it is not compiled, and every"
+            f" call runs it eagerly on its unpadded inputs from now on (as torch.compile falls"
+            f" back to eager past its recompile limit). Keep such state outside fn")
 
 
 def _refuse_own_graphs(kind: str, compile_backend: str | Callable[..., Any], mode: str | None,

@@ -25,10 +25,31 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from gearshift.core.dims import Dim
+from gearshift.errors import ShapeError
+from gearshift.graphs.state import NoStateWrites, reached
 
 Axes = tuple[str | None, ...]  # per tensor axis: the dim it carries, or None (static)
 RTOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 TF32_RTOL = 5e-3  # float32 when matmuls may run in TF32 (a 10-bit mantissa)
+
+
+class NotTensor(ValueError):
+    """Output `index` of the traced function is `value`, not a tensor."""
+
+    def __init__(self, index: int, value: object) -> None:
+        super().__init__(f"output {index} is not a tensor: {value!r:.60}")
+        self.index, self.value = index, value
+
+
+def not_tensor(fn: Callable[..., Any], index: int, value: object) -> str:
+    """Why `fn`, whose output `index` is `value` (None, a float), cannot run as graphs."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    what = "returns None" if value is None else (
+        f"returns a {type(value).__name__} as output {index}")
+    return (f"{name} {what}: gearshift runs fn as graphs whose outputs are tensors, cut back to"
+            f" the real rows, so every output must be a tensor with the padded axes (a Python"
+            f" number or None cannot come out of a graph replay). Return tensors (compute a"
+            f" scalar from them after the call), or run fn without gearshift")
 
 
 @dataclass(frozen=True)
@@ -43,7 +64,8 @@ class Leaf:
 def trace(fn: Callable[..., Any], fakes: Mapping[str, torch.Tensor]) -> tuple[list[Leaf], dict]:
     """`fn(**fakes)` traced symbolically (make_fx, in the fakes' mode and shape environment):
     its outputs, and per input its sizes as the trace sees them. Raises what tracing raises
-    (data-dependent control flow, an op without a fake kernel; ValueError: a non-tensor output).
+    (data-dependent control flow, an op without a fake kernel; `state.StateWrite`: a write to a
+    tensor outside the trace, refused before it happens; NotTensor: a non-tensor output).
     What a node reads is what its inputs read; a tensor written in place (or through a view)
     reads, for every node that aliases it, what the write read (over-approximated: the order
     of reads and writes is ignored)."""
@@ -52,7 +74,8 @@ def trace(fn: Callable[..., Any], fakes: Mapping[str, torch.Tensor]) -> tuple[li
     names = list(fakes)
 
     def flat(*args: torch.Tensor) -> Any:
-        return fn(**dict(zip(names, args, strict=True)))
+        with NoStateWrites():  # StateWrite before fn writes a tensor outside the trace
+            return fn(**dict(zip(names, args, strict=True)))
 
     graph = make_fx(flat, tracing_mode="symbolic")(*fakes.values()).graph
     reads: dict[torch.fx.Node, frozenset[str]] = {}
@@ -84,9 +107,31 @@ def trace(fn: Callable[..., Any], fakes: Mapping[str, torch.Tensor]) -> tuple[li
     for i, node in enumerate(tree_flatten(output)[0]):
         val = node.meta.get("val") if isinstance(node, torch.fx.Node) else node
         if not isinstance(val, torch.Tensor):
-            raise ValueError(f"output {i} is not a tensor: {val!r:.60}")
+            raise NotTensor(i, val)
         leaves.append(Leaf(_sizes(val), reads[node] | written.get(root(node), frozenset())))
     return leaves, shapes
+
+
+def axes_of(fn: Callable[..., Any], inputs: Mapping[str, Axes], leaves: Sequence[Leaf],
+            shapes: Mapping[str, tuple]) -> list[Axes]:
+    """Each traced output's axes (`inputs`: each input's dims): the dim whose symbol its size
+    is, or None (static); ShapeError for a size of no one dim."""
+    symbol_dim: dict[Any, str] = {}
+    for name, axes in inputs.items():
+        for axis, dim in enumerate(axes):
+            expr = shapes[name][axis]
+            if (dim is not None and expr.free_symbols
+                    and symbol_dim.setdefault(expr, dim) != dim):
+                raise ShapeError(f"{fn!r} requires {symbol_dim[expr]} == {dim}")
+    found = []
+    for i, leaf in enumerate(leaves):
+        for axis, expr in enumerate(leaf.sizes):
+            if expr.free_symbols and expr not in symbol_dim:
+                raise ShapeError(
+                    f"output {i} axis {axis} has size {expr}, not one dim's: declare outputs="
+                )
+        found.append(tuple(symbol_dim.get(e) for e in leaf.sizes))
+    return found
 
 
 def _aliased(node: torch.fx.Node) -> list[tuple[torch.fx.Node, bool]]:
@@ -138,6 +183,39 @@ def changed(fn: Callable[..., Any], real: Mapping[str, int], gears: Mapping[str,
         f" axis). Make fn leave padded rows out (a mask or a lengths= input it reads, causal"
         f" attention), or run it without gearshift"
     )
+
+
+def unsplit(fn: Callable[..., Any], sizes: Mapping[str, int], gears: Mapping[str, int],
+            diff: str) -> str:
+    """Why `fn` is refused when a call of `sizes`, split into chunks of `gears`, gave `diff`."""
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    dims = ", ".join(sorted(sizes))
+    return (
+        f"{name} run on {dict(sizes)} split into chunks of {dict(gears)} does not give, joined,"
+        f" what it gives unsplit ({diff}): a chunk does not see the other chunks' rows, and fn"
+        f" mixes rows along {dims} (causal attention reads every earlier position). Declare"
+        f" Dim(splittable=False) for {dims} (a call over the largest gear then runs eagerly,"
+        f" unsplit, until a larger gear is added), or run fn without gearshift"
+    )
+
+
+def unstable(fn: Callable[..., Any], diff: str) -> str:
+    """Why `fn` is refused when two runs of it on the same inputs gave `diff`."""
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    train = [m for m in _modules(fn) if m.training]
+    hint = (f"{type(train[0]).__name__} is in train mode (dropout, batch statistics): call"
+            f" .eval() on the model" if train else
+            "a random op (dropout, sampling) on the default generator")
+    return (
+        f"{name} gives different results on the same inputs ({diff}): {hint}. gearshift checks"
+        f" a padded run against an unpadded one and replays graphs of it, so fn must be"
+        f" deterministic; make it so, or run it without gearshift"
+    )
+
+
+def _modules(fn: Callable[..., Any]) -> list[torch.nn.Module]:
+    """The modules `fn` is or reaches directly (`state.reached`)."""
+    return [v for _, v in reached(fn) if isinstance(v, torch.nn.Module)]
 
 
 def probe_size(dim: Dim, gear: int) -> int:

@@ -2,9 +2,12 @@
 give (cut back) what the function gives on them unpadded (`graphs.padding`).
 
 `Prober.check_eagerly` runs the function itself on the smallest initial gears that pad
-(PaddingError if it differs); `Prober.check` compares a graph's replay, through a callable the
-runner gives (it owns the buffers and the lock), once per gear: a graph whose every gear has
-passed before is not probed again.
+(PaddingError if it differs), and split across them on splittable dims (`check_split`: a
+function that mixes rows, such as causal attention, cannot be split); `Prober.check` compares
+a graph's replay, through a callable the runner gives (it owns the buffers and the lock), once
+per gear: a graph whose every gear has passed before is not probed again. A probe that differs
+is run unpadded once more: a function whose unpadded runs differ (dropout: a model in train
+mode) is refused for that, not for the padding (`padding.unstable`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ class Prober:
     @torch.no_grad()
     def check_eagerly(self, gears: Mapping[str, Gears]) -> None:
         """PaddingError unless fn, run eagerly on a padded probe of the smallest of `gears`
-        that pad, gives (cut back) what it gives on the probe unpadded."""
+        that pad, gives (cut back) what it gives on the probe unpadded; and, on a splittable
+        dim, split across that gear, what it gives unsplit (`check_split`)."""
         dims = self.transform.dims
         first = [next((g for g in gears[d] if padding.probe_size(dims[d], g) < g), gears[d][0])
                  for d in self.names]
@@ -52,6 +56,30 @@ class Prober:
         why = self._compare(first, lambda c, x: t.cut(t.leaves(t.fn(**t.transform(x, c)))[0], c))
         if why is not None:
             raise PaddingError(why)
+        self.check_split(first)
+
+    @torch.no_grad()
+    def check_split(self, gears: Sequence[int]) -> None:
+        """PaddingError unless fn, run on about one and a half of `gears` rows of each
+        splittable dim cut into chunks of that gear (as a call over the largest gear runs),
+        gives what it gives on the rows unsplit: a chunk sees none of the others' rows, so a
+        function that mixes rows (causal attention reads every earlier one) is refused."""
+        t, dims = self.transform, self.transform.dims
+        sizes, at = {}, {}
+        for d, g in zip(self.names, gears, strict=True):
+            n = min(g + padding.probe_size(dims[d], g), dims[d].max) if dims[d].splittable else 0
+            sizes[d], at[d] = (n, (g,)) if n > g else (padding.probe_size(dims[d], g), (g,))
+        split = [d for d in self.names if sizes[d] > at[d][0]]
+        if not split:
+            return
+        tensors = padding.probe(self.example, t.inputs, sizes, seed=sum(sizes.values()) + 1)
+        whole = t.leaves(t.call(tensors, sizes))[0]
+        diff = padding.mismatch(t.leaves(t(tensors, at))[0], whole)
+        if diff is not None:
+            again = padding.mismatch(t.leaves(t.call(tensors, sizes))[0], whole)
+            raise PaddingError(padding.unstable(t.fn, again) if again is not None else
+                               padding.unsplit(t.fn, {d: sizes[d] for d in split},
+                                               {d: at[d][0] for d in split}, diff))
 
     def check(self, gears: Sequence[int], replay: Replay) -> str | None:
         """Why the graph of `gears`, run by `replay` on a padded probe, does not give (cut
@@ -73,7 +101,12 @@ class Prober:
         chunk, tensors = probe
         t = self.transform
         real = {d: s.size for d, s in chunk.items()}
-        diff = padding.mismatch(padded(chunk, tensors), t.leaves(t.call(tensors, real))[0])
+        got = padded(chunk, tensors)
+        want = t.leaves(t.call(tensors, real))[0]
+        diff = padding.mismatch(got, want)
         if diff is None:
             return None
+        again = padding.mismatch(t.leaves(t.call(tensors, real))[0], want)
+        if again is not None:  # not the padding: fn is not deterministic
+            return padding.unstable(t.fn, again)
         return padding.changed(t.fn, real, {d: s.gear for d, s in chunk.items()}, diff)

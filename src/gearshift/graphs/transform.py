@@ -31,6 +31,7 @@ construction.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
@@ -42,8 +43,9 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gearshift.core.dims import Dim, Gears, chunks_for
 from gearshift.errors import PaddingError, ShapeError
-from gearshift.graphs import padding
+from gearshift.graphs import grad, padding, state
 from gearshift.graphs.padding import Axes
+from gearshift.graphs.state import StateWrite
 
 Chunk = dict[str, "Span"]
 DEFAULT_SYMBOLS = {"B": "BATCHSIZE", "S": "SEQLEN"}
@@ -116,6 +118,7 @@ class Transform:
             declared = [outputs] if single else list(outputs)
             self.outputs = [self._resolve(a, f"outputs[{i}]") for i, a in enumerate(declared)]
         self._traced = False
+        self.inference = False  # the first call ran under torch.inference_mode (`mode`)
         self._check_signature()
 
     def _check_signature(self) -> None:
@@ -162,6 +165,10 @@ class Transform:
                 kind = type(tensors[name]).__name__
                 raise ShapeError(f"{name} must be a torch.Tensor, got {kind} (convert it first,"
                                  f" e.g. torch.as_tensor)")
+            if tensors[name].is_meta:
+                raise ShapeError(f"{name} is on the meta device (a shape without data, as a model"
+                                 f" built with device='meta' has): gearshift runs fn on real"
+                                 f" data; load the weights and pass tensors on a real device")
             shape = tensors[name].shape
             if len(shape) != len(axes):
                 raise ShapeError(f"{name}: expected {len(axes)} axes {axes}, got {tuple(shape)}")
@@ -180,10 +187,16 @@ class Transform:
                     raise ShapeError(
                         f"{name} axis {axis}: {dim}={size} is outside [{spec.min}, {spec.max}]"
                     )
+        grad.refuse_grad(tensors)
         if not self._traced:
+            self.inference = torch.is_inference_mode_enabled()
             self.outputs = self._padding_checked(tensors)
             self._traced = True
         return {dim: sizes[dim] for dim in self.dims}
+
+    def mode(self) -> contextlib.AbstractContextManager[None]:
+        """The grad mode every run of fn is made under, on any thread (`grad.mode`)."""
+        return grad.mode(self.inference)
 
     def tile(
         self, sizes: Mapping[str, int], gears: Mapping[str, Gears] | None = None
@@ -256,6 +269,10 @@ class Transform:
         """`fn`'s outputs as pytree leaves and spec; ShapeError unless the leaves are one tensor
         per output with its axes."""
         leaves, spec = tree_flatten(outputs)
+        if outputs is None or not all(isinstance(t, torch.Tensor) for t in leaves):
+            i, bad = next(((i, t) for i, t in enumerate(leaves)
+                           if not isinstance(t, torch.Tensor)), (0, None))
+            raise ShapeError(padding.not_tensor(self.fn, i, bad))
         if len(leaves) != len(self._axes()):
             raise ShapeError(f"fn returned {len(leaves)} tensors, expected {len(self._axes())}")
         for i, (t, axes) in enumerate(zip(leaves, self._axes(), strict=True)):
@@ -329,12 +346,16 @@ class Transform:
         else:
             try:
                 leaves, shapes = padding.trace(self.fn, self._fakes(tensors))
+            except StateWrite as e:
+                raise PaddingError(state.written(self.fn, e)) from None
+            except padding.NotTensor as e:
+                raise ShapeError(padding.not_tensor(self.fn, e.index, e.value)) from None
             except Exception as e:
                 raise ShapeError(
                     f"cannot trace the output axes of {self.fn!r} ({e}); declare outputs="
                     " (each output then counts as reading every input)"
                 ) from e
-            found = self._axes_of(leaves, shapes)
+            found = padding.axes_of(self.fn, self.inputs, leaves, shapes)
             reads = [leaf.reads for leaf in leaves]
         for i, (axes, read) in enumerate(zip(found, reads, strict=True)):
             for dim in self.dims:
@@ -374,21 +395,3 @@ class Transform:
             fakes[name] = mode.from_tensor(size, symbolic_context=static)
         return fakes
 
-    def _axes_of(self, leaves: Sequence[padding.Leaf], shapes: Mapping[str, tuple]) -> list[Axes]:
-        """Each output's axes: the dim whose symbol its size is, or None (static)."""
-        symbol_dim: dict[Any, str] = {}
-        for name, axes in self.inputs.items():
-            for axis, dim in enumerate(axes):
-                expr = shapes[name][axis]
-                if (dim is not None and expr.free_symbols
-                        and symbol_dim.setdefault(expr, dim) != dim):
-                    raise ShapeError(f"{self.fn!r} requires {symbol_dim[expr]} == {dim}")
-        found = []
-        for i, leaf in enumerate(leaves):
-            for axis, expr in enumerate(leaf.sizes):
-                if expr.free_symbols and expr not in symbol_dim:
-                    raise ShapeError(
-                        f"output {i} axis {axis} has size {expr}, not one dim's: declare outputs="
-                    )
-            found.append(tuple(symbol_dim.get(e) for e in leaf.sizes))
-        return found

@@ -11,18 +11,30 @@ namespace's workers on the node through one cache (`worker.compile_cache`).
 The compiles of one process share one client per (namespace, device, embedded), counted: the
 last `Compiled.close()` of a client closes it (a client passed as `client=` is the caller's,
 never closed here).
+
+A profile belongs to one function (`Names`): on one client, a second, different function (a
+draft and a target model of one class) gets a profile of its own, named after its class with a
+suffix (`LlamaForCausalLM.2`, `.3`, ... in the order of the calls, so that workers making them
+in the same order share them and `gearshift status` tells them apart), logged; an explicit
+`name=` that another function holds is refused (ConfigError), since the caller chose it. One
+function compiled twice shares its profile. A name is free again once its last `Compiled` is
+closed. Why not refuse both: the twin case is the ordinary one (speculative decoding), and a
+derived name was never the caller's choice.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
+import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from gearshift.core.dims import Dim
 from gearshift.core.group import Group
-from gearshift.errors import ShapeError
+from gearshift.errors import ConfigError, ShapeError
 from gearshift.shm import names
 from gearshift.worker import compile_cache
 from gearshift.worker.connecting import connect
@@ -30,8 +42,59 @@ from gearshift.worker.interfaces import Runner
 from gearshift.worker.profile import Profile
 from gearshift.worker.session import Client
 
+log = logging.getLogger(__name__)
 _shared: dict[tuple[str, int, bool], tuple[Client, int]] = {}  # client and its users
 _shared_lock = threading.Lock()
+MAX_TWINS = 64  # suffixes tried for a derived profile name
+
+
+class Names:
+    """Which function holds each profile name of one client (and how many `Compiled` use it):
+    a profile belongs to one function."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[Callable[..., Any], int]] = {}
+        self._lock = threading.Lock()
+
+    def claim(self, fn: Callable[..., Any], name: str | None) -> str:
+        """The profile name of `fn`: `name` (ConfigError if another function holds it), else
+        its `__name__` or class, suffixed `.2`, `.3`, ... past those other functions hold."""
+        with self._lock:
+            if name is not None:
+                held = self._held.get(name)
+                if held is not None and held[0] is not fn:
+                    raise ConfigError("name", f"profile {name!r} already runs {held[0]!r} in"
+                                      f" this process; a profile belongs to one function:"
+                                      f" give {fn!r} a name of its own (name=...)")
+                return self._take(fn, name)
+            base = getattr(fn, "__name__", None) or type(fn).__name__
+            for n in range(1, MAX_TWINS + 1):
+                candidate = base if n == 1 else f"{base}.{n}"
+                held = self._held.get(candidate)
+                if held is None or held[0] is fn:
+                    if n > 1 and held is None:
+                        log.info("profile %r runs another %s in this process: this one is"
+                                 " profile %r (pass name= to name it)", base, base, candidate)
+                    return self._take(fn, candidate)
+            raise ConfigError("name", f"{MAX_TWINS} functions named {base!r} on one client:"
+                              f" pass name= to each")
+
+    def _take(self, fn: Callable[..., Any], name: str) -> str:
+        held = self._held.get(name)
+        self._held[name] = (fn, 1 + (held[1] if held else 0))
+        return name
+
+    def release(self, name: str) -> None:
+        """One user of `name` is done; the last frees it."""
+        with self._lock:
+            fn, users = self._held.get(name, (None, 0))
+            if users > 1:
+                self._held[name] = (fn, users - 1)
+            else:
+                self._held.pop(name, None)
+
+
+_names: weakref.WeakKeyDictionary[Client, Names] = weakref.WeakKeyDictionary()
 
 
 class Compiled:
@@ -108,7 +171,8 @@ def compile(
     `client`, else a shared one of `namespace` (default: `GEARSHIFT_NAMESPACE`, else
     `default`) and accelerator `device` (`embedded`: see `connect`). `shared_cache`: the
     namespace's compile cache on this node (`worker.compile_cache`), with per-shape locks.
-    `group`: the rank of a group its profile is (`gs.group`)."""
+    The profile is `name`, else fn's `__name__` or class, suffixed when another function on
+    the client holds it (`Names`). `group`: the rank of a group its profile is (`gs.group`)."""
     options = {"mode": mode, "options": options, "backend": backend, **transform_options}
     release = _nothing
     if client is None:
@@ -116,7 +180,10 @@ def compile(
     try:
         if shared_cache:
             options["lock_dir"] = str(compile_cache.prepare(client.namespace))
-        profile_name = name or getattr(fn, "__name__", None) or type(fn).__name__
+        with _shared_lock:
+            names_of = _names.setdefault(client, Names())
+        profile_name = names_of.claim(fn, name)
+        release = _both(functools.partial(names_of.release, profile_name), release)
         profile = client.profile(profile_name, dims, lazy_start=lazy_start, group=group)
         compiled = Compiled(client, profile, fn, inputs, options, release)
         if example is not None:
@@ -145,6 +212,16 @@ def _share(namespace: str, device: int, embedded: bool) -> tuple[Client, Callabl
         held.close()
 
     return client, release
+
+
+def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        try:
+            first()
+        finally:
+            then()
+
+    return both
 
 
 def _nothing() -> None:

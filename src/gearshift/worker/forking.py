@@ -8,7 +8,9 @@ keeps its profiles and the snapshot in use but drops every handle of the parent'
 mailboxes, embedded controller), serves unrecorded (counted in `unrecorded`), and its first
 record starts its own swap thread, which claims a slot and creates a ring of its own and
 registers the profiles again; a child that never records (a data loader's) claims nothing.
-Its exit then releases only what it took.
+Its exit then releases only what it took. The runners' own locks (a compile or capture under
+way on the parent's swap thread holds one, and Dynamo's compile lock) are reset by the graph
+layer's hook (`graphs.forks`), so the child's runner compiles, captures and closes at once.
 """
 
 from __future__ import annotations

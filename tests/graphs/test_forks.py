@@ -1,0 +1,44 @@
+"""A child forked after Inductor compiled in the parent gets a compile thread pool of its own
+(`graphs.forks`; the runners' and Dynamo's locks: `test_compiled.py`'s fork test)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+import gearshift.graphs.forks  # noqa: F401  (the hook)
+
+
+def test_the_childs_inductor_thread_pool_runs_its_tasks() -> None:
+    """torch's own fork hook renews Inductor's process pool only: the C++ compiles a child
+    submits to the parent's thread pool, whose threads it lacks, waited for ever (a cold
+    Inductor compile in a pre-fork server's child never ended)."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    with torch._inductor.config.patch(compile_threads=2):
+        AsyncCompile.pool.cache_clear()
+        assert AsyncCompile.pool().submit(int, 1).result(10) == 1  # a thread, idle after
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(20)
+                os.write(write, str(AsyncCompile.pool().submit(int, 2).result(10)).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        deadline = time.monotonic() + 30
+        while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if waited[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        found = os.read(read, 10).decode()
+        os.close(read)
+        AsyncCompile.pool.cache_clear()
+    assert found == "2", waited
