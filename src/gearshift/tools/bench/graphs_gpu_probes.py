@@ -85,7 +85,7 @@ def probe_workspace() -> dict[str, Any]:
     from gearshift.graphs.pool import GraphResourcePool
 
     backend, out = cuda_backend(0), {}
-    out["workspace_design"] = getattr(backend, "workspace_design", None)
+    out["workspace_design"] = getattr(getattr(backend, "workspaces", None), "design", None)
     w, xs = _gemms()
     xs[1] @ w  # the caller's eager GEMM: lasting state (its workspace), no graph's
     pool = GraphResourcePool(backend)
