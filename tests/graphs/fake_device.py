@@ -112,10 +112,12 @@ class FakeCuda:
     """The `torch.cuda` of `devices` fake devices of `total` bytes each (see the module)."""
 
     def __init__(self, total: int = 1 << 30, devices: int = 1, void: str = "raise",
-                 torch: str = "2.11", allocator: str = "native") -> None:
+                 torch: str = "2.11", allocator: str = "native",
+                 workspace: int = WORKSPACE) -> None:
         assert void in VOIDS and torch in TORCHES, (void, torch)
         self.void = void  # what torch does with a voided capture (see the module)
         self.torch, self.allocator = torch, allocator
+        self.workspace = workspace  # a workspace's bytes (CUBLAS_WORKSPACE_CONFIG's sum)
         self.rng_global = torch == "2.11"  # the generator's capture state is global (2.11)
         self.host = FakeHost()
         self.total = total  # what the allocator may take; the device has OVERHEAD more
@@ -294,7 +296,8 @@ class FakeCuda:
             ws = self.workspaces.get(key)
             if ws is None:
                 pool = self._pool_here(capture)
-                segment, size = self._malloc(stream.device, pool, WORKSPACE, capture is not None)
+                segment, size = self._malloc(stream.device, pool, self.workspace,
+                                             capture is not None)
                 segment.last = None  # a freed block goes to another stream only once it is idle
                 ws = self.workspaces[key] = Workspace(pool, segment, size)
             return ws
