@@ -118,7 +118,7 @@ def test_the_kept_workspace_costs_a_graph_no_more_than_its_activations_and_8_mib
     assert kept["pool_over_activations_max"] <= TARGET / MiB
     assert per_graph["pool_over_activations_mean"] >= 30  # 32 MiB in every graph's pool
     assert 32 <= kept["fixed"] <= 2 * 32 + 4  # the capture's and the warm-ups', once
-    assert kept["took_mean"] <= per_graph["took_mean"] - 30  # each graph: 32 MiB less
+    assert kept["took_mean"] <= TARGET / MiB  # the device's free memory a graph took, too
 
 
 def test_with_the_kept_workspace_a_release_returns_what_its_graphs_took(
