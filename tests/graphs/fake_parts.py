@@ -50,8 +50,11 @@ class Segment:
 
 @dataclass(frozen=True, eq=False)
 class FakeEvent:
+    """A point of `stream`: its `step`, and what it waited for by then (`seen`)."""
+
     stream: Any
     step: int
+    seen: dict[Any, int]
 
 
 @dataclass(eq=False)
@@ -72,13 +75,15 @@ class FakeStream:
 
     def wait_stream(self, other: FakeStream) -> None:
         self.waited.append(other)
-        self.seen[other] = max(self.seen.get(other, -1), other.step)
+        self.wait_event(other.record_event())
 
     def record_event(self) -> FakeEvent:
-        return FakeEvent(self, self.step)
+        return FakeEvent(self, self.step, dict(self.seen))
 
     def wait_event(self, event: FakeEvent) -> None:
-        self.seen[event.stream] = max(self.seen.get(event.stream, -1), event.step)
+        """What the event's stream had done and waited for, this one waits for (transitive)."""
+        for stream, step in [*event.seen.items(), (event.stream, event.step)]:
+            self.seen[stream] = max(self.seen.get(stream, -1), step)
 
     def use(self, segment: Segment) -> None:
         """A kernel on this stream through `segment`: a race (raises) unless the stream that
