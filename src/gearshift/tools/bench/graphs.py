@@ -114,8 +114,9 @@ class Probe:
 
 def capture_all(runner: AdaptiveRunner, probe: Probe) -> dict[tuple[int, int], tuple[float, Any]]:
     """Per variant: (capture seconds, bytes held or None). A first capture, released, makes the
-    process's lasting state (cuBLAS handles, kernels loaded), which is no graph's memory; each
-    graph's cuBLAS workspace is in its own pool, so in its bytes."""
+    process's lasting state (cuBLAS handles and the backend's kept workspaces, kernels loaded),
+    which is no graph's memory; in the "per_graph" workspace design each graph's cuBLAS
+    workspace is in its own pool, so in its bytes."""
     runner.capture([{"BATCHSIZE": BATCH[0], "SEQLEN": SEQ[0]}])
     runner.release("BATCHSIZE", BATCH[0])
     out = {}
