@@ -100,3 +100,23 @@ def test_a_timed_replay_counts_the_replay_not_other_streams_queued_work() -> Non
     cost = Meter(backend, clock, replays=3).cost(graph, 0.0, 0.0, [graph.outputs])
     assert cost is not None and cost.replay_seconds == 0.0 and cost.capture_seconds == 0.0
     assert fake.calls["replay"] == 3
+
+
+def test_the_order_makes_each_block_wait_for_the_one_before_on_any_stream() -> None:
+    """A block on another stream waits for the event recorded at the end of the one before it
+    (and so for what that one waited for); a block inside a block is part of it."""
+    fake = FakeCuda()
+    backend = fake.backend()
+    first, second, third = (fake.Stream() for _ in range(3))
+    segment = fake.current_blas_handle().segment  # a workspace two streams share
+    with fake.stream(first), backend.order.inside():
+        first.use(segment)
+        with backend.order.inside():  # nested: no wait, no event of its own
+            first.use(segment)
+    with fake.stream(second), backend.order.inside():
+        second.use(segment)  # ordered after `first`'s uses
+    with fake.stream(third):
+        third.wait_stream(second)  # transitively after `first` too
+        third.use(segment)
+    with fake.stream(first), pytest.raises(RuntimeError, match="race on a cuBLAS workspace"):
+        first.use(segment)  # outside the order: unordered after `third`

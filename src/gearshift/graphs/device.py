@@ -330,10 +330,10 @@ class DeviceBackend:
 
 
 class DeviceGraph:
-    """One graph of a device backend: `capture()` warms `fn` up on the backend's stream, then
-    records it into a pool of its own (`pool_bytes`: what the allocator reserved while it
-    recorded, None before or when it cannot tell); `replay()` runs on the caller's current
-    stream."""
+    """One graph of a device backend: `capture()` warms `fn` up on the backend's warm-up stream,
+    then records it on its capture stream into a pool of its own (`pool_bytes`: what the
+    allocator reserved while it recorded, None before or when it cannot tell); `replay()` runs
+    on the caller's current stream."""
 
     def __init__(self, backend: DeviceBackend, fn: Callable[[], Any]) -> None:
         self.backend = backend
