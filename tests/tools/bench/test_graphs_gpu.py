@@ -70,7 +70,7 @@ def test_the_step_timeouts_fit_inside_the_outer_one_with_room_to_spare() -> None
     assert sum(s.seconds for s in todo) <= BUDGET < 6 * 60 - SPARE  # rerun once in 15 minutes
     names = [s.name for s in todo]
     assert names[-4:] == ["raw_workspace", "raw_threads", "raw_rng", "raw_empty_cache"]
-    assert set(PROBES) == set(SAFE) | set(RAW) and set(PROBES) < set(names)
+    assert set(PROBES) == {*SAFE, *RAW, "adoption"} and set(PROBES) < set(names)
     assert names.index("pytest") < names.index("bench") < names.index("raw_workspace")
 
 

@@ -5,13 +5,13 @@ the repository root on a CUDA machine.
 It cannot lose what it measured: each step runs in a process of its own, under its own
 timeout, and prints ONE JSON line `{"step": name, "rc": ..., "seconds": ..., ...}` (flushed)
 as soon as it ends, whatever it ended by: a step killed by its timeout or by a fault keeps the
-last JSON line its process printed (`graphs_gpu_probes.emit`). The steps run in `STEPS` order:
-the environment, gearshift's probes, the GPU tests, the bench, and the raw-torch probes last,
-each alone, so that a sticky device error (an illegal address leaves the context unusable)
-ends only its own process, after everything else has reported. Every step's timeout is cut to
-what is left of `BUDGET` seconds, which `tools/gpu/check.sh`'s outer timeout exceeds by
-`SPARE`: the outer one never fires while a step runs. Without CUDA it prints the environment
-step (`skipped`) and exits 0.
+last JSON line its process printed (`graphs_gpu_probes.emit`). The steps run in `steps()`
+order: the environment, gearshift's probes, the GPU tests, the bench, its 2-worker adoption,
+and the raw-torch probes last, each alone, so that a sticky device error (an illegal address
+leaves the context unusable) ends only its own process, after everything else has reported.
+Every step's timeout is cut to what is left of `BUDGET` seconds, which `tools/gpu/check.sh`'s
+outer timeout exceeds by `SPARE`: the outer one never fires while a step runs. Without CUDA it
+prints the environment step (`skipped`) and exits 0.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ GPU_TESTS_K = "cuda and not fake and not compiled"  # the tests that need a GPU,
 BENCH_KEYS = ("errors", "mismatches", "max_abs_error", "capture_seconds_mean",
               "capture_seconds_max", "graph_bytes", "graph_bytes_measured", "graph_bytes_total",
               "memory_returned_ratio", "released_graph_bytes", "memory_returned_bytes",
-              "shared_pool_bytes", "latency", "speed", "backend_stats", "adoption")
+              "shared_pool_bytes", "latency", "speed", "backend_stats")
 BUDGET = 300  # seconds for every step together (an H100: about 4 minutes are used)
 SPARE = 40  # tools/gpu/check.sh's outer timeout is BUDGET + SPARE
 PROBE = "gearshift.tools.bench.graphs_gpu_probes"
@@ -47,16 +47,16 @@ class Step:
     keep: str = "json"  # "json": its last JSON line; "pytest": its failures and summary
 
 
-def steps(adoption: bool = True) -> list[Step]:
+def steps() -> list[Step]:
     py = sys.executable
-    probe = {"workspace": 30, "threads": 35, "void": 20}
+    probe = {"workspace": 30, "threads": 30, "void": 15}
     out = [Step(n, (py, "-m", PROBE, n), probe[n]) for n in SAFE]
     pytest = (py, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-k", GPU_TESTS_K)
-    out.append(Step("pytest", (*pytest, *GPU_TESTS), 80, "pytest"))
+    out.append(Step("pytest", (*pytest, *GPU_TESTS), 60, "pytest"))
     out.append(Step("bench", (py, "-m", "gearshift", "bench", "graphs", "--device", "cuda",
-                              "--json", "--seconds", "6",
-                              "--adoption" if adoption else "--no-adoption"), 60))
-    out += [Step(n, (py, "-m", PROBE, n), 15) for n in RAW]
+                              "--json", "--seconds", "6", "--no-adoption"), 70))
+    out.append(Step("adoption", (py, "-m", PROBE, "adoption"), 45))
+    out += [Step(n, (py, "-m", PROBE, n), 12) for n in RAW]
     return out
 
 
@@ -121,12 +121,7 @@ def main(names: Sequence[str] = ()) -> int:
         _print(env | {"skipped": "no CUDA device"})
         return 0
     _print(env)
-    try:
-        import posix_ipc  # noqa: F401  (the 2-worker adoption needs it)
-        adoption = True
-    except ImportError:
-        adoption = False
-    todo = [s for s in steps(adoption) if not names or s.name in names]
+    todo = [s for s in steps() if not names or s.name in names]
     return run_steps(todo)
 
 

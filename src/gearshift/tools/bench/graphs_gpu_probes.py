@@ -14,6 +14,7 @@ Through gearshift's backend (none may fail):
   default generator and synchronizes the device, each inside `outside_capture()` (0 errors).
 - `void`: a capture voided by a device synchronize inside it; afterwards (its graph dropped
   and collected) sampling, pinned host memory, `collect()` and a new capture must work.
+- `adoption`: two worker processes adopting a controller's versions (`graphs_adoption`).
 
 Raw torch, run last (a sticky device error ends only its own process):
 - `raw_workspace`: plain `CUDAGraph`s sharing a warm-up workspace; one reset, the memory
@@ -35,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-SAFE = ("workspace", "threads", "void")
+SAFE = ("workspace", "threads", "void")  # before the tests and the bench; "adoption" after
 RAW = ("raw_workspace", "raw_threads", "raw_rng", "raw_empty_cache")
 
 
@@ -298,8 +299,22 @@ def probe_raw_empty_cache() -> dict[str, Any]:
     return _during_capture(other)
 
 
+def probe_adoption() -> dict[str, Any]:
+    """`gearshift bench graphs`' 2-worker adoption on the device (its short form), apart from
+    the bench so that either's timeout loses only its own figures."""
+    try:
+        import posix_ipc  # noqa: F401
+    except ImportError:
+        return {"skipped": "posix_ipc is not installed (tools/gpu/check.sh: .whl/)"}
+    from gearshift.tools.bench.graphs import SIZES
+    from gearshift.tools.bench.graphs_adoption import adoption
+
+    return {"adoption": adoption("cuda", SIZES["device"], quick=True)}
+
+
 PROBES: dict[str, Callable[[], dict[str, Any]]] = {
     "workspace": probe_workspace, "threads": lambda: _threads(raw=False), "void": probe_void,
+    "adoption": probe_adoption,
     "raw_workspace": probe_raw_workspace, "raw_threads": lambda: _threads(raw=True),
     "raw_rng": probe_raw_rng, "raw_empty_cache": probe_raw_empty_cache,
 }
