@@ -63,7 +63,8 @@ class SharedPool(DeviceBackend):
 
     def __init__(self, base: DeviceBackend) -> None:
         super().__init__(base.api, base.index, base.warmup)
-        self.stream = base.stream
+        self.stream, self.warm_stream = base.stream, base.warm_stream
+        self.order, self.workspaces = base.order, base.workspaces  # the same kept workspaces
         self._pool: Any = None
 
     def new_pool(self) -> Any:
