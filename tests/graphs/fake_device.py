@@ -54,11 +54,13 @@ As strict as the device on what breaks beside captures and releases (docs/archit
   while it lives, into which one thread's allocations are routed.
 - torch versions (`torch=`): "2.11", the default generator registered for the whole capture, so
   an increment from a stream that is not capturing raises; "2.13", its states keyed by capture id
-  (`CUDAGeneratorState::register_graph`), so none does, and `capture_begin` syncs the default
-  stream instead. `empty_cache()` asserts while any capture is underway in 2.11, and only when
-  the caller's own stream is capturing in 2.13 (elsewhere it frees what no capture records into).
+  (`CUDAGeneratorState::register_graph`, `CUDAGraph::capture_begin`'s `capture_id_`), so none
+  does, and `capture_begin` syncs the default stream instead. `empty_cache()` asserts while
+  any capture is underway in 2.11, and only when the caller's own stream is capturing in 2.13
+  (elsewhere it frees what no capture records into).
 - The allocator backend (`allocator=`, `get_allocator_backend()`): "native" or
-  "cudaMallocAsync", which refuses a second capture at once (`beginAllocateToPool`).
+  "cudaMallocAsync", which refuses a second capture at once (`c10/cuda/
+  CUDAMallocAsyncAllocator.cpp`, `beginAllocateToPool`: "Only one capture at a time").
 - `synchronize()` (`cudaDeviceSynchronize`) on any thread, in any mode, voids every capture
   underway and raises; `FakeStream.synchronize()` voids only a capture on that stream.
 - The default generator (`CUDAGeneratorImpl.cpp`, `CUDAGeneratorState::increase`), on 2.11:
