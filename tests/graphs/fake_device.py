@@ -37,19 +37,35 @@ mirror them):
 As strict as the device on what breaks beside captures and releases (docs/architecture.md,
 "Hazards on the device"):
 
-- Workspaces. `gemm` uses its stream's cuBLAS-like workspace (`getCUDABlasLtWorkspace`: one per
-  (handle, stream), made on first use from the current pool, a capture's own pool when
-  recording); a graph keeps the workspace it recorded with. `clear_workspaces()`
-  (`_cuda_clearCublasWorkspaces`) frees every workspace, and a graph's `reset()` frees its
-  capture stream's (`CUDAGraph::reset`, pytorch PR #175276). A replay through a freed workspace
-  of the default pool faults (its memory may be anyone's); one in a graph's own pool lives with
-  the pool. An eager `gemm` through a workspace a live graph recorded with races its replays:
-  it raises.
+- Workspaces. Every kernel that multiplies matrices (`gemm`, `blas`) runs through the cuBLAS
+  workspace of its (handle, stream), a handle being a thread's (`aten/src/ATen/cuda/
+  CublasHandlePool.cpp`, `setWorkspaceForHandle` and `cublas_handle_stream_to_workspace`: made
+  on first use, WORKSPACE bytes as `parseChosenWorkspaceSize` gives sm90, from the current
+  pool: a capture's own pool when recording, a `use_mem_pool` pool when routed);
+  `current_blas_handle()` makes it without a kernel (`getCurrentCUDABlasHandle`). A graph keeps
+  the workspace it recorded with. `clear_workspaces()` (`_cuda_clearCublasWorkspaces`) frees
+  every workspace, and a graph's `reset()` frees its capture stream's
+  (`clearCublasWorkspacesForStream` in `CUDAGraph::reset`, pytorch PR #175276). A replay through
+  a freed workspace of the default pool, or of a pool now freeable, faults (its memory may be
+  anyone's); one in a pool no one else allocates from (a graph's own, a kept `MemPool`) lives
+  with the pool. Two kernels through one workspace on two streams race unless the second's
+  stream waits for the first (`wait_stream`, `wait_event`): `FakeStream.use` raises.
+- MemPools (`torch.cuda.MemPool`, `use_mem_pool`): a private pool that no `empty_cache` frees
+  while it lives, into which one thread's allocations are routed.
+- torch versions (`torch=`): "2.11", the default generator registered for the whole capture, so
+  an increment from a stream that is not capturing raises; "2.13", its states keyed by capture id
+  (`CUDAGeneratorState::register_graph`, `CUDAGraph::capture_begin`'s `capture_id_`), so none
+  does, and `capture_begin` syncs the default stream instead. `empty_cache()` asserts while
+  any capture is underway in 2.11, and only when the caller's own stream is capturing in 2.13
+  (elsewhere it frees what no capture records into).
+- The allocator backend (`allocator=`, `get_allocator_backend()`): "native" or
+  "cudaMallocAsync", which refuses a second capture at once (`c10/cuda/
+  CUDAMallocAsyncAllocator.cpp`, `beginAllocateToPool`: "Only one capture at a time").
 - `synchronize()` (`cudaDeviceSynchronize`) on any thread, in any mode, voids every capture
   underway and raises; `FakeStream.synchronize()` voids only a capture on that stream.
-- The default generator (`CUDAGeneratorImpl.cpp`, `CUDAGeneratorState::increase`): every
-  `capture_begin` registers it, and until that capture ends well an increment (`randn`, or a
-  replay's `replay_prologue`) from a stream that is not capturing raises "Offset increment
+- The default generator (`CUDAGeneratorImpl.cpp`, `CUDAGeneratorState::increase`), on 2.11:
+  every `capture_begin` registers it, and until that capture ends well an increment (`randn`,
+  or a replay's `replay_prologue`) from a stream that is not capturing raises "Offset increment
   outside graph capture"; a voided capture leaves it so until the next good one.
 - Streams come round-robin from STREAMS per device (`getStreamFromPool`), so two `Stream()`s
   may be one. `mem_get_info` reads in 2 MiB steps, less the context's OVERHEAD and EXEC_BYTES
@@ -60,6 +76,7 @@ As strict as the device on what breaks beside captures and releases (docs/archit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import threading
 import weakref
@@ -76,6 +93,7 @@ from graphs.fake_parts import (
     OVERHEAD,
     RNG_ERROR,
     STREAMS,
+    TORCHES,
     VOIDS,
     WORKSPACE,
     Capture,
@@ -95,9 +113,14 @@ __all__ = ["FakeCuda", "FakeGraph", "FakeStream", "MiB", "segment_size"]
 class FakeCuda:
     """The `torch.cuda` of `devices` fake devices of `total` bytes each (see the module)."""
 
-    def __init__(self, total: int = 1 << 30, devices: int = 1, void: str = "raise") -> None:
-        assert void in VOIDS, void
+    def __init__(self, total: int = 1 << 30, devices: int = 1, void: str = "raise",
+                 torch: str = "2.11", allocator: str = "native",
+                 workspace: int = WORKSPACE) -> None:
+        assert void in VOIDS and torch in TORCHES, (void, torch)
         self.void = void  # what torch does with a voided capture (see the module)
+        self.torch, self.allocator = torch, allocator
+        self.workspace = workspace  # a workspace's bytes (CUBLAS_WORKSPACE_CONFIG's sum)
+        self.rng_global = torch == "2.11"  # the generator's capture state is global (2.11)
         self.host = FakeHost()
         self.total = total  # what the allocator may take; the device has OVERHEAD more
         self.lock = threading.RLock()  # the allocator's mutex
@@ -108,7 +131,8 @@ class FakeCuda:
         self.default_streams = [FakeStream(d, self) for d in range(devices)]
         self.stream_pool = [[FakeStream(d, self) for _ in range(STREAMS)] for d in range(devices)]
         self.next_stream = [0] * devices
-        self.workspaces: dict[FakeStream, Workspace] = {}  # by (handle, stream): one handle
+        self.workspaces: dict[tuple[int, FakeStream], Workspace] = {}  # by (handle, stream)
+        self.mem_pools: set[Any] = set()  # the MemPools' ids (held while they live)
         self.rng_capturing = [False] * devices  # the default generator's `capturing_`
         self.live_graphs = 0
         self.default_capture_stream: FakeStream | None = None
@@ -119,13 +143,23 @@ class FakeCuda:
 
     # the backend's view
 
-    def api(self, kind: str = "cuda", hooks: bool = True) -> DeviceApi:
+    def api(self, kind: str = "cuda", hooks: bool = True, design: str = "kept") -> DeviceApi:
+        """The backend's view; `design`: "kept" offers `MemPool`, `use_mem_pool` and
+        `current_blas_handle` (a kept workspace), "per_graph" withholds them."""
         ends = (self.end_allocate, self.release_pool) if hooks else (None, None)
-        return DeviceApi(kind, self, self.CUDAGraph, *ends, lambda: self.clear_workspaces())
+        kept = (self.MemPool, self.use_mem_pool, self.current_blas_handle)
+        extra = kept if design == "kept" else (None, None, None)
+        if "mem_pool" not in {f.name for f in dataclasses.fields(DeviceApi)}:
+            extra = ()  # a gearshift before the kept design (to run these tests against it)
+        return DeviceApi(kind, self, self.CUDAGraph, *ends, lambda: self.clear_workspaces(),
+                         *extra)
 
     def backend(self, index: int = 0, kind: str = "cuda", hooks: bool = True,
-                **options: Any) -> DeviceBackend:
-        return DeviceBackend(self.api(kind, hooks), index, **options)
+                design: str = "kept", **options: Any) -> DeviceBackend:
+        return DeviceBackend(self.api(kind, hooks, design), index, **options)
+
+    def get_allocator_backend(self) -> str:
+        return self.allocator
 
     # devices and streams
 
@@ -189,9 +223,12 @@ class FakeCuda:
         return self.reserved(self.current_device() if device is None else device)
 
     def empty_cache(self) -> None:
+        """2.11: asserts while any capture is underway; 2.13: only while the caller's stream
+        captures, and frees nothing that a capture records into."""
         with self.lock:
             self.calls["empty_cache"] += 1
-            if any(self.recording):
+            here = self.capturing_here() is not None
+            if here if not self.rng_global else any(self.recording):
                 raise RuntimeError("INTERNAL ASSERT FAILED: captures_underway.empty()")
             for device in range(len(self.pools)):
                 self._release_cached(device)
@@ -221,9 +258,7 @@ class FakeCuda:
         stream = self.current_stream()
         capture = next((c for c in self.captures if c.stream is stream), None)
         with self.lock:
-            pool = DEFAULT
-            if capture is not None and capture.graph.pool_id in self.recording[stream.device]:
-                pool = capture.graph.pool_id
+            pool = self._pool_here(capture)
             segment, size = self._malloc(stream.device, pool, out.nbytes, capture is not None)
         weakref.finalize(out, self._free, segment, size)
         if capture is not None:  # the tape holds the memory, not the tensors (their blocks)
@@ -238,37 +273,74 @@ class FakeCuda:
         return torch.empty(nbytes, dtype=torch.uint8)
 
     def gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """`a @ b` as a cuBLAS kernel: through its stream's workspace (see the module)."""
+        """`a @ b` as a cuBLAS kernel: through its (handle, stream)'s workspace."""
+        return self.blas(torch.matmul, a, b)
+
+    def blas(self, fn: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+        """`fn(*args)` as a kernel that multiplies matrices: through its (handle, stream)'s
+        workspace (made if none; recorded by a capture, run now otherwise)."""
         stream, capture = self.current_stream(), self.capturing_here()
+        ws = self.current_blas_handle()
         with self.lock:
-            ws = self.workspaces.get(stream)
-            if ws is None:
-                pool = capture.graph.pool_id if capture is not None else DEFAULT
-                segment, size = self._malloc(stream.device, pool, WORKSPACE, capture is not None)
-                ws = self.workspaces[stream] = Workspace(pool, segment, size)
             if capture is not None:
                 capture.graph.workspaces.add(ws)
                 ws.graphs.add(capture.graph)
-            elif ws.graphs:
-                raise RuntimeError("an eager GEMM through the workspace a live graph recorded"
-                                   " with: it races that graph's replays")
-        return self.op(torch.matmul, a, b)
+            else:
+                stream.use(ws.segment)
+        return self.op(fn, *args)
+
+    def current_blas_handle(self) -> Workspace:
+        """`getCurrentCUDABlasHandle`: this thread's handle on the current stream, with its
+        workspace made (in the current pool) if it has none; no kernel runs."""
+        stream, capture = self.current_stream(), self.capturing_here()
+        key = (threading.get_ident(), stream)
+        with self.lock:
+            ws = self.workspaces.get(key)
+            if ws is None:
+                pool = self._pool_here(capture)
+                segment, size = self._malloc(stream.device, pool, self.workspace,
+                                             capture is not None)
+                segment.last = None  # a freed block goes to another stream only once it is idle
+                ws = self.workspaces[key] = Workspace(pool, segment, size)
+            return ws
+
+    def MemPool(self) -> Any:
+        """`torch.cuda.MemPool()`: a private pool held while the object lives."""
+        pool = type("MemPool", (), {"id": (next(self.ids), 0)})()
+        with self.lock:
+            self.pools[self.current_device()][pool.id] = Pool()
+            self.mem_pools.add(pool.id)
+        return pool
+
+    def graph_pools(self, device: int = 0) -> set[Any]:
+        """The ids of the graphs' pools the allocator still has (not the default pool, not a
+        MemPool's)."""
+        with self.lock:
+            return set(self.pools[device]) - {DEFAULT} - self.mem_pools
+
+    @contextlib.contextmanager
+    def use_mem_pool(self, pool: Any) -> Iterator[None]:
+        """`torch.cuda.use_mem_pool`: this thread's allocations go to `pool` meanwhile."""
+        before, self._local.pool = getattr(self._local, "pool", DEFAULT), pool.id
+        try:
+            yield
+        finally:
+            self._local.pool = before
 
     def randn(self, *shape: int) -> torch.Tensor:
         """`torch.randn` on the default generator (see the module)."""
         device = self.current_stream().device
-        if self.capturing_here() is None and self.rng_capturing[device]:
+        if self.rng_global and self.capturing_here() is None and self.rng_capturing[device]:
             raise RuntimeError(RNG_ERROR)
         return self.op(lambda: torch.randn(*shape))
 
     def clear_workspaces(self, stream: FakeStream | None = None) -> None:
-        """`_cuda_clearCublasWorkspaces` (every stream's), or one stream's (a graph's reset)."""
+        """`_cuda_clearCublasWorkspaces` (every one), or one stream's (a graph's reset)."""
         with self.lock:
-            for s in [stream] if stream is not None else list(self.workspaces):
-                ws = self.workspaces.pop(s, None)
-                if ws is not None:
-                    ws.freed = True
-                    self._free(ws.segment, ws.size)
+            for key in [k for k in self.workspaces if stream is None or k[1] is stream]:
+                ws = self.workspaces.pop(key)
+                ws.freed = True
+                self._free(ws.segment, ws.size)
 
     def capturing_here(self) -> Capture | None:
         """The capture underway on the current stream, if any."""
@@ -311,6 +383,14 @@ class FakeCuda:
         if hit:
             raise RuntimeError(f"{what}: operation not permitted when stream is capturing")
 
+    def _pool_here(self, capture: Capture | None) -> Any:
+        """Where an allocation on this thread's current stream goes: the capture's pool, else
+        the thread's `use_mem_pool` one, else the default pool."""
+        stream = self.current_stream()
+        if capture is not None and capture.graph.pool_id in self.recording[stream.device]:
+            return capture.graph.pool_id
+        return getattr(self._local, "pool", DEFAULT)
+
     def _malloc(self, device: int, pool: Any, nbytes: int, capturing: bool) -> tuple[Segment, int]:
         size = max(512, -(-nbytes // 512) * 512)
         entry, small = self.pools[device][pool], size <= MiB
@@ -336,6 +416,8 @@ class FakeCuda:
     def _release_cached(self, device: int) -> None:
         pools = self.pools[device]
         for pid in [DEFAULT, *sorted(self.freeable[device])]:
+            if pid in self.recording[device]:  # 2.13 frees beside a capture, not its pool
+                continue
             entry = pools[pid]
             entry.segments = [s for s in entry.segments if s.used]
             if pid is not DEFAULT and not entry.segments:

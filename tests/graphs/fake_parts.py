@@ -18,11 +18,13 @@ if TYPE_CHECKING:
 MiB = 1 << 20
 DEFAULT = None  # the default pool's id
 STREAMS = 4  # per device, handed out round-robin (torch: 32 per priority)
-WORKSPACE = 4 * MiB  # a cuBLAS-like workspace (a 20 MiB segment)
+WORKSPACE = 32 * MiB  # a cuBLAS workspace on sm90 (`parseChosenWorkspaceSize`: 4096 * 8 KiB)
 OVERHEAD = 300 * MiB  # the context's, outside the allocator
 EXEC_BYTES = 256 << 10  # device memory of one instantiated graph, outside the allocator
 RNG_ERROR = "Offset increment outside graph capture encountered unexpectedly."
 VOIDS = ("raise", "end", "unwind")  # what torch does with a voided capture (FakeCuda's `void`)
+TORCHES = ("2.11", "2.13")  # the generator and empty_cache rules of each (FakeCuda's `torch`)
+RACE = "a race on a cuBLAS workspace: two streams use it, the second unordered after the first"
 
 
 def segment_size(nbytes: int) -> int:
@@ -37,9 +39,22 @@ def segment_size(nbytes: int) -> int:
 
 @dataclass(eq=False)
 class Segment:
+    """Device memory; `last`: the stream and its step that last ran a kernel through it (a
+    workspace's segment), for the ordering rule (`FakeStream.use`)."""
+
     size: int
     small: bool
     used: int = 0
+    last: tuple[Any, int] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class FakeEvent:
+    """A point of `stream`: its `step`, and what it waited for by then (`seen`)."""
+
+    stream: Any
+    step: int
+    seen: dict[Any, int]
 
 
 @dataclass(eq=False)
@@ -49,12 +64,35 @@ class Pool:
 
 
 class FakeStream:
+    """A stream: `step` counts its kernels through workspaces; `seen[other]`: the step of
+    `other` this stream waits for (`wait_stream`, `wait_event`)."""
+
     def __init__(self, device: int, fake: FakeCuda | None = None) -> None:
         self.device, self.fake = device, fake
         self.waited: list[FakeStream] = []
+        self.step = 0
+        self.seen: dict[FakeStream, int] = {}
 
     def wait_stream(self, other: FakeStream) -> None:
         self.waited.append(other)
+        self.wait_event(other.record_event())
+
+    def record_event(self) -> FakeEvent:
+        return FakeEvent(self, self.step, dict(self.seen))
+
+    def wait_event(self, event: FakeEvent) -> None:
+        """What the event's stream had done and waited for, this one waits for (transitive)."""
+        for stream, step in [*event.seen.items(), (event.stream, event.step)]:
+            self.seen[stream] = max(self.seen.get(stream, -1), step)
+
+    def use(self, segment: Segment) -> None:
+        """A kernel on this stream through `segment`: a race (raises) unless the stream that
+        used it last is this one or this one waits for that use."""
+        last = segment.last
+        if last is not None and last[0] is not self and self.seen.get(last[0], -1) < last[1]:
+            raise RuntimeError(RACE)
+        self.step += 1
+        segment.last = (self, self.step)
 
     def synchronize(self) -> None:
         """`cudaStreamSynchronize`: voids a capture on this stream only."""
@@ -66,7 +104,8 @@ class FakeStream:
 
 @dataclass(eq=False)
 class Workspace:
-    """A cuBLAS workspace: a block of `pool`; `graphs` recorded with it (live ones)."""
+    """A cuBLAS workspace of one (handle, stream): a block of `pool`; `graphs` recorded with it
+    (live ones)."""
 
     pool: Any
     segment: Segment
@@ -179,6 +218,8 @@ class FakeGraph:
             f.captures.append(self.capture)
             self.pool_id, self.device, self.stream = pid, device, stream
             f.rng_capturing[device] = True  # the default generator, registered: capture_prologue
+            if not f.rng_global:  # 2.13: capture_begin syncs the default stream instead
+                f.calls["default_stream_sync"] += 1
 
     def capture_end(self) -> None:
         f = self.fake
@@ -208,13 +249,15 @@ class FakeGraph:
         if not self.ended:
             raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
         f = self.fake
-        if f.rng_capturing[self.device] and not f.capturing_here():
+        if f.rng_global and f.rng_capturing[self.device] and not f.capturing_here():
             raise RuntimeError(RNG_ERROR)  # replay_prologue: increase(wholegraph_increment)
-        for ws in self.workspaces:  # a freed one is safe only in a live graph's own pool
+        stream = f.current_stream()
+        for ws in self.workspaces:  # a freed one is safe only in a pool no one else takes from
             if ws.freed and (ws.pool is DEFAULT or ws.pool in f.freeable[self.device]
                              or ws.pool not in f.pools[self.device]):
                 raise RuntimeError("an illegal memory access was encountered: a replay through"
                                    " a freed cuBLAS workspace")
+            stream.use(ws.segment)
         for fn, args, out in self.tape:
             out.copy_(fn(*args))
         self.fake.calls["replay"] += 1

@@ -18,13 +18,18 @@ from shm.procs import WAIT, Spawn
 import gearshift as gs
 from gearshift.graphs import device, streams
 from gearshift.graphs.backends import (
+    CUDA_HOOKS,
     NPU_LIMIT,
     NPU_MAX_GRAPHS,
     CpuBackend,
     backend_for,
+    check_allocator,
+    cuda_api,
     get_backend,
+    hooks,
     npu_backend,
 )
+from gearshift.graphs.device import DeviceBackend
 from gearshift.graphs.pool import GraphLimit, GraphResourcePool
 from gearshift.shm.streams import StreamLedger
 from graphs.fake_device import FakeCuda
@@ -85,8 +90,10 @@ def test_npu_without_torch_npu_is_a_clear_error() -> None:
         pytest.skip("torch_npu is installed")
 
 
-def _stand_in_npu(monkeypatch: pytest.MonkeyPatch, graphs: bool = True) -> FakeCuda:
-    """torch_npu (a module with `_C`'s allocator hooks) and torch.npu (the fake device)."""
+def _stand_in_npu(monkeypatch: pytest.MonkeyPatch, graphs: bool = True,
+                  end: str = "_npu_endAllocateCurrentStreamToPool") -> FakeCuda:
+    """torch_npu (a module with `_C`'s allocator hooks, `end` naming the first: torch_npu for
+    torch 2.13 calls it `_npu_endAllocateToPool`) and torch.npu (the fake device)."""
     fake = FakeCuda()
     npu = types.SimpleNamespace(
         is_available=lambda: True, device_count=lambda: 1, **{
@@ -98,9 +105,7 @@ def _stand_in_npu(monkeypatch: pytest.MonkeyPatch, graphs: bool = True) -> FakeC
     )
     if graphs:
         npu.NPUGraph, npu.graph_pool_handle = fake.CUDAGraph, fake.graph_pool_handle
-    c = types.SimpleNamespace(
-        _npu_endAllocateCurrentStreamToPool=fake.end_allocate, _npu_releasePool=fake.release_pool
-    )
+    c = types.SimpleNamespace(**{end: fake.end_allocate, "_npu_releasePool": fake.release_pool})
     module = types.SimpleNamespace(__version__="2.7.1" if graphs else "2.1.0", _C=c)
     monkeypatch.setitem(sys.modules, "torch_npu", module)
     monkeypatch.setattr(torch, "npu", npu, raising=False)
@@ -149,7 +154,7 @@ def test_processes_on_one_npu_stop_at_its_stream_budget_together(
         graph = backend.graph(lambda: fake.op(lambda: torch.ones(2)))
         with pytest.raises(GraphLimit, match="processes hold 6 of the device's 8 streams"):
             graph.capture()
-        assert fake.calls["replay"] == 0 and not fake.pools[0].keys() - {None}  # none tried
+        assert fake.calls["replay"] == 0 and not fake.graph_pools()  # none tried
         assert backend.stats["budget_refusals"] == 1 and ledger.total() == 6
         go.set()
         assert released.wait(WAIT)
@@ -161,6 +166,56 @@ def test_processes_on_one_npu_stop_at_its_stream_budget_together(
     finally:
         ledger.unlink()
         ledger.close()
+
+
+@pytest.mark.parametrize("end", ["_npu_endAllocateCurrentStreamToPool", "_npu_endAllocateToPool"])
+def test_the_npu_hooks_are_found_under_the_name_of_either_torch_npu(
+    monkeypatch: pytest.MonkeyPatch, end: str
+) -> None:
+    """torch_npu 2.11's name and 2.13's: without the hook a voided capture's pool would stay
+    recording and no collect would empty the cache again in the process."""
+    fake = _stand_in_npu(monkeypatch, end=end)
+    backend = npu_backend(0)
+    assert backend.api.end_allocate == fake.end_allocate
+    assert backend.api.release_pool == fake.release_pool
+    x = torch.ones(4)
+
+    def syncs() -> torch.Tensor:
+        if fake.capturing_here() is not None:
+            fake.current_stream().synchronize()  # voids the capture
+        return fake.op(lambda a: a + 1, x)
+
+    with pytest.raises(RuntimeError, match="not permitted"):
+        backend.graph(syncs).capture()
+    assert backend.collect() and backend.stats["collects_skipped"] == 0
+    device._STUCK.clear()
+    device._KEPT.clear()
+
+
+@pytest.mark.parametrize("names", [["_cuda_endAllocateToPool"],
+                                   ["_cuda_endAllocateCurrentStreamToPool"], []])
+def test_the_cuda_hooks_are_found_under_any_of_their_names(names: list[str]) -> None:
+    c = types.SimpleNamespace(**{n: n for n in names}, _cuda_releasePool="release")
+    found = hooks(c, CUDA_HOOKS)
+    assert found == {"end_allocate": names[0] if names else None, "release_pool": "release",
+                     "clear_workspaces": None}
+
+
+def test_the_workspace_design_follows_what_the_torch_offers() -> None:
+    fake = FakeCuda()
+    assert DeviceBackend(cuda_api(fake), 0).workspaces.design == "kept"
+    bare = types.SimpleNamespace(**{n: getattr(fake, n) for n in (
+        "device", "Stream", "current_stream", "CUDAGraph")})  # an older torch: no MemPool
+    api = cuda_api(bare)
+    assert (api.mem_pool, api.use_mem_pool, api.prime_workspace) == (None, None, None)
+    assert DeviceBackend(api, 0).workspaces.design == "per_graph"
+
+
+def test_the_cuda_malloc_async_allocator_is_refused_with_what_to_do() -> None:
+    check_allocator(FakeCuda())  # the native one
+    with pytest.raises(gs.BackendUnavailable, match="cudaMallocAsync allocator backend") as e:
+        check_allocator(FakeCuda(allocator="cudaMallocAsync"))
+    assert "PYTORCH_CUDA_ALLOC_CONF" in str(e.value)
 
 
 def test_npu_refuses_task_queue_level_2_and_a_torch_npu_without_graphs(
@@ -233,8 +288,9 @@ def test_a_release_beside_a_capture_waits_for_it_instead_of_voiding_it() -> None
     assert backend.stats["captures"] == 2 and backend.stats["capture_failures"] == 0
 
 
-def test_replays_and_sampling_beside_a_capture_wait_for_its_window() -> None:
-    fake = FakeCuda()
+@pytest.mark.parametrize("version", ["2.11", "2.13"])
+def test_replays_and_sampling_beside_a_capture_wait_for_its_window(version: str) -> None:
+    fake = FakeCuda(torch=version)
     backend = fake.backend()
     live = backend.graph(lambda: fake.op(torch.tanh, torch.ones(3)))
     live.capture()
@@ -247,7 +303,26 @@ def test_replays_and_sampling_beside_a_capture_wait_for_its_window() -> None:
 
     assert _beside_recording(fake, backend, sample)[0].shape == (4,)
     unguarded = _beside_recording(fake, backend, lambda: fake.randn(4))  # why the rule is
-    assert "Offset increment outside graph capture" in str(unguarded[0])
+    if version == "2.11":
+        assert "Offset increment outside graph capture" in str(unguarded[0])
+    else:  # 2.13 keys the generator's capture states by capture id
+        assert unguarded[0].shape == (4,) and fake.calls["default_stream_sync"] > 0
+
+
+@pytest.mark.parametrize("version", ["2.11", "2.13"])
+def test_a_collect_beside_a_capture_waits_for_it_on_either_torch(version: str) -> None:
+    """2.11's allocator asserts in `empty_cache()` while any capture is underway, 2.13's only
+    on the capturing stream: gearshift's collect waits for the window on both."""
+    fake = FakeCuda(torch=version)
+    backend = fake.backend()
+    assert _beside_recording(fake, backend, backend.collect) == [True]
+
+    def raw() -> None:
+        with fake.stream(fake.Stream()):
+            fake.empty_cache()
+
+    got = _beside_recording(fake, backend, raw)  # what the window keeps out
+    assert (got == [None]) == (version == "2.13"), got
 
 
 def test_a_voided_capture_leaves_no_state_behind() -> None:
@@ -263,7 +338,7 @@ def test_a_voided_capture_leaves_no_state_behind() -> None:
         backend.graph(syncs).capture()
     assert fake.randn(4).shape == (4,)  # the default generator left capture mode
     assert not fake.recording[0] and not fake.captures and backend.collect()
-    assert fake.pools[0].keys() == {None}
+    assert not fake.graph_pools()
     graph = backend.graph(lambda: fake.op(lambda a: a * 3, x))
     graph.capture()
     graph.replay()

@@ -100,11 +100,11 @@ def test_a_compiled_variant_is_captured_as_a_device_graph_through_the_capture_wi
     for run in (compile_run, again):
         assert run["stream"] is device.default_streams[0]
         assert not run["capturing"] and not run["window"]
-    # then the compiled function, warmed up on the backend's stream outside the window ...
+    # then the compiled function, warmed up on the backend's warm-up stream outside the window ...
     assert len(warmups) == backend.warmup
-    assert all(w["stream"] is backend.stream and not (w["capturing"] or w["window"])
+    assert all(w["stream"] is backend.warm_stream and not (w["capturing"] or w["window"])
                for w in warmups)
-    # ... and recorded there inside it, into the graph's own pool
+    # ... and recorded on the backend's stream inside it, into the graph's own pool
     assert recorded["stream"] is backend.stream and recorded["capturing"] and recorded["window"]
     graph = runner._variants[(16,)].graph
     assert graph.graph.tape and device.pool_bytes(graph.graph.pool()) > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -67,7 +68,7 @@ def test_reset_frees_nothing_until_empty_cache_then_the_pool_id_is_gone() -> Non
     graph.reset()
     assert free(fake) == free0 - held  # freeable, not freed
     fake.empty_cache()
-    assert free(fake) == free0 and fake.pools[0].keys() == {None}
+    assert free(fake) == free0 and not fake.graph_pools()
 
 
 def test_a_shared_pool_whose_graphs_are_all_gone_cannot_be_captured_into() -> None:
@@ -139,7 +140,7 @@ def test_a_voided_capture_leaves_its_pool_recording_until_the_allocator_hooks_en
     fake.end_allocate(0, graph.pool_id)
     fake.release_pool(0, graph.pool_id)
     fake.empty_cache()
-    assert fake.pools[0].keys() == {None}
+    assert not fake.graph_pools()
 
 
 @pytest.mark.parametrize("mode", ["global", "thread_local"])
@@ -212,25 +213,30 @@ def test_the_backend_captures_on_its_own_stream_without_sync_or_empty_cache() ->
 
 
 def test_a_capture_orders_the_callers_stream_and_its_own_both_ways() -> None:
-    """The capture stream waits on the caller's (its buffer writes) before `fn` first runs, and
-    the caller's waits on the capture stream afterwards, not before (mutations caught: either
-    `wait_stream` dropped)."""
+    """The warm-up and capture streams wait on the caller's (its buffer writes) before `fn`
+    first runs, the capture stream on the warm-ups', and the caller's waits on the capture
+    stream afterwards, not before (mutations caught: any `wait_stream` dropped)."""
     fake = FakeCuda()
     backend, x = fake.backend(), torch.randn(2, 64)
     caller = fake.Stream()
-    assert caller is not backend.stream
-    runs: list[tuple[bool, bool, bool]] = []
+    assert caller not in (backend.stream, backend.warm_stream)
+    assert backend.stream is not backend.warm_stream
+    runs: list[tuple[Any, bool, bool]] = []
 
     def fn() -> torch.Tensor:
-        runs.append((fake.current_stream() is backend.stream, caller in backend.stream.waited,
-                     backend.stream in caller.waited))
+        stream = fake.current_stream()
+        runs.append((stream, caller in stream.waited, backend.stream in caller.waited))
         return body(fake, x)
 
     graph = backend.graph(fn)
     with fake.stream(caller):
         graph.capture()
         assert fake.current_stream() is caller
-    assert runs and all(run == (True, True, False) for run in runs)  # warm-ups and the record
+    warm, record = runs[:-1], runs[-1]
+    assert len(warm) == backend.warmup and all(w == (backend.warm_stream, True, False)
+                                               for w in warm)
+    assert record == (backend.stream, True, False)
+    assert backend.warm_stream in backend.stream.waited  # the record after the warm-ups
     assert caller.waited == [backend.stream]
 
 
@@ -249,7 +255,8 @@ def test_releasing_a_graph_returns_its_memory_through_collect() -> None:
     assert held == fake.pool_bytes(drop.graph.pool()) > 0
     drop.reset()
     assert backend.collect()
-    assert free(fake) == free1 and free0 - free1 == fake.pool_bytes(keep.graph.pool())
+    kept = fake.pool_bytes(backend.workspaces.pool.id)  # the backend's workspace, made once
+    assert free(fake) == free1 and free0 - free1 == fake.pool_bytes(keep.graph.pool()) + kept
     assert backend.stats["collects"] == 4
 
 
@@ -270,7 +277,7 @@ def test_a_failed_capture_gives_its_pool_back_and_the_next_one_works() -> None:
     assert backend.stats["capture_failures"] == 1 and not fake.recording[0]
     assert not fake.captures and fake.freeable[0]  # ended, reset: its pool is freeable
     backend.collect()
-    assert fake.pools[0].keys() == {None}
+    assert not fake.graph_pools()
     again = backend.graph(lambda: body(fake, x))
     again.capture()
     assert backend.stats["captures"] == 1
@@ -336,7 +343,7 @@ def test_a_voided_capture_is_ended_by_the_hooks_else_collect_stays_off(hooks: bo
     assert backend.collect() is hooks
     assert backend.stats["collects_skipped"] == (not hooks)
     if hooks:
-        assert fake.pools[0].keys() == {None}
+        assert not fake.graph_pools()
 
 
 def test_collect_waits_for_a_capture_underway() -> None:

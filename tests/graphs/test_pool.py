@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphLimit, GraphResourcePool, KeyGearIndex
+from graphs.fake_device import FakeCuda
 
 
 class Resource:
@@ -112,3 +114,24 @@ def test_key_gear_release_frees_every_variant_of_a_gear() -> None:
     assert pool.remove_by_keys(index.detach(("SEQLEN", 128))) == 3
     assert pool.remove_by_keys(removed) == 0 and len(pool) == 0 and len(log) == 6
     assert index.detach(("BATCHSIZE", 32)) == []
+
+
+def test_releases_of_one_tick_give_their_memory_back_in_one_empty_cache() -> None:
+    """Several gears released together (a profile's tick: `collecting()`) run one
+    `empty_cache()`, after the last release, not one each."""
+    fake = FakeCuda()
+    backend = fake.backend()
+    pool = GraphResourcePool(backend)
+    keys = []
+    for i in range(3):
+        graph = backend.graph(lambda i=i: fake.op(lambda: torch.full((4,), float(i))))
+        graph.capture()
+        keys.append(pool.register(graph))
+    before = fake.calls["empty_cache"]
+    with backend.collecting():
+        assert [pool.remove_by_keys([k]) for k in keys] == [1, 1, 1]
+        assert fake.calls["empty_cache"] == before and fake.graph_pools()  # not yet
+    assert fake.calls["empty_cache"] == before + 1 and not fake.graph_pools()
+    with backend.collecting():
+        pass  # nothing released: nothing to collect
+    assert fake.calls["empty_cache"] == before + 1 and backend.collect()

@@ -298,3 +298,27 @@ def test_cuda_graphs_warm_up_on_the_swap_thread_while_requests_run(
         wait_until(lambda: prof.version == version and len(runner.ready()) == 4)
         request()
         assert runner.stats["replays"] >= 1
+
+
+def test_gears_released_in_one_tick_give_their_memory_back_in_one_empty_cache(
+    fake: FakeController, client: gs.Client, prof: gs.Profile
+) -> None:
+    """Two gears removed by one snapshot are released in one tick, with one `empty_cache()`
+    (each used to run its own: the allocator's other cached blocks went back twice)."""
+    dev = FakeCuda()
+
+    @torch.no_grad()
+    def on_device(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return dev.op(lambda a, m: torch.tanh(LAYER(a)) * m.unsqueeze(-1), x, mask)
+
+    transform = gs.Transform(on_device, prof.dims, INPUTS, outputs=("B", "S", None))
+    runner = prof.attach(gs.AdaptiveRunner(transform, call(1, 1),
+                                           pool=GraphResourcePool(dev.backend())))
+    client._tick()
+    assert len(runner.ready()) == 6
+    before = dev.calls["empty_cache"]
+    fake.publish({"decode": {"BATCHSIZE": [8], "SEQLEN": [8, 16]}})
+    client.clock.sleep(client.memory_interval)
+    client._tick()  # adopts, and releases gears 2 and 4 (no request in flight)
+    assert runner.ready() == [(8, 8), (8, 16)]
+    assert dev.calls["empty_cache"] == before + 1

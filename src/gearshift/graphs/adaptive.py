@@ -34,6 +34,7 @@ Lengths inputs (`lengths=`) are buffers of each graph, set to a chunk's real siz
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -269,7 +270,7 @@ class AdaptiveRunner:
         parts: list[Any] = [None] * len(chunks)
         ready = [self._ready(variant, want=True) is not None for _, variant in chunks]
         if any(ready):  # the capture window before the lock: a thread in the window may run
-            with outside_capture(), self._lock:  # this, and replays take the window
+            with outside_capture(), self._lock, self._ordered():  # this; replays take the window
                 for name, buffer in self._unbound.items():
                     buffer.copy_(tensors[name])
                 for i, (chunk, variant) in enumerate(chunks):
@@ -342,6 +343,12 @@ class AdaptiveRunner:
                 self.stats["captures"] += 1
             self.pool.remove_by_keys(old)
 
+    def _ordered(self) -> Any:
+        """The device's order across streams (`DeviceBackend.order`): a section that writes the
+        static buffers runs after every replay before it, on whatever stream."""
+        order = getattr(self.backend, "order", None)
+        return contextlib.nullcontext() if order is None else order.inside()
+
     def _ready(self, gears: Variant, want: bool = False) -> _Captured | None:
         """The graph of `gears`, else of the smallest ready variant covering it, else None;
         `want`: remember `gears` as wanted when it is not ready itself (the request path)."""
@@ -376,7 +383,7 @@ class AdaptiveRunner:
 
         @torch.no_grad()
         def replay(chunk: Chunk, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-            with outside_capture(), self._lock:  # the static buffers are the requests' too
+            with outside_capture(), self._lock, self._ordered():  # the buffers: requests' too
                 for name, buffer in self._unbound.items():
                     buffer.copy_(tensors[name])
                 t.fill(captured.inputs, tensors, chunk)

@@ -153,14 +153,65 @@ def _backend(kind: str, index: int) -> Backend:
     raise ConfigError("backend", f"unknown backend {kind!r}; expected cpu, cuda or npu")
 
 
+# Each private hook under every name it has had, newest first: a torch or torch_npu offers one.
+CUDA_HOOKS = {
+    "end_allocate": ("_cuda_endAllocateToPool", "_cuda_endAllocateCurrentStreamToPool"),
+    "release_pool": ("_cuda_releasePool",),
+    "clear_workspaces": ("_cuda_clearCublasWorkspaces",),
+}
+NPU_HOOKS = {  # torch_npu for torch 2.13 renamed the first (torch_npu/csrc/npu/Module.cpp)
+    "end_allocate": ("_npu_endAllocateToPool", "_npu_endAllocateCurrentStreamToPool"),
+    "release_pool": ("_npu_releasePool",),
+}
+
+
+def hooks(module: Any, names: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """The hooks `module` has, by role: the first of each role's names it offers, else None."""
+    return {role: next((getattr(module, n) for n in ns if hasattr(module, n)), None)
+            for role, ns in names.items()}
+
+
+def check_allocator(cuda: Any) -> None:
+    """BackendUnavailable unless the caching allocator is torch's native one: the
+    `cudaMallocAsync` backend (`PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync`) allows one
+    capture at a time in a process and keeps no graph pools, so a graph's memory can be neither
+    counted (`memory_reserved` does not show it) nor given back by a release."""
+    backend = getattr(cuda, "get_allocator_backend", lambda: "native")()
+    if backend != "native":
+        raise BackendUnavailable(
+            f"cuda: the {backend} allocator backend is in use; gearshift's graphs need torch's"
+            " native caching allocator (a private pool per graph, counted and given back on"
+            " release): unset `backend:cudaMallocAsync` in PYTORCH_CUDA_ALLOC_CONF"
+        )
+
+
+def _prime_cuda() -> None:
+    """The current thread's cuBLAS workspace on the current stream (`current_blas_handle`
+    makes it, no kernel), and its cuBLASLt one (one tiny bias GEMM, the Lt path)."""
+    torch.cuda.current_blas_handle()
+    a = torch.ones(8, 8, device="cuda", dtype=torch.bfloat16)
+    torch.addmm(a[0], a, a)
+
+
+def cuda_api(cuda: Any = None) -> DeviceApi:
+    """What the cuda backend uses of `cuda` (torch.cuda): the recovery hooks by any of their
+    names, and the "kept" workspace design where `MemPool` and `use_mem_pool` exist."""
+    cuda = torch.cuda if cuda is None else cuda
+    found = hooks(torch._C, CUDA_HOOKS)
+    kept = all(hasattr(cuda, n) for n in ("MemPool", "use_mem_pool", "current_blas_handle"))
+    extra = (cuda.MemPool, cuda.use_mem_pool, _prime_cuda) if kept else (None, None, None)
+    return DeviceApi("cuda", cuda, cuda.CUDAGraph, found["end_allocate"], found["release_pool"],
+                     found["clear_workspaces"], *extra)
+
+
 def cuda_backend(index: int) -> DeviceBackend:
-    """A new backend of CUDA device `index` (`get_backend` keeps one per device)."""
+    """A new backend of CUDA device `index` (`get_backend` keeps one per device):
+    BackendUnavailable without a device or with the cudaMallocAsync allocator backend."""
     if not torch.cuda.is_available():
         raise BackendUnavailable("cuda: torch.cuda is not available (no GPU or a CPU-only torch)")
     _check_index("cuda", index, torch.cuda.device_count())
-    names = ("_cuda_endAllocateToPool", "_cuda_releasePool", "_cuda_clearCublasWorkspaces")
-    hooks = (getattr(torch._C, n, None) for n in names)
-    return DeviceBackend(DeviceApi("cuda", torch.cuda, torch.cuda.CUDAGraph, *hooks), index)
+    check_allocator(torch.cuda)
+    return DeviceBackend(cuda_api(), index)
 
 
 def npu_backend(index: int, streams_per_graph: int = 1) -> DeviceBackend:
@@ -190,9 +241,8 @@ def npu_backend(index: int, streams_per_graph: int = 1) -> DeviceBackend:
     if not npu.is_available():
         raise BackendUnavailable("npu: torch_npu sees no NPU (check the CANN driver/toolkit)")
     _check_index("npu", index, npu.device_count())
-    names = ("_npu_endAllocateCurrentStreamToPool", "_npu_releasePool")
-    hooks = (getattr(torch_npu._C, n, None) for n in names)
-    api = DeviceApi("npu", npu, npu.NPUGraph, *hooks)
+    found = hooks(torch_npu._C, NPU_HOOKS)
+    api = DeviceApi("npu", npu, npu.NPUGraph, found["end_allocate"], found["release_pool"])
     cap = npu_graph_cap(streams_per_graph)
     return DeviceBackend(api, index, max_graphs=cap, limit_reason=NPU_LIMIT, share_streams=True,
                          streams_per_graph=streams_per_graph)

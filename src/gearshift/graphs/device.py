@@ -9,41 +9,35 @@ devices" and "Hazards on the device", says why each holds.
   drops that pool's use count to 0, which makes it freeable, and `collect()` (`empty_cache()`)
   returns its segments to the device. A pool id is never captured into twice, so the allocator's
   `use_count > 0` assertion (a capture into a pool whose graphs are all gone) cannot fire.
-- **A workspace per graph.** The cuBLAS workspaces are cleared (`clear_workspaces`) before the
-  warm-ups, before the recording and after it: a graph records with a workspace made in its own
-  pool, which lives and dies with it; warm-ups never run through a graph's workspace, and no
-  graph's reset frees what another recorded with.
-- **The capture window** (`GUARD`, one per process): a recording (`capture_begin` to
-  `capture_end`) is exclusive; what a capture forbids beside it takes the guard shared and waits
-  for it: device synchronizes, `empty_cache()`, resets, replays (their generator prologue),
-  and the user's own device-wide syncs and default-generator sampling (`outside_capture()`).
-  Captures run one at a time, on the backend's own stream, through `capture_begin(pool=,
-  capture_error_mode="thread_local")`: no device synchronize and no `empty_cache()`, which
-  `torch.cuda.graph` / `torch.npu.graph` do on entry. The warm-ups run first, outside the window.
-- **A failed capture** is always ended (`capture_end` after a begun one, whatever failed),
-  resets its graph and gives its pool back (ending the allocator's recording into it with its
-  own hooks when torch's `capture_end` could not) and, if it had begun, makes one good empty
-  capture so that the default generator leaves capture mode; then it raises, and the pool is
-  never used again. A pool that could not be ended (no hook) stays recording in the allocator:
-  `collect()` then never calls `empty_cache()` again in this process (it would assert). When
-  the hook had to end it, torch had not ended the pinned-host allocator's recording either,
-  which no Python hook can: its entry reads the CUDAGraph on every pinned allocation, so that
-  graph (reset) is kept for the life of the process (`_KEPT`, `stats["host_pools_left"]`).
-  A capture refused for want of device streams (npu 207008) raises GraphLimit and the
-  backend refuses captures (`full`) until a graph is released.
-- **Streams shared by the processes of a device** (npu): with a `streams` ledger
-  (`graphs.streams`; a worker's is `shm.streams.StreamLedger`), each graph counts
-  `streams_per_graph` in it from before its capture until its reset; a capture that would
-  take the device's processes past the budget raises GraphLimit, naming what they hold,
-  before anything is tried.
+- **Workspaces** (`graphs.workspaces`): where the torch has `MemPool`, `use_mem_pool` and
+  `current_blas_handle`, every graph records with the capturing thread's cuBLAS workspace kept
+  in a pool of the backend's own ("kept": a graph's pool holds its activations only); else each
+  graph makes one in its own pool ("per_graph"). Either way no reset and no clear frees a
+  workspace a live graph uses to anyone else. The warm-ups run on a stream of their own
+  (`warm_stream`), never through a workspace a graph recorded with; every replay runs in the
+  backend's one order across streams (`order`: a replay starts after the one before it).
+- **The capture window** (`GUARD`, one per process): a recording is exclusive; what a capture
+  forbids beside it takes the guard shared and waits for it (device synchronizes,
+  `empty_cache()`, resets, replays, `outside_capture()`). Captures run one at a time, on the
+  backend's own stream, through `capture_begin(pool=, capture_error_mode="thread_local")`: no
+  device synchronize and no `empty_cache()` (`torch.cuda.graph` does both on entry).
+- **A failed capture** is always ended, resets its graph and gives its pool back (with the
+  allocator's hooks when torch's `capture_end` could not) and, if it had begun, makes one good
+  empty capture so that the default generator leaves capture mode (`abandon`); a pool no hook
+  could end leaves `collect()` off for the process, and a graph the pinned-host allocator may
+  still read is kept (`_STUCK`, `_KEPT`). A capture refused for want of device streams (npu
+  207008) raises GraphLimit and the backend refuses captures (`full`) until a release.
+- **Streams shared by the processes of a device** (npu, `graphs.streams`): each graph counts
+  `streams_per_graph` in the device's ledger from before its capture until its reset.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +48,7 @@ from gearshift.graphs import streams
 from gearshift.graphs.window import GUARD as GUARD
 from gearshift.graphs.window import CaptureGuard as CaptureGuard
 from gearshift.graphs.window import outside_capture as outside_capture
+from gearshift.graphs.workspaces import Order, Workspaces
 
 log = logging.getLogger(__name__)
 CAPTURE_MODE = "thread_local"  # other threads' allocations do not void the capture
@@ -77,7 +72,10 @@ class DeviceApi:
     `end_allocate` and `release_pool(index, pool)` are the allocator's own `endAllocateToPool` /
     `releasePool` (what `torch.cuda.use_mem_pool` calls on exit), used only to give back the
     pool of a capture whose end failed. `clear_workspaces`: frees the process's cuBLAS
-    workspaces (`torch._C._cuda_clearCublasWorkspaces`; None: the device keeps none)."""
+    workspaces (`torch._C._cuda_clearCublasWorkspaces`; None: the device keeps none).
+    `mem_pool`, `use_mem_pool`, `prime_workspace`: `torch.cuda.MemPool`, `use_mem_pool` and a
+    call that makes the current thread's workspaces on the current stream (None: the "kept"
+    workspace design is not offered; `graphs.workspaces`)."""
 
     kind: str
     module: Any
@@ -85,6 +83,9 @@ class DeviceApi:
     end_allocate: Callable[[int, Any], None] | None = None
     release_pool: Callable[[int, Any], None] | None = None
     clear_workspaces: Callable[[], None] | None = None
+    mem_pool: Callable[[], Any] | None = None
+    use_mem_pool: Callable[[Any], Any] | None = None
+    prime_workspace: Callable[[], Any] | None = None
 
 
 class DeviceBackend:
@@ -115,6 +116,11 @@ class DeviceBackend:
         self.full = False
         with api.module.device(index):
             self.stream = api.module.Stream()
+            self.warm_stream = api.module.Stream()  # round-robin: not `stream` (the next one)
+        self.order = Order(api.module, index)
+        self.workspaces = Workspaces(api, index, self.order)
+        self._collects = [0, 0]  # `collecting()` blocks open, collects deferred to their end
+        self._collect_lock = threading.Lock()
         self.stats = {"captures": 0, "capture_failures": 0, "collects": 0, "collects_skipped": 0,
                       "stream_refusals": 0, "budget_refusals": 0, "host_pools_left": 0}
 
@@ -130,13 +136,29 @@ class DeviceBackend:
         """The caller's current stream only: safe beside a capture."""
         self.api.module.current_stream(self.index).synchronize()
 
-    def clear_workspaces(self) -> None:
-        if self.api.clear_workspaces is not None:
-            self.api.clear_workspaces()
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[None]:
+        """Collects asked for inside run once, at the end (several releases of one tick)."""
+        with self._collect_lock:
+            self._collects[0] += 1
+        try:
+            yield
+        finally:
+            with self._collect_lock:
+                self._collects[0] -= 1
+                due = self._collects == [0, 1]
+                self._collects[1] *= not due
+            if due:
+                self.collect()
 
     def collect(self) -> bool:
         """Return the memory of released graphs to the device (`empty_cache()`), unless a
-        capture is underway (waits for it) or a failed one left a pool recording (skipped)."""
+        capture is underway (waits for it) or a failed one left a pool recording (skipped);
+        inside `collecting()`, once at its end (True meanwhile)."""
+        with self._collect_lock:
+            if self._collects[0]:
+                self._collects[1] = 1
+                return True
         with GUARD.shared():
             if _STUCK:
                 self.stats["collects_skipped"] += 1
@@ -172,7 +194,7 @@ class DeviceBackend:
         On failure the graph and its pool are given back (`abandon`) and the error raised
         (GraphLimit when the device has no stream left)."""
         with GUARD.exclusive():
-            self.clear_workspaces()  # the warm-ups' go: this graph makes its own, in its pool
+            self.workspaces.before_record()
             before = self.reserved()
             try:
                 graph.capture_begin(pool=pool, capture_error_mode=CAPTURE_MODE)
@@ -192,7 +214,7 @@ class DeviceBackend:
                 self.abandon(graph, pool, began=True, ended=True)
                 self._out_of_streams(e)
                 raise
-            self.clear_workspaces()  # freed into its pool, which keeps them for its replays
+            self.workspaces.after_record()
             self.stats["captures"] += 1
             after = self.reserved()
             held = None if before is None or after is None else max(after - before, 0)
@@ -256,7 +278,7 @@ class DeviceBackend:
         try:
             self._give_back(graph, pool)
         finally:
-            self.clear_workspaces()
+            self.workspaces.after_record()
             if began:
                 self.restore()
 
@@ -308,10 +330,10 @@ class DeviceBackend:
 
 
 class DeviceGraph:
-    """One graph of a device backend: `capture()` warms `fn` up on the backend's stream, then
-    records it into a pool of its own (`pool_bytes`: what the allocator reserved while it
-    recorded, None before or when it cannot tell); `replay()` runs on the caller's current
-    stream."""
+    """One graph of a device backend: `capture()` warms `fn` up on the backend's warm-up stream,
+    then records it on its capture stream into a pool of its own (`pool_bytes`: what the
+    allocator reserved while it recorded, None before or when it cannot tell); `replay()` runs
+    on the caller's current stream."""
 
     def __init__(self, backend: DeviceBackend, fn: Callable[[], Any]) -> None:
         self.backend = backend
@@ -332,12 +354,15 @@ class DeviceGraph:
         try:
             with mod.device(backend.index):
                 caller = mod.current_stream()
-                backend.stream.wait_stream(caller)  # the caller's writes (buffers) come first
-                with mod.stream(backend.stream):
-                    with GUARD.shared():  # none records with what the warm-ups use
-                        backend.clear_workspaces()
+                backend.warm_stream.wait_stream(caller)  # the caller's writes come first
+                backend.stream.wait_stream(caller)
+                with mod.stream(backend.warm_stream):
+                    with GUARD.shared():
+                        backend.workspaces.before_warmups()
                     for _ in range(backend.warmup):
                         self.fn()
+                backend.stream.wait_stream(backend.warm_stream)
+                with mod.stream(backend.stream):
                     self.outputs, self.pool_bytes = backend.record(
                         self.graph, backend.new_pool(), self.fn)
                     self.held = True
@@ -349,9 +374,21 @@ class DeviceGraph:
         return self.outputs
 
     def replay(self) -> None:
-        """On the caller's stream, outside a capture (its generator prologue would fail)."""
-        with GUARD.shared():
+        """On the caller's stream, outside a capture (its generator prologue would fail),
+        after every replay before it on any stream (`DeviceBackend.order`)."""
+        with GUARD.shared(), self.backend.order.inside():
             self.graph.replay()
+
+    def timed_replay(self, clock: Any) -> float:
+        """One replay's seconds by `clock`, its stream idle before and after (what came before
+        on it and the replay it is ordered after, not other streams' later work)."""
+        with GUARD.shared(), self.backend.order.inside():
+            stream = self.backend.api.module.current_stream(self.backend.index)
+            stream.synchronize()
+            began = clock.now()
+            self.graph.replay()
+            stream.synchronize()
+            return float(clock.now() - began)
 
     def reset(self) -> None:
         """Drop the graph and its outputs: its pool becomes freeable (`collect()` frees it)."""

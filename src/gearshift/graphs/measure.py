@@ -9,7 +9,8 @@ A graph's cost (`GraphCost`) is what `core.costs.Measurement` holds for each of 
   cuBLAS workspace; another thread's allocation in that window counts too), on the cpu its
   outputs. Its inputs are views of the runner's static buffers, shared by all its graphs and
   sized by the largest gear whichever gears are held: no graph's bytes;
-- replay seconds: the median of `replays` replays, each synchronised, made before the graph
+- replay seconds: the median of `replays` replays, each synchronised (a device graph's on its
+  own stream, after the replays before it: `DeviceGraph.timed_replay`), made before the graph
   serves any request (its outputs are its own; it reads the shared static inputs only):
   REPLAYS on a device, CPU_REPLAYS on the cpu, where a replay re-runs the function and so
   costs a capture.
@@ -90,6 +91,10 @@ class Meter:
         times = []
         try:
             for _ in range(self.replays):
+                timed = getattr(graph, "timed_replay", None)  # a device graph's: its stream's
+                if timed is not None:  # syncs, not the device's (others' queued work)
+                    times.append(timed(self.clock))
+                    continue
                 start = self.now()
                 if start is None:
                     return None

@@ -21,6 +21,7 @@ as a `Host` (docs/architecture.md, "Worker side").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -252,10 +253,12 @@ class Profile(Router):
             self._releases = [r for r in self._releases if r not in due]
             gears = self._in_use.gears
         released = 0
-        for _, dim, gear in due:
-            if gear not in gears[dim]:
-                try:
-                    released += runner.release(dim, gear)
-                except Exception:
-                    log.exception("profile %r: releasing %s=%d failed", self.name, dim, gear)
+        collecting = getattr(getattr(runner, "backend", None), "collecting", None)
+        with collecting() if collecting is not None else contextlib.nullcontext():  # 1 collect
+            for _, dim, gear in due:
+                if gear not in gears[dim]:
+                    try:
+                        released += runner.release(dim, gear)
+                    except Exception:
+                        log.exception("profile %r: releasing %s=%d failed", self.name, dim, gear)
         return released

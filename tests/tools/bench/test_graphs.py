@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
 import torch
 from click.testing import CliRunner
 from graphs.fake_device import FakeCuda
@@ -44,13 +43,15 @@ def test_bench_graphs_on_the_cpu_backend_reports_every_figure() -> None:
 
 
 def test_the_memory_figures_on_the_fake_device() -> None:
+    """Every block multiplies through a 32 MiB cuBLAS workspace (sm90's): the graphs' bytes are
+    their activations (the kept workspace is the backend's), and a release returns them."""
     fake = FakeCuda(total=1 << 34)
     backend = fake.backend()
-    model = Model(32, 2, 2, "cpu", op=fake.op)
+    model = Model(32, 2, 2, "cpu", op=fake.blas)
     probe = Probe(backend)
     runner = make_runner(model, backend, "cpu")
     held = capture_all(runner, probe)
-    assert all(n > 0 for _, n in held.values())
+    assert all(0 < n < 8 << 20 for _, n in held.values())
     m = memory(runner, probe, held)
     assert m["released_graphs"] == len(RELEASED) * len(SEQ)
     assert m["memory_returned_bytes"] == m["released_graph_bytes"] > 0
@@ -88,12 +89,3 @@ def test_requests_beside_captures_on_the_fake_device_break_nothing() -> None:
         assert lat[phase]["requests"] > 0 and lat[phase]["errors"] == lat[phase]["wrong"] == 0
     assert fake.calls["stream_synchronize"] >= lat["capturing"]["requests"]
     assert backend.stats["capture_failures"] == 0
-
-
-def test_the_gpu_check_says_it_skipped_without_cuda() -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is here: tools/gpu/check.sh runs the probes")
-    from gearshift.tools.bench import graphs_gpu
-
-    assert graphs_gpu.main() == {"torch": torch.__version__, "cuda": False,
-                                 "skipped": "no CUDA device"}

@@ -63,7 +63,8 @@ class SharedPool(DeviceBackend):
 
     def __init__(self, base: DeviceBackend) -> None:
         super().__init__(base.api, base.index, base.warmup)
-        self.stream = base.stream
+        self.stream, self.warm_stream = base.stream, base.warm_stream
+        self.order, self.workspaces = base.order, base.workspaces  # the same kept workspaces
         self._pool: Any = None
 
     def new_pool(self) -> Any:
@@ -114,8 +115,9 @@ class Probe:
 
 def capture_all(runner: AdaptiveRunner, probe: Probe) -> dict[tuple[int, int], tuple[float, Any]]:
     """Per variant: (capture seconds, bytes held or None). A first capture, released, makes the
-    process's lasting state (cuBLAS handles, kernels loaded), which is no graph's memory; each
-    graph's cuBLAS workspace is in its own pool, so in its bytes."""
+    process's lasting state (cuBLAS handles and the backend's kept workspaces, kernels loaded),
+    which is no graph's memory; in the "per_graph" workspace design each graph's cuBLAS
+    workspace is in its own pool, so in its bytes."""
     runner.capture([{"BATCHSIZE": BATCH[0], "SEQLEN": SEQ[0]}])
     runner.release("BATCHSIZE", BATCH[0])
     out = {}
