@@ -223,8 +223,10 @@ class Client:
             self.memory = backend.mem_get_info
         self._swap.wake()
 
-    def _tick(self) -> None:
-        """One round of the swap thread (the owner's, when made with background=False)."""
+    def _tick(self) -> bool:
+        """One round of the swap thread (the owner's, when made with background=False); False
+        when it left nothing to do: attached, every profile registered (or refused) and
+        settled (the swap thread then waits longer: `swap.IDLE_INTERVALS`)."""
         now = self.clock.now()
         if self.registry is None:
             self._attach(strict=False)
@@ -237,11 +239,12 @@ class Client:
         profiles = list(self._profiles.values())
         for prof in profiles:
             prof._maintain()
-        applied = self._seen if all(p.settled for p in profiles) else self.applied
+        settled = all(p.settled for p in profiles)
+        applied = self._seen if settled else self.applied
         registry, slot, ring = self.registry, self.slot, self.ring
         closed = self.state == lifecycle.CLOSED
         if closed or registry is None or slot is None or not isinstance(ring, EventRing):
-            return
+            return not closed
         if applied != self.applied or now >= self._next_beat:
             registry.beat(slot, self._now_ns(), applied, ring.dropped)
             self.applied, self._next_beat = applied, now + self.heartbeat_interval
@@ -249,6 +252,7 @@ class Client:
             self._next_memory = now + self.memory_interval
             free, total = self.memory()
             ring.put_memory(self._now_ns(), free, total)
+        return not settled or any(not p.registered and p.rejected is None for p in profiles)
 
     def _swap_thread(self, background: bool) -> SwapThread:
         return SwapThread(self._tick, lambda: self.poll_interval, lambda e: self._warn(
