@@ -316,3 +316,30 @@ def test_buffer_bytes_are_the_static_buffers_at_the_largest_gears_captured() -> 
     assert r.buffer_bytes() == {"BATCHSIZE": (4, size, size), "SEQLEN": (16, size, size)}
     r.capture([{"BATCHSIZE": 8, "SEQLEN": 16}])  # beyond the buffers: larger ones
     assert r.buffer_bytes()["BATCHSIZE"] == (8, 2 * size, 2 * size)
+
+
+def test_a_route_is_replayed_as_given_with_no_lookup_of_the_runners_own() -> None:
+    """A route found elsewhere (another process's router of the same profile) runs as is: its
+    variant's graph, though the runner's gears would pick a smaller one; a split route's
+    chunks, though its gears would pick one; an eager route eagerly."""
+    shapes: list[tuple[int, ...]] = []
+
+    def seen(x: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        shapes.append(tuple(x.shape))
+        return model(x, mask, scale)
+
+    r = make(fn=seen)
+    r.capture(all_variants(r))
+    shapes.clear()
+    t = call(1, 3)
+    sizes = r.transform.check(t)
+    one = gs.Route(7, {"BATCHSIZE": (4,), "SEQLEN": (16,)}, (4, 16))
+    torch.testing.assert_close(r.run(t, sizes, one), model(**t))
+    assert shapes == [(4, 16, H)]
+    t = call(3, 3)
+    split = gs.Route(7, {"BATCHSIZE": (2, 1), "SEQLEN": (8,)})
+    torch.testing.assert_close(r.run(t, r.transform.check(t), split), model(**t))
+    assert shapes[1:] == [(2, 8, H), (1, 8, H)]
+    eager = gs.Route(7, {"BATCHSIZE": (4,), "SEQLEN": ()})
+    torch.testing.assert_close(r.run(t, r.transform.check(t), eager), model(**t))
+    assert shapes[3:] == [(3, 3, H)] and r.stats["eager"] == 1 and r.stats["replays"] == 3

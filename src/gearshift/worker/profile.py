@@ -253,7 +253,7 @@ class Profile(Router):
                 self._measured.flush(self._write, now, self.id, in_use.version)
         except Exception:
             self._measured.failures += 1
-            if self._measured.failures == 1:  # once: the swap thread ticks 20 times a second
+            if self._measured.failures == 1:  # once: the swap thread ticks often
                 log.exception("profile %r: reporting measurements failed", self.name)
 
     def _release_due(self, runner: Runner) -> int:
