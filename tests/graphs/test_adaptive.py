@@ -163,12 +163,15 @@ def test_a_call_replays_the_smallest_ready_variant_covering_it() -> None:
 
 def test_chunks_remember_the_variants_they_wanted_until_taken() -> None:
     r = make(s_splittable=True)
+    woken: list[tuple[int, ...]] = []
+    r.on_want = lambda: woken.append(list(r._wanted)[-1])
     assert r.take_wanted() == []
     check(r, 3, 9)  # nothing ready: eager, and (4, 16) is wanted
     r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}])
     for b, s in [(1, 3), (4, 16), (1, 5), (4, 40)]:  # (4, 16) ready: not wanted again
         check(r, b, s)  # 40 = 16 + 16 + 8: the (4, 8) chunk runs on (4, 16), wanted
     assert r.take_wanted() == [(4, 16), (1, 8), (4, 8)]  # first wanted first, each once
+    assert woken == [(4, 16), (1, 8), (4, 8)]  # each woke the swap thread once
     assert r.take_wanted() == [] and r.stats["eager"] == 1 and r.stats["replays"] == 6
 
 

@@ -13,7 +13,8 @@ under `_lock`), with the key the device's GraphResourcePool released it by.
 The request path never captures: it runs the chunks of its `Route` (`core.dims`, as the
 profile's router found them; one lookup), a chunk whose variant is not ready on the smallest
 ready variant that covers it, else eagerly, its variant remembered as wanted (at most
-MAX_WANTED) until the warm-up thread takes them (`take_wanted`). Replays are serialised (the
+MAX_WANTED; `on_want` is called when one is first wanted) until the warm-up thread takes them
+(`take_wanted`). Replays are serialised (the
 variants share the buffers and their outputs) under `_lock`, inside the capture window
 (`graphs.window`); eager chunks run outside both. Every input must have the example's dtype
 (a graph cannot return another). Captures run on the caller's thread, meant to be a warm-up
@@ -104,6 +105,7 @@ class AdaptiveRunner:
                            replays_for(self.backend) if replays is None else replays)
         self.measured: deque[tuple[dict[str, int], GraphCost]] = deque(maxlen=MAX_MEASURED)
         self._wanted: dict[Variant, None] = {}  # written by request threads, swapped by take
+        self.on_want: Callable[[], None] | None = None  # a variant first wanted (a profile's wake)
         self._unbound = {
             n: example[n].clone() for n in transform.inputs if n not in transform.bound
         }
@@ -360,8 +362,10 @@ class AdaptiveRunner:
         variants = self._variants
         if gears in variants:
             return variants[gears]
-        if want and len(wanted := self._wanted) < MAX_WANTED:
+        if want and gears not in (wanted := self._wanted) and len(wanted) < MAX_WANTED:
             wanted[gears] = None
+            if self.on_want is not None:
+                self.on_want()
         covering = [g for g in variants if all(map(operator.ge, g, gears))]
         best = min(covering, key=lambda g: (math.prod(g), g), default=None)
         return None if best is None else variants[best]

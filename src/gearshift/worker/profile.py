@@ -123,6 +123,8 @@ class Profile(Router):
         with self._lock:
             self._runner = runner
             runner.gears = self._in_use.gears  # the same object: gears live in one place
+        if hasattr(runner, "on_want"):  # a variant a request wants wakes the swap thread
+            runner.on_want = self._host._wake
         self._host._attached(runner)
         return runner
 

@@ -1,17 +1,17 @@
 """The client's swap thread: a daemon thread that runs `tick` every `interval()` seconds, or at
 once when woken, until stopped (with `background=False` no thread runs: the owner calls `tick`
 itself). A tick that returns False (it left nothing to do) is followed by a wait of
-IDLE_INTERVALS intervals instead: an idle worker's thread wakes a few times a second, not 20,
-and whatever gives it work (a request that sees a new snapshot, drained gears, an attached
-runner) wakes it at once. A tick that raises is handed to `failed` and the loop goes on:
-nothing the thread meets reaches the request path."""
+IDLE_INTERVALS intervals instead: an idle worker's thread wakes twice a second, not 20 times,
+and whatever gives it work (a request that sees a new snapshot or wants a graph not captured,
+drained gears, an attached runner) wakes it at once. A tick that raises is handed to `failed`
+and the loop goes on: nothing the thread meets reaches the request path."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 
-IDLE_INTERVALS = 5  # an idle tick's wait, in intervals (20 Hz -> 4 Hz at the default 50 ms)
+IDLE_INTERVALS = 10  # an idle tick's wait, in intervals (20 Hz -> 2 Hz at the default 50 ms)
 
 
 class SwapThread:
