@@ -40,6 +40,11 @@ def test_bench_reports_every_arm_and_leaves_no_segment() -> None:
                                                for c in ("live", "quiet", "adopting"))):
         assert data[f"{arm}_wall_us"] > 0 and data[f"{arm}_cpu_us"] > 0, arm
     assert len(data["runner_live_minus_static_cpu_us_range"]) == 2
+    # model(x) reaches the replay in three gearshift frames: Compiled.__call__, Profile.run,
+    # AdaptiveRunner.run; profile.run in two
+    assert data["compile_gearshift_frames_at_replay"] == 3
+    assert data["runner_gearshift_frames_at_replay"] == 2
+    assert 0 < data["runner_gearshift_calls_per_step"] < data["compile_gearshift_calls_per_step"]
     assert 0 <= data["idle_swap_thread_cpu_per_s"] < 1
     assert 0 <= data["idle_controller_cpu_per_s"] < 1
     assert not [n for n in os.listdir("/dev/shm") if f"bench-step-{os.getpid()}" in n]

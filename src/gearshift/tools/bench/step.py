@@ -20,7 +20,9 @@ arms, interleaved batch by batch in one run:
 Per arm and step: wall and CPU microseconds (the process's, every thread: request, swap and
 adopting threads) and the request thread's CPU; per gearshift arm its difference to its static
 arm, batch by batch, as median and range; then, with no request, the CPU seconds per second of
-the swap thread and of the controller process (idle).
+the swap thread and of the controller process (idle). Times move with the machine's load; so
+one step of each path is also counted, which no load moves: the Python calls into gearshift's
+modules (`tools/` left out) and the gearshift frames on the stack when the graph replays.
 """
 
 from __future__ import annotations
@@ -175,6 +177,36 @@ def _batch(call: Callable[[torch.Tensor], Any],
     return (w1 - w0) / n, (p1 - p0) / n, (t1 - t0) / n
 
 
+def _calls(call: Callable[[torch.Tensor], Any], x: torch.Tensor) -> tuple[int, int]:
+    """One step of `call`: the Python calls into gearshift (its `tools/` left out), and the
+    gearshift frames on the stack when the graph replays (the replay's own left out)."""
+    calls, frames = 0, []
+
+    def ours(code: Any) -> bool:
+        name = code.co_filename.replace(os.sep, "/")
+        return "/gearshift/" in name and "/gearshift/tools/" not in name
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if event != "call" or not ours(frame.f_code):
+            return
+        calls += 1
+        if frame.f_code.co_name == "replay" and not frames:
+            up, n = frame.f_back, 0
+            while up is not None:
+                n += ours(up.f_code)
+                up = up.f_back
+            frames.append(n)
+
+    call(x)
+    sys.setprofile(count)
+    try:
+        call(x)
+    finally:
+        sys.setprofile(None)
+    return calls, frames[0] if frames else 0
+
+
 def _wait_ready(runners: list[Any], bench: _Bench) -> None:
     deadline = time.monotonic() + READY_SECONDS
     while any(len(r.ready()) < len(GEARS) for r in runners):
@@ -221,6 +253,10 @@ def run(batches: int, batch: int, idle_seconds: float) -> dict[str, Any]:
                 for name, call in calls.items():
                     assert torch.equal(call(x), want), name
             out = _arms(bench, calls, inputs, batches)
+            for name in ("runner", "compile"):
+                n, frames = _calls(calls[name], inputs[0])
+                out[f"{name}_gearshift_calls_per_step"] = n
+                out[f"{name}_gearshift_frames_at_replay"] = frames
             out.update(_idle(bench, idle_seconds))
             assert runner.stats["eager"] == 0 and compiled.stats["eager"] == 0, \
                 "a step ran eagerly: the arms would not compare graphs"
