@@ -346,3 +346,16 @@ def test_a_route_is_replayed_as_given_with_no_lookup_of_the_runners_own() -> Non
     eager = gs.Route(7, {"BATCHSIZE": (4,), "SEQLEN": ()})
     torch.testing.assert_close(r.run(t, r.transform.check(t), eager), model(**t))
     assert shapes[3:] == [(3, 3, H)] and r.stats["eager"] == 1 and r.stats["replays"] == 3
+
+
+def test_a_route_that_does_not_cover_the_call_is_refused() -> None:
+    r = make(s_splittable=True)
+    r.capture(all_variants(r))
+    t = call(3, 9)
+    sizes = r.transform.check(t)
+    for route in (gs.Route(1, {"BATCHSIZE": (2,), "SEQLEN": (16,)}, (2, 16)),  # 3 rows > 2
+                  gs.Route(1, {"BATCHSIZE": (2,), "SEQLEN": (8, 8)}),  # 3 rows > 2
+                  gs.Route(1, {"BATCHSIZE": (4,), "SEQLEN": (8, 8, 8)})):  # a chunk past 9
+        with pytest.raises(gs.ShapeError, match="route"):
+            r.run(t, sizes, route)
+    assert r.stats["replays"] == r.stats["eager"] == 0
