@@ -224,9 +224,7 @@ class Client:
         self._swap.wake()
 
     def _tick(self) -> bool:
-        """One round of the swap thread (the owner's, when made with background=False); False
-        when it left nothing to do: attached, every profile registered (or refused) and
-        settled (the swap thread then waits longer: `swap.IDLE_INTERVALS`)."""
+        """One swap thread round (the owner's, if background=False); False: idle (`swap.py`)."""
         now = self.clock.now()
         if self.registry is None:
             self._attach(strict=False)
@@ -239,8 +237,7 @@ class Client:
         profiles = list(self._profiles.values())
         for prof in profiles:
             prof._maintain()
-        settled = all(p.settled for p in profiles)
-        applied = self._seen if settled else self.applied
+        applied = self._seen if (settled := all(p.settled for p in profiles)) else self.applied
         registry, slot, ring = self.registry, self.slot, self.ring
         closed = self.state == lifecycle.CLOSED
         if closed or registry is None or slot is None or not isinstance(ring, EventRing):

@@ -1,6 +1,7 @@
 """The client's swap thread: a daemon thread that runs `tick` every `interval()` seconds, or at
 once when woken, until stopped (with `background=False` no thread runs: the owner calls `tick`
-itself). A tick that returns False (it left nothing to do) is followed by a wait of
+itself). A tick that returns False (it left nothing to do: the client's is attached, every
+profile answered by the controller and settled) is followed by a wait of
 IDLE_INTERVALS intervals instead: an idle worker's thread wakes twice a second, not 20 times,
 and whatever gives it work (a request that sees a new snapshot or wants a graph not captured,
 drained gears, an attached runner) wakes it at once. A tick that raises is handed to `failed`
