@@ -163,12 +163,15 @@ def test_a_call_replays_the_smallest_ready_variant_covering_it() -> None:
 
 def test_chunks_remember_the_variants_they_wanted_until_taken() -> None:
     r = make(s_splittable=True)
+    woken: list[tuple[int, ...]] = []
+    r.on_want = lambda: woken.append(list(r._wanted)[-1])
     assert r.take_wanted() == []
     check(r, 3, 9)  # nothing ready: eager, and (4, 16) is wanted
     r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}])
     for b, s in [(1, 3), (4, 16), (1, 5), (4, 40)]:  # (4, 16) ready: not wanted again
         check(r, b, s)  # 40 = 16 + 16 + 8: the (4, 8) chunk runs on (4, 16), wanted
     assert r.take_wanted() == [(4, 16), (1, 8), (4, 8)]  # first wanted first, each once
+    assert woken == [(4, 16), (1, 8), (4, 8)]  # each woke the swap thread once
     assert r.take_wanted() == [] and r.stats["eager"] == 1 and r.stats["replays"] == 6
 
 
@@ -316,3 +319,43 @@ def test_buffer_bytes_are_the_static_buffers_at_the_largest_gears_captured() -> 
     assert r.buffer_bytes() == {"BATCHSIZE": (4, size, size), "SEQLEN": (16, size, size)}
     r.capture([{"BATCHSIZE": 8, "SEQLEN": 16}])  # beyond the buffers: larger ones
     assert r.buffer_bytes()["BATCHSIZE"] == (8, 2 * size, 2 * size)
+
+
+def test_a_route_is_replayed_as_given_with_no_lookup_of_the_runners_own() -> None:
+    """A route found elsewhere (another process's router of the same profile) runs as is: its
+    variant's graph, though the runner's gears would pick a smaller one; a split route's
+    chunks, though its gears would pick one; an eager route eagerly."""
+    shapes: list[tuple[int, ...]] = []
+
+    def seen(x: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        shapes.append(tuple(x.shape))
+        return model(x, mask, scale)
+
+    r = make(fn=seen)
+    r.capture(all_variants(r))
+    shapes.clear()
+    t = call(1, 3)
+    sizes = r.transform.check(t)
+    one = gs.Route(7, {"BATCHSIZE": (4,), "SEQLEN": (16,)}, (4, 16))
+    torch.testing.assert_close(r.run(t, sizes, one), model(**t))
+    assert shapes == [(4, 16, H)]
+    t = call(3, 3)
+    split = gs.Route(7, {"BATCHSIZE": (2, 1), "SEQLEN": (8,)})
+    torch.testing.assert_close(r.run(t, r.transform.check(t), split), model(**t))
+    assert shapes[1:] == [(2, 8, H), (1, 8, H)]
+    eager = gs.Route(7, {"BATCHSIZE": (4,), "SEQLEN": ()})
+    torch.testing.assert_close(r.run(t, r.transform.check(t), eager), model(**t))
+    assert shapes[3:] == [(3, 3, H)] and r.stats["eager"] == 1 and r.stats["replays"] == 3
+
+
+def test_a_route_that_does_not_cover_the_call_is_refused() -> None:
+    r = make(s_splittable=True)
+    r.capture(all_variants(r))
+    t = call(3, 9)
+    sizes = r.transform.check(t)
+    for route in (gs.Route(1, {"BATCHSIZE": (2,), "SEQLEN": (16,)}, (2, 16)),  # 3 rows > 2
+                  gs.Route(1, {"BATCHSIZE": (2,), "SEQLEN": (8, 8)}),  # 3 rows > 2
+                  gs.Route(1, {"BATCHSIZE": (4,), "SEQLEN": (8, 8, 8)})):  # a chunk past 9
+        with pytest.raises(gs.ShapeError, match="route"):
+            r.run(t, sizes, route)
+    assert r.stats["replays"] == r.stats["eager"] == 0

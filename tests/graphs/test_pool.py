@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gearshift.graphs.backends import CpuBackend
-from gearshift.graphs.pool import GraphLimit, GraphResourcePool, KeyGearIndex
+from gearshift.graphs.pool import GraphLimit, GraphResourcePool
 from graphs.fake_device import FakeCuda
 
 
@@ -37,35 +37,22 @@ def test_get_pool_is_a_per_device_singleton() -> None:
     assert GraphResourcePool.get_pool(0) is not GraphResourcePool.get_pool(1)
 
 
-def test_keys_are_unique_and_pending_per_thread() -> None:
+def test_keys_are_unique_across_threads() -> None:
     pool = GraphResourcePool(CpuBackend())
-    log: list[str] = []
     barrier = threading.Barrier(4)
-    got: dict[int, tuple[list[int], list[int]]] = {}
+    got: dict[int, list[int]] = {}
 
     def worker(i: int) -> None:
         barrier.wait()
-        mine = [pool.register(Resource(log)) for _ in range(50)]
-        got[i] = (mine, pool.consume_recent_keys())
+        got[i] = [pool.register(Resource([])) for _ in range(50)]
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=10)
-    assert all(registered == consumed for registered, consumed in got.values())
-    all_keys = [k for registered, _ in got.values() for k in registered]
+    all_keys = [k for registered in got.values() for k in registered]
     assert len(set(all_keys)) == 200 and len(pool) == 200
-    assert pool.consume_recent_keys() == []  # the main thread registered nothing
-
-
-def test_consume_drains() -> None:
-    pool = GraphResourcePool(CpuBackend())
-    keys = [pool.register(Resource([])) for _ in range(3)]
-    assert pool.consume_recent_keys() == keys
-    assert pool.consume_recent_keys() == []
-    k = pool.register(Resource([]))
-    assert pool.consume_recent_keys() == [k]
 
 
 def test_remove_by_keys_is_idempotent_and_synchronizes_first() -> None:
@@ -91,29 +78,6 @@ def test_the_cap_comes_from_the_backend_and_admit_refuses_past_it() -> None:
     pool.register(Resource([]))
     with pytest.raises(GraphLimit, match="cpu:0 holds 2 graphs, its cap being 2: two streams"):
         pool.admit()
-
-
-def test_key_gear_release_frees_every_variant_of_a_gear() -> None:
-    log: list[str] = []
-    pool = GraphResourcePool(CpuBackend())
-    index = KeyGearIndex()
-    variants = {(32, 128): 2, (32, 256): 1, (16, 128): 3}  # graph breaks: several keys each
-    keys = {}
-    for (b, s), n in variants.items():
-        for _ in range(n):
-            pool.register(Resource(log))
-        keys[b, s] = pool.consume_recent_keys()
-        index.attach(keys[b, s], [("BATCHSIZE", b), ("SEQLEN", s)])
-
-    removed = index.detach(("BATCHSIZE", 32))
-    assert removed == sorted(keys[32, 128] + keys[32, 256])
-    assert pool.remove_by_keys(removed) == 3 and len(log) == 3
-    # SEQLEN 128 kept the keys of (16, 128) only: the shared ones were released once
-    assert index.keys(("SEQLEN", 128)) == frozenset(keys[16, 128])
-    assert index.keys(("SEQLEN", 256)) == frozenset()
-    assert pool.remove_by_keys(index.detach(("SEQLEN", 128))) == 3
-    assert pool.remove_by_keys(removed) == 0 and len(pool) == 0 and len(log) == 6
-    assert index.detach(("BATCHSIZE", 32)) == []
 
 
 def test_releases_of_one_tick_give_their_memory_back_in_one_empty_cache() -> None:

@@ -14,6 +14,7 @@ from graphs.fake_device import FakeCuda
 from graphs.recording import RecordingBackend
 
 import gearshift as gs
+from gearshift.graphs import adaptive as adaptive_module
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.shm import Kind, Registry
@@ -322,3 +323,23 @@ def test_gears_released_in_one_tick_give_their_memory_back_in_one_empty_cache(
     client._tick()  # adopts, and releases gears 2 and 4 (no request in flight)
     assert runner.ready() == [(8, 8), (8, 16)]
     assert dev.calls["empty_cache"] == before + 1
+
+
+def test_a_run_replays_the_route_it_was_routed_on_and_the_gears_live_in_one_place(
+    fake: FakeController, prof: gs.Profile, runner: gs.AdaptiveRunner,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One lookup: `Profile.run` hands the runner the Route its router found (the runner
+    looks nothing up), and the runner's gears are the profile's, not a copy kept in step."""
+    assert runner.gears is prof._in_use.gears
+    fake.publish({"decode": {"BATCHSIZE": [4, 8], "SEQLEN": [16]}})
+    prof.route(BATCHSIZE=1, SEQLEN=1)  # adopts it
+    assert runner.gears is prof._in_use.gears and runner.gears["BATCHSIZE"] == (4, 8)
+    given: list[object] = []
+    run = runner.run
+    monkeypatch.setattr(runner, "run", lambda t, s=None, route=None: given.append(route)
+                        or run(t, s, route))
+    monkeypatch.setattr(adaptive_module, "gear_for", None)  # a lookup of its own would fail
+    check(prof, 3, 9)
+    (route,) = given
+    assert route is prof.route(BATCHSIZE=3, SEQLEN=9) and route.variant == (4, 16)

@@ -259,6 +259,10 @@ def test_routes_of_one_gear_combination_are_shared_and_read_only(
     with pytest.raises(TypeError):
         route.chunks["BATCHSIZE"] = (8,)  # type: ignore[index]
     assert pickle.loads(pickle.dumps(route)) == route  # it can go to another process
+    assert route.variant == (16, 1024)  # the one graph it runs, in dim order
+    split = prof.route(BATCHSIZE=130, SEQLEN=700)
+    assert split.chunks["BATCHSIZE"] == (64, 64, 2) and split.variant is None
+    assert pickle.loads(pickle.dumps(split)) == split
     version = fake.publish({"decode": {"BATCHSIZE": [16, 64], "SEQLEN": [1024, 8192]}})
     again = prof.route(BATCHSIZE=13, SEQLEN=700)
     assert again is not route and again.version == version and again.chunks == route.chunks

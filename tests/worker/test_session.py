@@ -164,9 +164,11 @@ def test_unanswered_registration_serves_initial_gears_then_completes_on_a_tick(
         prof = client.profile("decode", DECODE)
         assert clock.now() >= client.register_timeout and "no registration reply" in caplog.text
         assert not prof.registered and prof.route(BATCHSIZE=3, SEQLEN=3).gears["BATCHSIZE"] == 4
+        assert client._tick()  # busy: a registration is unanswered
         fake.serve()
         client._tick()
         assert prof.registered and fake.registered == [(client.slot, prof.id, "decode")]
+        assert not client._tick()  # registered, no runner to warm up: idle
 
 
 def test_ticks_ack_the_applied_version_beat_and_report_memory(

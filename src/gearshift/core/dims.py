@@ -17,6 +17,7 @@ import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,6 +25,37 @@ from gearshift.errors import ShapeError
 
 Gears = tuple[int, ...]
 Variant = tuple[int, ...]  # one gear per dim of a profile, in its dim order: one graph
+
+
+class Route(NamedTuple):
+    """How one request runs, as a profile's router found it and its runner replays it as is
+    (or another process's runner of the same profile: it pickles): the snapshot version it was
+    routed on; per dim (in the profile's order) the gear of every chunk, largest first (`()` on
+    a non-splittable dim over its largest gear: eager); and `variant`, the one graph it runs
+    when every dim is one chunk (its gears in dim order), else None."""
+
+    version: int
+    chunks: Mapping[str, Gears]  # read-only where shared by the requests it fits
+    variant: Variant | None = None
+
+    @property
+    def gears(self) -> dict[str, int | None]:
+        """Per dim, the gear it runs at (its largest chunk's), None when eager."""
+        return {d: c[0] if c else None for d, c in self.chunks.items()}
+
+    @property
+    def eager(self) -> bool:
+        return not all(self.chunks.values())
+
+    def __reduce__(self) -> tuple[type[Route], tuple[int, dict[str, Gears], Variant | None]]:
+        """Pickles with its chunks as a dict (a read-only mapping does not pickle)."""
+        return Route, (self.version, dict(self.chunks), self.variant)
+
+
+def route_of(version: int, chunks: Mapping[str, Gears]) -> Route:
+    """The Route of these chunks, its `variant` set when every dim is one chunk."""
+    one = all(len(c) == 1 for c in chunks.values())
+    return Route(version, chunks, tuple(c[0] for c in chunks.values()) if one else None)
 MAX_DIMS = 4  # dims of a profile: a ring record carries four values
 MAX_VALUE = (1 << 63) - 1  # raw values and gears: a ring record's values are int64
 MAX_NAME = 256  # characters of a profile's or a dim's name

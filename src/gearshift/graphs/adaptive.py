@@ -1,46 +1,41 @@
 """The adaptive runner: graphs of one function per gear combination, on gears that change.
 
-A variant is one gear per dim (in the transform's dim order), captured as one
-graph whose inputs are views of the leading rows of static buffers shared by
-all variants. The buffers are sized by the largest gears; a capture beyond them
-allocates larger ones for the variants captured from then on (older variants
-keep theirs until released). A release after which the variants left and the
-current gears need smaller buffers marks them for re-staging: the next `capture`
-call (the warm-up thread) allocates the smaller buffers and recaptures the
-survivors on them one at a time, each swapped in and its old graph released at
-once, so the old buffers go with the last of them. Every graph is registered in
-the device's GraphResourcePool, and its keys are attached to every gear of its variant.
+A variant is one gear per dim (in the transform's dim order), captured as one graph whose inputs are
+views of the leading rows of static buffers shared by all variants. The buffers are sized by the
+largest gears; a capture beyond them allocates larger ones for the variants captured from then on
+(older variants keep theirs until released). A release after which the variants left and the current
+gears need smaller buffers marks them for re-staging: the next `capture` call (the warm-up thread)
+allocates the smaller buffers and recaptures the survivors on them one at a time, each swapped in
+and its old graph released at once, so the old buffers go with the last of them. A graph is tracked
+in one place, its variant's `_Captured` in `_variants` (copy-on-write under `_lock`), with the key
+the device's GraphResourcePool released it by.
 
-The request path never captures: a chunk whose variant is not ready runs on the
-smallest ready variant that covers it, else eagerly, and its variant is remembered as wanted
-(one dict lookup a chunk, no lock; at most MAX_WANTED, the rest forgotten) until the warm-up
-thread takes them (`take_wanted`) to capture those it means to. Replays are serialised
-(the variants share the buffers and their outputs) under the runner's lock;
-eager chunks run outside it. Every input must have the example's dtype, on
-both paths (one dtype rule: a graph cannot return another). Captures run on the
-caller's thread, meant to be a warm-up thread; a failed one leaves nothing
-behind (its graph is reset) and is counted. Every graph captured is measured there
-(`graphs.measure`: capture and replay seconds, bytes) before any request replays it, and its
-cost waits in `measured` (bounded) for `take_measurements`; `buffer_bytes` gives the static
-buffers' bytes, which no graph's measurement counts.
+The request path never captures: it runs the chunks of its `Route` (`core.dims`, as the profile's
+router found them; one lookup), a chunk whose variant is not ready on the smallest ready variant
+that covers it, else eagerly, its variant remembered as wanted (at most MAX_WANTED; `on_want` is
+called when one is first wanted) until the warm-up thread takes them (`take_wanted`). Replays are
+serialised (the variants share the buffers and their outputs) under `_lock`, inside the capture
+window (`graphs.window`); eager chunks run outside both. Every input must have the example's dtype
+(a graph cannot return another). Captures run on the caller's thread, meant to be a warm-up thread;
+a failed one leaves nothing behind (its graph is reset) and is counted. Every graph captured is
+measured there (`graphs.measure`) before any request replays it, its cost kept (bounded) for
+`take_measurements`; `buffer_bytes` gives the static buffers' bytes.
 
-The padding contract (`graphs.padding`, `graphs.probe`): beyond the transform's refusals, a
-random probe of about half a gear's rows, padded, must give what it gives unpadded: run
-eagerly at construction (PaddingError), and replayed on the first graph of each gear. A graph
-that fails is dropped and every call runs eagerly, unpadded, from then on (`refused`, logged
-once).
-Lengths inputs (`lengths=`) are buffers of each graph, set to a chunk's real sizes.
+The padding contract (`graphs.padding`, `graphs.probe`): beyond the transform's refusals, a random
+probe of about half a gear's rows, padded, must give what it gives unpadded: run eagerly at
+construction (PaddingError), and replayed on the first graph of each gear. A graph that fails is
+dropped and every call runs eagerly, unpadded, from then on (`refused`, logged once). Lengths inputs
+(`lengths=`) are buffers of each graph, set to a chunk's real sizes.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import functools
 import logging
 import math
 import operator
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,19 +44,20 @@ import torch
 from torch.utils._pytree import tree_unflatten
 
 from gearshift.clock import Clock
-from gearshift.core.dims import Gears, Variant, gear_for
+from gearshift.core.dims import Gears, Route, Variant, gear_for
 from gearshift.errors import ShapeError
-from gearshift.graphs import forks
+from gearshift.graphs import forks, spans
 from gearshift.graphs.backends import Graph, backend_for
 from gearshift.graphs.buffers import StaticBuffers
-from gearshift.graphs.device import outside_capture
+from gearshift.graphs.device import GUARD, outside_capture
 from gearshift.graphs.measure import GraphCost, Meter, replays_for
-from gearshift.graphs.pool import GraphResourcePool, KeyGearIndex
+from gearshift.graphs.pool import GraphResourcePool
 from gearshift.graphs.probe import Prober
-from gearshift.graphs.transform import Chunk, Span, Transform
+from gearshift.graphs.transform import Chunk, Tiling, Transform
+from gearshift.graphs.workspaces import ordered
 
 log = logging.getLogger(__name__)
-MAX_MEASURED = 4096  # graph costs kept until taken (the oldest go first)
+_WINDOW = GUARD.shared()  # the capture window's shared section (one object, reentrant)
 MAX_WANTED = 4096  # variants wanted by requests kept until taken (once full, no more kept)
 
 
@@ -72,6 +68,7 @@ class _Captured:
     leaves: list[torch.Tensor]  # the graph's outputs, checked at capture, rewritten by replays
     spec: Any  # their pytree structure
     lengths: dict[str, torch.Tensor]  # its own lengths inputs, set before each replay
+    key: int  # its key in the pool (`GraphResourcePool.register`), by which it is released
 
 
 class AdaptiveRunner:
@@ -100,13 +97,12 @@ class AdaptiveRunner:
             backend = backend_for(self.device)
             pool = GraphResourcePool.get_pool(backend.index, backend.kind)
         self.pool, self.backend = pool, pool.backend
-        self.index = KeyGearIndex()
         self.gears: dict[str, Gears] = {d: s.initial_gears for d, s in transform.dims.items()}
         self.stats = {"replays": 0, "eager": 0, "captures": 0, "capture_failures": 0}
         self.meter = Meter(self.backend, clock,
                            replays_for(self.backend) if replays is None else replays)
-        self.measured: deque[tuple[dict[str, int], GraphCost]] = deque(maxlen=MAX_MEASURED)
         self._wanted: dict[Variant, None] = {}  # written by request threads, swapped by take
+        self.on_want: Callable[[], None] | None = None  # a variant first wanted (a profile's wake)
         self._unbound = {
             n: example[n].clone() for n in transform.inputs if n not in transform.bound
         }
@@ -118,14 +114,13 @@ class AdaptiveRunner:
         self._lock = threading.Lock()  # replays: the buffers, the graphs' outputs
         self._count_lock = threading.Lock()  # eager counts, outside `_lock`
         self._capture_lock = threading.Lock()
-        self._keys: dict[Variant, list[int]] = {}  # each variant's graph keys
+        self._spans = spans.OneChunk(self.names)  # the chunk of each one-chunk call
         self._restage = False  # the survivors of a release need smaller buffers
         self._prober.check_eagerly(self.gears)
         forks.track(self)
 
     def _forked(self) -> None:
-        """In a forked child (`graphs.forks`): fresh locks, a parent's thread may have held
-        them (a compile or capture under way, a replay)."""
+        """In a forked child (`graphs.forks`): fresh locks (a parent's thread may hold them)."""
         self._lock, self._count_lock = threading.Lock(), threading.Lock()
         self._capture_lock = threading.Lock()
 
@@ -182,11 +177,8 @@ class AdaptiveRunner:
 
     def take_measurements(self) -> list[tuple[dict[str, int], GraphCost]]:
         """The costs of the graphs captured since the last call, oldest first (per graph:
-        its variant, dim -> gear)."""
-        out = []
-        while self.measured:
-            out.append(self.measured.popleft())
-        return out
+        its variant, dim -> gear; `Meter.take`)."""
+        return self.meter.take()
 
     def buffer_bytes(self) -> dict[str, tuple[int, int, int]]:
         """The static buffers the graphs captured from now on read, per dim: the gear they are
@@ -212,7 +204,7 @@ class AdaptiveRunner:
             graph = self.backend.graph(self._graph_fn(gears, inputs, lengths))
             leaves, spec = self.transform.leaves(graph.capture())
             ended = self.meter.now()
-            captured = _Captured(inputs, graph, leaves, spec, lengths)
+            captured = _Captured(inputs, graph, leaves, spec, lengths, -1)
             why = self._check_graph(gears, captured)
         except BaseException:
             with self._count_lock:
@@ -227,50 +219,76 @@ class AdaptiveRunner:
             self.refused = why
             log.warning("%s; every call runs eagerly on its unpadded inputs from now on", why)
             return None
-        self.pool.register(graph)
-        self._keys[gears] = self.pool.consume_recent_keys()
-        self.index.attach(self._keys[gears], zip(self.names, gears, strict=True))
+        captured = dataclasses.replace(captured, key=self.pool.register(graph))
         self._measure(gears, graph, began, ended, leaves)
         return captured
 
     def _measure(self, gears: Variant, graph: Graph, began: float | None, ended: float | None,
                  outputs: list[torch.Tensor]) -> None:
         """Time `graph`'s replays (before any request runs it) and keep its cost."""
-        cost = self.meter.cost(graph, began, ended, outputs)
-        if cost is not None:
-            self.measured.append((dict(zip(self.names, gears, strict=True)), cost))
+        self.meter.keep(dict(zip(self.names, gears, strict=True)),
+                        self.meter.cost(graph, began, ended, outputs))
 
-    def run(self, tensors: Mapping[str, torch.Tensor],
-            sizes: Mapping[str, int] | None = None) -> Any:
-        """`fn(**tensors)`, computed by replaying graphs on padded chunks where possible. A call
-        whose every dim fits one gear (the common case) is one chunk: no Tiling, nothing to join.
-        `sizes`: `transform.check(tensors)` when the caller has already checked them. Graphs and
-        eager chunks alike run under the transform's grad mode (`Transform.mode`: no grad_fn)."""
+    def run(self, tensors: Mapping[str, torch.Tensor], sizes: Mapping[str, int] | None = None,
+            route: Route | None = None) -> Any:
+        """`fn(**tensors)`, computed by replaying graphs on padded chunks where possible.
+        `sizes`: `transform.check(tensors)` when the caller has checked them. `route`: the
+        chunks to run, as a router found them (`Profile.run`; or another process's router of
+        the same profile); without one, the chunks of `sizes` on `gears`. A call of one chunk
+        per dim (`route.variant`) whose graph is ready, the common case, is one lookup under
+        the lock, its rows copied in, one replay and its rows copied out. Graphs and eager
+        chunks alike run under the transform's grad mode (`Transform.mode`: no grad_fn)."""
         sizes = self.transform.check(tensors) if sizes is None else sizes  # the caller's mode
         with self.transform.mode():
-            return self._run(tensors, sizes)
+            return self._run(tensors, sizes, route)
 
-    def _run(self, tensors: Mapping[str, torch.Tensor], sizes: Mapping[str, int]) -> Any:
-        t, current = self.transform, self.gears  # read once: it may be replaced meanwhile
+    def _run(self, tensors: Mapping[str, torch.Tensor], sizes: Mapping[str, int],
+             route: Route | None) -> Any:
+        t = self.transform
         self._staged.check(tensors)
         if self.refused is not None:
             self._count_eager()
             return t.call(tensors, sizes)
-        gears = [gear_for(current[d], sizes[d]) for d in self.names]
-        if None in gears:
-            tiling = t.tile(sizes, current)
-            if tiling is None:
-                self._count_eager()
-                return t.call(tensors, sizes)
-            chunks = [(c, tuple(c[d].gear for d in self.names)) for c in tiling.chunks()]
+        variant = self._variant_of(sizes) if route is None else route.variant
+        if variant is not None:
+            at = (variant, tuple(map(sizes.__getitem__, self.names)))
+            chunk = self._spans[at]
+            with _WINDOW, self._lock, ordered(self.backend):  # the window, then the buffers
+                captured = self._variants.get(variant)
+                if captured is not None:
+                    for name, buffer in self._unbound.items():
+                        buffer.copy_(tensors[name])
+                    t.fill(captured.inputs, tensors, chunk)
+                    for name, dim in t.lengths.items():
+                        captured.lengths[name].fill_(chunk[dim].size)
+                    captured.graph.replay()
+                    self.stats["replays"] += 1
+                    return tree_unflatten(t.cut(captured.leaves, chunk, copy=True), captured.spec)
+            tiling: Tiling | None = Tiling({d: (s,) for d, s in chunk.items()})
+        elif route is None:
+            tiling = t.tile(sizes, self.gears)
         else:
-            tiling = None
-            spans = {d: Span(0, sizes[d], g) for d, g in zip(self.names, gears, strict=True)}
-            chunks = [(spans, tuple(gears))]
+            tiling = spans.tiling(route.chunks, sizes)
+        if tiling is None:
+            self._count_eager()
+            return t.call(tensors, sizes)
+        return self._run_tiles(tensors, tiling)
+
+    def _variant_of(self, sizes: Mapping[str, int]) -> Variant | None:
+        """The variant of a call of `sizes` on `gears` when it is one chunk per dim, else None."""
+        current = self.gears  # read once: it may be replaced meanwhile
+        gears = tuple(gear_for(current[d], sizes[d]) for d in self.names)
+        return None if None in gears else gears  # type: ignore[return-value]
+
+    def _run_tiles(self, tensors: Mapping[str, torch.Tensor], tiling: Tiling) -> Any:
+        """`fn(**tensors)` chunk by chunk: replayed on the ready graph that covers each (its
+        own, else the smallest larger), else eagerly; the outputs joined."""
+        t = self.transform
+        chunks = [(c, tuple(c[d].gear for d in self.names)) for c in tiling.chunks()]
         parts: list[Any] = [None] * len(chunks)
         ready = [self._ready(variant, want=True) is not None for _, variant in chunks]
-        if any(ready):  # the capture window before the lock: a thread in the window may run
-            with outside_capture(), self._lock, self._ordered():  # this; replays take the window
+        if any(ready):  # the capture window before the lock (a thread in it may run this)
+            with outside_capture(), self._lock, ordered(self.backend):
                 for name, buffer in self._unbound.items():
                     buffer.copy_(tensors[name])
                 for i, (chunk, variant) in enumerate(chunks):
@@ -281,7 +299,7 @@ class AdaptiveRunner:
                 self._count_eager()
                 leaves, spec = t.leaves(t.fn(**t.transform(tensors, chunk)))
                 parts[i] = t.cut(leaves, chunk), spec
-        leaves = parts[0][0] if tiling is None else t.join([p for p, _ in parts], tiling)
+        leaves = t.join([p for p, _ in parts], tiling)
         return tree_unflatten(leaves, parts[0][1])
 
     def _replay(
@@ -292,13 +310,18 @@ class AdaptiveRunner:
         captured = self._ready(variant)
         if captured is None:
             return None
+        self.stats["replays"] += 1
+        return self._replay_on(captured, tensors, chunk), captured.spec
+
+    def _replay_on(self, captured: _Captured, tensors: Mapping[str, torch.Tensor],
+                   chunk: Chunk) -> list[torch.Tensor]:
+        """`chunk` padded into `captured`'s inputs, replayed, its output leaves copied out."""
         t = self.transform
         t.fill(captured.inputs, tensors, chunk)
         for name, dim in t.lengths.items():
             captured.lengths[name].fill_(chunk[dim].size)
         captured.graph.replay()
-        self.stats["replays"] += 1
-        return t.cut(captured.leaves, chunk, copy=True), captured.spec
+        return t.cut(captured.leaves, chunk, copy=True)
 
     def _count_eager(self) -> None:
         with self._count_lock:
@@ -311,10 +334,9 @@ class AdaptiveRunner:
             raise ShapeError(f"unknown dim {dim!r}; known: {list(self.names)}")
         i = self.names.index(dim)
         with self._lock:
+            gone = [c.key for g, c in self._variants.items() if g[i] == gear]
             self._variants = {g: c for g, c in self._variants.items() if g[i] != gear}
-        for g in [g for g in list(self._keys) if g[i] == gear]:
-            self._keys.pop(g, None)
-        released = self.pool.remove_by_keys(self.index.detach((dim, gear)))
+        released = self.pool.remove_by_keys(gone)
         if any(map(operator.lt, self._needed(), self._staged.caps)):
             self._restage = True
         return released
@@ -334,20 +356,14 @@ class AdaptiveRunner:
             return
         self._staged.resize(tuple(map(min, needed, self._staged.caps)))
         for gears in sorted(self._variants, key=lambda g: (math.prod(g), g), reverse=True):
-            old = self._keys.get(gears, [])
+            old = self._variants[gears].key
             captured = self._capture(gears)
             if captured is None:  # refused by the padding probe: every call runs eagerly
                 break
             with self._lock:
                 self._variants = {**self._variants, gears: captured}
                 self.stats["captures"] += 1
-            self.pool.remove_by_keys(old)
-
-    def _ordered(self) -> Any:
-        """The device's order across streams (`DeviceBackend.order`): a section that writes the
-        static buffers runs after every replay before it, on whatever stream."""
-        order = getattr(self.backend, "order", None)
-        return contextlib.nullcontext() if order is None else order.inside()
+            self.pool.remove_by_keys([old])
 
     def _ready(self, gears: Variant, want: bool = False) -> _Captured | None:
         """The graph of `gears`, else of the smallest ready variant covering it, else None;
@@ -355,8 +371,10 @@ class AdaptiveRunner:
         variants = self._variants
         if gears in variants:
             return variants[gears]
-        if want and len(wanted := self._wanted) < MAX_WANTED:
+        if want and gears not in (wanted := self._wanted) and len(wanted) < MAX_WANTED:
             wanted[gears] = None
+            if self.on_want is not None:
+                self.on_want()
         covering = [g for g in variants if all(map(operator.ge, g, gears))]
         best = min(covering, key=lambda g: (math.prod(g), g), default=None)
         return None if best is None else variants[best]
@@ -379,17 +397,13 @@ class AdaptiveRunner:
 
     def _check_graph(self, gears: Variant, captured: _Captured) -> str | None:
         """Why the new graph of `gears` fails the padding probe (`Prober.check`), or None."""
-        t = self.transform
 
         @torch.no_grad()
         def replay(chunk: Chunk, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-            with outside_capture(), self._lock, self._ordered():  # the buffers: requests' too
+            with outside_capture(), self._lock, ordered(self.backend):  # the buffers: requests' too
                 for name, buffer in self._unbound.items():
                     buffer.copy_(tensors[name])
-                t.fill(captured.inputs, tensors, chunk)
-                for name, dim in t.lengths.items():
-                    captured.lengths[name].fill_(chunk[dim].size)
-                captured.graph.replay()
-                return t.cut(captured.leaves, chunk, copy=True)
+                return self._replay_on(captured, tensors, chunk)
 
         return self._prober.check(gears, replay)
+

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from gearshift.clock import Clock, MonotonicClock, ThreadCpuClock
 log = logging.getLogger(__name__)
 REPLAYS = 3  # timed replays per device graph: the median of three, cheap beside a capture
 CPU_REPLAYS = 1  # per cpu graph: each re-runs the function, as long as the capture itself
+MAX_KEPT = 4096  # graph costs kept until taken (the oldest go first)
 
 
 def _on_cpu(backend: Any) -> bool:
@@ -71,6 +73,20 @@ class Meter:
     def __init__(self, backend: Any, clock: Clock | None = None, replays: int = REPLAYS) -> None:
         self.backend, self.clock, self.replays = backend, clock or clock_for(backend), replays
         self.failures = 0
+        self._kept: deque[tuple[dict[str, int], GraphCost]] = deque(maxlen=MAX_KEPT)
+
+    def keep(self, variant: dict[str, int], cost: GraphCost | None) -> None:
+        """Keep a graph's cost (None: unmeasured, nothing kept) until `take`n; the oldest go
+        first beyond MAX_KEPT."""
+        if cost is not None:
+            self._kept.append((variant, cost))
+
+    def take(self) -> list[tuple[dict[str, int], GraphCost]]:
+        """The costs kept since the last call, oldest first (per graph: dim -> gear)."""
+        out = []
+        while self._kept:
+            out.append(self._kept.popleft())
+        return out
 
     def now(self) -> float | None:
         """The clock once the device is idle; None (counted) if it could not synchronize."""

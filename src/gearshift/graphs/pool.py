@@ -1,10 +1,8 @@
-"""Graph lifetime: opaque keys for graph resources, and which gears own them.
+"""Graph lifetime: one opaque key per graph resource of a device.
 
-Only the lower layer (the one that captures) makes keys: `register` appends
-each key to the calling thread's pending list, and the upper layer reads them
-back with `consume_recent_keys` on the same thread once the function returned,
-so keys never mix between threads. `remove_by_keys` is idempotent: a key
-shared by several removed gears is released once; it resets the graphs after
+`register` keeps a resource and returns its key, which its owner keeps beside the graph (the
+adaptive runner: in the graph's `_Captured`, the one structure that tracks it).
+`remove_by_keys` is idempotent: a key given twice is released once; it resets the graphs after
 a device synchronize, then gives their memory back to the device once
 (`Backend.collect`), all outside any capture (`device.GUARD`). A device may cap its
 graphs (`max_graphs`, npu): `admit` raises GraphLimit, with the backend's reason, once
@@ -14,14 +12,13 @@ the pool holds that many or the device refused a capture for want of streams (`f
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from gearshift.graphs.backends import Backend, get_backend
 from gearshift.graphs.device import GUARD, GraphLimit
 
-__all__ = ["GraphLimit", "GraphResourcePool", "KeyGearIndex"]
+__all__ = ["GraphLimit", "GraphResourcePool"]
 
 
 class GraphResourcePool:
@@ -37,7 +34,6 @@ class GraphResourcePool:
         self._lock = threading.Lock()
         self._next_key = 0
         self._entries: dict[int, Any] = {}
-        self._pending_by_thread: dict[int, list[int]] = defaultdict(list)
 
     @classmethod
     def get_pool(cls, device_index: int, backend: str = "cpu") -> GraphResourcePool:
@@ -62,18 +58,12 @@ class GraphResourcePool:
             )
 
     def register(self, resource: Any) -> int:
-        """Keep `resource` (has `release()` or `reset()`) under a new key pending on this thread."""
+        """Keep `resource` (has `release()` or `reset()`); returns its new key."""
         with self._lock:
             key = self._next_key
             self._next_key += 1
             self._entries[key] = resource
-            self._pending_by_thread[threading.get_ident()].append(key)
         return key
-
-    def consume_recent_keys(self) -> list[int]:
-        """The keys this thread registered since its last call, in order; drains them."""
-        with self._lock:
-            return self._pending_by_thread.pop(threading.get_ident(), [])
 
     def remove_by_keys(self, keys: Iterable[int]) -> int:
         """Release the resources still held under `keys` (unknown keys are skipped) after a
@@ -96,31 +86,3 @@ class GraphResourcePool:
     def __len__(self) -> int:
         return len(self._entries)
 
-
-class KeyGearIndex:
-    """Keys attached to gears: every key a variant produced goes to every gear it hit.
-
-    `detach(gear)` returns the keys of every variant that used `gear` and forgets
-    them everywhere (those variants are gone, whichever gear removed them).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._keys: dict[Hashable, set[int]] = defaultdict(set)
-
-    def attach(self, keys: Iterable[int], gears: Iterable[Hashable]) -> None:
-        keys = set(keys)
-        with self._lock:
-            for gear in gears:
-                self._keys[gear] |= keys
-
-    def detach(self, gear: Hashable) -> list[int]:
-        with self._lock:
-            keys = self._keys.pop(gear, set())
-            for other in self._keys.values():
-                other -= keys
-        return sorted(keys)
-
-    def keys(self, gear: Hashable) -> frozenset[int]:
-        with self._lock:
-            return frozenset(self._keys.get(gear, ()))

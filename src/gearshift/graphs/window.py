@@ -17,7 +17,8 @@ class CaptureGuard:
     starves: a shared section waits for one recording at most)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._shared = self._waiting = 0
         self._capturing = False
         self._local = threading.local()
@@ -26,29 +27,6 @@ class CaptureGuard:
 
     def shared(self) -> contextlib.AbstractContextManager[None]:
         return self._section
-
-    def _enter(self) -> None:
-        local = self._local
-        depth = getattr(local, "depth", 0)
-        local.depth = depth + 1
-        if depth:
-            return
-        with self._cond:
-            if self._capturing or self._waiting:
-                self.blocked += 1
-                self._cond.wait_for(lambda: not (self._capturing or self._waiting))
-                self.blocked -= 1
-            self._shared += 1
-
-    def _exit(self) -> None:
-        local = self._local
-        local.depth -= 1
-        if local.depth:
-            return
-        with self._cond:
-            self._shared -= 1
-            if not self._shared and self._waiting:
-                self._cond.notify_all()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -68,7 +46,9 @@ class CaptureGuard:
 
 
 class _Shared:
-    """`CaptureGuard.shared()`: a plain context manager (the request path takes it per run)."""
+    """`CaptureGuard.shared()`: a plain context manager (the request path takes it per run),
+    nesting per thread; its first level takes the condition's lock directly (the request
+    path's cost) and waits on the condition only while a recording is underway or waiting."""
 
     __slots__ = ("guard",)
 
@@ -76,10 +56,37 @@ class _Shared:
         self.guard = guard
 
     def __enter__(self) -> None:
-        self.guard._enter()
+        g = self.guard
+        local = g._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        if depth:
+            return
+        mutex = g._mutex
+        mutex.acquire()
+        try:
+            if g._capturing or g._waiting:
+                g.blocked += 1
+                g._cond.wait_for(lambda: not (g._capturing or g._waiting))
+                g.blocked -= 1
+            g._shared += 1
+        finally:
+            mutex.release()
 
     def __exit__(self, *exc: object) -> None:
-        self.guard._exit()
+        g = self.guard
+        local = g._local
+        local.depth = depth = local.depth - 1
+        if depth:
+            return
+        mutex = g._mutex
+        mutex.acquire()
+        try:
+            g._shared -= 1
+            if not g._shared and g._waiting:
+                g._cond.notify_all()
+        finally:
+            mutex.release()
 
 
 GUARD = CaptureGuard()

@@ -32,6 +32,14 @@ from collections.abc import Iterator
 from typing import Any
 
 KEPT, PER_GRAPH = "kept", "per_graph"
+_NOTHING = contextlib.nullcontext()  # reentrant and stateless: one for every caller
+
+
+def ordered(backend: Any) -> contextlib.AbstractContextManager[None]:
+    """`backend.order.inside()` where the backend orders its streams (`Order`: a device's),
+    else a block of no order (the cpu backend's one stream)."""
+    order = getattr(backend, "order", None)
+    return _NOTHING if order is None else order.inside()
 
 
 class Order:

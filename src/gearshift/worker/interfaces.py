@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from gearshift.core.dims import Gears
+from gearshift.core.dims import Gears, Route
 
 
 class Runner(Protocol):
-    """What a profile drives (an `AdaptiveRunner`): gears to run on, warm-up, release, run.
+    """What a profile drives (an `AdaptiveRunner`): gears to run on, warm-up, release, run
+    (`run(tensors, sizes, route)` replays the route the profile found, with no lookup of its own).
 
     `capture` captures the given variants that are not ready and returns how many (a failure
     raises, leaving nothing behind); `release` drops every variant of one gear and gives its
@@ -38,7 +39,8 @@ class Runner(Protocol):
 
     def room(self) -> tuple[int | None, str]: ...
 
-    def run(self, tensors: Mapping[str, Any], sizes: Mapping[str, int] | None = None) -> Any: ...
+    def run(self, tensors: Mapping[str, Any], sizes: Mapping[str, int] | None = None,
+            route: Route | None = None) -> Any: ...
 
 
 class Stoppable(Protocol):

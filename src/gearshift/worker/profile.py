@@ -52,12 +52,7 @@ class _Request:
 
     def __enter__(self) -> Route:
         profile = self.profile
-        host = profile._host
-        if host.region.version() != host._seen:
-            host._refresh()
-        with profile._lock:
-            self.in_use = in_use = profile._in_use
-            in_use.active += 1
+        self.in_use = in_use = profile._enter()
         try:
             return profile._route(in_use, self.sizes)
         except BaseException:
@@ -65,12 +60,7 @@ class _Request:
             raise
 
     def __exit__(self, *exc: object) -> None:
-        profile, in_use = self.profile, self.in_use
-        with profile._lock:
-            in_use.active -= 1
-            drained = not in_use.active and in_use is not profile._in_use
-        if drained:
-            profile._host._wake()
+        self.profile._leave(self.in_use)
 
 
 class Profile(Router):
@@ -102,6 +92,28 @@ class Profile(Router):
         newer snapshot removes are kept until it is done. Bracket every graph run with it."""
         return _Request(self, sizes)
 
+    def _enter(self) -> _InUse:
+        """Adopt a new snapshot if there is one, then count a request in the gears in use."""
+        host = self._host
+        if host.region.version() != host._seen:
+            host._refresh()
+        lock = self._lock
+        lock.acquire()  # cheaper than `with` on the request path
+        in_use = self._in_use
+        in_use.active += 1
+        lock.release()
+        return in_use
+
+    def _leave(self, in_use: _InUse) -> None:
+        """Uncount a request; wake the swap thread if it drained replaced gears."""
+        lock = self._lock
+        lock.acquire()
+        in_use.active -= 1
+        drained = not in_use.active and in_use is not self._in_use
+        lock.release()
+        if drained:
+            self._host._wake()
+
     # graph runs
 
     def attach(self, runner: Runner) -> Runner:
@@ -114,7 +126,9 @@ class Profile(Router):
             )
         with self._lock:
             self._runner = runner
-            runner.gears = dict(self._in_use.gears)
+            runner.gears = self._in_use.gears  # the same object: gears live in one place
+        if hasattr(runner, "on_want"):  # a variant a request wants wakes the swap thread
+            runner.on_want = self._host._wake
         self._host._attached(runner)
         return runner
 
@@ -159,13 +173,17 @@ class Profile(Router):
                                           compile_backend=backend, lock_dir=lock_dir))
 
     def run(self, /, **tensors: Any) -> Any:
-        """`fn(**tensors)` through the attached runner, routed, recorded and bracketed."""
+        """`fn(**tensors)` through the attached runner, bracketed (as `request`), routed and
+        recorded once: the runner replays the Route found here, on the gears in use."""
         runner = self._runner
         if runner is None:
             raise StateError(f"{self.name}: no runner attached (Profile.runner or attach)")
         sizes = runner.transform.check(tensors)
-        with self.request(**sizes):
-            return runner.run(tensors, sizes)
+        in_use = self._enter()
+        try:
+            return runner.run(tensors, sizes, self._route(in_use, sizes))
+        finally:
+            self._leave(in_use)
 
     # adoption (swap, then _maintain on the swap thread)
 
@@ -187,7 +205,7 @@ class Profile(Router):
                 if old.active:
                     self._draining.append(old)
                 if self._runner is not None:
-                    self._runner.gears = dict(new.gears)
+                    self._runner.gears = new.gears
                     self._releases += removed
                 return
 
@@ -241,7 +259,7 @@ class Profile(Router):
                 self._measured.flush(self._write, now, self.id, in_use.version)
         except Exception:
             self._measured.failures += 1
-            if self._measured.failures == 1:  # once: the swap thread ticks 20 times a second
+            if self._measured.failures == 1:  # once: the swap thread ticks often
                 log.exception("profile %r: reporting measurements failed", self.name)
 
     def _release_due(self, runner: Runner) -> int:

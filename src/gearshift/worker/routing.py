@@ -1,4 +1,5 @@
-"""The request path of a profile: `Route`, the gears in use (`_InUse`), `Router`.
+"""The request path of a profile: the gears in use (`_InUse`) and `Router`, which finds the
+`Route` (`core.dims`) that the profile's runner replays as is: one lookup per request.
 
 `Router.route(**sizes)` is the request path: one version check (adopting a changed snapshot on
 the spot, through its `Host`), the smallest gear >= each dim's raw size (`bisect_left` on the
@@ -26,38 +27,19 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
-from gearshift.core.dims import Dim, Gears, check_profile, chunks_for
+from gearshift.core.dims import Dim, Gears, Route, check_profile, chunks_for, route_of
 from gearshift.errors import ShapeError
 from gearshift.shm import ring
 from gearshift.shm.ring import MAX_DIMS, Kind
 from gearshift.worker.interfaces import Host
 
+__all__ = ["MAX_CHUNKS", "Route", "Router", "checked_dims"]
+
 MAX_CHUNKS = 0xFFFF  # a record's chunk count is 16 bits
 _SHAPE, _EAGER = int(Kind.SHAPE), int(Kind.EAGER)  # plain ints compare faster than members
 assert MAX_DIMS == 4  # a record's value slots: `write(t_ns, v0, v1, v2, v3, ...)`, the lists below
-
-
-class Route(NamedTuple):
-    """How one request runs: the snapshot version it was routed on and, per dim, the gear of
-    every chunk (largest first; `()` on a non-splittable dim over its largest gear: eager)."""
-
-    version: int
-    chunks: Mapping[str, Gears]  # read-only: Routes are shared by the requests they fit
-
-    @property
-    def gears(self) -> dict[str, int | None]:
-        """Per dim, the gear it runs at (its largest chunk's), None when eager."""
-        return {d: c[0] if c else None for d, c in self.chunks.items()}
-
-    @property
-    def eager(self) -> bool:
-        return not all(self.chunks.values())
-
-    def __reduce__(self) -> tuple[type[Route], tuple[int, dict[str, Gears]]]:
-        """Pickles with its chunks as a dict (a read-only mapping does not pickle)."""
-        return Route, (self.version, dict(self.chunks))
 
 
 class _InUse:
@@ -94,10 +76,9 @@ class _Routes(dict[int, Route]):
         self.version, self.table = version, table
 
     def __missing__(self, key: int) -> Route:
-        chunks = {
-            n: (gears[key // stride % len(gears)],) for _, n, _, _, gears, stride in self.table
-        }
-        route = self[key] = Route(self.version, MappingProxyType(chunks))
+        variant = tuple(gears[key // stride % len(gears)] for *_, gears, stride in self.table)
+        chunks = {n: (g,) for (_, n, *_), g in zip(self.table, variant, strict=True)}
+        route = self[key] = Route(self.version, MappingProxyType(chunks), variant)
         return route
 
 
@@ -185,7 +166,7 @@ class Router:
         if kind != _SHAPE:
             meta = ring.meta(self.id, in_use.version, kind, self._ndim)
         self._write(self._now_ns(), v0, v1, v2, v3, meta, ring.counts(runs))
-        return Route(in_use.version, MappingProxyType(chunks))
+        return route_of(in_use.version, MappingProxyType(chunks))
 
     def _values(self, sizes: Mapping[str, object]) -> list[int]:
         """The raw sizes in dim order, each checked (`_checked`), then 0 up to MAX_DIMS (a

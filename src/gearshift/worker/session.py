@@ -230,8 +230,8 @@ class Client(Attaching):
             self.memory = backend.mem_get_info
         self._swap.wake()
 
-    def _tick(self) -> None:
-        """One round of the swap thread (the owner's, when made with background=False)."""
+    def _tick(self) -> bool:
+        """One swap thread round (the owner's, if background=False); False: idle (`swap.py`)."""
         now = self.clock.now()
         if self.registry is None:
             self._attach(strict=False)
@@ -244,11 +244,11 @@ class Client(Attaching):
         profiles = list(self._profiles.values())
         for prof in profiles:
             prof._maintain()
-        applied = self._seen if all(p.settled for p in profiles) else self.applied
+        applied = self._seen if (settled := all(p.settled for p in profiles)) else self.applied
         registry, slot, ring = self.registry, self.slot, self.ring
         closed = self.state == lifecycle.CLOSED
         if closed or registry is None or slot is None or not isinstance(ring, EventRing):
-            return
+            return not closed
         if applied != self.applied or now >= self._next_beat:
             lost = self._lost(registry, slot, ring) if now >= self._next_beat else None
             if lost is not None:
@@ -260,6 +260,7 @@ class Client(Attaching):
             self._next_memory = now + self.memory_interval
             free, total = self.memory()
             ring.put_memory(self._now_ns(), free, total)
+        return not settled or any(not p.registered and p.rejected is None for p in profiles)
 
     def _swap_thread(self, background: bool) -> SwapThread:
         return SwapThread(self._tick, lambda: self.poll_interval, lambda e: self._warn(

@@ -175,8 +175,8 @@ class _work:
     def __init__(self, request: dict[str, int]) -> None:
         self.work = [-(-n // 4) * 4 for n in request.values()]
 
-    def __enter__(self) -> list[int]:
-        return self.work
+    def __enter__(self) -> tuple[list[int], None]:
+        return self.work, None  # no route: the runner's own gears
 
     def __exit__(self, *exc: object) -> None:
         pass

@@ -21,6 +21,7 @@ BENCHMARKS = {
     "ring": "gearshift.tools.bench.ring:command",
     "simulate": "gearshift.tools.bench.simulate:command",
     "snapshot": "gearshift.tools.bench.snapshot:command",
+    "step": "gearshift.tools.bench.step:command",
     "synthetic": "gearshift.tools.bench.synthetic:command",
 }
 

@@ -25,14 +25,15 @@ import click
 from gearshift.tools.bench.cli import BENCHMARKS
 from gearshift.tools.bench.tables import TABLES
 
-ORDER = ("policy", "ring", "snapshot", "controller", "hotpath", "graphs", "optimal", "simulate",
-         "synthetic", "fuzz")
+ORDER = ("policy", "ring", "snapshot", "controller", "hotpath", "step", "graphs", "optimal",
+         "simulate", "synthetic", "fuzz")
 QUICK = {
     "policy": ["--events", "1000000", "--baseline-events", "100000", "--runs", "2"],
     "ring": ["--seconds", "1", "--runs", "2"],
     "controller": ["--workers", "2", "--seconds", "1", "--warmup", "0.5", "--profiles", "16",
                    "--profile-seconds", "5"],
     "hotpath": ["--batches", "100"],
+    "step": ["--batches", "5", "--idle-seconds", "2"],
     "graphs": ["--quick"],
     "compile": ["--workers", "2", "--gear", "64"],
     "fuzz": ["--seconds", "30"],

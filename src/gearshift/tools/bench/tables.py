@@ -202,6 +202,18 @@ def _hotpath(r: dict[str, Any]) -> list[Row]:
     )
 
 
+def _step(r: dict[str, Any]) -> list[Row]:
+    """Per gearshift arm of `bench step`: µs per step, wall / CPU, against its static arm."""
+    rows = []
+    suffix = "_minus_static_cpu_us"
+    for arm in (k.removesuffix(suffix) for k in r if k.endswith(suffix)):
+        base = "static_compiled" if arm.startswith("compile") else "static"
+        mine, theirs = (f"{r[f'{a}_wall_us']:.1f} / {r[f'{a}_cpu_us']:.1f} us" for a in (arm, base))
+        ratio = r[f"{base}_cpu_us"] / r[f"{arm}_cpu_us"]
+        rows.append((f"{arm}, wall / CPU per step", mine, f"{base}: {theirs}", f"{ratio:.2f}x"))
+    return rows
+
+
 def _optimal(r: dict[str, Any]) -> list[Row]:
     return _rows(
         r,
@@ -302,6 +314,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "snapshot": _snapshot,
     "controller": _controller,
     "hotpath": _hotpath,
+    "step": _step,
     "optimal": _optimal,
     "simulate": _simulate,
     "synthetic": _synthetic,

@@ -132,7 +132,10 @@ def inputs(model: Model, dims: Mapping[str, Dim],
 
 
 # route(i, request) brackets the run of the lane's row i, entered as its padded work per dim
-Route = Callable[[int, dict[str, int]], AbstractContextManager[Sequence[int]]]
+# a request's bracket, entered as its padded work per dim and the route its runner replays
+# (None: the runner's own gears, the static arm)
+Route = Callable[[int, dict[str, int]],
+                 AbstractContextManager[tuple[Sequence[int], gs.Route | None]]]
 
 
 class Lane:
@@ -167,8 +170,8 @@ class Lane:
         """Route and run row i; its useful and padded tokens."""
         row, dims = self.rows[i], self.runner.transform.dims
         began, cpu = time.monotonic(), time.thread_time()
-        with self.route(i, dict(zip(self.names, row, strict=True))) as work:
-            self.runner.run(self.inputs[i])
+        with self.route(i, dict(zip(self.names, row, strict=True))) as (work, route):
+            self.runner.run(self.inputs[i], None, route)
         self.busy += time.monotonic() - began
         self.busy_cpu += time.thread_time() - cpu
         self.raw = [a + b for a, b in zip(self.raw, row, strict=True)]
@@ -246,16 +249,17 @@ class Arm:
 
 class _Routed:
     """The adaptive run's bracket of one request (`Profile.request`), entered as its padded
-    work per dim: its chunks' gears summed, the raw size when eager."""
+    work per dim (its chunks' gears summed, the raw size when eager) and its route, which the
+    runner replays as is (one lookup, as `Profile.run`'s)."""
 
     __slots__ = ("request", "sizes")
 
     def __init__(self, request: AbstractContextManager[gs.Route], sizes: dict[str, int]) -> None:
         self.request, self.sizes = request, sizes
 
-    def __enter__(self) -> list[int]:
+    def __enter__(self) -> tuple[list[int], gs.Route]:
         plan = self.request.__enter__()
-        return [sum(plan.chunks[d]) or n for d, n in self.sizes.items()]
+        return [sum(plan.chunks[d]) or n for d, n in self.sizes.items()], plan
 
     def __exit__(self, *exc: Any) -> None:
         self.request.__exit__(*exc)
@@ -265,7 +269,7 @@ def _static_route(runner: Runner, sizes: Mapping[str, np.ndarray]) -> Route:
     dims = runner.transform.dims
     work = [padded_work(runner.gears[d], sizes[d], dim.splittable) for d, dim in dims.items()]
     per_request = np.stack(work, axis=1).tolist()
-    return lambda i, _: nullcontext(per_request[i])
+    return lambda i, _: nullcontext((per_request[i], None))
 
 
 def static_arm(lanes: Mapping[str, tuple[Model, Runner, Mapping[str, np.ndarray]]],
