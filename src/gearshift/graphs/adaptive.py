@@ -124,25 +124,12 @@ class AdaptiveRunner:
         self._lock, self._count_lock = threading.Lock(), threading.Lock()
         self._capture_lock = threading.Lock()
 
-    @property
-    def _buffers(self) -> dict[str, torch.Tensor]:
-        """The static buffers the graphs captured from now on read (`buffers.StaticBuffers`)."""
-        return self._staged.buffers
-
     def ready(self) -> list[Variant]:
         return sorted(self._variants)
 
     def room(self) -> tuple[int | None, str]:
-        """How many more graphs the pool may hold (None: no cap), and why it is capped: the
-        pool's cap, or fewer where the device's processes share its streams (`shared_room`)."""
-        cap = self.pool.max_graphs
-        why = getattr(self.backend, "limit_reason", "") or "the pool's max_graphs"
-        free = None if cap is None else max(cap - len(self.pool), 0)
-        shared = getattr(self.backend, "shared_room", None)
-        more = shared() if shared is not None else None
-        if more is not None and (free is None or more < free):
-            return more, f"the device's processes hold its streams; {why}"
-        return free, why
+        """How many more graphs its pool may hold, and why (`GraphResourcePool.room`)."""
+        return self.pool.room()
 
     def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
         """Capture the given variants (dim -> gear) that are not ready, largest first; returns

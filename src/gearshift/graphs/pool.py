@@ -57,6 +57,18 @@ class GraphResourcePool:
                 f" {reason}"
             )
 
+    def room(self) -> tuple[int | None, str]:
+        """How many more graphs the pool may hold (None: no cap), and why it is capped: its
+        cap, or fewer where the device's processes share its streams (`shared_room`)."""
+        cap, b = self.max_graphs, self.backend
+        why = getattr(b, "limit_reason", "") or "the pool's max_graphs"
+        free = None if cap is None else max(cap - len(self), 0)
+        shared = getattr(b, "shared_room", None)
+        more = shared() if shared is not None else None
+        if more is not None and (free is None or more < free):
+            return more, f"the device's processes hold its streams; {why}"
+        return free, why
+
     def register(self, resource: Any) -> int:
         """Keep `resource` (has `release()` or `reset()`); returns its new key."""
         with self._lock:
