@@ -92,10 +92,10 @@ def test_memory_pressure_runs_a_round_before_the_interval(
     a.ring.put_memory(round(clock.now() * 1e9), free=50, total=100)
     b.ring.put_memory(round(clock.now() * 1e9), free=5, total=100)
     _run(controller, clock, 1.5)
-    assert controller.memory_usage(0, clock.now()) == 0.95  # the highest fresh reading
+    assert controller.slots.memory_usage(0, clock.now()) == 0.95  # the highest fresh reading
     assert controller.rounds["count"] >= 2
     clock.advance(controller.config.memory_fresh_seconds + 1)
-    assert controller.memory_usage(0, clock.now()) is None
+    assert controller.slots.memory_usage(0, clock.now()) is None
 
 
 def test_propagation_lag_waits_for_every_live_worker(
