@@ -16,7 +16,7 @@ import msgpack
 import pytest
 from fakeclock import FakeClock
 
-from gearshift.controller import deciding, registrations, statefile
+from gearshift.controller import deciding, embedded, registrations, statefile
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.dims import Dim
@@ -334,12 +334,12 @@ def test_rounds_that_change_every_second_save_at_most_every_save_interval(
     assert during <= 7  # 32 s at one save per 5 s (the default save_interval_seconds)
 
 def test_embedded_controller_runs_the_same_loop_in_a_thread(config: ControllerConfig) -> None:
-    embedded = Controller.start_embedded(config, POLICY)
+    running = embedded.start(config, POLICY)
     w = Worker(config.namespace, 0)
     assert w.register(0, "decode")["version"] == 1
     w.close()
-    assert embedded.stop(WAIT)
-    assert embedded.controller.status["embedded"] and _shm(config.namespace) == []
+    assert running.stop(WAIT)
+    assert running.controller.status["embedded"] and _shm(config.namespace) == []
 
 
 def _priced(w: Worker, controller: Controller, memory: int) -> Worker:

@@ -45,7 +45,6 @@ from gearshift.controller import (
 from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.deciding import Decider
-from gearshift.controller.embedded import EmbeddedController
 from gearshift.controller.failures import Failures
 from gearshift.controller.grouprounds import GroupRounds
 from gearshift.controller.ingest import Batch, ProfileKeys
@@ -58,7 +57,7 @@ from gearshift.errors import NamespaceLost, StateError
 from gearshift.shm import Registry, SnapshotRegion
 from gearshift.shm.cleanup import own
 
-__all__ = ["Controller", "EmbeddedController"]
+__all__ = ["Controller"]
 
 log = logging.getLogger(__name__)
 
@@ -155,14 +154,6 @@ class Controller:
             self._release(quiet=True)  # the refusal is the one line the caller reports
             raise
         return self
-
-    @classmethod
-    def start_embedded(cls, config: ControllerConfig, policy: PolicyConfig | None = None,
-                       **options: Any) -> EmbeddedController[Controller]:
-        """Open the controller here (errors raise in the caller) and run it in a daemon thread
-        of this process (`embedded`). A worker should release its slot before `stop()`, so
-        that the final drain takes its ring."""
-        return EmbeddedController(cls.open(config, policy, embedded=True, **options))
 
     def run(self, stop: threading.Event) -> None:
         """Iterate every drain interval until `stop` is set, then `close()`; NamespaceLost
