@@ -16,7 +16,7 @@ import msgpack
 import pytest
 from fakeclock import FakeClock
 
-from gearshift.controller import deciding, registrations, statefile
+from gearshift.controller import deciding, embedded, registrations, statefile
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.controller import Controller
 from gearshift.core.dims import Dim
@@ -92,10 +92,10 @@ def test_memory_pressure_runs_a_round_before_the_interval(
     a.ring.put_memory(round(clock.now() * 1e9), free=50, total=100)
     b.ring.put_memory(round(clock.now() * 1e9), free=5, total=100)
     _run(controller, clock, 1.5)
-    assert controller.memory_usage(0, clock.now()) == 0.95  # the highest fresh reading
+    assert controller.slots.memory_usage(0, clock.now()) == 0.95  # the highest fresh reading
     assert controller.rounds["count"] >= 2
     clock.advance(controller.config.memory_fresh_seconds + 1)
-    assert controller.memory_usage(0, clock.now()) is None
+    assert controller.slots.memory_usage(0, clock.now()) is None
 
 
 def test_propagation_lag_waits_for_every_live_worker(
@@ -334,12 +334,12 @@ def test_rounds_that_change_every_second_save_at_most_every_save_interval(
     assert during <= 7  # 32 s at one save per 5 s (the default save_interval_seconds)
 
 def test_embedded_controller_runs_the_same_loop_in_a_thread(config: ControllerConfig) -> None:
-    embedded = Controller.start_embedded(config, POLICY)
+    running = embedded.start(config, POLICY)
     w = Worker(config.namespace, 0)
     assert w.register(0, "decode")["version"] == 1
     w.close()
-    assert embedded.stop(WAIT)
-    assert embedded.controller.status["embedded"] and _shm(config.namespace) == []
+    assert running.stop(WAIT)
+    assert running.controller.status["embedded"] and _shm(config.namespace) == []
 
 
 def _priced(w: Worker, controller: Controller, memory: int) -> Worker:

@@ -1,5 +1,5 @@
-"""The registration answer on its own: a stub Registrar (and the controller's Registrations over
-fake slots), no shared memory, no controller."""
+"""The registration checks on their own: `admit` and `failure` over a stub Registrar (and the
+controller's Registrations over fake slots), no shared memory, no controller."""
 
 from __future__ import annotations
 
@@ -55,8 +55,18 @@ class Stub:
         return 11
 
 
+def answer(stub: Stub, slot: int, message: Mapping, now: float) -> dict:
+    """The reply: `admit`ted then recorded by the stub, or the refusal (`failure`)."""
+    try:
+        request, _, _, new = registrations.admit(stub, slot, message, now)
+        version = stub.register(slot, request, new, now)
+    except Exception as e:
+        return registrations.failure(slot, e, now)
+    return {"op": "registered", "profile": request.local, "version": version}
+
+
 def _answer(stub: Stub, dims: dict[str, Dim], slot: int = 1) -> dict:
-    return registrations.answer(stub, slot, protocol.register_message(5, "decode", dims), 0.0)
+    return answer(stub, slot, protocol.register_message(5, "decode", dims), 0.0)
 
 
 def test_a_new_or_identical_profile_is_registered_and_the_reply_has_the_version() -> None:
@@ -83,7 +93,7 @@ def test_other_dims_or_order_replace_the_profile_when_nobody_holds_it() -> None:
 
 def test_a_malformed_request_or_a_slot_without_a_worker_is_refused() -> None:
     stub = Stub({}, {})
-    refusal = registrations.answer(stub, 1, {"op": "register", "profile": -1}, 0.0)
+    refusal = answer(stub, 1, {"op": "register", "profile": -1}, 0.0)
     assert refusal["error"] == "PayloadError"
     assert _answer(stub, B, slot=2)["error"] == "NamespaceBusy"
     assert stub.recorded == []
@@ -105,8 +115,8 @@ def test_a_slot_refused_flat_out_is_logged_at_most_every_quiet_period(
     stub = Stub({}, {})
     with caplog.at_level("WARNING", logger=registrations.__name__):
         for i in range(50):  # junk at 100 Hz for half a second, then once more 10 s later
-            registrations.answer(stub, 1, {"op": "junk"}, 1000.0 + i / 100)
-        registrations.answer(stub, 1, {"op": "junk"}, 1010.5)
+            answer(stub, 1, {"op": "junk"}, 1000.0 + i / 100)
+        answer(stub, 1, {"op": "junk"}, 1010.5)
     assert len(caplog.records) == 2
     assert "(49 more about slot 1 in the last 10 s)" in caplog.records[1].getMessage()
 

@@ -1,27 +1,32 @@
 """A tiny controller made of the shm primitives, for the client's tests, and the bodies of the
 child processes that run one (importable by multiprocessing's forkserver).
 
-It claims the namespace, answers registrations with the controller's own logic
-(`controller.registrations.serve`, this class being its Registrar: ProfileMismatch for a known
-name with other dims), publishes snapshots on demand and drains rings; it decides nothing.
+It claims the namespace, answers registrations with the controller's own checks
+(`controller.registrations.admit`, this class being its Registrar: ProfileMismatch for a known
+name with other dims; `take`, `post` and `failure` as the controller's), publishes snapshots on
+demand and drains rings; it decides nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from fakeclock import FakeClock
 
 from gearshift import protocol
 from gearshift.controller import registrations
+from gearshift.controller.effects import Reply
 from gearshift.core.dims import Dim
 from gearshift.errors import GearshiftError, NamespaceBusy
 from gearshift.shm import EventRing, Registry, SlotState, SnapshotRegion
 
 WAIT = 20.0  # seconds: the bound of every wait in a child
+log = logging.getLogger(__name__)
 
 
 class FakeController:
@@ -41,10 +46,32 @@ class FakeController:
         self.publish_on_register = False
 
     def serve(self) -> int:
-        """Answer every waiting registration; returns how many."""
-        return registrations.serve(self.registry, self, time.monotonic())
+        """Answer every waiting registration, each slot's on its own (a failure is logged);
+        returns how many."""
+        now, answered = time.monotonic(), 0
+        for slot in range(self.registry.high_water()):
+            try:
+                taken = registrations.take(self.registry, slot, now)
+                if taken is None:
+                    continue
+                reply = taken.message if isinstance(taken, Reply) else self.answer(slot, taken,
+                                                                                   now)
+                registrations.post(self.registry, slot, reply, now)
+                answered += 1
+            except Exception as e:
+                log.warning("registration of slot %d failed: %s: %s", slot, type(e).__name__, e)
+        return answered
 
-    # -- the Registrar of `registrations.answer` --
+    def answer(self, slot: int, message: Mapping[str, Any], now: float) -> dict:
+        """The reply to `slot`'s registration: admitted as the controller does, then recorded."""
+        try:
+            request, _, _, new = registrations.admit(self, slot, message, now)
+            version = self.register(slot, request, new, now)
+        except Exception as e:
+            return registrations.failure(slot, e, now)
+        return {"op": "registered", "profile": request.local, "version": version}
+
+    # -- the Registrar of `registrations.admit` --
 
     def claimant(self, slot: int, now: float) -> tuple[int, int]:
         info = self.registry.slots()[slot]

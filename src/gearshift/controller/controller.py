@@ -1,29 +1,23 @@
-"""The controller: the imperative shell around the pure policy (docs/architecture.md, section
-"Controller", describes it in full).
+"""The controller: the imperative shell around the pure policy, one class whose loop reads as
+gunicorn's arbiter, `run` → `step` → the handlers (docs/architecture.md, "Controller").
 
-One iteration (`step`): heartbeat; a dead holder's namespace lock repaired (observed without
-waiting; the loop waits at most LOCK_WAIT for the lock, and a scan that finds it busy is
-skipped, counted `lock_busy`, and tried again next iteration); at each scan, its own objects
-checked by inode (a lost control segment or lock: NamespaceLost, the loop ends; a lost snapshot
-or status region: re-created and published again); the slot table (`slots.Slots`); registrations
-(`registrations`), both returning effects that the loop applies in order (`effects`,
-`applying`: a registration's snapshot published and saved before its reply); drain every ring
-into the statistics (`ingest`) and the workers' measurements into the cost book (`costbook`);
-per device, a decision round (`core.round.decide_round`, priced with the book's fits) started
-on a snapshot of its ledger in a thread of its own (`deciding`; inline with an injected clock),
-and each round decided since applied, with a new snapshot if a gear changed (one decided on
-gears that changed meanwhile is decided again), the state file (`statefile`) saved after any
-change or new measurement, at most every `save_interval_seconds` and written off the loop
-(`saving`); the status document (`status`, published by `publishing`).
-An exception in one phase is counted and logged (at most every 10 s per phase), and the loop
-goes on.
+One `step`: the controller word held (`upkeep.Leadership`); a dead holder's lock repaired (the
+loop waits at most LOCK_WAIT for it; a busy scan is counted `lock_busy`, tried next iteration);
+at each scan, its own objects checked by inode (`publish.Regions.check`) and the slot table
+scanned (`slots`); registrations served (`registrations`); the rings drained (`ingest`,
+`costbook`); the fleet (`fleet`) and the groups' rounds (`grouprounds`) ticked; the devices'
+rounds started and applied (`rounds`); the state file saved (`saving`); the status document
+published (`status`). A phase that raises is counted and logged (`failures`); the loop goes on.
 
-Versions only increase: a device's snapshot is published at max(region version, saved
-version) + 1, across restarts, takeovers and recreated segments; on start every restored
-device is published once. Graceful stop (`close`): final drain, state saved, status published,
-identity released; the namespace stays while live workers hold slots, else it is removed. The
-final save's failure is logged every time (not throttled as the loop's errors are), marked in
-the last status document (`final_save`) and raised (StateError) once the rest is done.
+The slot table and registrations return effects (`effects`, data) that `_apply` matches and
+applies in order: a failing `Save`, `PublishStatus`, `Measured` or `Inherit` is counted and the
+list goes on; any other drops the rest of its list, and where the list ends in a `Reply` (a
+registration's) the worker is refused with the error instead (a failing `Publish` of an `Added`
+profile withdraws it first). So a registration's snapshot is published and saved before its
+reply. Versions only increase: a device's snapshot is published at max(region version, saved
+version) + 1. Graceful stop (`close`): final drain, state saved, status published, identity
+released, the namespace removed unless live workers hold slots; the final save's failure is
+logged, marked in the last status document (`final_save`) and raised (StateError).
 """
 
 from __future__ import annotations
@@ -32,37 +26,45 @@ import logging
 import math
 import os
 import threading
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 from gearshift.clock import Clock, MonotonicClock, WallClock
-from gearshift.controller import fleet, rounds, saving, statefile, status, upkeep
-from gearshift.controller.applying import Applying
+from gearshift.controller import (
+    effects,
+    fleet,
+    publish,
+    registrations,
+    rounds,
+    saving,
+    statefile,
+    status,
+    upkeep,
+)
 from gearshift.controller.config import ControllerConfig, InitialGears
 from gearshift.controller.costbook import CostBook
-from gearshift.controller.deciding import Decided, Decider
-from gearshift.controller.embedded import EmbeddedController
+from gearshift.controller.deciding import Decider
+from gearshift.controller.failures import Failures
 from gearshift.controller.grouprounds import GroupRounds
 from gearshift.controller.ingest import Batch, ProfileKeys
-from gearshift.controller.publishing import Publishing
 from gearshift.controller.registrations import Registrations
 from gearshift.controller.slots import Slots
+from gearshift.core import memory
 from gearshift.core.config import PolicyConfig
-from gearshift.core.round import DeviceLedger
-from gearshift.errors import ControllerRunning, GearshiftError, NamespaceLost, StateError
+from gearshift.core.round import DeviceLedger, Round
+from gearshift.errors import NamespaceLost, StateError
 from gearshift.shm import Registry, SnapshotRegion
 from gearshift.shm.cleanup import own
 
-__all__ = ["Controller", "EmbeddedController"]
+__all__ = ["Controller"]
 
 log = logging.getLogger(__name__)
 
 LOCK_WAIT = 0.005  # seconds: the longest the loop waits for the namespace lock
 
 
-class Controller(Applying, Publishing):
+class Controller:
     """One namespace's controller; `open` it, then `run(stop)` or call `step()` yourself."""
 
     region_type: type[SnapshotRegion] = SnapshotRegion  # of the devices' snapshot regions
@@ -70,37 +72,26 @@ class Controller(Applying, Publishing):
     def __init__(self, config: ControllerConfig, policy: PolicyConfig, registry: Registry,
                  clock: Clock, initial_gears: InitialGears, embedded: bool,
                  background_rounds: bool = True) -> None:
-        self.config = config
-        self.policy = policy
-        self.registry = registry
+        self.config, self.policy, self.registry, self.clock = config, policy, registry, clock
         registry.clock = clock  # times the leases it watches (shm.lease)
-        self.clock = clock
         self.embedded = embedded
         self.devices: dict[int, DeviceLedger] = {}
         self.profile_keys = ProfileKeys()
         self.batch = Batch(config.drain_max_events, lambda: self.profile_keys.ledgers(self.devices))
         self.costs = CostBook()
+        self.failures = Failures(clock)  # a phase's failure counted and logged; the loop goes on
+        self._guard, self._failed = self.failures.guard, self.failures.failed
         self.decider = Decider(policy, clock, background_rounds, self._failed)
         self.saver = saving.Saver(config.state_path, self.devices, self.costs,
                                   config.save_interval_seconds, clock,
                                   partial(self._failed, "state save"))
-        self.slots = Slots(registry, config, self.batch)  # both return effects (`applying`)
+        self.slots = Slots(registry, config, self.batch)  # both return effects (`_apply`)
         self.registrations = Registrations(self.slots, self.devices, policy, initial_gears)
-        self.group_rounds = GroupRounds(self.registrations.groups, self.devices, policy,
-                                        self._publish, self.prices, self.memory_usage,
-                                        self.device_memory)
         self.workers, self.lags = self.slots.workers, self.slots.lags  # by slot, by device
-        self.errors = 0  # phases that failed
-        self.lock_repairs = 0  # locks released after their holder died holding them
-        self.round_seconds: deque[float] = deque(maxlen=1024)
-        self.rounds = {"count": 0, "seconds_sum": 0.0, "last_seconds": None}
         self.status: dict[str, Any] | None = None  # the last document published
-        self.changes: dict[int, dict[str, list[list[Any]]]] = {}  # last round, per profile
-        self._regions: dict[int, SnapshotRegion] = {}
-        self._next_check: dict[int, float] = {}
+        self.regions = publish.Regions(lambda d: self.region_type.open(config.namespace, d),
+                                       lambda: status.open_region(config.namespace))
         self._next_scan = self._next_status = -math.inf
-        self._logged: dict[str, float] = {}
-        self._status_region: SnapshotRegion | None = None
         self._previous: dict[str, Any] | None = None  # the last status document, while opening
         self._stop_metrics: Callable[[], None] | None = None
         self._state_lock: statefile.StateLock | None = None
@@ -108,7 +99,20 @@ class Controller(Applying, Publishing):
         self.final_save: str | None = None  # at close: "saved" or "failed: why"
         self.fleet = fleet.Fleet(None, "", config.fleet_key, policy, clock, clock).attach(
             self.devices, self.costs)  # "off" until `open` gives the configured one
-        self._usurper: tuple[int, int] | None = None  # (identity, beats) of a word not ours
+        self.leadership = upkeep.Leadership(registry, clock, self._failed)
+        self.decisions = rounds.Rounds(self.devices, policy, self.decider, self.saver, self.costs,
+                                       self.slots, self._publish,
+                                       lambda d, dev, now: self.fleet.prior(d, dev, now))
+        self.prices, self.device_memory = self.decisions.prices, self.decisions.device_memory
+        self.rounds, self.changes = self.decisions.counts, self.decisions.changes
+        self.group_rounds = GroupRounds(self.registrations.groups, self.devices, policy,
+                                        self._publish, self.prices, self.slots.memory_usage,
+                                        self.device_memory)
+
+    @property
+    def errors(self) -> int:
+        """The phases that failed (`failures`)."""
+        return self.failures.count
 
     # -- life cycle --
 
@@ -118,25 +122,21 @@ class Controller(Applying, Publishing):
              fresh_on_corrupt_state: bool = False, embedded: bool = False,
              background_rounds: bool | None = None) -> Controller:
         """Own `config.namespace` (creating it, or taking over a dead controller's segments),
-        restore the state file and publish the restored gears.
-
-        ControllerRunning names the pid of a live owner; NotOwned an object of the namespace
-        that is another user's; NamespaceBusy a controller holding the same state directory;
-        StateError on a corrupt or newer-format state file unless `fresh_on_corrupt_state`
-        (then it is set aside as `<file>.corrupt`, with a warning); ConfigError if metrics are
-        asked for without prometheus_client. Decision rounds run in threads of their own
-        (`background_rounds`, default: unless a clock is injected; a fake clock's steps decide
-        and publish inline, as before).
-        """
+        restore the state file and publish the restored gears. ControllerRunning names the pid
+        of a live owner; NotOwned an object of the namespace that is another user's;
+        NamespaceBusy a controller holding the same state directory; StateError on a corrupt or
+        newer-format state file unless `fresh_on_corrupt_state` (then set aside as
+        `<file>.corrupt`, with a warning); ConfigError if metrics are asked for without
+        prometheus_client. Rounds run in threads of their own (`background_rounds`, default:
+        unless a clock is injected; a fake clock's steps decide and publish inline)."""
         policy = policy or PolicyConfig()
         joining = fleet.from_config(config, policy, clock or MonotonicClock(),
                                     WallClock() if clock is None else clock)
         joining.first_read()  # before the namespace: registrations get the fleet's gears
         registry = own(config.namespace, config.slots)
         registry.wait = LOCK_WAIT
-        self = cls(config, policy, registry, clock or MonotonicClock(),
-                   initial_gears or {}, embedded,
-                   clock is None if background_rounds is None else background_rounds)
+        self = cls(config, policy, registry, clock or MonotonicClock(), initial_gears or {},
+                   embedded, clock is None if background_rounds is None else background_rounds)
         self.fleet = joining.attach(self.devices, self.costs)
         try:
             self._state_lock = statefile.StateLock.acquire(config.state_path)
@@ -148,22 +148,12 @@ class Controller(Applying, Publishing):
             if config.metrics_port is not None:
                 from gearshift.controller.metrics import serve_metrics
 
-                self._stop_metrics = serve_metrics(
-                    config.metrics_port, lambda: self.status, config.metrics_addr
-                )
+                self._stop_metrics = serve_metrics(config.metrics_port, lambda: self.status,
+                                                   config.metrics_addr)
         except BaseException:
             self._release(quiet=True)  # the refusal is the one line the caller reports
             raise
         return self
-
-    @classmethod
-    def start_embedded(cls, config: ControllerConfig, policy: PolicyConfig | None = None,
-                       **options: Any) -> EmbeddedController[Controller]:
-        """Open the controller here (errors raise in the caller, e.g. ControllerRunning) and
-        run it in a daemon thread of this process: the same loop and shared memory as
-        `gearshift serve`. A worker should release its slot before `stop()`, so that the
-        final drain takes its ring."""
-        return EmbeddedController(cls.open(config, policy, embedded=True, **options))
 
     def run(self, stop: threading.Event) -> None:
         """Iterate every drain interval until `stop` is set, then `close()`; NamespaceLost
@@ -195,7 +185,7 @@ class Controller(Applying, Publishing):
             self._save()
             self.final_save = "saved"
         except Exception as e:
-            self.errors += 1
+            self.failures.count += 1
             self.final_save = f"failed: {type(e).__name__}: {str(e)[:200]}"
             log.error("final state save to %s failed", self.config.state_path, exc_info=e)
         self._guard("fleet", self.fleet.close, now)
@@ -220,9 +210,7 @@ class Controller(Applying, Publishing):
         if self._stop_metrics is not None:
             self._stop_metrics()
         self.slots.close()
-        for region in [*self._regions.values(), self._status_region]:
-            if region is not None:
-                region.close()
+        self.regions.close()
         self.registry.release_controller()
         self.registry.close()
         if self._state_lock is not None:
@@ -240,7 +228,7 @@ class Controller(Applying, Publishing):
             if dev.profiles:  # one that does not fit its region is said, never fatal
                 self._guard(f"publish of device {device}", self._publish, device, now)
         self._previous = status.read(self.config.namespace)
-        self._status_region = status.open_region(self.config.namespace)
+        self.regions.open_status()
         self._scan(now)
         self._previous = None
         self._save()
@@ -250,11 +238,8 @@ class Controller(Applying, Publishing):
     def step(self) -> None:
         """One loop iteration at the clock's `now`, without sleeping."""
         now = self.clock.now()
-        if not self.registry.owns_controller():
-            self._taken_over()
-        if self.registry.owns_controller():  # never beats another's lease
-            self.registry.beat_controller(int(now * 1e9))
-        self._guard("lock repair", self._repair_lock)
+        self.leadership.hold(now)  # NamespaceLost if another controller took over
+        self._guard("lock repair", self.leadership.repair_lock)
         if now >= self._next_scan or self.slots.polling(now):
             self._check_objects(now)
             self._guard("slot scan", self._scan, now)
@@ -262,83 +247,140 @@ class Controller(Applying, Publishing):
         self._guard("drain", self._drain, now)
         self._guard("fleet", self.fleet.tick, now)
         self._guard("group rounds", self.group_rounds.step, now)
-        for device in list(self.devices):
-            due = now >= self._next_check.get(device, -math.inf) or device in self.decider.redo
-            if due and not self.decider.busy(device):
-                self._next_check[device] = now + self.policy.check_interval_seconds
-                self._guard(f"decision round of device {device}", self._decide, device, now)
-        for decided in self.decider.finished(self.devices):
-            self._guard(f"decision round of device {decided.device}", self._apply_round, decided,
-                        now)
+        self.decisions.step(now, self._guard)
         self._guard("state save", self.saver.poll, now)
         if now >= self._next_status:
             self._guard("status", self._publish_status, now)
 
-    def _taken_over(self) -> None:
-        """The controller word no longer names this process: claim it back if it is free, names
-        a dead process of this realm, or one of another realm whose lease expired while this one
-        watched; another controller, beating, took over (it judged this one dead: a stop longer
-        than the lease): NamespaceLost, this one stops."""
-        try:
-            self.registry.claim_controller()
-            self._usurper = None
-        except ControllerRunning as e:
-            seen = (self.registry.controller().ident, self.registry.controller_beats())
-            if self._usurper is None or self._usurper == seen:  # no beat seen yet: a word
-                self._usurper = self._usurper or seen  # a buggy process wrote is claimed back
-                return  # once its lease expired; a controller beating takes over
-            raise NamespaceLost(f"namespace {self.config.namespace!r}: {e}; another controller "
-                                "took the namespace over (this one was judged dead: stopped "
-                                "or stalled past the lease), so this one stops") from None
-        except GearshiftError as e:  # the lock busy, the namespace closed: next iteration
-            self._failed("controller identity", e)
-
     def _scan(self, now: float, spare: int | None = None) -> None:
-        scanned, effects = self.slots.scan(now, spare)  # False: the lock was busy, try again
+        scanned, found = self.slots.scan(now, spare)  # False: the lock was busy, try again
         self._next_scan = now + self.config.scan_interval_seconds * scanned
-        self._apply(effects, now)
-
-    def _repair_lock(self) -> None:
-        self.lock_repairs += upkeep.repair_lock(self.registry, self.clock)
+        self._apply(found, now)
 
     def _drain(self, now: float) -> None:
         self._apply(self.slots.drain(now), now)
 
-    def memory_usage(self, device: int, now: float) -> float | None:
-        """The highest fresh reading of the device's live workers (None: no fresh reading)."""
-        return self.slots.memory_usage(device, now)
+    # -- effects and registrations --
 
-    def device_memory(self, device: int) -> float | None:
-        """The device's memory: its workers' reading (`Slots.device_bytes`), kept in its ledger
-        (a device's memory does not change; a restarted controller has it from its state file
-        before any worker reads it again)."""
+    def _serve(self, now: float) -> None:
+        """Answer every waiting registration, each slot's on its own."""
+        for slot in range(self.slots.high_water()):
+            self._guard(f"registration of slot {slot}", self._serve_slot, slot, now)
+
+    def _serve_slot(self, slot: int, now: float) -> None:
+        if slot not in self.slots.workers and self.registry.requests(slot).waiting():
+            busy = self.slots.lock_busy  # a request may come before its slot's scan
+            self._scan(now, slot)
+            if slot not in self.slots.workers and self.slots.lock_busy != busy:
+                return  # the lock was busy (a dead holder's, being repaired): next iteration
+        taken = registrations.take(self.registry, slot, now)
+        if isinstance(taken, dict):
+            self._apply(self.registrations.plan(slot, taken, now), now)
+        elif taken is not None:
+            self._apply([taken], now)
+
+    def _apply(self, planned: Sequence[effects.Effect], now: float) -> None:
+        """Apply the `planned` effects in order (see the module docstring)."""
+        for i, effect in enumerate(planned):
+            try:
+                self._apply_one(effect, now)
+            except BaseException as e:
+                if isinstance(effect, effects.Publish) and effect.added is not None:
+                    e = self.registrations.withdraw(effect.added, e)
+                reply = next((r for r in planned[i + 1:] if isinstance(r, effects.Reply)), None)
+                if reply is None or not isinstance(e, Exception):
+                    raise e from None
+                message = registrations.failure(reply.slot, e, now)
+                registrations.post(self.registry, reply.slot, message, now)
+                return
+
+    def _apply_one(self, effect: effects.Effect, now: float) -> None:
+        match effect:
+            case effects.Failed(what, error):
+                self._failed(what, error)
+            case effects.Inherit(slot):
+                self._guard(f"slot {slot}", self._inherit, slot)
+            case effects.Measured(slot, events, keys):
+                self._guard(f"measurements of slot {slot}", self.costs.take, events, keys,
+                            partial(self.profile_keys.profile, self.devices))
+            case effects.Reclaim(slot):
+                self._guard(f"registration of slot {slot}", self._serve_slot, slot, now)
+                self._apply(self.slots.reclaim(slot, now), now)
+            case effects.Publish(device):
+                self._publish(device, now)
+            case effects.ForgetCosts(device, name):
+                self.costs.forget(device, name)
+            case effects.Save():
+                self._guard("state save", self._save)
+            case effects.Map(slot, local, device, name):
+                self.slots.workers[slot].map(local, self.profile_keys.key(device, name), name)
+            case effects.PublishStatus():
+                self._guard("status", self._publish_status, now)
+            case effects.Log(logger, message, args):
+                logging.getLogger(logger).info(message, *args)
+            case effects.Reply(slot, message, version_of):
+                if version_of is not None:
+                    message = {**message, "version": self.devices[version_of].version}
+                registrations.post(self.registry, slot, message, now)
+
+    def _inherit(self, slot: int) -> None:
+        """Map the profile ids that the previous controller's last status document lists for
+        this claim of the slot, so that events already in the ring are folded (on open)."""
+        w = self.slots.workers[slot]
+        profiles = self.devices.get(w.info.device, DeviceLedger()).profiles
+        for local, name in status.profile_ids(self._previous, w.info):
+            if name in profiles:
+                w.map(local, self.profile_keys.key(w.info.device, name), name)
+
+    # -- publishing --
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """The event counters of the status document (a new dict: `status.counters`)."""
+        return status.counters(self.batch, self.costs, self.slots, self.errors,
+                               self.leadership.lock_repairs)
+
+    def _check_objects(self, now: float) -> None:
+        """`Regions.check`: NamespaceLost, or lost regions created and published again."""
+        devices, status_lost = self.regions.check(self.registry)
+        if status_lost:
+            self._next_status = now
+        for device in devices:
+            self._guard(f"publish of device {device}", self._publish, device, now)
+
+    def _publish(self, device: int, now: float, round: Round | None = None) -> None:
+        """Publish the device's gears (`round`'s where it has them): `publish.snapshot`."""
         dev = self.devices[device]
-        dev.memory_bytes = self.slots.device_bytes(device) or dev.memory_bytes
-        return dev.memory_bytes
+        region = self.regions.device(device)
+        changes = rounds.change_lists(round) if round is not None else self.changes.get(device)
+        dev.version = publish.snapshot(region, device, dev.version, publish.gears(dev, round),
+                                       changes, self.registrations.groups.views(device))
+        self.slots.published(device, dev.version, now)
+        log.info("device %d: snapshot version %d published", device, dev.version)
 
-    # -- decisions --
+    def status_document(self, now: float) -> dict[str, Any]:
+        """The status document at `now` (format in `status`)."""
+        memory_bytes = {d: self.device_memory(d) for d in self.devices}  # the ledgers' too
+        doc = status.document(
+            now, namespace=self.config.namespace, embedded=self.embedded, policy=self.policy,
+            counts=self.counts, rounds=self.rounds, workers=self.slots.workers.values(),
+            devices=self.devices,
+            memory_usage={d: self.slots.memory_usage(d, now) for d in self.devices},
+            lags=self.slots.lags, changes=self.changes, costs=self.costs,
+            final_save=self.final_save, unsaved_since=self.saver.unsaved_since,
+            memory_bytes=memory_bytes, graph_bytes={
+                d: memory.device_usage(dev, self.prices(d), self.policy)
+                for d, dev in self.devices.items()})
+        doc["groups"] = self.group_rounds.status()
+        if self.fleet.store is not None:
+            doc["fleet"] = self.fleet.view(now)
+        return doc
 
-    def _decide(self, device: int, now: float) -> None:
-        """Start the device's round on a snapshot of its ledger (`deciding`)."""
-        self.device_memory(device)
-        self.decider.start(device, self.devices[device], now, self.memory_usage(device, now),
-                           self.prices(device), self.fleet.prior(device, self.devices[device], now))
-
-    def _apply_round(self, decided: Decided, now: float) -> None:
-        """Apply a round decided on the device's gears as they are (`Decider.finished`):
-        publish if a gear changed, then the ledger."""
-        device, round, usage = decided.device, decided.round, decided.usage
-        dev, seconds = self.devices[device], decided.seconds
-        if round is None:
-            self.saver.after_round(changed=False)  # new measurements are saved all the same
-            return
-        if round.changed:  # PayloadError, the round not applied, if it does not fit
-            self._publish(device, now, round)
-        dev.apply(round)
-        rounds.count(self.rounds, self.round_seconds, seconds)  # the policy's part
-        rounds.log_round(device, round, usage, seconds)
-        self.changes[device] = changes = rounds.change_lists(round)
-        self.saver.after_round(changed=any(changes.values()))
+    def _publish_status(self, now: float) -> None:
+        self._next_status = now + self.config.status_interval_seconds
+        assert self.regions.status is not None
+        self.status = publish.status_document(self.regions.status, self.status_document(now),
+                                              self.status)
 
     def _save(self) -> None:
         """Save now, on the loop, after any write in flight (open, new profile, close)."""

@@ -1,7 +1,7 @@
 """Effects: what the controller's parts ask of it, as small frozen values.
 
 `Slots` and `Registrations` change only their own state; what must happen beyond it they return
-as a list of effects, which the controller applies in order (`applying.Applying`). A
+as a list of effects, which the controller matches and applies in order (`Controller._apply`). A
 registration's list puts its publish and save before its reply: the worker maps the snapshot
 when it reads the reply, and a successor inherits the worker's ids from the status document.
 """

@@ -1,8 +1,12 @@
-"""A controller run in a daemon thread of a worker process (`connect(embedded=True)`,
-`Controller.start_embedded`): the same loop and shared memory as `gearshift serve`.
+"""The embedded controller: one run in a daemon thread of a worker process (`start`; for
+`connect(embedded=True)`, `start_default`): the same loop and shared memory as `gearshift serve`.
 
-`stop()` ends the loop gracefully (final drain, state saved); the final save's failure, logged
-already by the loop, is kept in `error` rather than lost with the thread.
+`start_default` keeps its state file in the given directory, else `GEARSHIFT_STATE_DIR`, else in a
+temporary directory (`scratch_prefix`) removed when it stops; it returns None when another live
+controller won the race to the namespace. `stop()` ends the loop gracefully (final drain, state
+saved); the final save's failure, logged already by the loop, is kept in `error` rather than
+lost with the thread. Both belong to the process that started them: a forked child's copy stops
+and removes nothing (no finalizer removes the directory, as a TemporaryDirectory's would).
 
 SIGTERM, whose default action kills the process without running its exit handlers, would
 leave the namespace's segments in /dev/shm and the temporary state directory behind. So while
@@ -20,16 +24,23 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
 import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from gearshift.errors import GearshiftError, StateError
+from gearshift import environment
+from gearshift.controller.config import ControllerConfig
+from gearshift.core.config import PolicyConfig
+from gearshift.errors import ControllerRunning, GearshiftError, StateError
 
-__all__ = ["EmbeddedController", "remove_scratch", "scratch_prefix"]
+if TYPE_CHECKING:
+    from gearshift.controller.controller import Controller
+
+__all__ = ["EmbeddedController", "remove_scratch", "scratch_prefix", "start", "start_default"]
 log = logging.getLogger(__name__)
 
 
@@ -49,8 +60,8 @@ def _terminated(signum: int, frame: FrameType | None) -> None:
 class EmbeddedController(Generic[L]):
     """A controller running in a daemon thread of a worker process (`connect(embedded=True)`)."""
 
-    def __init__(self, controller: L) -> None:
-        self.controller = controller
+    def __init__(self, controller: L, scratch: str | None = None) -> None:
+        self.controller, self.scratch, self.pid = controller, scratch, os.getpid()
         self._stop = threading.Event()
         self.error: StateError | None = None  # the final save's failure (logged already)
         self._sigterm = _install()
@@ -65,13 +76,50 @@ class EmbeddedController(Generic[L]):
             self.error = e
 
     def stop(self, timeout: float = 10.0) -> bool:
-        """Stop gracefully (final drain, state saved); False if it did not end in `timeout`."""
-        self._stop.set()
-        self._thread.join(timeout)
-        if self._sigterm:
-            self._sigterm = False
-            _uninstall()
-        return not self._thread.is_alive()
+        """Stop gracefully (final drain, state saved) and remove the `scratch` directory; False
+        if it did not end in `timeout`. A forked child's copy stops and removes nothing."""
+        if os.getpid() != self.pid:
+            return True  # no thread of it runs here
+        try:
+            self._stop.set()
+            self._thread.join(timeout)
+            if self._sigterm:
+                self._sigterm = False
+                _uninstall()
+            return not self._thread.is_alive()
+        finally:
+            if self.scratch is not None:
+                shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def start(config: ControllerConfig, policy: PolicyConfig | None = None, *,
+          scratch: str | None = None, **options: Any) -> EmbeddedController[Controller]:
+    """Open the controller of `config` here (`Controller.open`; errors, e.g. ControllerRunning,
+    raise in the caller, `scratch` removed) and run it in a daemon thread of this process. A
+    worker should release its slot before `stop()`, so that the final drain takes its ring."""
+    from gearshift.controller.controller import Controller
+
+    try:
+        return EmbeddedController(Controller.open(config, policy, embedded=True, **options),
+                                  scratch)
+    except BaseException:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
+
+
+def start_default(namespace: str, state_dir: str | None = None) -> EmbeddedController | None:
+    """`start` the controller of `namespace` with the default config, its state file in
+    `state_dir`, else `GEARSHIFT_STATE_DIR`, else in a temporary directory removed when it
+    stops (`connect(embedded=True)`); None if another live controller won the race to it."""
+    scratch = None
+    state_dir = state_dir or environment.read("state_dir")
+    if state_dir is None:
+        scratch = state_dir = tempfile.mkdtemp(prefix=scratch_prefix(namespace))
+    try:
+        return start(ControllerConfig(namespace=namespace, state_dir=state_dir), scratch=scratch)
+    except ControllerRunning:
+        return None
 
 
 def _install() -> bool:

@@ -111,6 +111,12 @@ class ProfileKeys:
             self.profile_by_key.append((device, name))
         return key
 
+    def profile(self, devices: Mapping[int, DeviceLedger],
+                key: int) -> tuple[int, str, ProfileLedger | None]:
+        """(device, name, ledger) of `key` (the ledger None: the device dropped the profile)."""
+        device, name = self.profile_by_key[key]
+        return device, name, devices.get(device, DeviceLedger()).profiles.get(name)
+
     def ledgers(self, devices: Mapping[int, DeviceLedger]) -> list[ProfileLedger | None]:
         """The ledger of each key, in key order (None: the device dropped that profile)."""
         return [devices[d].profiles.get(n) for d, n in self.profile_by_key]

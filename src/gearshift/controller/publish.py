@@ -1,4 +1,5 @@
-"""Publishing what fits: a device's snapshot and the status document, each in its region.
+"""The controller's published regions (`Regions`: each device's snapshot region and the status
+region, checked by inode at each scan), and publishing what fits in them.
 
 A region's capacity is fixed when it is created (`shm.snapshot.DEFAULT_CAPACITY` for a device:
 what MAX_PROFILES profiles of 4 dims of 64 gears need, even with 256-character names;
@@ -17,15 +18,25 @@ what MAX_PROFILES profiles of 4 dims of 64 gears need, even with 256-character n
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gearshift.controller import status
+from gearshift.controller import status, upkeep
+from gearshift.core.round import DeviceLedger, Round
 from gearshift.errors import PayloadError
 from gearshift.protocol import snapshot_payload
-from gearshift.shm import SnapshotRegion
+from gearshift.shm import Registry, SnapshotRegion
 
 log = logging.getLogger(__name__)
+
+
+def gears(dev: DeviceLedger, round: Round | None) -> dict[str, dict[str, list[int]]]:
+    """The gears to publish for `dev`: its profiles' own, `round`'s where it has them."""
+    published = {name: p.gear_lists() for name, p in dev.profiles.items()}
+    if round is not None:
+        published.update({name: {d: list(g.gears) for d, g in dims.items()}
+                          for name, dims in round.gears.items()})
+    return published
 
 
 def snapshot(region: SnapshotRegion, device: int, version: int,
@@ -66,3 +77,43 @@ def status_document(region: SnapshotRegion, doc: dict[str, Any],
         return candidate
     assert error is not None
     raise error
+
+
+class Regions:
+    """The regions a controller publishes in: each device's snapshot region, created (reserved
+    whole) at its first use by `open_device` (SpaceError if /dev/shm has no room for it: tried
+    again at the next use), and the status region (opened by `open_status`)."""
+
+    def __init__(self, open_device: Callable[[int], SnapshotRegion],
+                 open_status: Callable[[], SnapshotRegion]) -> None:
+        self.devices: dict[int, SnapshotRegion] = {}
+        self.status: SnapshotRegion | None = None
+        self._open_device, self._open_status = open_device, open_status
+
+    def device(self, device: int) -> SnapshotRegion:
+        region = self.devices.get(device)
+        if region is None:
+            region = self.devices[device] = self._open_device(device)
+        return region
+
+    def open_status(self) -> None:
+        self.status = self._open_status()
+
+    def check(self, registry: Registry) -> tuple[list[int], bool]:
+        """`upkeep.check`: NamespaceLost, or (the devices whose region was lost, dropped here
+        for the caller to publish again; whether the status region was lost, opened again)."""
+        regions: dict[object, SnapshotRegion] = {**self.devices}
+        if self.status is not None:
+            regions["status"] = self.status
+        lost = upkeep.check(registry, regions)
+        devices = [key for key in lost if isinstance(key, int)]
+        for device in devices:
+            del self.devices[device]
+        if "status" in lost:
+            self.open_status()
+        return devices, "status" in lost
+
+    def close(self) -> None:
+        for region in [*self.devices.values(), self.status]:
+            if region is not None:
+                region.close()

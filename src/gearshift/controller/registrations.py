@@ -7,14 +7,14 @@ with no live holder the re-declaration replaces the profile (its learned gears a
 worker's local id then maps to the profile's global key, and the reply carries the device's
 snapshot version. A device holds at most MAX_PROFILES profiles (NamespaceBusy beyond), and a
 new profile is kept only once the device's snapshot with it is published: one that does not fit
-the snapshot region is refused alone (PayloadError naming the limit), the device as it was. `serve`
-and `answer` hold that logic and need only a `Registrar` (the state side): the worker tests' fake
-controller is one. The controller's `Registrations` shares `admit` and returns the answer as
-effects (`effects`) that the controller applies in order: the new profile published and saved,
-the worker's id mapped and the status document published, then the reply.
+the snapshot region is refused alone (PayloadError naming the limit), the device as it was.
+`admit` holds the checks and needs only a `Registrar` (the state side). The controller's
+`Registrations` is one, and returns the answer as effects (`effects`) that the controller
+applies in order: the new profile published and saved, the worker's id mapped and the status
+document published, then the reply.
 
-Each slot is served on its own (`guard`): a request that cannot be read or answered, or a reply
-that cannot be posted, fails that slot alone, and every refusal is a short message. A rank of
+Each slot is served on its own: a request that cannot be read or answered, or a reply that
+cannot be posted, fails that slot alone, and every refusal is a short message. A rank of
 a group (`protocol.parse_group`) is checked against the group's live members and recorded
 (`controller.groups.Groups`), and its reply echoes the group's name. Warnings
 about one slot are logged at most every QUIET_SECONDS (with the count of those left out), so a
@@ -65,7 +65,6 @@ MAX_PROFILES = 256  # profiles per device
 QUIET_SECONDS = 10.0  # a slot's warnings are logged at most this often
 _quiet: dict[int, tuple[float, int]] = {}  # slot -> (logged again from, warnings left out)
 Seed = Callable[[int, str, Mapping[str, Dim]], Mapping[str, Gears] | None]  # start-up gears
-Guard = Callable[..., None]  # guard(what, fn, *args): runs fn(*args), a failure stays its own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +77,7 @@ class Request:
 
 
 class Registrar(Protocol):
-    """What `answer` needs to know and to record; `now` is the controller's time."""
+    """What `admit` needs to know; `now` is the controller's time."""
 
     def claimant(self, slot: int, now: float) -> tuple[int, int]:
         """(device, pid) of the live worker holding `slot`; NamespaceBusy if there is none."""
@@ -91,23 +90,6 @@ class Registrar(Protocol):
     def holder(self, device: int, name: str, slot: int) -> int | None:
         """The pid of a live worker other than `slot`'s that registered `name` on `device`."""
         ...
-
-    def register(self, slot: int, request: Request, new: bool, now: float) -> int:
-        """Record the registration (`new`: create the profile, or replace it); returns the
-        device's snapshot version for the reply."""
-        ...
-
-
-def serve(registry: Registry, registrar: Registrar, now: float, guard: Guard | None = None,
-          high_water: int | None = None) -> int:
-    """Answer every waiting request of `registry`'s slots (those below `high_water`, default
-    the registry's), each under `guard` (default: a failure is logged); returns how many were
-    answered."""
-    answered: list[int] = []
-    for slot in range(registry.high_water() if high_water is None else high_water):
-        (guard or _logged)(f"registration of slot {slot}", _serve_one, registry, registrar, slot,
-                           now, answered)
-    return len(answered)
 
 
 def take(registry: Registry, slot: int, now: float) -> dict | Reply | None:
@@ -122,35 +104,6 @@ def post(registry: Registry, slot: int, reply: dict, now: float) -> None:
     """Post `reply` in `slot`'s reply mailbox (lost, and said, if the last one was not taken)."""
     if not registry.replies(slot).post(reply):
         _warn(slot, now, "slot %d has not taken its previous reply; this one is lost", slot)
-
-
-def _serve_one(registry: Registry, registrar: Registrar, slot: int, now: float,
-               answered: list[int]) -> None:
-    taken = take(registry, slot, now)
-    if taken is None:
-        return
-    reply = taken.message if isinstance(taken, Reply) else answer(registrar, slot, taken, now)
-    post(registry, slot, reply, now)
-    answered.append(slot)
-
-
-def _logged(what: str, fn: Callable[..., object], *args: Any) -> None:
-    try:
-        fn(*args)
-    except Exception as e:
-        log.warning("%s failed: %s: %s", what, type(e).__name__, str(e)[:200])
-
-
-def answer(registrar: Registrar, slot: int, message: Mapping[str, Any], now: float) -> dict:
-    """The reply to `slot`'s registration `message`: parsed, checked against the profiles of
-    the worker's device and recorded; or the refusal of a malformed or mismatched one."""
-    try:
-        request, device, pid, new = admit(registrar, slot, message, now)
-        version = registrar.register(slot, request, new, now)
-    except Exception as e:
-        return failure(slot, e, now)
-    log.info(REGISTERED, pid, slot, request.name, device, request.local)
-    return {"op": "registered", "profile": request.local, "version": version}
 
 
 REGISTERED = "pid %d (slot %d) registered profile %r on device %d as id %d"

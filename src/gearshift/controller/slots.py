@@ -178,6 +178,11 @@ class Slots:
         ]
         return max(readings, default=None)
 
+    def holders(self, device: int, name: str) -> int:
+        """The live workers of `device` registered with profile `name`."""
+        return sum(w.info.device == device and w.info.alive and name in w.profiles.values()
+                   for w in self.workers.values())
+
     def device_bytes(self, device: int) -> float | None:
         """The device's memory in bytes: the least its workers' latest readings report (a
         worker that overstates it cannot raise the bound's floor; None: none read)."""

@@ -61,7 +61,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from gearshift.controller.costbook import CostBook
-from gearshift.controller.slots import Lag, Worker
+from gearshift.controller.ingest import Batch
+from gearshift.controller.slots import Lag, Slots, Worker
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger, ProfileLedger
 from gearshift.core.seed import gear_stats
@@ -146,6 +147,21 @@ def profile_view(
             }
         )
     return {"name": name, "changes": changes, "dims": dims}
+
+
+def counters(batch: Batch, costs: CostBook, slots: Slots, errors: int,
+             lock_repairs: int) -> dict[str, int]:
+    """The document's event counters (a new dict): the batch's, the slot table's, the loop's
+    `errors` and `lock_repairs`, the cost book's measured records (its refused ones added to
+    the batch's `unknown` and `invalid`)."""
+    measured = costs.counts
+    counts = {**batch.counts, "reclaimed_workers": slots.reclaimed, "exited_workers": slots.exited,
+              "errors": errors, "corrupt_slots": len(slots.corrupt),
+              "lock_busy": slots.lock_busy, "lock_repairs": lock_repairs,
+              "measured": measured["measured"]}
+    counts["unknown"] += measured["unknown"]  # records of either kind refused
+    counts["invalid"] += measured["invalid"]
+    return counts
 
 
 def document(

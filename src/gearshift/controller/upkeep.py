@@ -1,6 +1,6 @@
-"""The loop's upkeep of its namespace: a dead holder's lock released, the controller's own
-shared-memory objects checked by inode, and the namespace removed at a stop if no live worker
-holds a slot.
+"""The loop's upkeep of its namespace: the controller's identity held (`Leadership`), a dead
+holder's lock released, the controller's own shared-memory objects checked by inode, and the
+namespace removed at a stop if no live worker holds a slot.
 
 An administrator's `rm` or systemd's RemoveIPC unlinks names under a running controller: new
 workers then find no namespace (or a new one) while it serves the old objects. `check` compares
@@ -13,12 +13,61 @@ again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from gearshift.clock import Clock
-from gearshift.errors import ControllerRunning, NamespaceBusy, NamespaceLost, NotOwned
+from gearshift.errors import (
+    ControllerRunning,
+    GearshiftError,
+    NamespaceBusy,
+    NamespaceLost,
+    NotOwned,
+)
 from gearshift.shm import Registry, SnapshotRegion, cleanup, lock, segment
 
 log = logging.getLogger(__name__)
+
+
+class Leadership:
+    """The controller word of `registry` kept naming this process, its lease beaten, and the
+    namespace lock released when its holder died holding it (counted in `lock_repairs`)."""
+
+    def __init__(self, registry: Registry, clock: Clock,
+                 failed: Callable[[str, Exception], None]) -> None:
+        self.registry, self.clock, self._failed = registry, clock, failed
+        self.lock_repairs = 0  # locks released after their holder died holding them
+        self._usurper: tuple[int, int] | None = None  # (identity, beats) of a word not ours
+
+    def repair_lock(self) -> None:
+        """`repair_lock`, counted."""
+        self.lock_repairs += repair_lock(self.registry, self.clock)
+
+    def hold(self, now: float) -> None:
+        """Beat the lease at `now` if the word names this process, after `_taken_over` where
+        it does not (never beats another's lease)."""
+        if not self.registry.owns_controller():
+            self._taken_over()
+        if self.registry.owns_controller():
+            self.registry.beat_controller(int(now * 1e9))
+
+    def _taken_over(self) -> None:
+        """The controller word no longer names this process: claim it back if it is free, names
+        a dead process of this realm, or one of another realm whose lease expired while this one
+        watched; another controller, beating, took over (it judged this one dead: a stop longer
+        than the lease): NamespaceLost, this one stops."""
+        try:
+            self.registry.claim_controller()
+            self._usurper = None
+        except ControllerRunning as e:
+            seen = (self.registry.controller().ident, self.registry.controller_beats())
+            if self._usurper is None or self._usurper == seen:  # no beat seen yet: a word
+                self._usurper = self._usurper or seen  # a buggy process wrote is claimed back
+                return  # once its lease expired; a controller beating takes over
+            raise NamespaceLost(f"namespace {self.registry.namespace!r}: {e}; another "
+                                "controller took the namespace over (this one was judged dead: "
+                                "stopped or stalled past the lease), so this one stops") from None
+        except GearshiftError as e:  # the lock busy, the namespace closed: next iteration
+            self._failed("controller identity", e)
 
 
 def repair_lock(registry: Registry, clock: Clock) -> bool:

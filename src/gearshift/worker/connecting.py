@@ -12,16 +12,10 @@ one in a daemon thread of this process when none is alive, with its state file i
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-
-from gearshift import environment
 from gearshift.clock import Clock
-from gearshift.errors import ControllerNotFound, ControllerRunning
+from gearshift.errors import ControllerNotFound
 from gearshift.shm import Registry, names
 from gearshift.worker.attaching import NO_CONTROLLER
-from gearshift.worker.interfaces import Stoppable
 from gearshift.worker.session import Client, MemoryReader
 
 
@@ -55,7 +49,9 @@ def connect(
         except ControllerNotFound:
             if not embedded:
                 raise
-            controller = start_embedded(namespace, state_dir)
+            from gearshift.controller.embedded import start_default
+
+            controller = start_default(namespace, state_dir)
             registry = Registry.attach(namespace)
     try:
         return Client(
@@ -84,47 +80,3 @@ def _attach_live(namespace: str) -> Registry:
         registry.close()
         raise ControllerNotFound(NO_CONTROLLER % (namespace, namespace))
     return registry
-
-
-class _Embedded:
-    """An embedded controller and the temporary directory of its state file, if any: both
-    belong to the process that started them (a forked child's copy stops and removes nothing;
-    no finalizer removes the directory, as a TemporaryDirectory's would in a child)."""
-
-    def __init__(self, controller: Stoppable, scratch: str | None) -> None:
-        self.controller, self.scratch, self.pid = controller, scratch, os.getpid()
-
-    def stop(self) -> None:
-        if os.getpid() != self.pid:
-            return
-        try:
-            self.controller.stop()
-        finally:
-            if self.scratch is not None:
-                shutil.rmtree(self.scratch, ignore_errors=True)
-
-
-def start_embedded(namespace: str, state_dir: str | None = None) -> Stoppable | None:
-    """Start the controller of `namespace` (default config; its state file in `state_dir`, else
-    `GEARSHIFT_STATE_DIR`, else in a temporary directory removed when it stops) in a daemon
-    thread of this process; None if another live controller won the race to it."""
-    from gearshift.controller.config import ControllerConfig
-    from gearshift.controller.controller import Controller
-
-    scratch = None
-    state_dir = state_dir or environment.read("state_dir")
-    if state_dir is None:
-        scratch = state_dir = tempfile.mkdtemp(prefix=f"gearshift-{namespace}-")
-    try:
-        controller = Controller.start_embedded(
-            ControllerConfig(namespace=namespace, state_dir=state_dir)
-        )
-    except BaseException as e:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-        if isinstance(e, ControllerRunning):
-            return None
-        raise
-    return _Embedded(controller, scratch)
-
-

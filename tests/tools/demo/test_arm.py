@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 import gearshift as gs
+from gearshift.controller import embedded
 from gearshift.controller.config import ControllerConfig
-from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.tools.demo import arm
@@ -132,7 +132,7 @@ def test_the_adaptive_arm_routes_every_profile_through_one_client(
     namespace: str, tmp_path: object
 ) -> None:
     config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))
-    controller = Controller.start_embedded(config, PolicyConfig())
+    controller = embedded.start(config, PolicyConfig())
     profiles = {"seq": (DIMS, SIZES), "rows": (ROWS, ROW_SIZES)}
     try:
         with gs.connect(namespace) as client:

@@ -20,8 +20,8 @@ pytest.importorskip("transformers")
 import gearshift as gs
 from gearshift.cli import main
 from gearshift.clikit import EXIT_USAGE
+from gearshift.controller import embedded
 from gearshift.controller.config import ControllerConfig
-from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.graphs.backends import CpuBackend
@@ -129,7 +129,7 @@ def test_both_profiles_run_through_one_client_of_one_controller(
     }
     dims = {ll.PREFILL: PREFILL_DIMS, ll.DECODE: loads[ll.DECODE].dims}
     config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))
-    controller = Controller.start_embedded(config, PolicyConfig())
+    controller = embedded.start(config, PolicyConfig())
     try:
         with gs.connect(namespace) as client:
             profiles = ll.profiles(client, model, dims)

@@ -7,8 +7,8 @@ import multiprocessing
 
 import numpy as np
 
+from gearshift.controller import embedded
 from gearshift.controller.config import ControllerConfig
-from gearshift.controller.controller import Controller
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.tools.demo import arm, worker
@@ -59,7 +59,7 @@ def test_command_loop_runs_both_arms_on_their_own_counters(
     namespace: str, tmp_path: object
 ) -> None:
     config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))
-    controller = Controller.start_embedded(config, PolicyConfig())
+    controller = embedded.start(config, PolicyConfig())
     which, local = np.array([0, 1, 0, 0, 1, 0, 0, 0]), np.array([0, 0, 1, 2, 1, 3, 4, 5])
     times = np.arange(8, dtype=np.float64)
     profiles = {"a": (DIMS, DIMS, SIZES), "b": (ROWS, ROWS, ROW_SIZES)}

@@ -127,7 +127,7 @@ def _load(
             )
             rss_end = _rss_mb()
             dropped = sum(w.ring.dropped for w in controller.workers.values() if w.ring)
-            round_ms = [s * 1e3 for s in list(controller.round_seconds)[rounds:]]
+            round_ms = [s * 1e3 for s in list(controller.decisions.recent)[rounds:]]
         finally:
             stop.set()
             for p in procs:

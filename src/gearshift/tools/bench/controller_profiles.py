@@ -127,7 +127,7 @@ def _case(profiles: int, high: int, seconds: float) -> dict[str, Any]:
                 clock.sleep(interval - stalls[-1])
             events = controller.counts["consumed"] - before
             dropped = _dropped(controller) - dropped
-            decided = list(controller.round_seconds)[rounds:]
+            decided = list(controller.decisions.recent)[rounds:]
             saver = controller.saver
             writes = {"save_loop_ms_max": max(saver.loop_seconds, default=0.0) * 1e3,
                       "save_write_ms_p50": statistics.median(saver.seconds) * 1e3

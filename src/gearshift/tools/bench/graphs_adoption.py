@@ -43,8 +43,8 @@ CHECK_EVERY = 50
 
 def adoption(device: str, sizes: tuple[int, int, int], quick: bool) -> dict[str, Any]:
     """Run the two workers under a controller; the figures (see the module)."""
+    from gearshift.controller import embedded
     from gearshift.controller.config import ControllerConfig
-    from gearshift.controller.controller import Controller
     from gearshift.shm import Registry, SnapshotRegion, cleanup
 
     versions, timeout, phase = (2, 60.0, 1.5) if quick else (4, 120.0, 3.0)
@@ -54,7 +54,7 @@ def adoption(device: str, sizes: tuple[int, int, int], quick: bool) -> dict[str,
         config = ControllerConfig(
             namespace=namespace, state_dir=state_dir, scan_interval_seconds=0.05
         )
-        controller = Controller.start_embedded(config, POLICY)
+        controller = embedded.start(config, POLICY)
         workers: list[tuple[Any, Connection]] = []
         try:
             for i in range(2):

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from gearshift.controller import embedded
 from gearshift.controller.config import ControllerConfig
-from gearshift.controller.controller import Controller
 from gearshift.controller.embedded import EmbeddedController
 from gearshift.core import memory
 from gearshift.core.config import PolicyConfig
@@ -123,7 +123,7 @@ class Demo:
             )
             clock = TraceClock(times, self.origin, self.queues[ARMS.index("adaptive")])
             policy = paced(self.policy, factor, mix.stride)
-            self.controller = Controller.start_embedded(config, policy, clock=clock)
+            self.controller = embedded.start(config, policy, clock=clock)
             profiles = {p: (w.dims, costs[p].priced(w.dims), w.sizes)
                         for p, w in mix.profiles.items()}
             self.processes.ask(every, "prepare", self.namespace, profiles, mix.which, mix.local,

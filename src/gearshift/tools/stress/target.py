@@ -159,7 +159,7 @@ class Live:
                                           "of CPU)")
 
     def region(self) -> SnapshotRegion:
-        return self.controller._regions[0]
+        return self.controller.regions.devices[0]
 
     def run(self, steps: int = STEPS) -> None:
         """The loop goes on: steps, swap-thread ticks, requests; then the bounds are checked."""
