@@ -8,6 +8,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -381,3 +382,29 @@ def test_a_restarted_controller_bounds_the_restored_gears_by_the_memory_last_rea
         assert second.slots.device_bytes(0) is None and second.devices[0].memory_bytes == 10**9
         device = second.status_document(clock.now())["devices"][0]
         assert device["graph_bytes"]["bound"] == pytest.approx(0.005 * 10**9)
+
+
+def test_an_idle_loop_waits_longer_and_the_first_event_brings_the_drain_interval_back(
+        controller: Controller, worker, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = worker()
+    w.register(0, "decode", serve=controller.step)
+    busy, idle = (controller.config.drain_interval_seconds,
+                  controller.config.idle_interval_seconds)
+    waits: list[float] = []
+    stop = threading.Event()
+
+    def sleep(seconds: float) -> None:  # the loop's waits, recorded (virtual time)
+        waits.append(seconds)
+        clock.advance(max(seconds, 0.0))
+        if len(waits) == 8:
+            assert w.put(0, 40)  # the next iteration drains it
+        if len(waits) == 10:
+            w.close()  # released before the controller's close: it removes the namespace
+            stop.set()
+
+    monkeypatch.setattr(clock, "sleep", sleep)
+    controller.run(stop)
+    assert waits[:3] == [2 * busy, 4 * busy, idle]  # doubling while nothing comes in
+    assert max(waits) == idle and waits[7] == idle
+    assert waits[8:] == [busy, 2 * busy]  # an event drained: the drain interval again

@@ -96,6 +96,7 @@ class Controller:
         self._stop_metrics: Callable[[], None] | None = None
         self._state_lock: statefile.StateLock | None = None
         self._closed = False
+        self._acted = False  # this iteration applied effects (`run`: not idle)
         self.final_save: str | None = None  # at close: "saved" or "failed: why"
         self.fleet = fleet.Fleet(None, "", config.fleet_key, policy, clock, clock).attach(
             self.devices, self.costs)  # "off" until `open` gives the configured one
@@ -157,12 +158,19 @@ class Controller:
 
     def run(self, stop: threading.Event) -> None:
         """Iterate every drain interval until `stop` is set, then `close()`; NamespaceLost
-        (logged) ends it too."""
+        (logged) ends it too. While iterations find nothing to drain or answer, the wait
+        between them doubles up to `idle_interval_seconds` (an idle loop's CPU), and the first
+        one that does brings it back to the drain interval."""
+        busy, idle = self.config.drain_interval_seconds, self.config.idle_interval_seconds
+        interval = busy
         try:
             while not stop.is_set():
-                began = self.clock.now()
+                began, consumed = self.clock.now(), self.batch.counts["consumed"]
+                self._acted = False
                 self.step()
-                self.clock.sleep(self.config.drain_interval_seconds - (self.clock.now() - began))
+                quiet = not self._acted and self.batch.counts["consumed"] == consumed
+                interval = min(2 * interval, idle) if quiet else busy
+                self.clock.sleep(interval - (self.clock.now() - began))
         except NamespaceLost as e:
             log.error("%s", e)
             raise
@@ -281,6 +289,7 @@ class Controller:
 
     def _apply(self, planned: Sequence[effects.Effect], now: float) -> None:
         """Apply the `planned` effects in order (see the module docstring)."""
+        self._acted = self._acted or bool(planned)
         for i, effect in enumerate(planned):
             try:
                 self._apply_one(effect, now)
