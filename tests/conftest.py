@@ -34,7 +34,7 @@ def namespace() -> str:
 def mp() -> BaseContext:
     """The context of child processes: a forkserver with the child bodies preloaded."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["shm.procs", "worker.fake_controller"])
+    ctx.set_forkserver_preload(["shm.procs", "worker.fake_controller", "tp.ranks"])
     return ctx
 
 

@@ -1,4 +1,5 @@
-"""Bodies of the gloo harness's rank processes (importable by multiprocessing's forkserver).
+"""Bodies of the gloo harness's rank processes (importable by multiprocessing's forkserver,
+which preloads this module, torch and gearshift with it: tests/conftest.py `mp`).
 
 Every rank joins a gloo process group of `size` ranks on 127.0.0.1:`port`, with collectives
 bounded by COLLECTIVE_SECONDS, and a second gloo group of its own for the harness's check: each
@@ -19,6 +20,9 @@ from bisect import bisect_left
 import torch
 import torch.distributed as dist
 
+import gearshift as gs
+from gearshift.graphs.adaptive import AdaptiveRunner
+from gearshift.graphs.transform import Transform
 from tp import block
 
 COLLECTIVE_SECONDS = 15.0  # a collective that waits longer raises instead of hanging
@@ -94,8 +98,6 @@ def ungrouped(rank: int, size: int, port: int, seed: int, steps: int, namespace:
     check's communicator; the first step whose gears differ ends the run."""
     step = -1
     try:
-        import gearshift as gs
-
         check = _join(rank, size, port, HAZARD_SECONDS)
         full = block.weights(seed)
         mine = block.shard(full, rank, size)
@@ -135,10 +137,6 @@ def grouped(rank: int, size: int, port: int, seed: int, steps: int, namespace: s
     The last rank's captures are `slow` seconds slower (a sleep before each)."""
     step = -1
     try:
-        import gearshift as gs
-        from gearshift.graphs.adaptive import AdaptiveRunner
-        from gearshift.graphs.transform import Transform
-
         check = _join(rank, size, port)
         engine = dist.new_group(backend="gloo")  # the engine's step broadcast
         full = block.weights(seed)
