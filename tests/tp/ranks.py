@@ -1,5 +1,5 @@
 """Bodies of the gloo harness's rank processes (importable by multiprocessing's forkserver,
-which preloads this module, torch and gearshift with it: tests/conftest.py `mp`).
+which preloads torch and gearshift: tests/conftest.py `mp`).
 
 Every rank joins a gloo process group of `size` ranks on 127.0.0.1:`port`, with collectives
 bounded by COLLECTIVE_SECONDS, and a second gloo group of its own for the harness's check: each
