@@ -36,7 +36,7 @@ def mp() -> BaseContext:
     ctx = multiprocessing.get_context("forkserver")
     # torch and gearshift's worker side for tests/tp's rank processes (each would import them,
     # seconds apiece); the test folders' modules load only where the forkserver's sys.path has
-    # them (Python 3.12+ sets it before preloading; 3.11 only after, so they load per child)
+    # them (Python 3.11 never gives it the parent's: there they load in each child)
     ctx.set_forkserver_preload(["shm.procs", "worker.fake_controller", "tp.ranks", "torch",
                                 "torch.distributed", "gearshift.graphs.adaptive",
                                 "gearshift.worker.group"])
