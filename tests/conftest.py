@@ -34,7 +34,12 @@ def namespace() -> str:
 def mp() -> BaseContext:
     """The context of child processes: a forkserver with the child bodies preloaded."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["shm.procs", "worker.fake_controller"])
+    # torch and gearshift's worker side for tests/tp's rank processes (each would import them,
+    # seconds apiece); the test folders' modules load only where the forkserver's sys.path has
+    # them (Python 3.11 never gives it the parent's: there they load in each child)
+    ctx.set_forkserver_preload(["shm.procs", "worker.fake_controller", "tp.ranks", "torch",
+                                "torch.distributed", "gearshift.graphs.adaptive",
+                                "gearshift.worker.group"])
     return ctx
 
 

@@ -133,3 +133,10 @@ def test_a_rank_s_holdings_and_the_usable_set_ride_in_their_messages() -> None:
     assert protocol.profile_usable(payload, "decode") == {(8,)}
     assert protocol.profile_usable(payload, "plain") is None
     assert "group" not in payload["profiles"]["plain"]
+    assert not protocol.profile_reported(payload, "decode")  # no key: not every rank reported
+    payload["profiles"]["decode"]["group"]["reported"] = True
+    assert protocol.profile_reported(payload, "decode")
+    payload["profiles"]["decode"]["group"]["reported"] = 1  # only True is true
+    assert not protocol.profile_reported(payload, "decode")
+    assert not protocol.profile_reported(payload, "plain")
+    assert not protocol.profile_reported(None, "decode")

@@ -32,8 +32,9 @@ Snapshot payload (controller -> every worker of one device, its snapshot region)
 
 `changes` are the last round's decisions of that profile (for status views). The payload
 carries no version: the region's seqlock version is the snapshot version. A grouped profile's
-entry adds `"group": {"name": GROUP, "size": N, "usable": [[g, ...], ...]}`: the variants
-every rank of the group holds (`core.group.usable`).
+entry adds `"group": {"name": GROUP, "size": N, "usable": [[g, ...], ...], "reported": B}`:
+the variants every rank of the group holds (`core.group.usable`), and whether every rank has
+reported (a usable set that lost what the driver holds, with every report in: a rank lacks it).
 
 Ring records: `Kind.SHAPE` / `Kind.EAGER` / `Kind.RECORDED` (`record()`: only recorded) with
 `profile` = P, `values` = raw sizes in dim
@@ -173,6 +174,15 @@ def profile_usable(payload: Any, name: str) -> frozenset[tuple[int, ...]] | None
         return frozenset(tuple(int(g) for g in v) for v in usable)
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
+
+
+def profile_reported(payload: Any, name: str) -> bool:
+    """Whether every rank of grouped profile `name` has reported what it holds, in a snapshot
+    payload; False when it is absent or malformed."""
+    try:
+        return payload["profiles"][name]["group"]["reported"] is True
+    except (AttributeError, KeyError, TypeError):
+        return False
 
 
 def profile_gears(payload: Any, name: str) -> dict[str, Gears] | None:

@@ -60,3 +60,22 @@ def test_a_group_whose_members_all_died_is_declared_anew() -> None:
     _join(groups, 0, size=4, dims={"B": Dim(max=32)}, slot=20)  # rank 0 restarted
     assert groups.profiles[("tp", "decode")].size == 4
     assert groups.missing(("tp", "decode")) == [1, 2, 3]
+
+
+def test_the_snapshots_say_when_every_rank_has_reported_even_if_nothing_became_usable() -> None:
+    dead: set[int] = set()
+    groups = _groups(dead)
+    _join(groups, 0)
+    _join(groups, 1)
+    assert groups.views(0)["decode"] == {"name": "tp", "size": 2, "usable": [],
+                                         "reported": False}
+    assert groups.hold(10, "decode", frozenset({(8,), (16,)})) is None  # nothing changed yet
+    assert groups.hold(11, "decode", frozenset({(8,)})) == [0, 1]
+    assert groups.views(1)["decode"] == {"name": "tp", "size": 2, "usable": [(8,)],
+                                         "reported": True}
+    dead.add(11)
+    _join(groups, 1, slot=21)  # rank 1's new process: holds nothing until it reports
+    assert groups.views(0)["decode"]["reported"] is False
+    assert groups.views(0)["decode"]["usable"] == []
+    assert groups.hold(21, "decode", frozenset()) == [0, 1]  # usable still empty: published
+    assert groups.views(0)["decode"]["reported"] is True

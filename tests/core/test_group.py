@@ -3,6 +3,9 @@ the group's one decision round."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -10,8 +13,10 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Line, Prices
 from gearshift.core.dims import Dim
 from gearshift.core.group import (
+    GEAR_TIMELINE,
     MAX_GROUP_SIZE,
     Group,
+    advance,
     decide_group,
     declare,
     headroom,
@@ -114,3 +119,19 @@ def test_usable_is_what_every_rank_holds_and_nothing_while_a_rank_is_silent() ->
     assert usable({0: frozenset({a, b}), 1: frozenset({b, c})}, 2) == {b}
     assert usable({0: frozenset({a, b})}, 2) == frozenset()
     assert usable({0: frozenset({a}), 1: frozenset({a}), 2: frozenset()}, 3) == frozenset()
+
+
+def test_a_gear_walks_the_timeline_and_the_docs_table_is_the_same() -> None:
+    state = "absent"
+    for event in ("decide", "adopt", "announce", "capture", "report", "read", "reset",
+                  "announce", "capture", "report", "read", "remove", "release"):
+        state = advance(state, event)
+    assert state == "released"
+    with pytest.raises(GroupError):
+        advance("decided", "read")  # not routed before every rank holds it
+    doc = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+    table = doc[doc.index("### A group's gear: the timeline"):doc.index("### Faults")]
+    rows = {(s.strip(), n.strip()) for states, n in
+            re.findall(r"^\| ([a-z, ]+) \| [^|]+ \| ([a-z]+) \|", table, re.M)
+            for s in states.split(",")} - {("state", "next state")}
+    assert rows == {(s, n) for (s, _), n in GEAR_TIMELINE.items()}

@@ -38,9 +38,10 @@ def free_port() -> int:
 
 
 def run_ranks(mp: BaseContext, target: Callable[..., None], size: int, args: tuple,
-              deadline: float) -> Outcome:
+              deadline: float, react: Callable[[tuple], object] | None = None) -> Outcome:
     """`target(rank, size, port, *args, results)` in `size` processes; waits up to `deadline`
-    seconds for all to exit, kills those left (a hang) and returns what they said."""
+    seconds for all to exit, kills those left (a hang) and returns what they said (each
+    report passed to `react` as it comes)."""
     results = mp.Queue()
     port = free_port()
     procs = [mp.Process(target=target, args=(r, size, port, *args, results), daemon=True)
@@ -50,7 +51,7 @@ def run_ranks(mp: BaseContext, target: Callable[..., None], size: int, args: tup
     out = Outcome()
     end = time.monotonic() + deadline
     while any(p.is_alive() for p in procs) and time.monotonic() < end:
-        _take(results, out, 0.05)
+        _take(results, out, 0.05, react)
     for p in procs:
         if p.is_alive():
             out.hung = True
@@ -63,38 +64,66 @@ def run_ranks(mp: BaseContext, target: Callable[..., None], size: int, args: tup
     return out
 
 
-def _take(results, out: Outcome, wait: float) -> None:
+def _take(results, out: Outcome, wait: float,
+          react: Callable[[tuple], object] | None = None) -> None:
     try:
         while True:
             out.reports.append(results.get(timeout=wait))
+            if react is not None:
+                react(out.reports[-1])
             wait = 0.0
     except queue.Empty:
         pass
 
 
 @contextmanager
-def controller(namespace: str, state: Path, *settings: str) -> Iterator[subprocess.Popen]:
-    """`gearshift serve` on `namespace` with `settings` (KEY=VALUE); stopped, and every
-    segment of the namespace removed, at the end."""
+def controller(namespace: str, state: Path, *settings: str
+               ) -> Iterator[Callable[[], subprocess.Popen]]:
+    """`gearshift serve` on `namespace` with `settings` (KEY=VALUE), started; yields
+    `restart()`, which kills the running one (SIGKILL, as a crash) and starts another on the
+    same state dir. The last is stopped, and every segment of the namespace removed, at the
+    end."""
     cmd = [sys.executable, "-m", "gearshift", "serve", "-n", namespace, "--state-dir",
            str(state), "--set", "scan_interval_seconds=0.05"]
     for s in settings:
         cmd += ["--set", s]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]
+
+    def restart() -> subprocess.Popen:
+        procs[-1].kill()
+        procs[-1].wait()
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True))
+        return procs[-1]
+
     try:
         end = time.monotonic() + START_SECONDS
         while not segment.exists(names.status(namespace)):
-            assert proc.poll() is None, proc.stderr.read()
+            assert procs[0].poll() is None, procs[0].stderr.read()
             assert time.monotonic() < end, "the controller did not start"
             time.sleep(0.02)
-        yield proc
+        yield restart
     finally:
         subprocess.run([sys.executable, "-m", "gearshift", "stop", "-n", namespace],
                        capture_output=True, timeout=START_SECONDS)
-        try:
-            proc.wait(START_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
+        for proc in procs:
+            try:
+                proc.wait(START_SECONDS)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stderr.close()
         cleanup(namespace)
+
+
+def lockstep(out: Outcome, size: int, steps: int, tolerance: float) -> list[dict]:
+    """Assert that `size` grouped ranks served all `steps` with no hang, error or step whose
+    gears differed, every output within `tolerance` of the unsharded block; returns each
+    rank's stats, in rank order."""
+    assert not out.hung and out.exitcodes == [0] * size and not out.of("error"), out.reports
+    assert not out.of("step"), out.of("step")
+    done = sorted(out.of("done"))
+    assert [d[1] for d in done] == list(range(size)), out.reports
+    for _, _, served, worst, differed, _ in done:
+        assert served == steps and differed == 0 and worst <= tolerance, done
+    return [d[5] for d in done]

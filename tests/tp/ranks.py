@@ -1,4 +1,5 @@
-"""Bodies of the gloo harness's rank processes (importable by multiprocessing's forkserver).
+"""Bodies of the gloo harness's rank processes (importable by multiprocessing's forkserver,
+which preloads torch and gearshift: tests/conftest.py `mp`).
 
 Every rank joins a gloo process group of `size` ranks on 127.0.0.1:`port`, with collectives
 bounded by COLLECTIVE_SECONDS, and a second gloo group of its own for the harness's check: each
@@ -15,14 +16,22 @@ import random
 import sys
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+import gearshift as gs
+from gearshift import protocol
+from gearshift.graphs.adaptive import AdaptiveRunner
+from gearshift.graphs.transform import Transform
+from gearshift.worker.group import GroupRank, Maintenance
+from gearshift.worker.session import Client
 from tp import block
 
 COLLECTIVE_SECONDS = 15.0  # a collective that waits longer raises instead of hanging
 HAZARD_SECONDS = 3.0  # the negative control's: its hang is the expected outcome, seen sooner
+REJOIN_SECONDS = 20.0
 MAX_TOKENS = 64
 LADDER = (1, 2, 4, 8, 16, 32, 64)  # static gears of the positive control
 
@@ -94,8 +103,6 @@ def ungrouped(rank: int, size: int, port: int, seed: int, steps: int, namespace:
     check's communicator; the first step whose gears differ ends the run."""
     step = -1
     try:
-        import gearshift as gs
-
         check = _join(rank, size, port, HAZARD_SECONDS)
         full = block.weights(seed)
         mine = block.shard(full, rank, size)
@@ -127,42 +134,46 @@ def ungrouped(rank: int, size: int, port: int, seed: int, steps: int, namespace:
 
 
 def grouped(rank: int, size: int, port: int, seed: int, steps: int, namespace: str,
-            pause: float, slow: float, results) -> None:
+            pause: float, slow: float, restart: int, crash: int, results) -> None:
     """The positive run: every rank declares the group (rank and size from torch.distributed)
     and drives its runner through `GroupRank`; rank 0 is the driver: each step it announces
     the boundary's maintenance and plans the step, and the engine's own broadcast (a third
     gloo communicator) carries both to every rank, which maintains then replays exactly that.
-    The last rank's captures are `slow` seconds slower (a sleep before each)."""
+    The last rank's captures are `slow` seconds slower (a sleep before each). At step
+    `restart` (-1: never) the last rank's gearshift side is replaced, as a restarted process's
+    would be: its client closed, a new one connected, a new runner holding nothing (the gloo
+    communicator stays: the harness cannot replace one rank of it, so the new runner's padding
+    probe, run while the others step, runs the shard without its all-reduces). At step `crash` (-1:
+    never) rank 0 reports ("crash", 0, step): the test kills the controller and starts
+    another. The "done" report's stats are the last `GroupRank`'s, with how many distinct
+    snapshot versions were carried in turn, the steps this rank's own snapshot was another
+    version than the carried one, and the steps after both faults that replayed a graph."""
     step = -1
     try:
-        import gearshift as gs
-        from gearshift.graphs.adaptive import AdaptiveRunner
-        from gearshift.graphs.transform import Transform
-
         check = _join(rank, size, port)
         engine = dist.new_group(backend="gloo")  # the engine's step broadcast
         full = block.weights(seed)
         mine = block.shard(full, rank, size)
 
+        alone = [False]  # while a replaced rank's runner probes its function on its own
+
         def fn(x: torch.Tensor) -> torch.Tensor:
-            return block.forward(x, mine, dist.group.WORLD)
+            return block.forward(x, mine, None if alone[0] else dist.group.WORLD)
 
-        worst, differed, planned = 0.0, 0, set()
-        with gs.connect(namespace, device=rank) as client:
-            prof = client.profile("tp", {"SEQLEN": gs.Dim(max=MAX_TOKENS)}, group=gs.group("tp"))
-            example = {"x": torch.zeros(MAX_TOKENS, block.HIDDEN, dtype=block.DTYPE)}
-            runner = AdaptiveRunner(Transform(fn, prof.dims, {"x": ("S", None)},
-                                              outputs=("S", None)), example, replays=0)
-            if slow and rank == size - 1:
-                capture = runner.capture
-
-                def slowly(variants: list) -> int:
-                    time.sleep(slow)
-                    return capture(variants)
-
-                runner.capture = slowly
-            group = gs.GroupRank(client, prof, runner)
+        worst, differed, planned, versions, lagged, late = 0.0, 0, set(), [], 0, 0
+        client, group = _member(namespace, rank, size, fn, slow)
+        try:
             for step, n in enumerate(traffic(seed, steps)):
+                if step == restart and rank == size - 1:
+                    client.close()
+                    alone[0] = True
+                    client, group = _member(namespace, rank, size, fn, slow)
+                    alone[0] = False
+                    _rejoin(group)
+                if step == restart:
+                    dist.barrier(group=engine)  # the engine re-forms its group
+                if step == crash and rank == 0:
+                    results.put(("crash", rank, step))
                 said: list = [None]
                 if rank == 0:
                     m = group.boundary()
@@ -170,18 +181,61 @@ def grouped(rank: int, size: int, port: int, seed: int, steps: int, namespace: s
                 dist.broadcast_object_list(said, src=0, group=engine)
                 n, carried, maintenance = said[0]
                 if maintenance is not None:
-                    group.maintain(gs.Maintenance.of(maintenance, 1))
+                    group.maintain(Maintenance.of(maintenance, 1))
                 x = inputs(seed, step, n)
+                lagged += client.region.version() != carried[0]
                 y = group.replay(carried, {"x": x})
                 worst = max(worst, _relative(y, block.reference(x, full)))
                 planned.add(tuple(sorted(group.usable())))
+                late += step > max(restart, crash) and any(carried[1:])
+                if not versions or versions[-1] != carried[0]:
+                    versions.append(carried[0])
                 gears = _gathered(check, size, carried[1])
                 if len(set(gears)) > 1:
                     differed += 1
                     results.put(("step", rank, step, gears))
                 time.sleep(pause)
-            results.put(("done", rank, steps, worst, differed,
-                         {**group.stats, "usable sets": len(planned)}))
+        finally:
+            client.close()
+        results.put(("done", rank, steps, worst, differed,
+                     {**group.stats, "usable sets": len(planned),
+                      "versions": len(versions), "lagged": lagged, "late": late}))
     except BaseException as e:
         results.put(("error", rank, step, f"{type(e).__name__}: {str(e)[:300]}"))
         sys.exit(1)
+
+
+def _rejoin(group: GroupRank) -> None:
+    """Wait, as an engine's re-initialization of a replaced rank would, until the rank is
+    registered and the controller has published that it holds nothing (its device's snapshot:
+    every rank reported, nothing usable); RuntimeError after REJOIN_SECONDS."""
+    end = time.monotonic() + REJOIN_SECONDS
+    region = group.client.region
+    while time.monotonic() < end:
+        group.report()
+        snap = region.read() if region.version() > 0 else None
+        if snap is not None and protocol.profile_reported(snap.payload, "tp") and (
+                protocol.profile_usable(snap.payload, "tp") == frozenset()):
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"the replaced rank was not caught up in {REJOIN_SECONDS} s")
+
+
+def _member(namespace: str, rank: int, size: int, fn: Callable[..., torch.Tensor], slow: float
+            ) -> tuple[Client, GroupRank]:
+    """A client of `namespace` for device `rank`, its grouped profile and a `GroupRank` of a
+    new runner of `fn` (the last rank's captures `slow` seconds slower)."""
+    client = gs.connect(namespace, device=rank)
+    prof = client.profile("tp", {"SEQLEN": gs.Dim(max=MAX_TOKENS)}, group=gs.group("tp"))
+    example = {"x": torch.zeros(MAX_TOKENS, block.HIDDEN, dtype=block.DTYPE)}
+    runner = AdaptiveRunner(Transform(fn, prof.dims, {"x": ("S", None)}, outputs=("S", None)),
+                            example, replays=0)
+    if slow and rank == size - 1:
+        capture = runner.capture
+
+        def slowly(variants: list) -> int:
+            time.sleep(slow)
+            return capture(variants)
+
+        runner.capture = slowly
+    return client, GroupRank(client, prof, runner)

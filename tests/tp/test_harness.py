@@ -25,7 +25,7 @@ def test_the_sharded_block_equals_the_unsharded_one_on_one_process() -> None:
 def test_two_gloo_ranks_on_static_gears_replay_the_same_gear_and_match_the_reference(
     mp: BaseContext,
 ) -> None:
-    steps = 40
+    steps = 20
     out = run_ranks(mp, ranks.static, 2, (7, steps), deadline=60.0)
     assert not out.hung and out.exitcodes == [0, 0], out.reports
     done = sorted(out.of("done"))

@@ -50,11 +50,12 @@ class Region:
     def read(self):
         return SimpleNamespace(version=self.v, payload=self.payload)
 
-    def usable(self, *gears: int) -> None:
+    def usable(self, *gears: int, reported: bool = False) -> None:
         self.v += 1
         self.payload = protocol.snapshot_payload(
             0, {"p": {"S": (8, 16, 32)}},
-            groups={"p": {"name": "tp", "size": 2, "usable": [(g,) for g in gears]}})
+            groups={"p": {"name": "tp", "size": 2, "usable": [(g,) for g in gears],
+                          "reported": reported}})
 
 
 TP0 = gs.Group("tp", 0, 2)
@@ -82,7 +83,8 @@ def test_a_maintenance_rides_as_ints_and_a_garbled_one_is_refused() -> None:
     m = Maintenance(((8, 64), (4, 64)), ((1, 32),))
     assert Maintenance.of(m.carried(), 2) == m
     assert Maintenance.of(list(Maintenance((), ()).carried()), 2) == Maintenance((), ())
-    for bad in ((2, 8, 64), (1, 8, 64, 1, 0), (0, 1, 0, 0, 9), ("x",), ()):
+    assert Maintenance.of(Maintenance((), (), True).carried(), 2).reset
+    for bad in ((0, 2, 8, 64), (0, 1, 8, 64, 1, 0), (0, 0, 1, 0, 0, 9), (2, 0, 0), ("x",), ()):
         with pytest.raises(gs.GroupError):
             Maintenance.of(bad, 2)
 
@@ -142,3 +144,27 @@ def test_what_a_rank_holds_is_sent_again_every_report_period() -> None:
     rank.client.clock.advance(REPORT_SECONDS)
     rank.replay((4, 16), {"n": 5})
     assert len(sent) == 2 and sent[-1] == protocol.holds_message(3, [(16,)])
+
+
+def test_when_a_rank_lacks_what_the_driver_holds_every_rank_drops_all_and_recaptures() -> None:
+    rank, region, runner, _, _ = _rank(held={(8,), (16,), (32,)})
+    region.usable(8, 16, 32, reported=True)
+    assert rank.boundary() is None and rank.plan(S=5)[1:] == (8,)  # all usable, routed
+    region.usable(reported=False)  # a rank's new process registered: nothing usable yet
+    assert rank.boundary() is None and rank.plan(S=5)[1:] == (0,)  # eager, no reset yet
+    region.usable(reported=True)  # it reported holding nothing
+    m = rank.boundary()
+    assert m == Maintenance(((32,), (16,)), (), reset=True)
+    assert rank.plan(S=5)[1:] == (0,)
+    rank.maintain(Maintenance.of(m.carried(), 1))
+    assert runner.held == {(32,), (16,)}  # 8 dropped: recaptured at the next boundary
+    assert rank.boundary() == Maintenance(((8,),), ())  # not reset again while reports lag
+    assert rank.stats["resets"] == 1
+
+
+def test_a_restarted_controller_before_every_report_is_in_makes_no_reset() -> None:
+    rank, region, _, _, _ = _rank(held={(8,), (16,), (32,)})
+    region.usable(8, 16, 32, reported=True)
+    rank.usable()
+    region.usable()  # a new controller: no report yet
+    assert rank.boundary() is None and rank.stats["resets"] == 0

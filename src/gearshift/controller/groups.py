@@ -98,41 +98,51 @@ class Groups:
              ) -> list[int]:
         """Record `member` as rank `group.rank` of `profile` (after `check`); a group with no
         live member is declared anew. Returns the member devices whose snapshot must be
-        published again: all of them when the usable set changed (a new process holds
+        published again: all of them when what they carry of it changed (a new process holds
         nothing), else none."""
         key = (group.name, profile)
         if key not in self.profiles or not self.live(key):
             self.profiles[key] = Members(group.size, dict(dims))
         members = self.profiles[key]
-        before = usable(members.holds, members.size)
+        before = _published(members)
         if members.ranks.get(group.rank) != member:  # a new process holds nothing yet
             members.holds.pop(group.rank, None)
         members.ranks[group.rank] = member
-        if usable(members.holds, members.size) == before:
+        if _published(members) == before:
             return []
         return sorted({m.device for m in members.ranks.values()})
 
     def hold(self, slot: int, profile: str, variants: frozenset[Variant]) -> list[int] | None:
         """Record that `slot`'s worker holds `variants` of `profile` (its rank's last report);
-        returns the group's member devices when the usable set changed, else None (also when
+        returns the group's member devices when what their snapshots carry of it changed (the
+        usable set, whether every rank has reported), else None (also when
         `slot` holds no rank of a grouped `profile`)."""
         for (_, name), members in self.profiles.items():
             rank = next((r for r, m in members.ranks.items() if m.slot == slot), None)
             if name != profile or rank is None:
                 continue
-            before = usable(members.holds, members.size)
+            before = _published(members)
             members.holds[rank] = variants
-            if usable(members.holds, members.size) == before:
+            if _published(members) == before:
                 return None
             return sorted({m.device for m in members.ranks.values()})
         return None
 
     def views(self, device: int) -> dict[str, dict[str, Any]]:
-        """Per grouped profile a live rank of `device` holds: its group's name, size and
-        usable variants (sorted), as the device's snapshot carries them."""
+        """Per grouped profile a live rank of `device` holds: its group's name, size, usable
+        variants (sorted) and whether every rank has reported (`reported`: an empty usable set
+        with every report in means some rank lacks what the others hold, a restarted rank),
+        as the device's snapshot carries them."""
         out = {}
         for (group, name), members in self.profiles.items():
             if any(m.device == device for m in self.live((group, name)).values()):
                 out[name] = {"name": group, "size": members.size,
-                             "usable": sorted(usable(members.holds, members.size))}
+                             "usable": sorted(usable(members.holds, members.size)),
+                             "reported": _published(members)[1]}
         return out
+
+
+def _published(members: Members) -> tuple[frozenset[Variant], bool]:
+    """What a snapshot carries of `members`: its usable set and whether every rank reported."""
+    return (usable(members.holds, members.size),
+            all(r in members.holds for r in range(members.size)))

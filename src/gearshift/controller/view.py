@@ -241,7 +241,32 @@ def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> s
             for dim, gear, action, reason in p["changes"]:
                 lines += _wrap(f"  {p['name']}/{dim} last round: {action} {gear}: {reason}",
                                width, "      ")
+    groups = (doc or {}).get("groups")
+    for g in groups if isinstance(groups, list) else []:
+        line = _group(g)
+        if line is not None:
+            lines += _wrap(line, width, "  ")
     return "\n".join(lines)
+
+
+def _group(g: object) -> str | None:
+    """One grouped profile of the status document's `groups` in one line: its name, size, the
+    ranks present (a live worker), those missing, its recorder and its usable count; None
+    when the entry is malformed (the document is read from shared memory)."""
+    try:
+        ranks = sorted(int(r[0]) for r in g["ranks"] if r[4] is True)
+        missing = sorted(int(r) for r in g["missing"])
+        name, profile = str(g["group"])[:64], str(g["profile"])[:64]
+        size, usable = int(g["size"]), int(g["usable"])
+        recorder = g["recorder"]
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    present = ", ".join(map(str, ranks)) or "none"
+    lost = (f"; MISSING rank{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(str, missing))} (decided no more)" if missing else "")
+    who = f"rank {recorder}" if isinstance(recorder, int) else "none"
+    return (f"group {name!r} (profile {profile}): {size} ranks, present {present}{lost}; "
+            f"recorder {who}; {usable} usable")
 
 
 def _fleet(f: dict[str, Any]) -> str:

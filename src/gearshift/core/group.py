@@ -3,8 +3,8 @@
 A `Group` is what a rank declares: the group's name, the rank's index and the group's size.
 `declare` completes a declaration from the world `torch.distributed` reports (the caller reads
 it; explicit arguments win). `decide_group` is the group's one decision round, shared by the
-controller and the simulator. Pure: no clock, I/O, threads or torch (docs/architecture.md,
-"Tensor parallel").
+controller and the simulator. `GEAR_TIMELINE` is one gear's lifecycle in a group (`advance`).
+Pure: no clock, I/O, threads or torch (docs/architecture.md, "Tensor parallel").
 """
 
 from __future__ import annotations
@@ -112,3 +112,27 @@ def usable(holds: Mapping[int, frozenset[Variant]], size: int) -> frozenset[Vari
     if any(r not in holds for r in range(size)):
         return frozenset()
     return frozenset.intersection(*(holds[r] for r in range(size)))
+
+
+# One gear's lifecycle in a group: (state, event) -> next state. Who acts on each event is in
+# docs/architecture.md, "A group's gear: the timeline" (the same table).
+GEAR_TIMELINE: dict[tuple[str, str], str] = {
+    ("absent", "decide"): "decided",  # the group's round adds it (version v)
+    ("decided", "adopt"): "adopted",  # a rank adopts v
+    ("adopted", "announce"): "capturing",  # the driver announces its capture
+    ("capturing", "capture"): "held",  # every rank captures it between two steps
+    ("held", "report"): "usable",  # every rank's report holds it
+    ("usable", "read"): "routed",  # the driver reads the snapshot that makes it usable
+    ("routed", "remove"): "retiring",  # a round removes it and the driver adopts that version
+    ("retiring", "release"): "released",  # the driver announces its release
+    **{(state, "reset"): "adopted" for state in ("held", "usable", "routed")},  # a rank lacks
+    ("retiring", "reset"): "released",  # it: every rank drops every graph at one boundary
+}
+
+
+def advance(state: str, event: str) -> str:
+    """The state after `event` in `state` (`GEAR_TIMELINE`); GroupError when it has none."""
+    try:
+        return GEAR_TIMELINE[(state, event)]
+    except KeyError:
+        raise GroupError(f"a group's gear in state {state!r} has no event {event!r}") from None

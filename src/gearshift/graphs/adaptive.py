@@ -314,6 +314,11 @@ class AdaptiveRunner:
         with self._count_lock:
             self.stats["eager"] += 1
 
+    def forget_probes(self) -> None:
+        """Probe every gear's graph again, as a new runner would (a group's ranks recapturing
+        together must run the same probes, collectives included)."""
+        self._prober.checked = {d: set() for d in self._prober.names}
+
     def release(self, dim: str, gear: int) -> int:
         """Drop every variant that used `gear` on `dim` and release its graphs through the pool
         (the caller has let requests on it finish); returns how many graphs were released."""

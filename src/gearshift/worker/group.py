@@ -7,7 +7,7 @@ releases its graphs: all of that happens in `maintain`, on the engine's thread, 
 boundaries the driver announces. Each step:
 
 - the driver (one rank, usually rank 0) calls `boundary()` (a `Maintenance` or None: the
-  variants to capture, largest first, and the gears to release) and `plan(**sizes)` (a
+  gears to release and the variants to capture, largest first) and `plan(**sizes)` (a
   `Carried`: the variant the step runs on, 0s for an eager run); both are short tuples of
   ints, which the engine puts in the step broadcast it already makes;
 - every rank, the driver included, calls `maintain(maintenance)` when there is one, then
@@ -47,34 +47,39 @@ REPORT_SECONDS = 5.0  # what a rank holds is sent again this often (a restarted 
 
 @dataclass(frozen=True)
 class Maintenance:
-    """What every rank runs at one step boundary, in this order: `captures` (variants) then
-    `releases` ((dim index, gear): every variant of that gear)."""
+    """What every rank runs at one step boundary, in this order: when `reset`, it drops every
+    graph it holds and forgets which gears passed the padding probe (a rank lacked what the
+    others held: every rank starts again from the same state); then `releases` ((dim index,
+    gear): every variant of that gear); then `captures` (variants)."""
 
     captures: tuple[Variant, ...]
     releases: tuple[tuple[int, int], ...]
+    reset: bool = False
 
     def carried(self) -> tuple[int, ...]:
-        """As ints: the count of captures, their gears, the count of releases, their pairs."""
-        return (len(self.captures), *(g for v in self.captures for g in v),
+        """As ints: reset (0 or 1), the count of captures, their gears, the count of
+        releases, their pairs."""
+        return (int(self.reset), len(self.captures), *(g for v in self.captures for g in v),
                 len(self.releases), *(x for r in self.releases for x in r))
 
     @classmethod
     def of(cls, ints: tuple[int, ...] | list[int], ndim: int) -> Maintenance:
         """The maintenance `carried()` gave; GroupError when `ints` are not such."""
         try:
-            n, at = int(ints[0]), 1
+            reset, n, at = int(ints[0]), int(ints[1]), 2
             captures = tuple(tuple(int(g) for g in ints[at + i * ndim: at + (i + 1) * ndim])
                              for i in range(n))
             at += n * ndim
             m = int(ints[at])
             releases = tuple((int(ints[at + 1 + 2 * i]), int(ints[at + 2 + 2 * i]))
                              for i in range(m))
-            if at + 1 + 2 * m != len(ints) or any(len(v) != ndim for v in captures):
+            if at + 1 + 2 * m != len(ints) or any(len(v) != ndim for v in captures) or (
+                    reset not in (0, 1)):
                 raise IndexError
         except (IndexError, TypeError, ValueError):
             raise GroupError(f"not a carried maintenance of {ndim} dims: {list(ints)[:20]}"
                              ) from None
-        return cls(captures, releases)
+        return cls(captures, releases, bool(reset))
 
 
 class GroupRank:
@@ -93,10 +98,11 @@ class GroupRank:
         self.dims = list(profile.dims)
         self.per_boundary = captures_per_boundary
         self.stats = {"captured": 0, "capture_failures": 0, "released": 0, "replays": 0,
-                      "eager": 0}
+                      "eager": 0, "resets": 0}
         self._unreported = True
         self._reported_ns = 0  # when the last report was sent
-        self._seen, self._usable = -1, frozenset()
+        self._seen, self._usable, self._reported = -1, frozenset(), False
+        self._confirmed: set[Variant] = set()  # held, and seen usable since their capture
         self._releasing: frozenset[tuple[int, int]] = frozenset()  # announced, not yet run
 
     # the driver
@@ -114,7 +120,10 @@ class GroupRank:
                 snap = None
             usable = protocol.profile_usable(snap.payload, self.profile.name) if snap else None
             self._seen, self._usable = version, usable or frozenset()
+            self._reported = snap is not None and protocol.profile_reported(
+                snap.payload, self.profile.name)
         held = self._usable & frozenset(self.runner.ready())
+        self._confirmed |= held
         if self._releasing:
             held = frozenset(v for v in held if not any((i, g) in self._releasing
                                                         for i, g in enumerate(v)))
@@ -129,24 +138,51 @@ class GroupRank:
         return (self._seen, *best)
 
     def boundary(self) -> Maintenance | None:
-        """What every rank should run at this boundary: up to `per_boundary` variants of the
-        profile's gears in use that this rank does not hold (largest first), and the gears it
-        holds that are no longer in use; None when there is nothing."""
+        """What every rank should run at this boundary: the gears this rank holds that are no
+        longer in use, and up to `per_boundary` variants of the profile's gears in use that it
+        does not hold (largest first); None when there is nothing.
+
+        When some rank lacks what this one holds (every rank has reported and a variant that
+        was usable since this rank captured it is usable no more: a rank's process was
+        replaced), every rank releases all it holds and the group recaptures its gears
+        together, largest first: a rank that kept its graph would skip the warm-up and capture
+        the others run, and their collectives would not match."""
+        self.usable()  # reads the group's snapshot
         gears = self.profile.gears
         held = set(self.runner.ready())
+        lost = self._reported and bool((self._confirmed & held) - self._usable)
+        if lost:
+            log.warning("group %r: a rank lacks gears this driver holds; every rank recaptures "
+                        "the group's gears", self.group.name)
+            self.stats["resets"] += 1
+            releases, held = [], set()
+        else:
+            releases = sorted({(i, v[i]) for v in held for i, d in enumerate(self.dims)
+                               if v[i] not in gears[d]})
         wanted = sorted((v for v in product(*(gears[d] for d in self.dims)) if v not in held),
                         key=lambda v: (math.prod(v), v), reverse=True)[:self.per_boundary]
-        releases = sorted({(i, v[i]) for v in held for i, d in enumerate(self.dims)
-                           if v[i] not in gears[d]})
         self._releasing = frozenset(releases)
-        return Maintenance(tuple(wanted), tuple(releases)) if wanted or releases else None
+        if lost:
+            self._releasing = frozenset((i, v[i]) for v in self.runner.ready()
+                                        for i in range(len(self.dims)))
+        return Maintenance(tuple(wanted), tuple(releases), lost) if (
+            wanted or releases or lost) else None
 
     # every rank
 
     def maintain(self, maintenance: Maintenance) -> None:
-        """Capture, then release, what `maintenance` says, on this (the engine's) thread, then
+        """Release, then capture, what `maintenance` says, on this (the engine's) thread, then
         report what this rank holds. A capture that fails is logged and left out: the rank
         does not hold it, so it never becomes usable."""
+        if maintenance.reset:
+            for gear in sorted({v[0] for v in self.runner.ready()}):
+                self.stats["released"] += self.runner.release(self.dims[0], gear)
+            forget = getattr(self.runner, "forget_probes", None)
+            if forget is not None:
+                forget()
+        for dim, gear in maintenance.releases:
+            self.stats["released"] += self.runner.release(self.dims[dim], gear)
+        self._confirmed &= set(self.runner.ready())
         for variant in maintenance.captures:
             try:
                 self.stats["captured"] += self.runner.capture([dict(zip(self.dims, variant,
@@ -155,11 +191,10 @@ class GroupRank:
                 self.stats["capture_failures"] += 1
                 log.warning("group %r rank %d: capturing %s failed: %s", self.group.name,
                             self.group.rank, variant, e)
-        for dim, gear in maintenance.releases:
-            self.stats["released"] += self.runner.release(self.dims[dim], gear)
+            self._confirmed.discard(variant)
         self._releasing = frozenset()
         self._unreported = True
-        self._report()
+        self.report()
 
     def replay(self, carried: Carried, tensors: Mapping[str, Any],
                recorded: Mapping[str, int] | None = None) -> Any:
@@ -167,7 +202,7 @@ class GroupRank:
         GroupError at once when this rank does not hold it. The step is recorded as a request
         of `recorded` (default: the tensors' sizes; with data-parallel attention, the max the
         driver planned: what the group's gears must fit)."""
-        self._report()
+        self.report()
         variant = tuple(int(g) for g in carried[1:])
         if len(variant) != len(self.dims):
             raise GroupError(f"carried {list(carried)[:8]} has not one gear per dim {self.dims}")
@@ -190,12 +225,16 @@ class GroupRank:
             self.stats["replays"] += 1
             return runner.run(tensors, sizes)
 
-    def _report(self) -> None:
-        """Send what this rank holds after a change, and every REPORT_SECONDS (a restarted
-        controller knows nothing of it), once the profile is registered."""
+    def report(self) -> None:
+        """Send what this rank holds after a change, at once after each registration (a
+        restarted controller knows nothing of it: the profile registers again), and every
+        REPORT_SECONDS, once the profile is registered. `maintain` and `replay` call it; an
+        engine may call it while idle (a restarted rank, before it rejoins the steps)."""
+        if not self.profile.registered:
+            self._unreported = True
+            return
         now = self.client.clock.now_ns()
-        due = self._unreported or now - self._reported_ns >= REPORT_SECONDS * 1e9
-        if not due or not self.profile.registered:
+        if not self._unreported and now - self._reported_ns < REPORT_SECONDS * 1e9:
             return
         held = sorted(self.runner.ready(), key=lambda v: (math.prod(v), v))[:protocol.MAX_HELD]
         if self.client._registrations.send(protocol.holds_message(self.profile.id, held)):
