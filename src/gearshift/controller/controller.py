@@ -161,7 +161,8 @@ class Controller:
         (logged) ends it too. While iterations find nothing to drain or answer, the wait
         between them doubles up to `idle_interval_seconds` (an idle loop's CPU), and the first
         one that does brings it back to the drain interval."""
-        busy, idle = self.config.drain_interval_seconds, self.config.idle_interval_seconds
+        busy = self.config.drain_interval_seconds
+        idle = max(self.config.idle_interval_seconds, busy)
         interval = busy
         try:
             while not stop.is_set():

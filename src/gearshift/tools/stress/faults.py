@@ -251,7 +251,7 @@ def forking_worker(namespace: str) -> dict:
     exits while the parent routes too, then checks its slot and state directory, routes again
     and waits for its embedded controller to consume it all."""
     client = gs.connect(namespace, embedded=True)
-    controller = client._embedded.controller.controller  # the embedded Controller
+    controller = client._embedded.controller  # the embedded Controller
     state_dir = getattr(client._embedded.scratch, "name", client._embedded.scratch)
     client.heartbeat_interval = 3600.0  # beyond its first beat it beats only as it adopts
     prof = client.profile("prefill", DIMS)
