@@ -11,10 +11,12 @@ from collections.abc import Callable, Iterator
 
 import posix_ipc
 import pytest
+from fakeclock import FakeClock
 from isolated import Isolated, needs_pidns
 
 from gearshift.errors import ControllerRunning, NamespaceBusy
-from gearshift.shm import EventRing, Registry, SlotState, control, liveness, names, segment
+from gearshift.shm import EventRing, Registry, SlotState, control, lease, liveness, names, segment
+from gearshift.shm.cleanup import cleanup
 from gearshift.shm.lease import Watch
 
 WAIT = 20.0
@@ -268,3 +270,27 @@ def test_a_stuck_lock_is_released_only_while_its_count_is_unchanged(registry: Re
         assert registry.lock.value == 1
     finally:
         sem.close()
+
+
+@needs_pidns
+def test_cleanup_watches_every_lease_at_once_a_dead_controller_and_workers_go_in_one_lease(
+    namespace: str, isolated: list[Isolated]
+) -> None:
+    """`gearshift cleanup` of a pod's dead namespace (a controller and a worker of another pid
+    namespace, both gone): every lease is watched from the first look, so one lease's patience
+    removes it. Each slot used to get its first look only once the controller's lease had
+    expired, and the cleanup gave up: 'has a live worker, pid 1 of another pid namespace'."""
+    Registry.create(namespace, slots=4).close()
+    word = Isolated(f"controller_word({namespace!r})")
+    isolated.append(word)
+    word.expect("controller")
+    workers = [Isolated(f"beating_slot({namespace!r})") for _ in range(2)]
+    isolated.extend(workers)
+    for child in workers:
+        child.expect("claimed")
+    for child in (*workers, word):
+        child.send("die")
+        child.wait()
+    removed = cleanup(namespace, patience=lease.LEASE + lease.BEAT, clock=FakeClock())
+    assert names.control(namespace) in removed
+    assert not [n for n in os.listdir(segment.SHM_DIR) if namespace in n]

@@ -108,11 +108,13 @@ def _retire(registry: Registry, namespace: str) -> None:
 
 
 def _leased(registry: Registry) -> bool:
-    """Whether a participant judged alive is of another realm (its lease may yet expire)."""
-    owner = registry.controller()
+    """Whether a participant judged alive is of another realm (its lease may yet expire).
+    Every participant is looked at, so that all their leases run from the first look (one
+    lease's patience removes a dead pod's namespace, not one lease per participant)."""
+    owner, slots = registry.controller(), registry.slots()
     if owner.alive:
         return owner.foreign
-    return any(info.alive and info.foreign for info in registry.slots())
+    return any(info.alive and info.foreign for info in slots)
 
 
 def leave(namespace: str) -> list[str]:
