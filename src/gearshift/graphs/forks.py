@@ -15,26 +15,14 @@ child captures it again when its warm-up wants it.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
-import weakref
-from typing import Protocol
 
-log = logging.getLogger(__name__)
+from gearshift.afterfork import Tracked
 
-
-class Forkable(Protocol):
-    def _forked(self) -> None: ...
-
-
-_runners: weakref.WeakSet[Forkable] = weakref.WeakSet()
-
-
-def track(runner: Forkable) -> None:
-    """Give `runner` fresh locks in every child forked from this process from now on."""
-    _runners.add(runner)
+_runners = Tracked("a gearshift runner")  # fresh locks in a child: the runner's `_forked`
+track = _runners.track
 
 
 def _in_child() -> None:
@@ -45,11 +33,7 @@ def _in_child() -> None:
     pool = getattr(getattr(compiling, "AsyncCompile", None), "pool", None)
     if hasattr(pool, "cache_clear"):  # the parent's thread pool, whose threads the child
         pool.cache_clear()  # lacks: its C++ compiles would wait for them for ever
-    for runner in list(_runners):
-        try:
-            runner._forked()
-        except Exception:  # never fail a fork
-            log.exception("resetting a gearshift runner in forked child pid %d", os.getpid())
+    _runners.reset()
 
 
 os.register_at_fork(after_in_child=_in_child)

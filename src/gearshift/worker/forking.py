@@ -15,32 +15,10 @@ layer's hook (`graphs.forks`), so the child's runner compiles, captures and clos
 
 from __future__ import annotations
 
-import logging
 import os
-import weakref
-from typing import Protocol
 
-log = logging.getLogger(__name__)
+from gearshift.afterfork import Tracked
 
-
-class Forkable(Protocol):
-    def _forked(self) -> None: ...
-
-
-_clients: weakref.WeakSet[Forkable] = weakref.WeakSet()
-
-
-def track(client: Forkable) -> None:
-    """Detach `client` in every child forked from this process from now on."""
-    _clients.add(client)
-
-
-def _in_child() -> None:
-    for client in list(_clients):
-        try:
-            client._forked()
-        except Exception:  # never fail a fork; the client stays unrecorded at worst
-            log.exception("detaching a gearshift client in forked child pid %d", os.getpid())
-
-
-os.register_at_fork(after_in_child=_in_child)
+_clients = Tracked("a gearshift client")  # detached in a child: `Client._forked`
+track = _clients.track
+os.register_at_fork(after_in_child=_clients.reset)
