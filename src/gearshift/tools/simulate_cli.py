@@ -6,22 +6,19 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Iterable
 from typing import Any, NoReturn
 
 import click
 
 from gearshift.clikit import EXIT_ERROR, EXIT_USAGE, config_options, json_option
 from gearshift.configfile import load_policy_config
-from gearshift.core.config import MAX_BYTES, PolicyConfig, check_value
-from gearshift.core.costs import MAX_GRAPH_BYTES, MAX_MEASURED_SECONDS, Line
-from gearshift.core.dims import Gears, normalize_gears
 from gearshift.core.group import MAX_GROUP_SIZE
 from gearshift.errors import ConfigError, GearshiftError, TraceError
 from gearshift.tools import simulate as replay
+from gearshift.tools import simulate_options as options
 from gearshift.tools.simulate_fleet import report
 from gearshift.tools.simulate_plot import figure
-from gearshift.tools.trace import Trace, load_trace
+from gearshift.tools.trace import load_trace
 
 
 @click.command(
@@ -192,16 +189,17 @@ def simulate(
     if plot:
         _pyplot()  # before the replay: a missing extra fails at once
     try:
-        config = _budget(load_policy_config(config_path, overrides), graph_budget)
+        config = options.budget(load_policy_config(config_path, overrides), graph_budget)
         data = load_trace(trace)
-        dims = replay.policy_dims(
-            data, policy, _gears(gears), _counts(k, data), _split(splittable), _costs(cost)
-        )
+        dims = replay.policy_dims(data, policy, options.gears(gears), options.counts(k, data),
+                                  options.splittable(splittable), options.costs(cost))
         adaptive = policy == "adaptive"
-        device = _device(capture, workers, adaptive and not unpriced, adaptive and not eager_start)
-        device = dataclasses.replace(device, bytes=_bytes(graph_bytes, data),
-                                     buffers=_bytes(buffer_bytes, data, "--buffer-bytes"),
-                                     memory=_device_memory(device_memory))
+        device = options.device(capture, workers, adaptive and not unpriced,
+                                adaptive and not eager_start)
+        device = dataclasses.replace(
+            device, bytes=options.graph_lines(graph_bytes, data),
+            buffers=options.graph_lines(buffer_bytes, data, "--buffer-bytes"),
+            memory=options.device_memory(device_memory))
         if fleet:
             return click.echo(report(data, dims, config, fleet, device, policy, as_json))
     except TraceError as e:
@@ -232,120 +230,6 @@ def simulate(
 def _fail(error: Exception, code: int) -> NoReturn:
     click.echo(f"error: {error}", err=True)
     sys.exit(code)
-
-
-def _pairs(option: str, items: Iterable[str]) -> Iterable[tuple[str, str]]:
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip() or not value.strip():
-            raise ConfigError(option, f"expected DIM=VALUE, got {item!r}")
-        yield name.strip(), value.strip()
-
-
-def _gears(items: Iterable[str]) -> dict[str, Gears]:
-    out = {}
-    for name, value in _pairs("--gears", items):
-        try:
-            out[name] = normalize_gears([int(v) for v in value.split(",")])
-        except ValueError:
-            raise ConfigError(
-                "--gears", f"expected DIM=G1,G2,... of positive ints, got {name}={value}"
-            ) from None
-    return out
-
-
-def _counts(items: Iterable[str], trace: Trace) -> dict[str, int]:
-    out = {}
-    for item in items:
-        pairs = _pairs("--k", [item]) if "=" in item else ((d, item) for d in trace.dims)
-        for name, value in pairs:
-            if not value.isdigit() or int(value) < 1:
-                raise ConfigError("--k", f"expected a positive int, got {item!r}")
-            out[name] = int(value)
-    return out
-
-
-def _costs(items: Iterable[str]) -> dict[str, tuple[float, ...]]:
-    out = {}
-    for name, value in _pairs("--cost", items):
-        try:
-            out[name] = tuple(float(c) for c in value.split(","))
-        except ValueError:
-            raise ConfigError(
-                "--cost", f"expected DIM=C0,C1,... numbers, got {name}={value}"
-            ) from None
-    return out
-
-
-def _device(capture: str | None, workers: int, priced: bool, lazy: bool) -> replay.Device:
-    """The device of --capture-seconds and --workers (captures free without them)."""
-    if capture is None:
-        return replay.Device(workers=workers)
-    try:
-        a, b = ([float(x) for x in capture.split(",")] + [0.0])[:2]
-        if capture.count(",") > 1:
-            raise ValueError(capture)
-        line = Line(a, b)
-    except ValueError:
-        raise ConfigError("--capture-seconds", f"expected A or A,B seconds, got {capture!r}") \
-            from None
-    for key, value in (("A", a), ("B", b)):
-        check_value(f"--capture-seconds {key}", value, 0.0, MAX_MEASURED_SECONDS)
-    return replay.Device(line, workers, priced=priced, lazy=lazy)
-
-
-def _bytes(items: Iterable[str], trace: Trace, option: str = "--graph-bytes"
-           ) -> dict[str, Line]:
-    out = {}
-    for name, value in _pairs(option, items):
-        if name not in trace.dims:
-            raise ConfigError(option, f"unknown dim {name} (the trace has "
-                                      f"{', '.join(trace.dims)})")
-        try:
-            a, b = ([float(x) for x in value.split(",")] + [0.0])[:2]
-            if value.count(",") > 1:
-                raise ValueError(value)
-        except ValueError:
-            raise ConfigError(option, f"expected DIM=A or DIM=A,B bytes, got "
-                                      f"{name}={value}") from None
-        for key, x in (("A", a), ("B", b)):
-            check_value(f"{option} {key}", x, 0.0, float(MAX_GRAPH_BYTES))
-        out[name] = Line(a, b)
-    return out
-
-
-def _device_memory(given: float | None) -> float | None:
-    if given is not None:
-        check_value("--device-memory", given, 0.0, MAX_BYTES, low_open=True)
-    return given
-
-
-def _budget(config: PolicyConfig, given: str | None) -> PolicyConfig:
-    """`config` under --graph-budget: BYTES, RATIOx or none (None: as configured)."""
-    if given is None:
-        return config
-    text = given.strip().lower()
-    try:
-        if text == "none":
-            return dataclasses.replace(config, graph_memory_budget_bytes=None,
-                                       graph_memory_budget_ratio=None)
-        if text.endswith("x"):
-            return dataclasses.replace(config, graph_memory_budget_bytes=None,
-                                       graph_memory_budget_ratio=float(text[:-1]))
-        return dataclasses.replace(config, graph_memory_budget_bytes=float(text))
-    except ValueError:
-        raise ConfigError("--graph-budget", f"expected BYTES, RATIOx or none, got {given!r}") \
-            from None
-
-
-def _split(items: Iterable[str]) -> dict[str, bool]:
-    choices = {"yes": True, "no": False}
-    out = {}
-    for name, value in _pairs("--splittable", items):
-        if value.lower() not in choices:
-            raise ConfigError("--splittable", f"expected DIM=yes|no, got {name}={value}")
-        out[name] = choices[value.lower()]
-    return out
 
 
 def _table(
