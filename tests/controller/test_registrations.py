@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 
 import pytest
+from worker.fake_controller import answer
 
 from gearshift import protocol
 from gearshift.controller import registrations
@@ -53,16 +54,6 @@ class Stub:
     def register(self, slot: int, request: Request, new: bool, now: float) -> int:
         self.recorded.append((slot, request, new))
         return 11
-
-
-def answer(stub: Stub, slot: int, message: Mapping, now: float) -> dict:
-    """The reply: `admit`ted then recorded by the stub, or the refusal (`failure`)."""
-    try:
-        request, _, _, new = registrations.admit(stub, slot, message, now)
-        version = stub.register(slot, request, new, now)
-    except Exception as e:
-        return registrations.failure(slot, e, now)
-    return {"op": "registered", "profile": request.local, "version": version}
 
 
 def _answer(stub: Stub, dims: dict[str, Dim], slot: int = 1) -> dict:

@@ -29,6 +29,18 @@ WAIT = 20.0  # seconds: the bound of every wait in a child
 log = logging.getLogger(__name__)
 
 
+def answer(registrar: Any, slot: int, message: Mapping[str, Any], now: float) -> dict:
+    """The reply to `slot`'s registration: admitted as the controller does
+    (`registrations.admit`), then recorded by `registrar.register` (its version); or the
+    refusal (`registrations.failure`)."""
+    try:
+        request, _, _, new = registrations.admit(registrar, slot, message, now)
+        version = registrar.register(slot, request, new, now)
+    except Exception as e:
+        return registrations.failure(slot, e, now)
+    return {"op": "registered", "profile": request.local, "version": version}
+
+
 class FakeController:
     def __init__(self, namespace: str, device: int = 0, create: bool = True) -> None:
         self.namespace, self.device = namespace, device
@@ -54,22 +66,13 @@ class FakeController:
                 taken = registrations.take(self.registry, slot, now)
                 if taken is None:
                     continue
-                reply = taken.message if isinstance(taken, Reply) else self.answer(slot, taken,
-                                                                                   now)
+                reply = taken.message if isinstance(taken, Reply) else answer(self, slot, taken,
+                                                                              now)
                 registrations.post(self.registry, slot, reply, now)
                 answered += 1
             except Exception as e:
                 log.warning("registration of slot %d failed: %s: %s", slot, type(e).__name__, e)
         return answered
-
-    def answer(self, slot: int, message: Mapping[str, Any], now: float) -> dict:
-        """The reply to `slot`'s registration: admitted as the controller does, then recorded."""
-        try:
-            request, _, _, new = registrations.admit(self, slot, message, now)
-            version = self.register(slot, request, new, now)
-        except Exception as e:
-            return registrations.failure(slot, e, now)
-        return {"op": "registered", "profile": request.local, "version": version}
 
     # -- the Registrar of `registrations.admit` --
 
