@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked import reap
 
 import gearshift as gs
 from gearshift.graphs.backends import CpuBackend
@@ -152,18 +153,13 @@ def test_a_child_forked_while_the_parent_compiles_can_compile_and_close() -> Non
             finally:
                 os._exit(code)
         os.close(write)
-        deadline = time.monotonic() + 40
-        while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if waited[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+        status = reap(pid, 40)
         found = os.read(read, 200).decode()
         os.close(read)
     finally:
         go.set()
         compiling.join(30)
-    assert found == repr((1, True, True, True)), (waited, found)
+    assert found == repr((1, True, True, True)), (status, found)
 
 
 REQUESTS = 0

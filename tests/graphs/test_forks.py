@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import torch
+from forked import reap
 
 import gearshift.graphs.forks  # noqa: F401  (the hook)
 
@@ -32,13 +32,8 @@ def test_the_childs_inductor_thread_pool_runs_its_tasks() -> None:
             finally:
                 os._exit(code)
         os.close(write)
-        deadline = time.monotonic() + 30
-        while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if waited[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+        status = reap(pid, 30)
         found = os.read(read, 10).decode()
         os.close(read)
         AsyncCompile.pool.cache_clear()
-    assert found == "2", waited
+    assert found == "2", status

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
-import time
+
+from forked import reap
 
 from gearshift.tools.stress import faults
 from gearshift.worker import forking
@@ -49,12 +49,7 @@ def test_one_clients_failing_fork_hook_does_not_stop_the_others() -> None:
         if pid == 0:  # the child: every hook has run by now
             os._exit(0)
         os.close(write)
-        deadline = time.monotonic() + 30.0  # bounds a child that hangs
-        while not (done := os.waitpid(pid, os.WNOHANG))[0]:
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
-        status = done[1]
+        status = reap(pid, 30.0)  # bounds a child that hangs
         with os.fdopen(read, "rb") as f:
             detached = f.read()
     finally:
