@@ -18,7 +18,11 @@ StateError. Statistics that do not read back sane (values outside the dim's boun
 finite) start empty, with a warning. A profile's `costs`, the cost book's measurements
 (`costbook`: rows per dim), are checked as the workers' records are (a row that is not is a
 StateError); they carry no time, so they survive a reboot, and a file without them restores
-with none.
+with none. Statistics are saved sparse (format 2: per slice only the values it saw), so the
+file grows with the (slice, value) entries held, not with slices x the dims' range; a format-1
+file (dense arrays) still reads. A state over what a state file may hold (MAX_STATE_BYTES) is
+saved without its statistics, with a warning: gears, versions and costs are kept, the
+statistics restart empty as after a reboot.
 
 One controller process at a time: `StateLock` holds an exclusive POSIX lock on
 `<state_dir>/gearshift-state.lock` for the controller's life (NamespaceBusy naming the holder's

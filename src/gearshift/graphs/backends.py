@@ -6,7 +6,18 @@ returned as `outputs`; every `replay()` rewrites those same tensors from the inp
 closes over (static buffers), exactly as a device graph does. Graphs are for inference:
 captures and replays run without autograd. cuda and npu share one implementation
 (`graphs.device`: a pool per graph, captures beside live requests); npu adds a graph-count cap
-and refuses `TASK_QUEUE_ENABLE=2`.
+and refuses `TASK_QUEUE_ENABLE=2`. Each backend is built from what the running torch and
+torch_npu offer: feature checks, never version strings (each private allocator hook is looked
+up under every name it has had, `CUDA_HOOKS`, `NPU_HOOKS`).
+
+An NPU's budget is its streams, not a process's graphs: 2,048 per device, shared by every
+process on it, NPU_SPARE_STREAMS of them kept spare (vllm-ascend caps itself alike; past them
+capture fails with 207008 "Stream resources are insufficient"), and a graph holds one or more
+(piecewise graphs: layers + 1). `npu_graph_cap(streams_per_graph)` is what one process may hold
+alone; the processes of a device count what they hold together in its stream ledger
+(`graphs.streams`), and a capture the device refuses anyway raises GraphLimit and makes the
+backend `full` until a release. torch_npu older than NPU_GRAPHS_SINCE lacks NPU graphs and is
+refused with that reason.
 """
 
 from __future__ import annotations

@@ -46,7 +46,10 @@ A MEASURED record reports one graph the worker captured, one record per dim of i
 profile's snapshot version when it is written, chunks = the dim's index in its dim order. The
 worker's swap thread writes it through the same `write` (and producer lock) as requests, never
 a request thread, so it is published and read exactly as they are; the controller checks every
-field of it as it checks a request's.
+field of it as it checks a request's. A ring record rather than a mailbox message: a mailbox
+holds one message at a time and carries registrations, while the ring is drained every
+iteration; measurements are rare (one per dim of each capture), and a full ring drops one like
+any record.
 
 A BUFFERS record reports the bytes of the static input buffers a profile's graphs share on the
 worker (`buffers`), one record per dim, written as MEASURED records are, when they change and
