@@ -15,7 +15,10 @@ not the controller's) has its records dated in the controller's clock by an offs
 from its heartbeats (the least gap seen between the controller's clock and its heartbeat), and
 stamped at their drain until one is seen (`ingest.dated`). A scan also reads the applied
 versions back: a device's propagation lag runs from a publish until every live worker with a
-profile on it acknowledged that version.
+profile on it acknowledged that version. A worker's last valid MEMORY record is its reading: a
+device's usage is the highest reading younger than `memory_fresh_seconds` among its live
+workers, and its memory (the floor of its graph memory bound) the least total its workers'
+latest readings give, so a worker that overstates it cannot raise the floor.
 
 Nothing here calls back into the controller: `scan`, `drain` and `reclaim` return the effects
 (`effects`) it applies: `Inherit` for a new claim, `Reclaim` for a gone worker, `Measured` for
