@@ -82,8 +82,8 @@ class Controller:
         self._guard, self._failed = self.failures.guard, self.failures.failed
         self.decider = Decider(policy, clock, background_rounds, self._failed)
         self.saver = statefile.Saver(config.state_path, self.devices, self.costs,
-                                  config.save_interval_seconds, clock,
-                                  partial(self._failed, "state save"))
+                                     config.save_interval_seconds, clock,
+                                     partial(self._failed, "state save"))
         self.slots = Slots(registry, config, self.batch)  # both return effects (`_apply`)
         self.registrations = Registrations(self.slots, self.devices, policy, initial_gears)
         self.workers, self.lags = self.slots.workers, self.slots.lags  # by slot, by device

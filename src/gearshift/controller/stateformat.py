@@ -26,7 +26,7 @@ Nothing read is trusted. Devices lie within [0, MAX_DEVICE], versions within [0,
 times are finite, a device's memory within (0, MAX_BYTES]; each profile is rebuilt through a
 registration's checks (each Dim from its fields, `dims.check_profile`, every dim's gears within
 its bounds) and its measurements through the workers' records' checks; anything else is a
-StateError for the whole file (`decode` fills `costs` and `groups` only once all of it read).
+StateError for the whole file (`decode` fills `costs` and `groups` only once all of it is read).
 Statistics that do not read back sane (values outside the dim's bounds or not increasing,
 weights or counts not finite and non-negative) start empty, with a warning. A group entry that
 does not read back (a name, size, rank, slot, pid or device out of bounds, a rank twice, a
