@@ -1,3 +1,11 @@
+"""The state file's format both ways (`controller.stateformat`): what is saved reads back
+(gears, times, statistics, measurements, a device's memory, groups), files of older formats and
+of the code before groups restore, another boot keeps only what carries no time, and what does
+not read back is a StateError naming the file (statistics: empty, a group entry: left out,
+each with a warning). (The file's life: test_statefile.py.)"""
+
+from __future__ import annotations
+
 import logging
 from collections.abc import Callable
 from pathlib import Path
