@@ -13,7 +13,7 @@ import pytest
 from gearshift.controller import statedir
 from gearshift.errors import UnsafeStateDir
 
-WRITABLE_BY_OTHERS = [0o777, 0o775, 0o770, 0o730, 0o702]
+WRITABLE_BY_OTHERS = [0o777, 0o775, 0o770, 0o730, 0o702]  # 0o775, 0o770, 0o730: by the group
 OWNERS_ONLY = [0o700, 0o750, 0o755, 0o711]
 
 
@@ -37,7 +37,7 @@ def test_a_directory_only_its_owner_writes_is_used(tmp_path: Path, mode: int) ->
         assert statedir.read(tmp_path, fd, "absent") is None
 
 
-@pytest.mark.parametrize("mode", [0o666, 0o662, 0o660, 0o620, 0o602])
+@pytest.mark.parametrize("mode", [0o666, 0o662, 0o660, 0o620, 0o602])  # 0o660, 0o620: group
 def test_a_state_or_lock_file_others_may_write_is_refused(tmp_path: Path, mode: int) -> None:
     for name in ("state", "lock"):
         (tmp_path / name).write_bytes(b"x")

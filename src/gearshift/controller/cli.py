@@ -28,7 +28,7 @@ from gearshift.controller.config import (
 from gearshift.controller.controller import Controller
 from gearshift.controller.embedded import remove_scratch
 from gearshift.controller.metrics import check_endpoint
-from gearshift.controller.stateclear import remove_state
+from gearshift.controller.statefile import remove_state
 from gearshift.errors import (
     ConfigError,
     ControllerNotFound,

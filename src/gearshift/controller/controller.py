@@ -6,7 +6,7 @@ loop waits at most LOCK_WAIT for it; a busy scan is counted `lock_busy`, tried n
 at each scan, its own objects checked by inode (`publish.Regions.check`) and the slot table
 scanned (`slots`); registrations served (`registrations`); the rings drained (`ingest`,
 `costbook`); the fleet (`fleet`) and the groups' rounds (`grouprounds`) ticked; the devices'
-rounds started and applied (`rounds`); the state file saved (`saving`); the status document
+rounds started and applied (`rounds`); the state file saved (`statefile`); the status document
 published (`status`). A phase that raises is counted and logged (`failures`); the loop goes on.
 
 The slot table and registrations return effects (`effects`, data) that `_apply` matches and
@@ -37,7 +37,6 @@ from gearshift.controller import (
     publish,
     registrations,
     rounds,
-    saving,
     statefile,
     status,
     upkeep,
@@ -82,9 +81,9 @@ class Controller:
         self.failures = Failures(clock)  # a phase's failure counted and logged; the loop goes on
         self._guard, self._failed = self.failures.guard, self.failures.failed
         self.decider = Decider(policy, clock, background_rounds, self._failed)
-        self.saver = saving.Saver(config.state_path, self.devices, self.costs,
-                                  config.save_interval_seconds, clock,
-                                  partial(self._failed, "state save"))
+        self.saver = statefile.Saver(config.state_path, self.devices, self.costs,
+                                     config.save_interval_seconds, clock,
+                                     partial(self._failed, "state save"))
         self.slots = Slots(registry, config, self.batch)  # both return effects (`_apply`)
         self.registrations = Registrations(self.slots, self.devices, policy, initial_gears)
         self.workers, self.lags = self.slots.workers, self.slots.lags  # by slot, by device
@@ -109,6 +108,7 @@ class Controller:
         self.group_rounds = GroupRounds(self.registrations.groups, self.devices, policy,
                                         self._publish, self.prices, self.slots.memory_usage,
                                         self.device_memory)
+        self.saver.groups = self.group_rounds  # its groups are saved with the devices
 
     @property
     def errors(self) -> int:
@@ -230,7 +230,8 @@ class Controller:
         """Restore the state file, publish every restored device once, take the slots over."""
         now = self.clock.now()
         self.devices.update(statefile.restore(self.config.state_path, now, self.policy,
-                                              fresh_on_corrupt_state, self.costs))
+                                              fresh_on_corrupt_state, self.costs,
+                                              self.group_rounds))
         for device, dev in self.devices.items():
             for name in dev.profiles:
                 self.profile_keys.key(device, name)

@@ -16,7 +16,7 @@ unwinds and the exit handlers close the clients, stop the controller and remove 
 puts the default back. A process killed harder (SIGKILL) leaves them: `gearshift cleanup`
 removes the segments and, with `remove_scratch`, the dead embedded controllers' temporary
 state directories (`gearshift-<namespace>-XXXXXXXX` in the temporary directory, each removed
-only once its state lock is free: `stateclear.remove_state`).
+only once its state lock is free: `statefile.remove_state`).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def scratch_prefix(namespace: str) -> str:
 def remove_scratch(namespace: str) -> list[str]:
     """Remove the temporary state directories that dead embedded controllers of `namespace`
     left (this user's, no symlink; one a live controller holds stays); the paths removed."""
-    from gearshift.controller.stateclear import remove_state
+    from gearshift.controller.statefile import remove_state
 
     pattern = re.compile(re.escape(scratch_prefix(namespace)) + r"[a-z0-9_]{8}")
     root = Path(tempfile.gettempdir())

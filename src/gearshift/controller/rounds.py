@@ -14,8 +14,8 @@ from typing import Any
 
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.deciding import Decided, Decider
-from gearshift.controller.saving import Saver
 from gearshift.controller.slots import Slots
+from gearshift.controller.statefile import Saver
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices
 from gearshift.core.fleet import Views

@@ -1,286 +1,67 @@
-"""The controller's state file: its device ledgers (`core.round.DeviceLedger`) on disk.
+"""The controller's state file, from its lock to its removal: what a restarted controller
+resumes from (its format: `stateformat`; its directory's checks: `statedir`).
 
-The state file lets a restarted controller resume: gears, protections, decayed
-statistics and snapshot versions. It is msgpack, written atomically (temp file
-in the same directory, fsync, rename), so a reader sees the old or the new file,
-never a mix. Times are CLOCK_MONOTONIC: they are restored only when the file was
-written during the current boot (same `boot_id`); after a reboot the gears come
-back with fresh creation times (so they are protected for a window) and empty
-statistics, and versions still continue. A file written before the plan's history existed
-restores with an empty history. `restore` is the controller's start: a corrupt or
-newer-format file is an error, or is set aside as `<file>.corrupt` when asked to start fresh.
+Its life, in order:
 
-Nothing in the file is trusted: it is restored through the checks of a registration (each Dim
-rebuilt from its fields, `dims.check_profile`, every dim's gears within its bounds), devices
-within [0, MAX_DEVICE], versions within [0, MAX_VERSION], times finite, a device's memory
-(the bound's share floor, kept across a reboot) within (0, MAX_BYTES]; anything else is a
-StateError. Statistics that do not read back sane (values outside the dim's bounds, weights not
-finite) start empty, with a warning. A profile's `costs`, the cost book's measurements
-(`costbook`: rows per dim), are checked as the workers' records are (a row that is not is a
-StateError); they carry no time, so they survive a reboot, and a file without them restores
-with none. Statistics are saved sparse (format 2: per slice only the values it saw), so the
-file grows with the (slice, value) entries held, not with slices x the dims' range; a format-1
-file (dense arrays) still reads. A state over what a state file may hold (MAX_STATE_BYTES) is
-saved without its statistics, with a warning: gears, versions and costs are kept, the
-statistics restart empty as after a reboot.
+- **Lock.** One controller process at a time: `StateLock` holds an exclusive POSIX lock on
+  `<state_dir>/gearshift-state.lock` for the controller's life (NamespaceBusy naming the
+  holder's pid otherwise; the kernel drops it when the process dies; a process may take it
+  again, as it may take its own namespace over), and removes temp files a killed writer left.
+- **Restore.** `load` reads the file (`statedir.read`: a regular file of ours, no symlink,
+  bounded) and decodes it (`stateformat.decode`); `restore` is the controller's start: a corrupt
+  or newer-format file is a StateError, or is set aside as `<file>.corrupt` with a warning when
+  asked to start fresh.
+- **Save.** `save` (on the caller's thread) and `write` (a tree `stateformat.snapshot` took)
+  write the file atomically (`statedir.write_atomic`: temp file, fsync, rename, directory
+  fsync), so a reader sees the old or the new file, never a mix, and the rename survives a
+  crash. A state over MAX_STATE_BYTES is saved without its statistics, with a warning.
+- **Saves while the controller runs.** `Saver` (below) saves at a bounded rate, off the loop.
+- **Removal.** `remove_state` (`gearshift cleanup --state`) removes gearshift's own files under
+  the lock.
 
-One controller process at a time: `StateLock` holds an exclusive POSIX lock on
-`<state_dir>/gearshift-state.lock` for the controller's life (NamespaceBusy naming the holder's
-pid otherwise; the kernel drops it when the process dies; a process may take it again, as it
-may take its own namespace over), and removes temp files a killed writer left. A save fsyncs
-the file, renames it over the old one and fsyncs the directory, so the rename survives a crash
-too. The directory and every file in it are opened through `statedir`'s checks (ours alone, no
-symlink, a bounded regular file): a FIFO, a symlink or an oversized file in place of the state
-file is a StateError, a directory or file others may write is UnsafeStateDir.
+`Saver.request()` marks the state changed (a round's changes, new measurements; a new profile
+is saved on the loop before its reply instead); a group round or a change of a group's members
+(`groups`) marks it too. `poll(now)`, every loop iteration, starts a save once the state
+changed, no write is in flight and `interval` seconds have passed since the last save began.
+The loop only takes the snapshot (gears copied, statistics frozen by reference); a writer thread
+encodes, writes, fsyncs and renames it (`write`), so the loop never waits on the disk (it shares
+the interpreter lock with the encoding, a few ms at a time). A write that failed is reported at
+the next `poll` (`failed`) and the state stays changed, so the next interval retries it. A save
+on the loop (`save_now`: a new profile before its reply, the start, the stop) that fails marks
+the state changed alike: the next `poll` retries it off the loop, every `interval`, until one
+succeeds. From the first failed save until the next that succeeds, `unsaved_since` holds when
+that failure happened (the caller's clock): the status document and the metrics show it ("state
+unsaved since ..."), since a crash then loses what changed. `wait()` returns once no write is
+in flight (before a save on the loop, so that no older snapshot lands after it); so does
+`close()`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import fcntl
-import functools
-import io
 import logging
-import math
 import os
-from collections.abc import Mapping
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import msgpack
-import numpy as np
-
-from gearshift.controller import statedir
-from gearshift.controller.costbook import CostBook, from_state
-from gearshift.core.config import MAX_BYTES, PolicyConfig
-from gearshift.core.costs import Measurement
-from gearshift.core.dims import Dim, check_profile
-from gearshift.core.gears import DimGears
-from gearshift.core.round import DeviceLedger, ProfileLedger
-from gearshift.core.stats import DimStats, FrozenStats
-from gearshift.errors import NamespaceBusy, StateError
-from gearshift.protocol import dim_from_dict, dim_to_dict
-from gearshift.shm.control import MAX_DEVICE
-from gearshift.shm.snapshot import MAX_VERSION
+from gearshift.clock import Clock
+from gearshift.controller import statedir, stateformat
+from gearshift.controller.costbook import CostBook
+from gearshift.controller.grouprounds import GroupRounds
+from gearshift.core.config import PolicyConfig
+from gearshift.core.round import DeviceLedger
+from gearshift.errors import NamespaceBusy, StateError, UnsafeStateDir
 
 log = logging.getLogger(__name__)
 
-STATE_FORMAT = 2  # 2: sparse statistics (`FrozenStats.to_state`); 1 still reads
 STATE_FILE = "gearshift-state.msgpack"
 LOCK_FILE = "gearshift-state.lock"
+CORRUPT_FILE = STATE_FILE + ".corrupt"  # a file that did not load, set aside
 TEMP_PREFIX = ".state-"
-_PROFILE_DEPTH = 4  # in a snapshot's tree: tree -> "devices" -> device -> "profiles" -> profile
-
-
-def boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:  # pragma: no cover - non-Linux
-        return ""
-
-
-def _dim_state_to_dict(s: DimGears) -> dict[str, Any]:
-    return {"gears": list(s.gears), "created": dict(s.created),
-            "protected_until": dict(s.protected_until), "evicted": dict(s.evicted),
-            "initial": sorted(s.initial)}
-
-
-def encode(devices: dict[int, DeviceLedger], costs: CostBook | None = None) -> bytes:
-    return _encoded(snapshot(devices, costs))
-
-
-def snapshot(devices: dict[int, DeviceLedger], costs: CostBook | None = None) -> dict[str, Any]:
-    """The state file's tree as it is now: gears copied, statistics frozen (`DimStats.frozen`:
-    references, not copies), so it costs the loop little and is encoded later (`write`), in any
-    thread; later folds and rounds do not change it."""
-    return {
-        "format": STATE_FORMAT, "boot_id": boot_id(),
-        "devices": {dev: {
-            "version": d.version, "last_update": d.last_update, "memory_bytes": d.memory_bytes,
-            "profiles": {name: {
-                "dims": {k: _dim_dict(v) for k, v in p.dims.items()},
-                "states": {k: _dim_state_to_dict(v) for k, v in p.gears.items()},
-                "stats": {k: v.frozen() for k, v in p.stats.items()},
-                "history": {k: v.frozen() for k, v in p.history.items()},
-                "costs": costs.state(dev, name) if costs is not None else {},
-            } for name, p in d.profiles.items()},
-        } for dev, d in devices.items()},
-    }
-
-
-def _without_statistics(tree: dict[str, Any]) -> dict[str, Any]:
-    """`snapshot()`'s tree with every profile's statistics emptied."""
-    def emptied(p: dict[str, Any]) -> dict[str, Any]:
-        return {**p, **{kind: {k: s.emptied() for k, s in p[kind].items()}
-                        for kind in ("stats", "history")}}
-
-    devices = tree["devices"]
-    return {**tree, "devices": {dev: {**d, "profiles": {n: emptied(p) for n, p in
-                                                        d["profiles"].items()}}
-                                for dev, d in devices.items()}}
-
-
-@functools.lru_cache(maxsize=1024)
-def _dim_dict(dim: Dim) -> dict[str, Any]:
-    """`dim_to_dict`, once per distinct Dim (immutable; the dict is only read): most of a
-    snapshot's time otherwise."""
-    return dim_to_dict(dim)
-
-
-def _encoded(tree: dict[str, Any]) -> bytes:
-    """msgpack of `snapshot()`'s tree, packed one profile at a time (each piece holds the
-    interpreter lock only briefly)."""
-    out = io.BytesIO()
-    packer = msgpack.Packer(use_bin_type=True, default=_frozen_state)
-
-    def put(obj: Any, depth: int) -> None:
-        if depth < _PROFILE_DEPTH and isinstance(obj, dict):
-            out.write(packer.pack_map_header(len(obj)))
-            for key, value in obj.items():
-                out.write(packer.pack(key))
-                put(value, depth + 1)
-        else:
-            out.write(packer.pack(obj))
-
-    put(tree, 0)
-    return out.getvalue()
-
-
-def _frozen_state(obj: Any) -> Any:
-    if isinstance(obj, FrozenStats):
-        return obj.to_state()
-    raise TypeError(f"cannot save a {type(obj).__name__}")
-
-
-def decode(blob: bytes, now: float, config: PolicyConfig,
-           costs: CostBook | None = None) -> dict[int, DeviceLedger]:
-    """Rebuild the devices from `encode()`'s bytes, and their measurements into `costs` (only
-    once all of it is read); StateError on anything malformed."""
-    measured: list[tuple[int, str, dict[str, list[Measurement]]]] = []
-    try:
-        data = msgpack.unpackb(blob, raw=False, strict_map_key=False)
-        fmt = data["format"]
-        if not isinstance(fmt, int) or fmt > STATE_FORMAT:
-            raise StateError(f"state format {fmt!r} is newer than this gearshift reads "
-                             f"({STATE_FORMAT})")
-        same_boot = data["boot_id"] == boot_id()
-        devices = {}
-        for dev, d in data["devices"].items():
-            profiles, costed = {}, []
-            for name, p in d["profiles"].items():
-                dims = check_profile(name, {k: dim_from_dict(v) for k, v in p["dims"].items()})
-                profile = ProfileLedger.new(dims, now, config)
-                if set(p["states"]) != set(dims):
-                    raise StateError(f"profile {name!r}: gears of {sorted(p['states'])} for "
-                                     f"dims {sorted(dims)}")
-                for k, s in p["states"].items():
-                    gears = _gears(dims[k], s["gears"])
-                    profile.gears[k] = (
-                        DimGears(gears, _times(s["created"]), _times(s["protected_until"]),
-                                 _times(s["evicted"]), frozenset(_gears(dims[k], s["initial"])
-                                                                 if s.get("initial") else ()))
-                        if same_boot else DimGears(gears, dict.fromkeys(gears, now)))
-                    if same_boot:
-                        saved = p.get("history", {})  # files before the history have none
-                        history = (_restore_stats(saved[k], config.history(), name, dims[k], now)
-                                   if k in saved else DimStats(config.history()))
-                        profile.stats[k] = _restore_stats(p["stats"][k], config, name, dims[k],
-                                                          now, history)
-                profiles[name] = profile
-                costed.append((name, from_state(name, dims, p.get("costs", {}))))
-            device, version = _bounded("device", dev, MAX_DEVICE), d["version"]
-            measured += [(device, name, by_dim) for name, by_dim in costed]
-            last = _time(d["last_update"]) if same_boot and d["last_update"] is not None else None
-            devices[device] = DeviceLedger(_bounded("version", version, MAX_VERSION), last,
-                                           profiles, _memory(d.get("memory_bytes")))
-    except StateError:
-        raise
-    except Exception as e:  # any malformed structure: one clear error, never a crash loop
-        raise StateError(f"corrupt state: {type(e).__name__}: {str(e)[:200]}") from None
-    for device, name, by_dim in measured if costs is not None else ():
-        for dim, ms in by_dim.items():
-            for m in ms:
-                costs.add(device, name, dim, m)
-    return devices
-
-
-def _memory(value: Any) -> float | None:
-    """A device's memory in bytes: None (not read, or a file from before it was kept), or a
-    number in (0, MAX_BYTES]."""
-    if value is None:
-        return None
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not 0 < value <= MAX_BYTES):
-        raise StateError(f"device memory {value!r:.60} is outside (0, {MAX_BYTES:.0f}] bytes")
-    return float(value)
-
-
-def _gears(dim: Dim, gears: Any) -> tuple[int, ...]:
-    """`gears` as the dim's gears, checked as a registration's are (ShapeError)."""
-    checked = dataclasses.replace(dim, gears=gears).gears
-    assert checked is not None
-    return tuple(checked)
-
-
-def _time(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise StateError(f"a time is a finite number, got {value!r:.60}")
-    return float(value)
-
-
-def _times(mapping: Any) -> dict[int, float]:
-    if not isinstance(mapping, Mapping):
-        raise StateError(f"expected gear -> time, got {type(mapping).__name__}")
-    return {_bounded("gear", g, 2**63 - 1): _time(t) for g, t in mapping.items()}
-
-
-def _bounded(what: str, value: Any, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
-        raise StateError(f"{what} {value!r:.60} is outside [0, {high}]")
-    return value
-
-
-def _restore_stats(saved: dict[str, Any], config: PolicyConfig, profile: str, dim: Dim,
-                   now: float, history: DimStats | None = None) -> DimStats:
-    """Saved statistics if they read back sane at `now`; else (other time settings, or
-    malformed) empty ones, with a warning."""
-    try:
-        stats = DimStats.from_state(saved, config, history)
-        view = stats.view(now)
-        values = view.values
-        if len(values) and (values[0] < dim.min or values[-1] > dim.max
-                            or not (np.diff(values) > 0).all()):
-            raise StateError("values outside the dim's bounds")
-        if not (np.isfinite(view.weights).all() and (view.weights >= 0).all()
-                and (view.counts >= 0).all()):
-            raise StateError("weights or counts not finite and non-negative")
-        return stats
-    except Exception as e:  # whatever the saved arrays hold
-        log.warning("statistics of %s start empty: %s: %s", profile, type(e).__name__,
-                    str(e)[:200])
-        return DimStats(config, history)
-
-
-def save(directory: Path, devices: dict[int, DeviceLedger],
-         costs: CostBook | None = None) -> Path:
-    """Write the state file (and `costs`' measurements) atomically; returns its path."""
-    return write(directory, snapshot(devices, costs))
-
-
-def write(directory: Path, tree: dict[str, Any]) -> Path:
-    """Encode a `snapshot()` and write it atomically (`statedir.write_atomic`), both in the
-    caller's thread; returns the file's path."""
-    blob = _encoded(tree)
-    if len(blob) > statedir.MAX_STATE_BYTES:  # gears, versions and costs outlive statistics
-        log.warning("the state is %d bytes, over the %d a state file may hold: saved without "
-                    "its statistics (they restart empty, as after a reboot)", len(blob),
-                    statedir.MAX_STATE_BYTES)
-        blob = _encoded(_without_statistics(tree))
-    with statedir.opened(directory) as dfd:
-        statedir.write_atomic(directory, dfd, STATE_FILE, blob, TEMP_PREFIX)
-    return directory / STATE_FILE
 
 
 class StateLock:
@@ -318,34 +99,212 @@ class StateLock:
             self._fd = -1
 
 
-def load(directory: Path, now: float, config: PolicyConfig,
-         costs: CostBook | None = None) -> dict[int, DeviceLedger]:
-    """The saved devices (their measurements into `costs`), or {} when there is no state
-    file yet."""
+def load(directory: Path, now: float, config: PolicyConfig, costs: CostBook | None = None,
+         groups: GroupRounds | None = None) -> dict[int, DeviceLedger]:
+    """The saved devices (their measurements into `costs`, their groups into `groups`), or {}
+    when there is no state file yet; StateError naming the file."""
     path = directory / STATE_FILE
     with statedir.opened(directory) as dfd:
         blob = statedir.read(directory, dfd, STATE_FILE)
     if blob is None:
         return {}
     try:
-        return decode(blob, now, config, costs)
+        return stateformat.decode(blob, now, config, costs, groups)
     except StateError as e:
         raise StateError(f"{path}: {e}") from None
 
 
-def restore(
-    directory: Path, now: float, config: PolicyConfig, fresh_on_corrupt: bool,
-    costs: CostBook | None = None,
-) -> dict[int, DeviceLedger]:
+def restore(directory: Path, now: float, config: PolicyConfig, fresh_on_corrupt: bool,
+            costs: CostBook | None = None, groups: GroupRounds | None = None
+            ) -> dict[int, DeviceLedger]:
     """`load`; with `fresh_on_corrupt` a file that does not load (StateError) is renamed
-    `<file>.corrupt`, with a warning, and the devices (and `costs`) start empty."""
+    `<file>.corrupt`, with a warning, and the devices (and `costs`, `groups`) start empty."""
     try:
-        return load(directory, now, config, costs)
+        return load(directory, now, config, costs, groups)
     except StateError as e:
         if not fresh_on_corrupt:
             raise
-        aside = directory / (STATE_FILE + ".corrupt")
         with statedir.opened(directory) as dfd:
-            statedir.set_aside(dfd, STATE_FILE, aside.name)
-        log.warning("%s; starting fresh (the file is kept as %s)", e, aside)
+            statedir.set_aside(dfd, STATE_FILE, CORRUPT_FILE)
+        log.warning("%s; starting fresh (the file is kept as %s)", e, directory / CORRUPT_FILE)
         return {}
+
+
+def save(directory: Path, devices: Mapping[int, DeviceLedger], costs: CostBook | None = None,
+         groups: GroupRounds | None = None) -> Path:
+    """Write the state file (and `costs`' measurements, `groups`' members) atomically, on the
+    caller's thread; returns its path."""
+    return write(directory, stateformat.snapshot(devices, costs, groups))
+
+
+def write(directory: Path, tree: dict[str, Any]) -> Path:
+    """Pack a `stateformat.snapshot` and write it atomically, both in the caller's thread;
+    returns the file's path."""
+    blob = stateformat.packed(tree)
+    if len(blob) > statedir.MAX_STATE_BYTES:  # gears, versions and costs outlive statistics
+        log.warning("the state is %d bytes, over the %d a state file may hold: saved without "
+                    "its statistics (they restart empty, as after a reboot)", len(blob),
+                    statedir.MAX_STATE_BYTES)
+        blob = stateformat.packed(stateformat.without_statistics(tree))
+    with statedir.opened(directory) as dfd:
+        statedir.write_atomic(directory, dfd, STATE_FILE, blob, TEMP_PREFIX)
+    return directory / STATE_FILE
+
+
+class Saver:
+    """Saves of one state directory (module docstring); `groups`: the group rounds whose groups
+    are saved too (None: none). `seconds` holds recent writes' durations (encode, write,
+    fsync, rename, in the writer thread), `loop_seconds` the loop's part of them (the snapshot
+    and handing it over)."""
+
+    def __init__(self, directory: Path, devices: Mapping[int, DeviceLedger], costs: CostBook,
+                 interval: float, clock: Clock, failed: Callable[[Exception], None],
+                 groups: GroupRounds | None = None) -> None:
+        self.directory, self.devices, self.costs, self.clock = directory, devices, costs, clock
+        self.interval, self.failed, self.groups = interval, failed, groups
+        self.changed = False
+        self.unsaved_since: float | None = None  # the first failed save since the last good one
+        self.saves = 0  # writes the writer thread completed
+        self.seconds: deque[float] = deque(maxlen=64)
+        self.loop_seconds: deque[float] = deque(maxlen=64)
+        self._began = -float("inf")  # when the last save began (the caller's clock)
+        self._measured = 0  # the cost book's measurements when the last save began
+        self._grouped: object = self._groups_now()  # the groups when the last save began
+        self._pending: _Write | None = None
+
+    def request(self) -> None:
+        """The state changed: save it within `interval` (at the next `poll` after that)."""
+        self.changed = True
+
+    def after_round(self, changed: bool) -> None:
+        """A decision round ran: the state changed if it `changed` something or measurements
+        arrived since the last save."""
+        if changed or self.costs.counts["measured"] != self._measured:
+            self.request()
+
+    def saved(self, now: float, measured: int, grouped: object) -> None:
+        """A save of the current state (`measured`: the book's count then, `grouped`: its
+        groups) completed on the caller's side at `now`."""
+        self.changed, self._began, self._measured = False, now, measured
+        self._grouped, self.unsaved_since = grouped, None
+
+    def save_now(self) -> None:
+        """Save on the caller's thread, after any write in flight; a failure raises, and the
+        state stays changed for `poll` to save again (`unsaved_since` set)."""
+        self.wait()
+        measured, grouped = self.costs.counts["measured"], self._groups_now()
+        try:
+            save(self.directory, self.devices, self.costs, self.groups)
+        except BaseException:
+            self._unsaved()
+            raise
+        self.saved(self.clock.now(), measured, grouped)
+
+    def _unsaved(self) -> None:
+        self.changed = True
+        if self.unsaved_since is None:
+            self.unsaved_since = self.clock.now()
+
+    def _groups_now(self) -> object:
+        """What of the groups a save keeps, to compare: their rounds and members."""
+        if self.groups is None:
+            return None
+        return self.groups.rounds, [(key, m.size, sorted(m.ranks.items()))
+                                    for key, m in self.groups.groups.profiles.items()]
+
+    def poll(self, now: float) -> None:
+        """Report a finished write; start the next one when one is due."""
+        self._collect()
+        grouped = self._groups_now()
+        if grouped != self._grouped:  # a group round ran, or a group's members changed
+            self.request()
+        if not self.changed or self._pending is not None or now < self._began + self.interval:
+            return
+        began, measured = self.clock.now(), self.costs.counts["measured"]
+        tree = stateformat.snapshot(dict(self.devices), self.costs, self.groups)
+        self.changed, self._began, self._measured = False, now, measured
+        self._grouped = grouped
+        self._pending = _Write(self.directory, tree, self.clock)
+        self._pending.start()
+        self.loop_seconds.append(self.clock.now() - began)
+
+    def wait(self) -> None:
+        """Until no write is in flight (its failure is reported as `poll` does)."""
+        if self._pending is not None:
+            self._pending.join()
+            self._collect()
+
+    def close(self) -> None:
+        """Wait for a write in flight (idempotent)."""
+        self.wait()
+
+    def _collect(self) -> None:
+        if self._pending is None or self._pending.is_alive():
+            return
+        done, self._pending = self._pending, None
+        if done.error is None:
+            self.saves += 1
+            self.seconds.append(done.seconds)
+            self.unsaved_since = None  # saves work again: what is left is the usual wait
+        else:
+            self._unsaved()  # retried at the next interval
+            self.failed(done.error)
+
+
+class _Write(threading.Thread):
+    """One save in its own thread (a daemon: a process that exits without `close` leaves at
+    most a temp file, which the next `StateLock.acquire` removes; the rename is atomic)."""
+
+    def __init__(self, directory: Path, tree: dict[str, Any], clock: Clock) -> None:
+        super().__init__(name="gearshift-save", daemon=True)
+        self.directory, self.tree, self.clock = directory, tree, clock
+        self.seconds = 0.0
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        began = self.clock.now()
+        try:
+            write(self.directory, self.tree)
+        except BaseException as e:  # whatever it is, the loop reports it and saves again
+            self.error = e if isinstance(e, Exception) else RuntimeError(repr(e))
+        self.seconds = self.clock.now() - began
+        self.tree = {}  # its statistics' memory goes now, not at the next save
+
+
+def remove_state(directory: Path, remove_directory: bool = False) -> list[Path]:
+    """Remove the state kept in `directory` (`gearshift cleanup --state`); the paths removed,
+    [] when there is none. Only gearshift's own names go (the state file, the `.corrupt` copy,
+    temp files of a save, then the lock file), unlinked relative to the directory (never
+    following a symlink) while holding its `StateLock` (so never while a controller holds it:
+    NamespaceBusy naming its pid). The directory is opened and checked as a controller's is
+    (`statedir.opened`); a refusal is a StateError saying nothing was removed. The directory
+    itself goes too when asked (`gearshift`'s own default directory) and that leaves it
+    empty."""
+    if not os.path.lexists(directory):
+        return []
+    removed = []
+    try:
+        with statedir.opened(directory, create=False) as fd:
+            lock = StateLock.acquire(directory)  # NamespaceBusy while a controller holds it
+            try:
+                temps = sorted(n for n in os.listdir(fd) if n.startswith(TEMP_PREFIX))
+                for name in [STATE_FILE, CORRUPT_FILE, *temps, LOCK_FILE]:
+                    try:
+                        os.unlink(name, dir_fd=fd)
+                    except FileNotFoundError:
+                        continue
+                    removed.append(directory / name)
+            finally:
+                lock.release()
+    except UnsafeStateDir as e:
+        raise StateError(f"{e}: nothing removed") from None
+    except NotADirectoryError:
+        raise StateError(f"state directory {directory} is not one: nothing removed") from None
+    if remove_directory:
+        try:
+            os.rmdir(directory)
+        except OSError:  # not empty (other files, or a controller started meanwhile): kept
+            pass
+        else:
+            removed.append(directory)
+    return removed

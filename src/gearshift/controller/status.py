@@ -12,7 +12,7 @@ NaN-free floats only:
      "rounds": {"count", "seconds_sum", "last_seconds"},
      "final_save": None while running; at close "saved" or "failed: why",
      "unsaved_since": None, or the "time" of the first failed save since the last that
-                      succeeded (`saving.Saver.unsaved_since`: retried until one succeeds),
+                      succeeded (`statefile.Saver.unsaved_since`: retried until one succeeds),
      "workers": [{"slot", "generation", "pid", "device", "alive", "consumed", "dropped",
                   "applied", "profiles": [[local id, name], ...]}],
      "devices": [{"device", "version", "memory_usage", "memory_bytes", "graph_bytes",
