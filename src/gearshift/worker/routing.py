@@ -2,8 +2,9 @@
 `Route` (`core.dims`) that the profile's runner replays as is: one lookup per request.
 
 `Router.route(**sizes)` is the request path: one version check (adopting a changed snapshot on
-the spot, through its `Host`), the smallest gear >= each dim's raw size (`bisect_left` on the
-dim's gears, nano-vllm's `next(g for g in gears if g >= raw)`), one ring record; it never
+the spot, through its `Host`), the smallest gear >= each dim's raw size (nano-vllm's
+`next(g for g in gears if g >= raw)`: one subscript of a table of gear positions built with
+the gears in use, or `bisect_left` for very large gears), one ring record; it never
 captures, blocks or raises because of the controller. A request of ints within [min, largest
 gear] on every dim runs one chunk per dim: its gear positions, in mixed radix, key the Route
 of its gear combination, made by the first such request and shared by every later one (a Route
@@ -24,10 +25,10 @@ no gearshift graph ran), with no gear lookup and no version check.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
 
 from gearshift.core.dims import Dim, Gears, Route, check_profile, chunks_for, route_of
 from gearshift.errors import ShapeError
@@ -38,6 +39,7 @@ from gearshift.worker.interfaces import Host
 __all__ = ["MAX_CHUNKS", "Route", "Router", "checked_dims"]
 
 MAX_CHUNKS = 0xFFFF  # a record's chunk count is 16 bits
+TABLE_MAX = 1 << 16  # dims whose gears are all below it find them by a table (`_positions`)
 _SHAPE, _EAGER = int(Kind.SHAPE), int(Kind.EAGER)  # plain ints compare faster than members
 assert MAX_DIMS == 4  # a record's value slots: `write(t_ns, v0, v1, v2, v3, ...)`, the lists below
 
@@ -45,10 +47,11 @@ assert MAX_DIMS == 4  # a record's value slots: `write(t_ns, v0, v1, v2, v3, ...
 class _InUse:
     """The gears in use from one snapshot; `active` (under the profile's lock) counts the
     requests in flight on them, `epoch` numbers the profile's adoptions. `table` has per dim,
-    in the profile's dim order, (position, name, min, largest gear, gears, stride): a request
-    of one chunk per dim is keyed by the sum of its gear positions times their strides (mixed
-    radix), and `routes` holds the Route of each key once a request has used it. `meta` is the
-    record word of a routed request (`ring.meta`), `record_meta` that of a recorded one."""
+    in the profile's dim order, (position, name, min, positions, stride), `positions[raw]`
+    the position of raw's gear among the dim's gears (`_positions`): a request of one chunk
+    per dim is keyed by the sum of its gear positions times their strides (mixed radix), and
+    `routes` holds the Route of each key once a request has used it. `meta` is the record word
+    of a routed request (`ring.meta`), `record_meta` that of a recorded one."""
 
     __slots__ = ("active", "epoch", "gears", "meta", "record_meta", "routes", "table", "version")
 
@@ -60,24 +63,52 @@ class _InUse:
         self.record_meta = ring.meta(pid, version, Kind.RECORDED, len(dims))
         counts = [len(gears[n]) for n in dims]
         strides = [math.prod(counts[i + 1 :]) for i in range(len(counts))]  # mixed radix
+        radix = tuple((n, gears[n], stride) for n, stride in zip(dims, strides, strict=True))
         self.table = tuple(
-            (i, n, d.min, gears[n][-1], gears[n], stride)
-            for i, ((n, d), stride) in enumerate(zip(dims.items(), strides, strict=True))
+            (i, n, dims[n].min, _positions(g), stride) for i, (n, g, stride) in enumerate(radix)
         )
-        self.routes = _Routes(version, self.table)
+        self.routes = _Routes(version, radix)
+
+
+def _positions(gears: Gears) -> array[int] | _Bisection:
+    """The gear positions of raw sizes 0 to the largest gear: `positions[raw]` is
+    `bisect_left(gears, raw)`, IndexError past the largest gear. A table of 16-bit ints (one
+    subscript; no object per raw size for a collection to walk) for gears below TABLE_MAX,
+    bisection above."""
+    if gears[-1] >= TABLE_MAX:
+        return _Bisection(gears)
+    table, below = array("H", [0]), 0  # raw 0; then the raws up to each gear: its position
+    for position, gear in enumerate(gears):
+        table.extend(array("H", [position]) * (gear - below))
+        below = gear
+    return table
+
+
+class _Bisection:
+    """`_positions` by bisection: for a dim whose largest gear is too large for a table."""
+
+    __slots__ = ("gears",)
+
+    def __init__(self, gears: Gears) -> None:
+        self.gears = gears
+
+    def __getitem__(self, raw: int) -> int:
+        if raw > self.gears[-1]:
+            raise IndexError(raw)
+        return bisect_left(self.gears, raw)
 
 
 class _Routes(dict[int, Route]):
     """The Routes of some gears in use by key (`_InUse`), each made by the first request of
     its gears and shared by every later one: a Route and its chunks are read-only."""
 
-    def __init__(self, version: int, table: tuple[tuple[Any, ...], ...]) -> None:
+    def __init__(self, version: int, radix: tuple[tuple[str, Gears, int], ...]) -> None:
         super().__init__()
-        self.version, self.table = version, table
+        self.version, self.radix = version, radix  # per dim: (name, gears, stride)
 
     def __missing__(self, key: int) -> Route:
-        variant = tuple(gears[key // stride % len(gears)] for *_, gears, stride in self.table)
-        chunks = {n: (g,) for (_, n, *_), g in zip(self.table, variant, strict=True)}
+        variant = tuple(gears[key // stride % len(gears)] for _, gears, stride in self.radix)
+        chunks = {n: (g,) for (n, *_), g in zip(self.radix, variant, strict=True)}
         route = self[key] = Route(self.version, MappingProxyType(chunks), variant)
         return route
 
@@ -137,12 +168,15 @@ class Router:
         [min, largest gear] on every dim take the shared Route of their gear combination."""
         if len(sizes) == self._ndim:
             values, key = [0, 0, 0, 0], 0  # MAX_DIMS slots (a literal costs less than [0] * 4)
-            for i, name, low, top, gears, stride in in_use.table:
-                raw = sizes.get(name)
-                if type(raw) is not int or raw < low or raw > top:
+            for i, name, low, positions, stride in in_use.table:
+                try:  # free unless raised: subscripts cost less than `get` and `bisect_left`
+                    raw = sizes[name]
+                    if type(raw) is not int or raw < low:
+                        break
+                    key += positions[raw] * stride
+                except (KeyError, IndexError):  # a dim missing, or raw over its largest gear
                     break
                 values[i] = raw
-                key += bisect_left(gears, raw) * stride
             else:
                 v0, v1, v2, v3 = values  # plain arguments: a call with `*` costs more
                 self._write(self._now_ns(), v0, v1, v2, v3, in_use.meta, self._single)

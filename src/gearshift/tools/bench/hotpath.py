@@ -9,6 +9,11 @@ Baseline, measured in the same run, interleaved batch by batch: the single-proce
 gearshift replaced (the "seed"): a clone-on-read copy of the gear snapshot per request, the
 same gear lookup, and, under the sample lock, one sample object per dim appended to its gear's
 state.
+
+Where the route's time goes, in the same batches: `Profile.record` (the same checks and one
+ring record, no version check, no lookup) and a call of a function that does nothing with the
+same keywords (the dict of keywords every design pays); the route less the record is the
+version check and the lookup.
 """
 
 from __future__ import annotations
@@ -92,6 +97,10 @@ class SeedRouter:
         self._states = {}
 
 
+def _call(**sizes: int) -> None:
+    """Nothing: what a call with a request's keywords costs, in every design alike."""
+
+
 def _requests(n: int) -> list[dict[str, int]]:
     rng = np.random.default_rng(0)
     cols = {
@@ -119,8 +128,8 @@ def _version_ns(version: Callable[[], int], calls: int) -> float:
 @click.option("--batch", default=200, show_default=True, help="Requests per batch.")
 @json_option()
 def command(batches: int, batch: int, as_json: bool) -> None:
-    """Median ns per `route` call, per snapshot version check, and per request of the seed's
-    in-process design, measured in the same run."""
+    """Median ns per `route` call, per `record` call, per call doing nothing, per snapshot
+    version check, and per request of the seed's in-process design, measured in the same run."""
     namespace = f"bench-hotpath-{os.getpid()}"
     registry = Registry.create(namespace, slots=1)
     region = SnapshotRegion.create(namespace, 0)
@@ -132,17 +141,21 @@ def command(batches: int, batch: int, as_json: bool) -> None:
         client = Client(Registry.attach(namespace), 0, register_timeout=0, background=False)
         ring = EventRing.attach(namespace, client.slot)
         try:
-            route = client.profile("decode", DIMS).route
+            profile = client.profile("decode", DIMS)
+            route, record = profile.route, profile.record
             seed = SeedRouter(DIMS)
             requests = _requests(batch)
             for sizes in requests:  # both designs must plan every request alike
                 assert route(**sizes).chunks == seed.route(**sizes), sizes
             ring.drain()
             seed.drain()
-            mine, theirs, checks = [], [], []
+            mine, recorded, calls, theirs, checks = [], [], [], [], []
             for _ in range(batches):
                 mine.append(_batch_ns(route, requests))
                 ring.drain()
+                recorded.append(_batch_ns(record, requests))
+                ring.drain()
+                calls.append(_batch_ns(_call, requests))
                 theirs.append(_batch_ns(seed.route, requests))
                 seed.drain()
                 checks.append(_version_ns(client.region.version, batch))
@@ -157,6 +170,8 @@ def command(batches: int, batch: int, as_json: bool) -> None:
         cleanup(namespace)
     result = {
         "route_ns_median": statistics.median(mine),
+        "record_ns_median": statistics.median(recorded),
+        "call_ns_median": statistics.median(calls),
         "version_check_ns_median": statistics.median(checks),
         "baseline_inprocess_ns_median": statistics.median(theirs),
     }
