@@ -1,8 +1,11 @@
-"""The two public surfaces: `import gearshift as gs` for a worker, `gearshift.operator` for an
-operator; each `__all__` is exactly what a user may import."""
+"""The public surfaces by audience: `import gearshift as gs` for a model author, the engines'
+pieces at their packages (`gearshift.graphs`, `gearshift.worker`), `gearshift.operator` for
+an operator; each `__all__` is exactly what a user may import, and a name that moved is
+refused with a pointer to its new home, never kept as an alias."""
 
 from __future__ import annotations
 
+import importlib
 import types
 
 import pytest
@@ -11,19 +14,57 @@ import gearshift as gs
 from gearshift import operator
 from gearshift.worker import interfaces
 
+MODEL_AUTHOR = {"compile", "connect", "Dim", "group", "outside_capture"}
+MOVED = {"AdaptiveRunner": "gearshift.graphs", "CompiledRunner": "gearshift.graphs",
+         "GraphResourcePool": "gearshift.graphs", "GraphRunner": "gearshift.graphs",
+         "Transform": "gearshift.graphs", "Client": "gearshift.worker",
+         "Compiled": "gearshift.worker", "Group": "gearshift.worker",
+         "GroupRank": "gearshift.worker", "Maintenance": "gearshift.worker",
+         "Profile": "gearshift.worker", "Route": "gearshift.worker"}
+
+
+def _public(module: types.ModuleType) -> set[str]:
+    return {n for n in dir(module) if not n.startswith("_")
+            and not isinstance(getattr(module, n), types.ModuleType)}
+
 
 def test_all_is_every_public_name_of_the_package_the_lazy_ones_too_and_each_resolves() -> None:
     """`dir(gs)` lists the lazily imported names beside the loaded ones; `getattr` imports."""
-    public = {n for n in dir(gs) if not n.startswith("_")
-              and not isinstance(getattr(gs, n), types.ModuleType)}
-    assert public == set(gs.__all__)
+    assert _public(gs) == set(gs.__all__)
     assert len(gs.__all__) == len(set(gs.__all__))
-    assert {"connect", "Client", "Profile", "Route", "compile", "AdaptiveRunner"} <= public
+    errors = {n for n in gs.__all__ if isinstance(getattr(gs, n), type)
+              and issubclass(getattr(gs, n), gs.GearshiftError)}
+    assert set(gs.__all__) == MODEL_AUTHOR | errors
+
+
+@pytest.mark.parametrize("package", ["gearshift.graphs", "gearshift.worker"])
+def test_each_engine_package_exports_its_pieces_lazily_and_each_resolves(package: str) -> None:
+    module = importlib.import_module(package)
+    assert set(module.__all__) == {n for n, home in MOVED.items() if home == package}
+    assert set(module.__all__) <= set(dir(module))
+    for name in module.__all__:
+        assert getattr(module, name).__name__ == name
+
+
+@pytest.mark.parametrize("name", sorted(MOVED))
+def test_a_name_that_moved_is_refused_with_a_pointer_to_its_new_home(name: str) -> None:
+    pointer = f"gearshift.{name} moved to {MOVED[name]}.{name}"
+    with pytest.raises(AttributeError, match=pointer):
+        getattr(gs, name)
+    with pytest.raises(ImportError, match=pointer):
+        exec(f"from gearshift import {name}", {})
+
+
+def test_an_unknown_name_is_refused_as_python_refuses_it() -> None:
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        gs.nothing  # noqa: B018
+    with pytest.raises(ImportError, match="cannot import name 'nothing'"):
+        exec("from gearshift import nothing", {})
 
 
 @pytest.mark.parametrize("name", ["PolicyConfig", "load_policy_config", "ControllerRunning",
                                   "TraceError", "Plan"])
-def test_operator_names_and_old_aliases_are_not_the_workers(name: str) -> None:
+def test_operator_names_and_old_aliases_are_not_the_model_authors(name: str) -> None:
     with pytest.raises(AttributeError):
         getattr(gs, name)
 

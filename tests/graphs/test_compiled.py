@@ -14,6 +14,7 @@ import torch
 from forked import reap
 
 import gearshift as gs
+from gearshift.graphs import Transform
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.compiled import CompiledRunner
 from gearshift.graphs.pool import GraphResourcePool
@@ -30,7 +31,7 @@ def block(x: torch.Tensor) -> torch.Tensor:
 
 def make(fn: object = block, gears: tuple[int, ...] = (4, 16), **options: object) -> CompiledRunner:
     dims = {"SEQLEN": gs.Dim(gears=list(gears), max=64, splittable=True)}
-    transform = gs.Transform(fn, dims, inputs={"x": ("S", None)}, outputs=("S", None))
+    transform = Transform(fn, dims, inputs={"x": ("S", None)}, outputs=("S", None))
     return CompiledRunner(transform, {"x": torch.zeros(1, H)},
                           pool=GraphResourcePool(CpuBackend()), **options)
 

@@ -15,6 +15,7 @@ import torch
 from fakeclock import FakeClock
 
 import gearshift as gs
+from gearshift.graphs import Transform
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.compiled import CompiledRunner
 from gearshift.graphs.pool import GraphResourcePool
@@ -86,7 +87,7 @@ class Releasing(FakeClock):
 
 def make(lock_dir: Path, clock: FakeClock, wait: float = 600.0) -> CompiledRunner:
     dims = {"SEQLEN": gs.Dim(gears=[4], max=8)}
-    transform = gs.Transform(fn, dims, inputs={"x": ("S", None)}, outputs=("S", None))
+    transform = Transform(fn, dims, inputs={"x": ("S", None)}, outputs=("S", None))
     return CompiledRunner(transform, {"x": torch.zeros(1, 2)},
                           pool=GraphResourcePool(CpuBackend()), clock=clock,
                           compile_backend="eager", lock_dir=lock_dir, lock_wait=wait)

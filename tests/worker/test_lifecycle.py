@@ -11,7 +11,7 @@ import pytest
 
 import gearshift as gs
 from gearshift.errors import StateError
-from gearshift.worker import lifecycle
+from gearshift.worker import Client, lifecycle
 from gearshift.worker.lifecycle import (
     ATTACHED,
     CAPTURING,
@@ -107,7 +107,7 @@ def test_a_client_moves_as_its_table_says(namespace: str, monkeypatch: pytest.Mo
     client.close()  # idempotent: no event
 
 
-def test_a_variants_graph_moves_as_its_table_says(client: gs.Client, fake: FakeController) -> None:
+def test_a_variants_graph_moves_as_its_table_says(client: Client, fake: FakeController) -> None:
     """Observed between swap-thread rounds (`WarmUp.state`): deferred (wanted), captured at
     once, wanted by a request, failed, retried, released; a gear dropped and added back."""
     dims = {"B": gs.Dim(gears=[1, 2, 4, 8], max=16)}

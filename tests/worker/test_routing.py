@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import gearshift as gs
 from gearshift.shm import Kind
+from gearshift.worker import Client
 from gearshift.worker.routing import MAX_CHUNKS
 
 HUGE = {"B": gs.Dim(gears=[1, 2, 4, 8, 16, 32, 64], max=1 << 40, splittable=True)}
 
 
-def test_a_split_beyond_the_chunk_bound_runs_eagerly_and_is_counted(client: gs.Client) -> None:
+def test_a_split_beyond_the_chunk_bound_runs_eagerly_and_is_counted(client: Client) -> None:
     prof = client.profile("huge", HUGE)
     client.ring.drain()
     fits = prof.route(B=64 * MAX_CHUNKS)  # the most chunks a record counts

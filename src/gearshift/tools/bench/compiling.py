@@ -27,6 +27,7 @@ from typing import Any
 import click
 
 from gearshift.clikit import json_option
+from gearshift.graphs import Transform
 from gearshift.tools.bench.cli import echo_result
 
 WORKER = "from gearshift.tools.bench.compiling import worker; worker()"
@@ -50,7 +51,7 @@ def worker() -> None:
     gear, lock_dir = int(sys.argv[1]), sys.argv[2] or None
     model = Model()
     dims = {"SEQLEN": gs.Dim(gears=[gear], max=gear)}
-    transform = gs.Transform(model.forward, dims, {"x": ("S", None)}, outputs=("S", None))
+    transform = Transform(model.forward, dims, {"x": ("S", None)}, outputs=("S", None))
     runner = CompiledRunner(transform, {"x": torch.zeros(1, WIDTH)},
                             pool=GraphResourcePool(CpuBackend()), lock_dir=lock_dir)
     print("ready", flush=True)
