@@ -1,17 +1,18 @@
 """The public surfaces by audience: `import gearshift as gs` for a model author, the engines'
-pieces at their packages (`gearshift.graphs`, `gearshift.worker`), `gearshift.operator` for
+pieces at their packages (`gearshift.graphs`, `gearshift.worker`), `gearshift.controller` for
 an operator; each `__all__` is exactly what a user may import, and a name that moved is
 refused with a pointer to its new home, never kept as an alias."""
 
 from __future__ import annotations
 
 import importlib
+import re
 import types
 
 import pytest
 
 import gearshift as gs
-from gearshift import operator
+from gearshift import controller
 from gearshift.worker import interfaces
 
 MODEL_AUTHOR = {"compile", "connect", "Dim", "group", "outside_capture"}
@@ -49,10 +50,24 @@ def test_each_engine_package_exports_its_pieces_lazily_and_each_resolves(package
 @pytest.mark.parametrize("name", sorted(MOVED))
 def test_a_name_that_moved_is_refused_with_a_pointer_to_its_new_home(name: str) -> None:
     pointer = f"gearshift.{name} moved to {MOVED[name]}.{name}"
-    with pytest.raises(AttributeError, match=pointer):
+    with pytest.raises(AttributeError, match=re.escape(pointer)):
         getattr(gs, name)
-    with pytest.raises(ImportError, match=pointer):
+    with pytest.raises(ImportError, match=re.escape(pointer)):
         exec(f"from gearshift import {name}", {})
+
+
+POINTER = "gearshift.operator moved to gearshift.controller"
+
+
+def test_the_operator_module_moved_to_the_controller_package_with_a_pointer() -> None:
+    """`gearshift.operator` shadowed the standard library's `operator` in a caller's namespace
+    (`from gearshift import operator`)."""
+    for statement in ("from gearshift import operator", "import gearshift.operator",
+                      "from gearshift.operator import PolicyConfig"):
+        with pytest.raises(ImportError, match=re.escape(POINTER)):
+            exec(statement, {})
+    with pytest.raises(AttributeError, match=re.escape(POINTER)):
+        gs.operator  # noqa: B018
 
 
 def test_an_unknown_name_is_refused_as_python_refuses_it() -> None:
@@ -69,11 +84,12 @@ def test_operator_names_and_old_aliases_are_not_the_model_authors(name: str) -> 
         getattr(gs, name)
 
 
-def test_the_operator_module_lists_what_it_holds() -> None:
-    public = {n for n in vars(operator) if not n.startswith("_")}
-    assert public == set(operator.__all__)
-    assert operator.PolicyConfig().check_interval_seconds > 0
-    assert operator.ConfigError is gs.ConfigError
+def test_the_controller_package_lists_what_an_operator_imports() -> None:
+    public = {n for n in vars(controller) if not n.startswith("_")
+              and not isinstance(getattr(controller, n), types.ModuleType)}
+    assert public == set(controller.__all__)
+    assert controller.PolicyConfig().check_interval_seconds > 0
+    assert controller.ConfigError is gs.ConfigError
 
 
 SWAP_THREAD = ["adopt", "maintain", "forked", "measured", "tick", "refresh", "wake", "attached",

@@ -6,7 +6,7 @@ tensor-parallel rank's group), `outside_capture` (the capture guard) and the err
 catches. The engines' pieces live under their packages: the graph runners, the transform and
 the graph pool at `gearshift.graphs`; the client, its profiles, routes, the compiled model and
 a group's rank at `gearshift.worker`; the operator's (the policy's configuration, the errors
-of the controller and its commands) at `gearshift.operator`. A name that moved from here is
+of the controller and its commands) at `gearshift.controller`. A name that moved from here is
 refused with a pointer to its new home (`gearshift.lazy`).
 """
 
@@ -41,6 +41,8 @@ _MOVED = {
                              "GraphRunner", "Transform"], "gearshift.graphs"),
     **moved_to("gearshift", ["Client", "Compiled", "Group", "GroupRank", "Maintenance",
                              "Profile", "Route"], "gearshift.worker"),
+    "operator": "gearshift.operator moved to gearshift.controller"
+                " (`from gearshift.controller import PolicyConfig`)",
 }
 
 __all__ = [  # exactly what a model author may import: the names above and `_LAZY`'s

@@ -172,13 +172,13 @@ def test_a_workers_buffers_reach_the_controllers_memory_bound(namespace: str, tm
     0.5 % of the device's memory as the worker reads it."""
     import torch
 
+    from gearshift.controller import PolicyConfig
     from gearshift.controller.config import ControllerConfig
     from gearshift.controller.controller import Controller
     from gearshift.core import memory
     from gearshift.core.costs import Line
     from gearshift.graphs.backends import CpuBackend
     from gearshift.graphs.pool import GraphResourcePool
-    from gearshift.operator import PolicyConfig
     from worker.fake_controller import ServingClock
 
     h, dims = 4, {"SEQLEN": gs.Dim(gears=[8, 16], max=64)}

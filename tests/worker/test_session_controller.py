@@ -17,8 +17,8 @@ import pytest
 from fakeclock import FakeClock
 
 import gearshift as gs
+from gearshift.controller import PolicyConfig
 from gearshift.controller.statefile import STATE_FILE
-from gearshift.operator import PolicyConfig
 from gearshift.shm import Registry, cleanup, names
 from gearshift.worker import Client
 from worker import procs
