@@ -16,10 +16,11 @@ from gearshift import controller
 from gearshift.worker import interfaces
 
 MODEL_AUTHOR = {"compile", "connect", "Dim", "group", "outside_capture"}
-MOVED = {"AdaptiveRunner": "gearshift.graphs", "CompiledRunner": "gearshift.graphs",
+PIECES = {  # an engine's pieces and their packages
+         "AdaptiveRunner": "gearshift.graphs", "CompiledRunner": "gearshift.graphs",
          "GraphResourcePool": "gearshift.graphs", "GraphRunner": "gearshift.graphs",
          "Transform": "gearshift.graphs", "Client": "gearshift.worker",
-         "Compiled": "gearshift.worker", "Group": "gearshift.worker",
+         "CompiledModel": "gearshift.worker", "Group": "gearshift.worker",
          "GroupRank": "gearshift.worker", "Maintenance": "gearshift.worker",
          "Profile": "gearshift.worker", "Route": "gearshift.worker"}
 
@@ -41,15 +42,30 @@ def test_all_is_every_public_name_of_the_package_the_lazy_ones_too_and_each_reso
 @pytest.mark.parametrize("package", ["gearshift.graphs", "gearshift.worker"])
 def test_each_engine_package_exports_its_pieces_lazily_and_each_resolves(package: str) -> None:
     module = importlib.import_module(package)
-    assert set(module.__all__) == {n for n, home in MOVED.items() if home == package}
+    assert set(module.__all__) == {n for n, home in PIECES.items() if home == package}
     assert set(module.__all__) <= set(dir(module))
     for name in module.__all__:
         assert getattr(module, name).__name__ == name
 
 
-@pytest.mark.parametrize("name", sorted(MOVED))
+RENAMED = {"gearshift.Compiled": "gearshift.worker.CompiledModel",
+           "gearshift.worker.Compiled": "gearshift.worker.CompiledModel",
+           "gearshift.graphs.compiled": "gearshift.graphs.torchcompile"}
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED))
+def test_a_renamed_name_is_refused_with_its_new_name(old: str) -> None:
+    package, _, name = old.rpartition(".")
+    pointer = re.escape(f"{old} was renamed {RENAMED[old]}")
+    with pytest.raises(AttributeError, match=pointer):
+        getattr(importlib.import_module(package), name)
+    with pytest.raises(ImportError, match=pointer):
+        exec(f"from {package} import {name}", {})
+
+
+@pytest.mark.parametrize("name", sorted(set(PIECES) - {"CompiledModel"}))
 def test_a_name_that_moved_is_refused_with_a_pointer_to_its_new_home(name: str) -> None:
-    pointer = f"gearshift.{name} moved to {MOVED[name]}.{name}"
+    pointer = f"gearshift.{name} moved to {PIECES[name]}.{name}"
     with pytest.raises(AttributeError, match=re.escape(pointer)):
         getattr(gs, name)
     with pytest.raises(ImportError, match=re.escape(pointer)):

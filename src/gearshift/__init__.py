@@ -39,8 +39,9 @@ _LAZY = {
 _MOVED = {
     **moved_to("gearshift", ["AdaptiveRunner", "CompiledRunner", "GraphResourcePool",
                              "GraphRunner", "Transform"], "gearshift.graphs"),
-    **moved_to("gearshift", ["Client", "Compiled", "Group", "GroupRank", "Maintenance",
-                             "Profile", "Route"], "gearshift.worker"),
+    **moved_to("gearshift", ["Client", "Group", "GroupRank", "Maintenance", "Profile", "Route"],
+               "gearshift.worker"),
+    "Compiled": "gearshift.Compiled was renamed gearshift.worker.CompiledModel",
     "operator": "gearshift.operator moved to gearshift.controller"
                 " (`from gearshift.controller import PolicyConfig`)",
 }

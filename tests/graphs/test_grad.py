@@ -12,8 +12,8 @@ import torch
 import gearshift as gs
 from gearshift.graphs import AdaptiveRunner, Transform
 from gearshift.graphs.backends import CpuBackend
-from gearshift.graphs.compiled import CompiledRunner
 from gearshift.graphs.pool import GraphResourcePool
+from gearshift.graphs.torchcompile import CompiledRunner
 
 H = 4
 DIMS = {"SEQLEN": gs.Dim(gears=[4, 8], max=64)}

@@ -12,11 +12,12 @@ from gearshift.lazy import exports
 
 _LAZY = {
     "AdaptiveRunner": "gearshift.graphs.adaptive",
-    "CompiledRunner": "gearshift.graphs.compiled",
+    "CompiledRunner": "gearshift.graphs.torchcompile",
     "GraphResourcePool": "gearshift.graphs.pool",
     "GraphRunner": "gearshift.graphs.runner",
     "Transform": "gearshift.graphs.transform",
 }
 __all__ = sorted(_LAZY)
-__getattr__, __dir__ = exports(__name__, _LAZY)
+_RENAMED = {"compiled": "gearshift.graphs.compiled was renamed gearshift.graphs.torchcompile"}
+__getattr__, __dir__ = exports(__name__, _LAZY, _RENAMED)
 del exports

@@ -2,7 +2,7 @@
 
 An engine's pieces, imported on first use (`gearshift.worker.X`): `Client` (what
 `gs.connect` returns), `Profile` (its profiles: `run`, `route`, `request`, `record`,
-`runner`), `Route` (one request's gears), `Compiled` (what `gs.compile` returns), `Group` (a
+`runner`), `Route` (one request's gears), `CompiledModel` (what `gs.compile` returns), `Group` (a
 rank's group declaration, `gs.group`) and `GroupRank` / `Maintenance` (a tensor-parallel
 driver's step and its captures and releases).
 
@@ -17,7 +17,7 @@ from gearshift.lazy import exports
 
 _LAZY = {
     "Client": "gearshift.worker.session",
-    "Compiled": "gearshift.worker.compiling",
+    "CompiledModel": "gearshift.worker.compiling",
     "Group": "gearshift.core.group",
     "GroupRank": "gearshift.worker.group",
     "Maintenance": "gearshift.worker.group",
@@ -25,5 +25,6 @@ _LAZY = {
     "Route": "gearshift.worker.routing",
 }
 __all__ = sorted(_LAZY)
-__getattr__, __dir__ = exports(__name__, _LAZY)
+_RENAMED = {"Compiled": "gearshift.worker.Compiled was renamed gearshift.worker.CompiledModel"}
+__getattr__, __dir__ = exports(__name__, _LAZY, _RENAMED)
 del exports

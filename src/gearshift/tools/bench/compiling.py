@@ -43,8 +43,8 @@ def worker() -> None:
 
     import gearshift as gs
     from gearshift.graphs.backends import CpuBackend
-    from gearshift.graphs.compiled import CompiledRunner
     from gearshift.graphs.pool import GraphResourcePool
+    from gearshift.graphs.torchcompile import CompiledRunner
     from gearshift.tools.demo.block import Model
     from gearshift.tools.demo.workload import WIDTH
 

@@ -19,8 +19,8 @@ from gearshift.errors import ConfigError
 from gearshift.graphs import Transform
 from gearshift.graphs import device as device_module
 from gearshift.graphs.backends import CpuBackend
-from gearshift.graphs.compiled import CompiledRunner
 from gearshift.graphs.pool import GraphResourcePool
+from gearshift.graphs.torchcompile import CompiledRunner
 from graphs.fake_device import FakeCuda
 
 H = 4
