@@ -6,9 +6,9 @@ in a private namespace. Timed in batches, each batch's ring drained untimed afte
 every event is really written; figures are medians of per-call batch means.
 
 Baseline, measured in the same run, interleaved batch by batch: the single-process design
-gearshift replaced (the "seed"): a clone-on-read copy of the gear snapshot per request, the
-same gear lookup, and, under the sample lock, one sample object per dim appended to its gear's
-state.
+gearshift replaced (the reference, torch_npu's, as `bench/reference.py` ports its round): a
+clone-on-read copy of the gear snapshot per request, the same gear lookup, and, under the
+sample lock, one sample object per dim appended to its gear's state.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ SHAPE = {"BATCHSIZE": (2.5, 1.0), "SEQLEN": (6.0, 1.2)}  # log-normal mean and s
 
 @dataclass
 class GearSample:
-    """The seed's per-event sample of one dim."""
+    """The reference's per-event sample of one dim."""
 
     t: float
     raw: int
@@ -50,14 +50,14 @@ class GearSample:
 
 @dataclass
 class GearRuntimeState:
-    """The seed's per-gear state, keyed "DIM:gear"."""
+    """The reference's per-gear state, keyed "DIM:gear"."""
 
     samples: list[GearSample] = field(default_factory=list)
     last_used: float = 0.0
 
 
-class SeedRouter:
-    """The seed's in-process request path: clone the snapshot, look gears up, and record one
+class ReferenceRouter:
+    """The reference's in-process request path: clone the snapshot, look gears up, and record one
     sample per dim into its gear's state under the sample lock (`record_event`)."""
 
     def __init__(self, dims: dict[str, Dim]) -> None:
@@ -119,7 +119,7 @@ def _version_ns(version: Callable[[], int], calls: int) -> float:
 @click.option("--batch", default=200, show_default=True, help="Requests per batch.")
 @json_option()
 def command(batches: int, batch: int, as_json: bool) -> None:
-    """Median ns per `route` call, per snapshot version check, and per request of the seed's
+    """Median ns per `route` call, per snapshot version check, and per request of the reference's
     in-process design, measured in the same run."""
     namespace = f"bench-hotpath-{os.getpid()}"
     registry = Registry.create(namespace, slots=1)
@@ -133,18 +133,18 @@ def command(batches: int, batch: int, as_json: bool) -> None:
         ring = EventRing.attach(namespace, client.slot)
         try:
             route = client.profile("decode", DIMS).route
-            seed = SeedRouter(DIMS)
+            reference = ReferenceRouter(DIMS)
             requests = _requests(batch)
             for sizes in requests:  # both designs must plan every request alike
-                assert route(**sizes).chunks == seed.route(**sizes), sizes
+                assert route(**sizes).chunks == reference.route(**sizes), sizes
             ring.drain()
-            seed.drain()
+            reference.drain()
             mine, theirs, checks = [], [], []
             for _ in range(batches):
                 mine.append(_batch_ns(route, requests))
                 ring.drain()
-                theirs.append(_batch_ns(seed.route, requests))
-                seed.drain()
+                theirs.append(_batch_ns(reference.route, requests))
+                reference.drain()
                 checks.append(_version_ns(client.region.version, batch))
             assert ring.dropped == 0, "the ring overflowed: the timing would flatter route"
         finally:

@@ -26,7 +26,7 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.core.gears import starting_gears
 from gearshift.core.policy import decide
-from gearshift.core.seed import gear_stats
+from gearshift.core.rules import gear_stats
 from gearshift.core.stats import DimStats
 from gearshift.tools.bench.cli import echo_result
 from gearshift.tools.bench.reference import ReferenceRuntime, request_metadata
@@ -83,7 +83,7 @@ def _round(stats: dict[str, DimStats], now: float, config: PolicyConfig) -> obje
 def _seed_config(window: float) -> PolicyConfig:
     """Seed mode, the reference's rules, on the same window (half-life: half of it, as the
     reference derives it)."""
-    return PolicyConfig(policy_mode="seed", window_seconds=window, half_life_seconds=window / 2)
+    return PolicyConfig(policy_mode="rules", window_seconds=window, half_life_seconds=window / 2)
 
 
 def reference(times: np.ndarray, values: dict[str, np.ndarray],

@@ -94,7 +94,7 @@ def bench_priced(trace: Trace, levels: tuple[float, ...] = CAPTURE_LEVELS
     fixed = {
         "pow2": simulate(trace, policy_dims(trace, "pow2", cost=cost), PolicyConfig(),
                          adaptive=False, device=static),
-        "seed": simulate(trace, adaptive, PolicyConfig(policy_mode="seed"), device=once),
+        "seed": simulate(trace, adaptive, PolicyConfig(policy_mode="rules"), device=once),
         "plan": simulate(trace, adaptive, PolicyConfig(), device=once),
     }
     out: dict[str, dict[str, dict]] = {d: {} for d in trace.dims}

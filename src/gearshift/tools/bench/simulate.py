@@ -93,11 +93,11 @@ def bench_trace(name: str) -> dict[str, dict[str, object]]:
     trace = load_trace(name)
     hours = trace.duration / 3600.0
     ceil = policy_dims(trace, "static", gears=pow2_ceil_gears(trace))
-    seed_60 = PolicyConfig(policy_mode="seed", update_interval_seconds=60.0)
+    seed_60 = PolicyConfig(policy_mode="rules", update_interval_seconds=60.0)
     runs = {
         "pow2": simulate(trace, policy_dims(trace, "pow2"), PolicyConfig(), adaptive=False),
         "pow2_ceil": simulate(trace, ceil, PolicyConfig(), adaptive=False),
-        "seed": simulate(trace, policy_dims(trace, "adaptive"), PolicyConfig(policy_mode="seed")),
+        "seed": simulate(trace, policy_dims(trace, "adaptive"), PolicyConfig(policy_mode="rules")),
         "seed_60": simulate(trace, policy_dims(trace, "adaptive"), seed_60),
         "plan": simulate(trace, policy_dims(trace, "adaptive"), PolicyConfig(policy_mode="plan")),
     }
