@@ -166,7 +166,10 @@ def compile(
 ) -> CompiledModel:
     """`fn` (a function or module) on adaptive gears of `dims`, each gear combination a
     static-shape `torch.compile(fn, dynamic=False, mode=, options=, backend=)`. `inputs` binds
-    input axes to dims as `Profile.runner`'s do (`transform_options`: `symbols=`, `outputs=`);
+    each input's axes to symbols (`{"x": ("S", None)}`: x's axis 0 is on `SEQLEN`, its axis 1
+    static), as `Profile.runner`'s do: a symbol is a dim's own name, or `B` / `S`, short for
+    `BATCHSIZE` / `SEQLEN` when the profile has that dim (`graphs.transform.DEFAULT_SYMBOLS`;
+    `symbols=` replaces that map; `transform_options`: `symbols=`, `outputs=`, `lengths=`);
     `example` (default: the first call's tensors) gives static sizes and dtypes. The client is
     `client`, else a shared one of `namespace` (default: `GEARSHIFT_NAMESPACE`, else
     `default`) and accelerator `device` (`embedded`: see `connect`). `shared_cache`: the
