@@ -1,5 +1,5 @@
 """The priced part of `gearshift bench simulate`: every shipped trace in device seconds, at
-capture costs of CAPTURE_LEVELS seconds per gear, against pow2, seed mode, today's unpriced
+capture costs of CAPTURE_LEVELS seconds per gear, against pow2, rules mode, today's unpriced
 plan mode and the hindsight-optimal static set at equal mean gears, and at equal graph memory:
 priced mode runs under the default bound (`core.memory.bound`, in the bytes model of
 `memory_model`), against the optimal static set whose graphs fit it (`fitting_optimum`) and

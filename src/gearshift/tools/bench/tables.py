@@ -233,7 +233,7 @@ def _optimal(r: dict[str, Any]) -> list[Row]:
 
 
 def _simulate(r: dict[str, Any]) -> list[Row]:
-    """Per trace and dim: plan mode's padding against both power-of-two ladders and seed mode
+    """Per trace and dim: plan mode's padding against both power-of-two ladders and rules mode
     at both cadences (baseline / plan, against the stronger one), and against the hindsight-
     optimal static set at its mean gear count, rounded and interpolated (plan / optimum)."""
 
