@@ -15,6 +15,7 @@ from gearshift.cli import main
 from gearshift.controller.config import ControllerConfig
 from gearshift.controller.footprint import footprint, mib
 from gearshift.core.config import PolicyConfig
+from gearshift.graphs.transform import DEFAULT_SYMBOLS
 from gearshift.tools.bench.cli import BENCHMARKS
 from gearshift.worker.session import Client
 
@@ -115,3 +116,11 @@ def test_deployment_states_the_dev_shm_a_node_needs() -> None:
     docker = (64 * 2**20 - need.fixed - need.per_device) // need.per_worker
     assert f"Docker's default of 64 MiB holds {docker} workers on one device" in text
     assert f"tries again every {Client.retry_interval:g} s" in text
+
+
+def test_the_short_symbols_the_worker_example_binds_are_the_ones_it_names() -> None:
+    """`("S", None)` binds SEQLEN through a default symbol: the README says so, and which."""
+    said = re.search(r"by `(\w+)` and `(\w+)`, short for `(\w+)` and `(\w+)`",
+                     " ".join(section("A worker").split()))
+    assert said is not None
+    assert dict(zip(said.groups()[:2], said.groups()[2:], strict=True)) == DEFAULT_SYMBOLS

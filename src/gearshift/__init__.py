@@ -1,16 +1,16 @@
 """gearshift: adaptive shape gears for accelerator graphs, decided by one sidecar per node.
 
-`import gearshift as gs` is the worker's API: `connect` (a `Client`), its profiles (`Profile`,
-`Dim`; `run`, `route` (a `Route`), `record`), `compile`, a rank's `group` (a `Group`), the
-graph runners a worker builds, `outside_capture`, and the errors a worker catches. The
-operator's names (the policy's configuration, the errors of the controller and its commands)
-are `gearshift.operator`'s.
+`import gearshift as gs` is the model author's API: `compile` (a function on adaptive gears),
+`connect` (a client, for profiles of one's own), `Dim` (a dim's declaration), `group` (a
+tensor-parallel rank's group), `outside_capture` (the capture guard) and the errors a worker
+catches. The engines' pieces live under their packages: the graph runners, the transform and
+the graph pool at `gearshift.graphs`; the client, its profiles, routes, the compiled model and
+a group's rank at `gearshift.worker`; the operator's (the policy's configuration, the errors
+of the controller and its commands) at `gearshift.controller`. A name that moved from here is
+refused with a pointer to its new home (`gearshift.lazy`).
 """
 
-import importlib
-
 from gearshift.core.dims import Dim
-from gearshift.core.group import Group
 from gearshift.errors import (
     BackendUnavailable,
     ConfigError,
@@ -26,66 +26,46 @@ from gearshift.errors import (
     ShapeError,
     StateError,
 )
+from gearshift.lazy import exports, moved_to
 
 # Imported on first use: `import gearshift` stays light, and torch-free (the routing client
 # never imports torch; the runner side does).
 _LAZY = {
-    "AdaptiveRunner": "gearshift.graphs.adaptive",
-    "Client": "gearshift.worker.session",
-    "Compiled": "gearshift.worker.compiling",
-    "CompiledRunner": "gearshift.graphs.compiled",
-    "GraphResourcePool": "gearshift.graphs.pool",
-    "GraphRunner": "gearshift.graphs.runner",
-    "GroupRank": "gearshift.worker.group",
-    "Maintenance": "gearshift.worker.group",
-    "Profile": "gearshift.worker.profile",
-    "Route": "gearshift.worker.routing",
-    "Transform": "gearshift.graphs.transform",
     "compile": "gearshift.worker.compiling",
-    "group": "gearshift.worker.declaring",
     "connect": "gearshift.worker.connecting",
+    "group": "gearshift.worker.declaring",
     "outside_capture": "gearshift.graphs.device",
 }
+_MOVED = {
+    **moved_to("gearshift", ["AdaptiveRunner", "CompiledRunner", "GraphResourcePool",
+                             "GraphRunner", "Transform"], "gearshift.graphs"),
+    **moved_to("gearshift", ["Client", "Group", "GroupRank", "Maintenance", "Profile", "Route"],
+               "gearshift.worker"),
+    "Compiled": "gearshift.Compiled was renamed gearshift.worker.CompiledModel",
+    "operator": "gearshift.operator moved to gearshift.controller"
+                " (`from gearshift.controller import PolicyConfig`)",
+}
 
-__all__ = [  # exactly what a worker may import: the names above and `_LAZY`'s
-    "AdaptiveRunner",
+__all__ = [  # exactly what a model author may import: the names above and `_LAZY`'s
     "BackendUnavailable",
-    "Client",
-    "Compiled",
-    "CompiledRunner",
     "ConfigError",
     "ControllerNotFound",
     "Dim",
     "GearshiftError",
-    "GraphResourcePool",
-    "GraphRunner",
-    "Group",
     "GroupError",
-    "GroupRank",
     "LayoutError",
-    "Maintenance",
     "NamespaceBusy",
     "NamespaceError",
     "PaddingError",
     "PayloadError",
-    "Profile",
     "ProfileMismatch",
-    "Route",
     "ShapeError",
     "StateError",
-    "Transform",
     "compile",
     "connect",
     "group",
     "outside_capture",
 ]
 
-
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'gearshift' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = exports(__name__, _LAZY, _MOVED)
+del exports, moved_to

@@ -33,7 +33,7 @@ def _register(worker: Worker, group: Group, dims: dict, controller: Controller) 
     return mailbox.raise_for_error(reply)
 
 
-@pytest.mark.parametrize("mode", ["plan", "seed"])
+@pytest.mark.parametrize("mode", ["plan", "rules"])
 def test_the_ranks_are_published_the_group_s_one_decision(
     mode: str, namespace: str, tmp_path: Path
 ) -> None:

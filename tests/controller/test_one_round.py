@@ -32,7 +32,7 @@ def _trace(seed: int) -> Trace:
     return Trace("drift", t, {"BATCHSIZE": sizes})
 
 
-@pytest.mark.parametrize("mode", ["plan", "seed"])
+@pytest.mark.parametrize("mode", ["plan", "rules"])
 def test_the_simulator_and_a_controller_publish_the_same_gears(
     mode: str, namespace: str, tmp_path: Path
 ) -> None:

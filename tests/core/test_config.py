@@ -1,4 +1,4 @@
-"""PolicyConfig: seed defaults, validation naming the key, TOML and KEY=VALUE overrides."""
+"""PolicyConfig: rules mode's defaults, validation naming the key, TOML and KEY=VALUE overrides."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from gearshift.core.config import PolicyConfig
 from gearshift.errors import ConfigError
 
 
-def test_seed_defaults():
-    c = PolicyConfig(policy_mode="seed")
+def test_rules_mode_defaults():
+    c = PolicyConfig(policy_mode="rules")
     assert (c.window_seconds, c.half_life_seconds) == (300.0, 150.0)
     assert (c.w_h, c.w_p, c.w_sp) == (0.60, 0.20, 0.20)
     assert (c.update_interval_seconds, c.check_interval_seconds) == (300.0, 60.0)
@@ -22,7 +22,7 @@ def test_seed_defaults():
     assert (c.replace_loss_threshold, c.pad_add_threshold, c.split_add_threshold) == (
         0.60, 0.35, 0.20)
     assert (c.add_min_samples, c.min_gear_count_per_type, c.max_gears_per_type) == (5, 1, 64)
-    assert c.policy_mode == "seed"
+    assert c.policy_mode == "rules"
 
 
 def test_plan_is_the_default_mode_with_its_own_horizon_and_cadence():
@@ -30,8 +30,8 @@ def test_plan_is_the_default_mode_with_its_own_horizon_and_cadence():
     assert c.policy_mode == "plan"
     assert (c.window_seconds, c.half_life_seconds) == (600.0, 300.0)
     assert (c.update_interval_seconds, c.check_interval_seconds) == (15.0, 15.0)
-    seed = PolicyConfig(policy_mode="seed")
-    assert (seed.update_interval_seconds, seed.check_interval_seconds) == (300.0, 60.0)
+    rules = PolicyConfig(policy_mode="rules")
+    assert (rules.update_interval_seconds, rules.check_interval_seconds) == (300.0, 60.0)
     assert (c.plan_gear_gain, c.plan_gear_keep, c.plan_move_gain) == (0.035, 0.0125, 0.002)
     assert (c.plan_confidence, c.plan_max_moves) == (1.0, 4)
     assert (c.plan_history_seconds, c.plan_history_weight) == (1800.0, 0.5)
@@ -63,7 +63,8 @@ def test_plan_is_the_default_mode_with_its_own_horizon_and_cadence():
     ("min_window_events", 1.5, "expected an integer"),
     ("min_gear_count_per_type", True, "expected an integer"),
     ("max_gears_per_type", 0, "outside"),
-    ("policy_mode", "fancy", "not one of plan, seed"),
+    ("policy_mode", "fancy", "not one of plan, rules"),
+    ("policy_mode", "seed", "'seed' was renamed 'rules'"),
     ("plan_gear_gain", 1.5, "outside"),
     ("plan_gear_keep", 0.05, "exceeds plan_gear_gain"),
     ("plan_move_gain", -0.1, "outside"),
@@ -127,7 +128,7 @@ def test_overrides_are_parsed_by_field_type_and_win_over_the_file(tmp_path: Path
     c = load_policy_config(path, ["add_min_samples=7", "w_h = 0.7",
                                   "device_memory_usage_threshold_ratio=none"])
     assert (c.add_min_samples, c.w_h, c.device_memory_usage_threshold_ratio) == (7, 0.7, None)
-    assert parse_overrides(PolicyConfig, ["policy_mode=seed"]) == {"policy_mode": "seed"}
+    assert parse_overrides(PolicyConfig, ["policy_mode=rules"]) == {"policy_mode": "rules"}
 
 
 @pytest.mark.parametrize(("item", "key", "message"), [
@@ -146,7 +147,7 @@ def test_bad_overrides_name_the_key(item: str, key: str, message: str):
 
 
 def test_scaled_divides_every_duration():
-    c = PolicyConfig(policy_mode="seed").scaled(10)
+    c = PolicyConfig(policy_mode="rules").scaled(10)
     assert (c.window_seconds, c.half_life_seconds, c.slice_seconds) == (30.0, 15.0, 1.0)
     assert c.recent_use_protect_seconds == 30.0
     assert dataclasses.replace(c, w_h=0.6) == c  # weights and counts untouched

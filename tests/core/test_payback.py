@@ -181,11 +181,11 @@ def test_a_negative_headroom_is_pressure() -> None:
     assert actions(over) == actions(pressed)  # as a memory reading over the threshold
 
 
-def test_seed_mode_and_an_empty_price_list_ignore_prices() -> None:
-    seed = dataclasses.replace(CFG, policy_mode="seed")
+def test_rules_mode_and_an_empty_price_list_ignore_prices() -> None:
+    rules = dataclasses.replace(CFG, policy_mode="rules")
     events = TWO + at(OLD, 300, 5)
-    assert run((1024,), events, Prices(Line(1e9)), config=seed).changes == run(
-        (1024,), events, None, config=seed).changes
+    assert run((1024,), events, Prices(Line(1e9)), config=rules).changes == run(
+        (1024,), events, None, config=rules).changes
     state = {"B": DimGears((1024,), {1024: 0.0})}
     hist = {"B": stats(TWO).view(NOW)}
     dims = {"B": Dim(gears=(1024,), max=100_000)}

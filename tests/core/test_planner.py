@@ -51,7 +51,7 @@ def actions(d: Decision) -> list[tuple[str, int]]:
 
 
 def test_addition_lands_where_it_saves_most_not_at_the_median():
-    # pad samples 500 x5 and 900 x5 on 1024: the seed's median is 700; 500 saves most.
+    # pad samples 500 x5 and 900 x5 on 1024: rules mode's median is 700; 500 saves most.
     d = run((1024,), at(OLD, 500, 5) + at(OLD, 900, 5))
     assert actions(d)[0] == ("add", 500)
     assert d.gears["B"].gears == (500, 900, 1024)  # 900 saves 8.9% more; 1024 is kept
@@ -277,9 +277,9 @@ def test_the_history_does_not_hold_a_gear_the_plan_moves_nearby():
     assert d.gears["B"].gears == (400, 950, 8000)
 
 
-def test_seed_mode_stays_selectable():
+def test_rules_mode_stays_selectable():
     events = at(OLD, 400, 5) + at(OLD, 900, 5)
-    d = run((1024,), events, dataclasses.replace(CFG, policy_mode="seed"))
+    d = run((1024,), events, dataclasses.replace(CFG, policy_mode="rules"))
     assert actions(d) == [("add", 650)]  # the median of the pad samples
     assert d.gears["B"].evicted == {}
 

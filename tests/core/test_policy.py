@@ -1,4 +1,4 @@
-"""Seed mode (the original rules), rule by rule, in virtual time (one test or table per
+"""Rules mode (the original rules), rule by rule, in virtual time (one test or table per
 behaviour), each threshold tested on both sides of its boundary."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.core.gears import Decision, DimGears, starting_gears
 from gearshift.core.policy import decide, should_update
-from gearshift.core.seed import gear_stats
+from gearshift.core.rules import gear_stats
 from gearshift.core.stats import DimStats, Histogram
 
 # Short protection so tests can place hits before or after it; additions from 2 samples.
 # The rules one by one, on a handful of events: the evidence gate (min_window_events) is off.
-CFG = PolicyConfig(policy_mode="seed", recent_use_protect_seconds=60.0, add_min_samples=2,
+CFG = PolicyConfig(policy_mode="rules", recent_use_protect_seconds=60.0, add_min_samples=2,
                    min_window_events=1)
 NOW = 1000.0
 OLD = NOW - 250.0  # inside the window, long past the protection
@@ -70,7 +70,7 @@ def test_pad_and_split_samples_are_counted_apart():
     assert (s64.pad_sample_count, s64.split_sample_count) == (1, 2)
     assert s32.avg_pad == pytest.approx(0.375) and s32.avg_split == 0.0
     assert s64.avg_pad == 0.0  # 64 fits exactly: a pad sample with no padding
-    assert s64.avg_split == pytest.approx((16 / 80 + 32 / 96) / 3)  # one denominator, seed §4
+    assert s64.avg_split == pytest.approx((16 / 80 + 32 / 96) / 3)  # one denominator (original)
     assert (s64.pad_median, s64.split_median) == (64, 88)
 
 
@@ -130,7 +130,7 @@ def test_a_recent_hit_protects(last_hit_age, evicted):
 @pytest.mark.parametrize(("age", "evicted"), [(0.0, []), (299.0, []), (300.0, [("evict", 16)])])
 def test_a_new_zero_use_gear_is_protected_for_the_window(age, evicted):
     # recent-use protection 300 s = the window
-    config = PolicyConfig(policy_mode="seed", min_window_events=1)
+    config = PolicyConfig(policy_mode="rules", min_window_events=1)
     state = DimGears((16, 64), {16: NOW - age, 64: 0.0})
     d = decide({"B": Dim(gears=(16, 64))}, {"B": state}, {"B": hist(at(OLD, 60, 60))}, None,
                NOW, config)
@@ -286,7 +286,7 @@ def test_duplicates_are_filtered():
     (0.0, 300.0, 0.99, None, "interval"),
 ])
 def test_should_update(last, now, usage, threshold, why):
-    config = PolicyConfig(policy_mode="seed", device_memory_usage_threshold_ratio=threshold,
+    config = PolicyConfig(policy_mode="rules", device_memory_usage_threshold_ratio=threshold,
                           min_window_events=1)
     assert should_update(last, now, usage, config) == why
 

@@ -57,7 +57,7 @@ def _first_round(events: int, mode: str, memory: float | None = None):
     return decide_round(device, 0.012, memory, config)
 
 
-@pytest.mark.parametrize("mode", ["plan", "seed"])
+@pytest.mark.parametrize("mode", ["plan", "rules"])
 def test_a_round_changes_no_gear_before_the_window_holds_min_window_events(mode: str) -> None:
     few = _first_round(CONFIG.min_window_events - 1, mode)
     assert few is not None and few.changes == {"p": ()}

@@ -14,7 +14,7 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.stats import DimStats, Histogram
 from gearshift.errors import ShapeError, StateError
 
-CFG = PolicyConfig(policy_mode="seed")  # window 300 s, half-life 150 s, slices of 10 s
+CFG = PolicyConfig(policy_mode="rules")  # window 300 s, half-life 150 s, slices of 10 s
 LAM = math.log(2) / CFG.half_life_seconds
 
 
@@ -218,7 +218,7 @@ def test_the_history_holds_every_event_within_a_slice_of_decay(events, batches):
     mean time in the batch: within one slice of decay of the direct sum."""
     times = np.array([t for t, _ in events])
     values = np.array([v for _, v in events], np.int64)
-    config = PolicyConfig(policy_mode="seed", plan_history_seconds=1200.0)  # window 300 s
+    config = PolicyConfig(policy_mode="rules", plan_history_seconds=1200.0)  # window 300 s
     history = DimStats(config.history())
     stats = DimStats(config, history)
     for part in np.array_split(np.arange(len(times)), batches):

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import gearshift as gs
-from gearshift.graphs import adaptive
+from gearshift.graphs import AdaptiveRunner, Transform, adaptive
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
+from gearshift.worker import Route
 from graphs.recording import RecordingBackend
 
 H = 4
@@ -27,27 +28,27 @@ def model(x: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor) -> torch.Ten
 
 def make(
     s_splittable: bool = False, backend: CpuBackend | None = None, fn: Callable[..., Any] = model
-) -> gs.AdaptiveRunner:
+) -> AdaptiveRunner:
     dims = {
         "BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=64, splittable=True),
         "SEQLEN": gs.Dim(gears=[8, 16], max=64, splittable=s_splittable),
     }
-    transform = gs.Transform(
+    transform = Transform(
         fn, dims, inputs={"x": ("B", "S", None), "mask": ("B", "S"), "scale": (None,)}
     )
     pool = GraphResourcePool(backend or CpuBackend())
-    return gs.AdaptiveRunner(transform, call(1, 1), pool=pool)
+    return AdaptiveRunner(transform, call(1, 1), pool=pool)
 
 
 def call(b: int, s: int) -> dict[str, torch.Tensor]:
     return {"x": torch.randn(b, s, H), "mask": torch.ones(b, s), "scale": torch.rand(H) + 0.5}
 
 
-def all_variants(r: gs.AdaptiveRunner) -> list[dict[str, int]]:
+def all_variants(r: AdaptiveRunner) -> list[dict[str, int]]:
     return [{"BATCHSIZE": b, "SEQLEN": s} for b in r.gears["BATCHSIZE"] for s in r.gears["SEQLEN"]]
 
 
-def check(r: gs.AdaptiveRunner, b: int, s: int) -> None:
+def check(r: AdaptiveRunner, b: int, s: int) -> None:
     t = call(b, s)
     torch.testing.assert_close(r.run(t), model(**t))
 
@@ -93,9 +94,9 @@ def test_static_outputs_are_copies_too() -> None:
         return x * scale, scale * 2  # the second output has no dim axis: nothing to cut
 
     dims = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=8)}
-    transform = gs.Transform(f, dims, inputs={"x": ("B", None), "scale": (None,)})
+    transform = Transform(f, dims, inputs={"x": ("B", None), "scale": (None,)})
     example = {"x": torch.ones(1, H), "scale": torch.ones(H)}
-    r = gs.AdaptiveRunner(transform, example, pool=GraphResourcePool(CpuBackend()))
+    r = AdaptiveRunner(transform, example, pool=GraphResourcePool(CpuBackend()))
     r.capture([{"BATCHSIZE": 4}])
     t1 = {"x": torch.randn(3, H), "scale": torch.rand(H)}
     y1 = r.run(t1)
@@ -109,9 +110,9 @@ def test_outputs_unlike_the_declared_ones_fail_at_capture() -> None:
     def two_at_4(x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         return (x, x) if x.shape[0] == 4 else x  # padding-checked at 2: one output
 
-    transform = gs.Transform(two_at_4, dims, inputs={"x": ("B", None)}, outputs=("B", None))
+    transform = Transform(two_at_4, dims, inputs={"x": ("B", None)}, outputs=("B", None))
     pool = GraphResourcePool(CpuBackend())
-    r = gs.AdaptiveRunner(transform, {"x": torch.ones(1, H)}, pool=pool)
+    r = AdaptiveRunner(transform, {"x": torch.ones(1, H)}, pool=pool)
     with pytest.raises(gs.ShapeError, match="fn returned 2 tensors, expected 1"):
         r.capture([{"BATCHSIZE": 4}])
     assert r.ready() == [] and len(pool) == 0
@@ -149,10 +150,10 @@ def test_a_call_replays_the_smallest_ready_variant_covering_it() -> None:
         return model(x, mask, scale)
 
     dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=64), "SEQLEN": gs.Dim(gears=[8, 16], max=64)}
-    transform = gs.Transform(
+    transform = Transform(
         seen, dims, inputs={"x": ("B", "S", None), "mask": ("B", "S"), "scale": (None,)}
     )
-    r = gs.AdaptiveRunner(transform, call(1, 1), pool=GraphResourcePool(CpuBackend()))
+    r = AdaptiveRunner(transform, call(1, 1), pool=GraphResourcePool(CpuBackend()))
     r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16}])
     shapes.clear()
     t = call(1, 3)
@@ -304,8 +305,8 @@ def test_cuda_variants_match_eager() -> None:
         return torch.relu(layer(x))
 
     dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=64, splittable=True)}
-    transform = gs.Transform(f, dims, inputs={"x": ("B", None)})
-    r = gs.AdaptiveRunner(transform, {"x": torch.ones(1, H, device="cuda")})
+    transform = Transform(f, dims, inputs={"x": ("B", None)})
+    r = AdaptiveRunner(transform, {"x": torch.ones(1, H, device="cuda")})
     r.capture([{"BATCHSIZE": g} for g in (1, 2, 4)])
     for b in (1, 3, 4, 9):
         x = torch.randn(b, H, device="cuda")
@@ -336,14 +337,14 @@ def test_a_route_is_replayed_as_given_with_no_lookup_of_the_runners_own() -> Non
     shapes.clear()
     t = call(1, 3)
     sizes = r.transform.check(t)
-    one = gs.Route(7, {"BATCHSIZE": (4,), "SEQLEN": (16,)}, (4, 16))
+    one = Route(7, {"BATCHSIZE": (4,), "SEQLEN": (16,)}, (4, 16))
     torch.testing.assert_close(r.run(t, sizes, one), model(**t))
     assert shapes == [(4, 16, H)]
     t = call(3, 3)
-    split = gs.Route(7, {"BATCHSIZE": (2, 1), "SEQLEN": (8,)})
+    split = Route(7, {"BATCHSIZE": (2, 1), "SEQLEN": (8,)})
     torch.testing.assert_close(r.run(t, r.transform.check(t), split), model(**t))
     assert shapes[1:] == [(2, 8, H), (1, 8, H)]
-    eager = gs.Route(7, {"BATCHSIZE": (4,), "SEQLEN": ()})
+    eager = Route(7, {"BATCHSIZE": (4,), "SEQLEN": ()})
     torch.testing.assert_close(r.run(t, r.transform.check(t), eager), model(**t))
     assert shapes[3:] == [(3, 3, H)] and r.stats["eager"] == 1 and r.stats["replays"] == 3
 
@@ -353,9 +354,9 @@ def test_a_route_that_does_not_cover_the_call_is_refused() -> None:
     r.capture(all_variants(r))
     t = call(3, 9)
     sizes = r.transform.check(t)
-    for route in (gs.Route(1, {"BATCHSIZE": (2,), "SEQLEN": (16,)}, (2, 16)),  # 3 rows > 2
-                  gs.Route(1, {"BATCHSIZE": (2,), "SEQLEN": (8, 8)}),  # 3 rows > 2
-                  gs.Route(1, {"BATCHSIZE": (4,), "SEQLEN": (8, 8, 8)})):  # a chunk past 9
+    for route in (Route(1, {"BATCHSIZE": (2,), "SEQLEN": (16,)}, (2, 16)),  # 3 rows > 2
+                  Route(1, {"BATCHSIZE": (2,), "SEQLEN": (8, 8)}),  # 3 rows > 2
+                  Route(1, {"BATCHSIZE": (4,), "SEQLEN": (8, 8, 8)})):  # a chunk past 9
         with pytest.raises(gs.ShapeError, match="route"):
             r.run(t, sizes, route)
     assert r.stats["replays"] == r.stats["eager"] == 0

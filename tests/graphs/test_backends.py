@@ -16,7 +16,7 @@ from shm import stream_procs
 from shm.procs import WAIT, Spawn
 
 import gearshift as gs
-from gearshift.graphs import device, streams
+from gearshift.graphs import AdaptiveRunner, GraphRunner, Transform, device, streams
 from gearshift.graphs.backends import (
     CUDA_HOOKS,
     NPU_LIMIT,
@@ -233,7 +233,7 @@ def test_npu_refuses_task_queue_level_2_and_a_torch_npu_without_graphs(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_graph_runner_matches_eager() -> None:
     layer = torch.nn.Linear(8, 8).cuda()
-    runner = gs.GraphRunner(lambda x: torch.relu(layer(x)), [1, 4, 16], hidden=8, device="cuda")
+    runner = GraphRunner(lambda x: torch.relu(layer(x)), [1, 4, 16], hidden=8, device="cuda")
     runner.capture()
     for bs in (3, 16, 1, 4):
         x = torch.randn(bs, 8, device="cuda")
@@ -381,9 +381,9 @@ def test_a_run_inside_outside_capture_does_not_deadlock_with_a_capture_and_a_req
     fake = FakeCuda()
     backend = fake.backend()
     dims = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=4)}
-    transform = gs.Transform(lambda x: fake.op(torch.tanh, x), dims, {"x": ("B", None)},
+    transform = Transform(lambda x: fake.op(torch.tanh, x), dims, {"x": ("B", None)},
                              outputs=("B", None))
-    r = gs.AdaptiveRunner(transform, {"x": torch.zeros(1, 8)}, pool=GraphResourcePool(backend))
+    r = AdaptiveRunner(transform, {"x": torch.zeros(1, 8)}, pool=GraphResourcePool(backend))
     r.capture([{"BATCHSIZE": 2}])
     x, inside, go, done = torch.randn(2, 8), threading.Event(), threading.Event(), []
     guard = device.GUARD

@@ -8,6 +8,7 @@ import torch
 
 import gearshift as gs
 from gearshift.errors import ShapeError
+from gearshift.graphs import Transform
 from gearshift.graphs.buffers import StaticBuffers
 
 H = 3
@@ -15,7 +16,7 @@ DIMS = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=8), "SEQLEN": gs.Dim(gears=[4, 
 
 
 def buffers(caps: tuple[int, int]) -> StaticBuffers:
-    transform = gs.Transform(lambda x, mask, scale: x, DIMS,
+    transform = Transform(lambda x, mask, scale: x, DIMS,
                              inputs={"x": ("B", "S", None), "mask": ("B",), "scale": (None,)})
     example = {"x": torch.zeros(1, 1, H), "mask": torch.zeros(1, dtype=torch.bool),
                "scale": torch.ones(H)}

@@ -13,6 +13,7 @@ import torch
 from fakeclock import FakeClock
 
 import gearshift as gs
+from gearshift.graphs import AdaptiveRunner, Transform
 from gearshift.graphs import device as device_module
 from gearshift.graphs.measure import Meter
 from gearshift.graphs.pool import GraphResourcePool
@@ -28,15 +29,15 @@ def no_stuck_pools() -> Iterator[None]:
     device_module._KEPT.clear()
 
 
-def _runner(fake: FakeCuda, backend: Any) -> tuple[gs.AdaptiveRunner, Any]:
+def _runner(fake: FakeCuda, backend: Any) -> tuple[AdaptiveRunner, Any]:
     weight = torch.randn(H, H) / H
 
     def model(x: torch.Tensor) -> torch.Tensor:
         return fake.blas(lambda a: torch.tanh(a @ weight), x)  # through a cuBLAS workspace
 
     dims = {"BATCHSIZE": gs.Dim(gears=[2, 4, 8], max=64, splittable=True)}
-    transform = gs.Transform(model, dims, {"x": ("B", None)}, outputs=("B", None))
-    runner = gs.AdaptiveRunner(transform, {"x": torch.zeros(1, H)},
+    transform = Transform(model, dims, {"x": ("B", None)}, outputs=("B", None))
+    runner = AdaptiveRunner(transform, {"x": torch.zeros(1, H)},
                                pool=GraphResourcePool(backend))
     return runner, model
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import gearshift as gs
+from gearshift.graphs import AdaptiveRunner, Transform
 from gearshift.graphs.backends import CpuBackend
-from gearshift.graphs.compiled import CompiledRunner
 from gearshift.graphs.pool import GraphResourcePool
+from gearshift.graphs.torchcompile import CompiledRunner
 
 H = 4
 DIMS = {"SEQLEN": gs.Dim(gears=[4, 8], max=64)}
@@ -24,7 +25,7 @@ def fn(x: torch.Tensor) -> torch.Tensor:
     return torch.tanh(LAYER(x))
 
 
-def swap_thread(runner: gs.AdaptiveRunner) -> None:
+def swap_thread(runner: AdaptiveRunner) -> None:
     """Capture every gear on another thread, outside the caller's mode (thread-local)."""
     errors: list[BaseException] = []
 
@@ -46,10 +47,10 @@ def test_a_runner_built_under_inference_mode_captures_and_replays(compiled: bool
     the swap thread may only write inside it (before: every capture failed, 0 replays)."""
     pool = GraphResourcePool(CpuBackend())
     with torch.inference_mode():
-        transform = gs.Transform(fn, DIMS, inputs={"x": ("S", None)})
+        transform = Transform(fn, DIMS, inputs={"x": ("S", None)})
         example = {"x": torch.zeros(1, H)}
         runner = (CompiledRunner(transform, example, pool=pool, compile_backend="eager")
-                  if compiled else gs.AdaptiveRunner(transform, example, pool=pool))
+                  if compiled else AdaptiveRunner(transform, example, pool=pool))
     swap_thread(runner)
     assert runner.stats["captures"] == 2 and runner.stats["capture_failures"] == 0
     with torch.inference_mode():
@@ -64,7 +65,7 @@ def test_a_runner_built_under_inference_mode_captures_and_replays(compiled: bool
 def test_eager_and_replayed_outputs_alike_carry_no_grad_fn() -> None:
     """Before: the first (eager) output had a grad_fn through the model's parameters, the
     replayed ones none, silently."""
-    runner = gs.AdaptiveRunner(gs.Transform(fn, DIMS, inputs={"x": ("S", None)}),
+    runner = AdaptiveRunner(Transform(fn, DIMS, inputs={"x": ("S", None)}),
                                {"x": torch.zeros(1, H)}, pool=GraphResourcePool(CpuBackend()))
     x = torch.randn(3, H)
     eager = runner.run({"x": x})

@@ -14,6 +14,7 @@ from fakeclock import FakeClock
 
 import gearshift as gs
 from gearshift.clock import MonotonicClock, ThreadCpuClock
+from gearshift.graphs import AdaptiveRunner, Transform
 from gearshift.graphs import device as device_module
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.measure import Meter, clock_for, static_bytes
@@ -26,7 +27,7 @@ INPUTS = {"x": ("B", "S", None)}
 
 
 def runner(backend: Any, clock: FakeClock, op: Callable[..., torch.Tensor] | None = None,
-           seconds: float = 0.01, replays: int | None = None) -> gs.AdaptiveRunner:
+           seconds: float = 0.01, replays: int | None = None) -> AdaptiveRunner:
     """A runner of a function that takes `seconds` of `clock` per run (through `op`, the
     fake device's kernel, when given)."""
 
@@ -35,8 +36,8 @@ def runner(backend: Any, clock: FakeClock, op: Callable[..., torch.Tensor] | Non
         clock.advance(seconds)
         return op(torch.tanh, x) if op is not None else torch.tanh(x)
 
-    transform = gs.Transform(fn, DIMS, INPUTS, outputs=("B", "S", None))
-    return gs.AdaptiveRunner(transform, {"x": torch.zeros(1, 1, H)},
+    transform = Transform(fn, DIMS, INPUTS, outputs=("B", "S", None))
+    return AdaptiveRunner(transform, {"x": torch.zeros(1, 1, H)},
                              pool=GraphResourcePool(backend), clock=clock, replays=replays)
 
 
@@ -132,8 +133,8 @@ def test_a_cuda_graph_is_measured_on_the_device() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x @ weight)[..., :H]
 
-    transform = gs.Transform(fn, DIMS, INPUTS, outputs=("B", "S", None))
-    r = gs.AdaptiveRunner(transform, {"x": torch.zeros(1, 1, H, device="cuda")},
+    transform = Transform(fn, DIMS, INPUTS, outputs=("B", "S", None))
+    r = AdaptiveRunner(transform, {"x": torch.zeros(1, 1, H, device="cuda")},
                           pool=GraphResourcePool(cuda_backend(0)))
     assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16}]) == 2
     measured = r.take_measurements()

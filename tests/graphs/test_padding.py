@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gearshift as gs
-from gearshift.graphs import padding
+from gearshift.graphs import AdaptiveRunner, Transform, padding
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 
@@ -27,13 +27,13 @@ def m(x: torch.Tensor) -> torch.Tensor:
     return torch.tanh(LAYER(x))
 
 
-def runner(fn: Callable[..., Any], **options: Any) -> gs.AdaptiveRunner:
-    transform = gs.Transform(fn, SEQ, inputs={"x": ("S", None)}, **options)
-    return gs.AdaptiveRunner(transform, {"x": torch.zeros(1, H)},
+def runner(fn: Callable[..., Any], **options: Any) -> AdaptiveRunner:
+    transform = Transform(fn, SEQ, inputs={"x": ("S", None)}, **options)
+    return AdaptiveRunner(transform, {"x": torch.zeros(1, H)},
                              pool=GraphResourcePool(CpuBackend()))
 
 
-def captured(r: gs.AdaptiveRunner) -> gs.AdaptiveRunner:
+def captured(r: AdaptiveRunner) -> AdaptiveRunner:
     r.capture([{"SEQLEN": g} for g in r.gears["SEQLEN"]])
     return r
 
@@ -93,9 +93,9 @@ def test_a_mask_the_function_reads_is_declared_with_handles_padding() -> None:
 
     inputs = {"x": ("S", None), "mask": ("S",)}
     with pytest.raises(gs.PaddingError):
-        gs.Transform(pooled, SEQ, inputs=inputs)({"x": torch.ones(2, H), "mask": torch.ones(2)})
-    t = gs.Transform(pooled, SEQ, inputs=inputs, handles_padding=("S",))
-    r = gs.AdaptiveRunner(t, {"x": torch.zeros(1, H), "mask": torch.ones(1)},
+        Transform(pooled, SEQ, inputs=inputs)({"x": torch.ones(2, H), "mask": torch.ones(2)})
+    t = Transform(pooled, SEQ, inputs=inputs, handles_padding=("S",))
+    r = AdaptiveRunner(t, {"x": torch.zeros(1, H), "mask": torch.ones(1)},
                           pool=GraphResourcePool(CpuBackend()))
     captured(r)
     x, mask = torch.randn(5, H), torch.ones(5)
@@ -151,7 +151,7 @@ def test_each_gear_is_probed_once() -> None:
         calls.append(x.shape[0])
         return m(x)
 
-    r = gs.AdaptiveRunner(gs.Transform(counted, SEQ, inputs={"x": ("S", None)}),
+    r = AdaptiveRunner(Transform(counted, SEQ, inputs={"x": ("S", None)}),
                           {"x": torch.zeros(1, H)}, pool=GraphResourcePool(CpuBackend()),
                           replays=0)
     calls.clear()  # the trace and the construction probe
@@ -168,7 +168,7 @@ def test_trace_finds_what_each_output_reads_through_views_and_writes() -> None:
         y.add_(x[-1])  # written in place: y reads x
         return scale * 2, y, torch.full((3,), x.shape[0]), torch.zeros(2)
 
-    t = gs.Transform(f, SEQ, inputs={"x": ("S", None), "scale": (None,)})
+    t = Transform(f, SEQ, inputs={"x": ("S", None), "scale": (None,)})
     fakes = t._fakes({"x": torch.zeros(3, H), "scale": torch.zeros(H)})
     leaves, _ = padding.trace(f, fakes)
     assert [set(leaf.reads) for leaf in leaves] == [{"scale"}, {"x"}, {"x"}, set()]
@@ -198,17 +198,17 @@ def test_a_function_that_writes_state_outside_its_inputs_is_refused_and_left_alo
         return torch.tanh(LAYER(cache[: x.shape[0]]))
 
     dims = {"BATCHSIZE": gs.Dim(gears=[4, 16], max=16)}
-    transform = gs.Transform(step, dims, inputs={"x": ("B", None)})
+    transform = Transform(step, dims, inputs={"x": ("B", None)})
     with pytest.raises(gs.PaddingError, match=r"step writes cache .* neither one of its inputs"):
-        gs.AdaptiveRunner(transform, {"x": torch.ones(3, H)}, pool=GraphResourcePool(CpuBackend()))
+        AdaptiveRunner(transform, {"x": torch.ones(3, H)}, pool=GraphResourcePool(CpuBackend()))
     assert not cache.any()
 
     def pure(x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         new = state + x  # the fix: the new state is an output, the caller writes it
         return torch.tanh(LAYER(new)), new
 
-    transform = gs.Transform(pure, dims, inputs={"x": ("B", None), "state": ("B", None)})
-    served = gs.AdaptiveRunner(transform, {"x": torch.ones(3, H), "state": cache[:3]},
+    transform = Transform(pure, dims, inputs={"x": ("B", None), "state": ("B", None)})
+    served = AdaptiveRunner(transform, {"x": torch.ones(3, H), "state": cache[:3]},
                                pool=GraphResourcePool(CpuBackend()))
     served.capture([{"BATCHSIZE": 16}, {"BATCHSIZE": 4}])
     plain = torch.zeros(16, H)
@@ -253,18 +253,18 @@ def test_causal_attention_on_a_splittable_dim_is_refused_by_a_probe_across_the_s
     chunks would not see the earlier ones (before: no refusal, and 2.18 off at n = 100 over a
     largest gear of 32). Split probe refuses it; unsplittable, it stays exact."""
     dims = {"SEQLEN": gs.Dim(gears=[8, 32], max=128, splittable=True)}
-    transform = gs.Transform(causal, dims, inputs={"x": ("S", None)})
+    transform = Transform(causal, dims, inputs={"x": ("S", None)})
     pool = GraphResourcePool(CpuBackend())
     with pytest.raises(gs.PaddingError, match=r"split into chunks of .*splittable=False"):
-        gs.AdaptiveRunner(transform, {"x": torch.zeros(1, H)}, pool=pool)
+        AdaptiveRunner(transform, {"x": torch.zeros(1, H)}, pool=pool)
     dims = {"SEQLEN": gs.Dim(gears=[8, 32], max=128)}
-    r = gs.AdaptiveRunner(gs.Transform(causal, dims, inputs={"x": ("S", None)}),
+    r = AdaptiveRunner(Transform(causal, dims, inputs={"x": ("S", None)}),
                           {"x": torch.zeros(1, H)}, pool=pool)
     r.capture([{"SEQLEN": 32}, {"SEQLEN": 8}])
     for n in (5, 20, 100):  # 100: eager, unsplit
         x = torch.randn(n, H)
         torch.testing.assert_close(r.run({"x": x}), causal(x))
-    rows = gs.AdaptiveRunner(gs.Transform(m, {"SEQLEN": gs.Dim(gears=[8, 32], max=128,
+    rows = AdaptiveRunner(Transform(m, {"SEQLEN": gs.Dim(gears=[8, 32], max=128,
                                                                  splittable=True)},
                                           inputs={"x": ("S", None)}),
                              {"x": torch.zeros(1, H)}, pool=pool)  # row-wise: split freely

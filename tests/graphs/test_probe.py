@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 import gearshift as gs
+from gearshift.graphs import AdaptiveRunner, Transform
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 
@@ -13,7 +14,7 @@ H = 4
 DIMS = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=8), "SEQLEN": gs.Dim(gears=[8, 16], max=16)}
 
 
-def counted() -> tuple[gs.AdaptiveRunner, list[tuple[int, ...]]]:
+def counted() -> tuple[AdaptiveRunner, list[tuple[int, ...]]]:
     """A runner of a row-wise function that records the shape of every call."""
     calls: list[tuple[int, ...]] = []
 
@@ -21,8 +22,8 @@ def counted() -> tuple[gs.AdaptiveRunner, list[tuple[int, ...]]]:
         calls.append(tuple(x.shape[:2]))
         return torch.tanh(x) * 2
 
-    transform = gs.Transform(fn, DIMS, inputs={"x": ("B", "S", None)})
-    r = gs.AdaptiveRunner(transform, {"x": torch.zeros(1, 1, H)},
+    transform = Transform(fn, DIMS, inputs={"x": ("B", "S", None)})
+    r = AdaptiveRunner(transform, {"x": torch.zeros(1, 1, H)},
                           pool=GraphResourcePool(CpuBackend()), replays=0)
     calls.clear()  # the trace and the construction probe
     return r, calls

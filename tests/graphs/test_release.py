@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import gearshift as gs
+from gearshift.graphs import AdaptiveRunner, Transform
 from gearshift.graphs import device as device_module
 from gearshift.graphs.backends import NPU_LIMIT, Backend, CpuBackend, cuda_backend
 from gearshift.graphs.pool import GraphLimit, GraphResourcePool
@@ -58,7 +59,7 @@ def dev(request: pytest.FixtureRequest) -> Iterator[Device]:
 
 def make(
     dev: Device, max_graphs: int | None = -1, spy: Callable[[torch.Tensor], None] = lambda x: None
-) -> tuple[gs.AdaptiveRunner, Callable]:
+) -> tuple[AdaptiveRunner, Callable]:
     """The runner, and its model; `spy(x)` is called on every input `x` the model gets."""
     torch.manual_seed(0)
     weight = torch.randn(H, 4 * H, device=dev.where) / H
@@ -74,11 +75,11 @@ def make(
         "SEQLEN": gs.Dim(gears=[64, 256], max=256),
     }
     inputs = {"x": ("B", "S", None), "mask": ("B", "S")}
-    transform = gs.Transform(model, dims, inputs, outputs=("B", "S", None))
+    transform = Transform(model, dims, inputs, outputs=("B", "S", None))
     example = {"x": torch.zeros(1, 1, H, device=dev.where)}
     example["mask"] = torch.ones(1, 1, device=dev.where)
     pool = GraphResourcePool(dev.backend, max_graphs)
-    return gs.AdaptiveRunner(transform, example, pool=pool), model
+    return AdaptiveRunner(transform, example, pool=pool), model
 
 
 def call(dev: Device, b: int, s: int) -> dict[str, torch.Tensor]:
@@ -86,7 +87,7 @@ def call(dev: Device, b: int, s: int) -> dict[str, torch.Tensor]:
     return {"x": x, "mask": torch.ones(b, s, device=dev.where)}
 
 
-def variants(r: gs.AdaptiveRunner) -> list[dict[str, int]]:
+def variants(r: AdaptiveRunner) -> list[dict[str, int]]:
     return [{"BATCHSIZE": b, "SEQLEN": s} for b in r.gears["BATCHSIZE"] for s in r.gears["SEQLEN"]]
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import gearshift as gs
+from gearshift.graphs import GraphRunner
 
 
 def fn(x: torch.Tensor) -> torch.Tensor:
@@ -21,13 +22,13 @@ def rows(t: torch.Tensor) -> list[float]:
 
 
 @pytest.fixture
-def runner() -> gs.GraphRunner:
-    r = gs.GraphRunner(fn, [16, 1, 4], hidden=3)
+def runner() -> GraphRunner:
+    r = GraphRunner(fn, [16, 1, 4], hidden=3)
     r.capture()
     return r
 
 
-def test_construction_and_capture(runner: gs.GraphRunner) -> None:
+def test_construction_and_capture(runner: GraphRunner) -> None:
     assert runner.gears == (1, 4, 16)
     assert runner.static_in.shape == runner.static_out.shape == (16, 3)
     assert runner.static_in.dtype == torch.float32
@@ -45,11 +46,11 @@ def test_capture_records_the_largest_gear_first() -> None:
         recorded.append(x.shape[0])
         return fn(x)
 
-    gs.GraphRunner(recording, [4, 1, 16, 2], hidden=3).capture()
+    GraphRunner(recording, [4, 1, 16, 2], hidden=3).capture()
     assert recorded == [16, 4, 2, 1]
 
 
-def test_seed_example_1(runner: gs.GraphRunner) -> None:
+def test_seed_example_1(runner: GraphRunner) -> None:
     ids = {b: id(g) for b, g in runner.graphs.items()}
     stats = runner.stats
 
@@ -92,14 +93,14 @@ def test_seed_example_1(runner: gs.GraphRunner) -> None:
     assert {b: id(g) for b, g in runner.graphs.items()} == ids  # never re-captured
 
 
-def test_result_is_a_clone(runner: gs.GraphRunner) -> None:  # 7.
+def test_result_is_a_clone(runner: GraphRunner) -> None:  # 7.
     y1 = runner.run(batch(2))
     y2 = runner.run(batch(3))
     assert torch.equal(y1, fn(batch(2))) and torch.equal(y2, fn(batch(3)))
     assert y1.data_ptr() != runner.static_out.data_ptr()
 
 
-def test_padding_rows_zeroed_only_within_gear(runner: gs.GraphRunner) -> None:
+def test_padding_rows_zeroed_only_within_gear(runner: GraphRunner) -> None:
     runner.run(batch(13))
     runner.run(batch(5))  # gear 16: rows [5, 16) zeroed
     assert runner.static_in[5:16].eq(0).all()
@@ -108,7 +109,7 @@ def test_padding_rows_zeroed_only_within_gear(runner: gs.GraphRunner) -> None:
 
 
 def test_uncaptured_gear_runs_eager_without_capturing() -> None:
-    r = gs.GraphRunner(fn, [1, 4], hidden=3)
+    r = GraphRunner(fn, [1, 4], hidden=3)
     y = r.run(batch(2))
     assert torch.equal(y, fn(batch(2)))
     assert r.graphs == {} and r.stats["eager"] == 1 and r.static_in.eq(0).all()
@@ -116,6 +117,6 @@ def test_uncaptured_gear_runs_eager_without_capturing() -> None:
 
 def test_bad_gears() -> None:
     with pytest.raises(gs.ShapeError):
-        gs.GraphRunner(fn, [0, 4], hidden=3)
+        GraphRunner(fn, [0, 4], hidden=3)
     with pytest.raises(gs.ShapeError):
-        gs.GraphRunner(fn, [], hidden=3)
+        GraphRunner(fn, [], hidden=3)

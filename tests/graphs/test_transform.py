@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gearshift as gs
+from gearshift.graphs import AdaptiveRunner
 from gearshift.graphs.transform import Span, Transform
 
 H = 8
@@ -218,6 +219,6 @@ def test_an_input_that_is_not_a_tensor_is_named() -> None:
 
 def test_a_meta_tensor_is_a_clear_gearshift_error() -> None:
     """Before: torch's raw device error from the trace or the probe."""
-    t = gs.Transform(lambda x: x * 2, {"SEQLEN": gs.Dim(max=64)}, inputs={"x": ("S", None)})
+    t = Transform(lambda x: x * 2, {"SEQLEN": gs.Dim(max=64)}, inputs={"x": ("S", None)})
     with pytest.raises(gs.ShapeError, match="x is on the meta device"):
-        gs.AdaptiveRunner(t, {"x": torch.zeros(3, 4, device="meta")})
+        AdaptiveRunner(t, {"x": torch.zeros(3, 4, device="meta")})

@@ -15,7 +15,7 @@ from gearshift.tools.bench.priced import device_costs
 from gearshift.tools.simulate import PROFILE, Device, policy_dims, simulate
 from gearshift.tools.trace import Trace, load_trace
 
-SEED = PolicyConfig(policy_mode="seed")  # the replay mechanics, checked against seed 000 rules
+SEED = PolicyConfig(policy_mode="rules")  # the replay mechanics, checked against the original rules
 
 
 def make_trace(t: list[float], **dims: list[int]) -> Trace:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from gearshift.cli import main
 from gearshift.clikit import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from gearshift.operator import PolicyConfig
+from gearshift.controller import PolicyConfig
 
 KEYS = {
     "padding_overhead",

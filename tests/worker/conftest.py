@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-import gearshift as gs
 from gearshift.shm import Registry
+from gearshift.worker import Client
 from worker.fake_controller import FakeController, ServingClock
 
 
@@ -20,10 +20,10 @@ def fake(namespace: str) -> Iterator[FakeController]:
 
 
 @pytest.fixture
-def client(fake: FakeController) -> Iterator[gs.Client]:
+def client(fake: FakeController) -> Iterator[Client]:
     """A client whose swap thread is the test (`tick()`), in virtual time in which the fake
     controller answers registrations."""
-    made = gs.Client(
+    made = Client(
         Registry.attach(fake.namespace), 0, clock=ServingClock(fake.serve), background=False
     )
     yield made

@@ -14,10 +14,12 @@ from graphs.fake_device import FakeCuda
 from graphs.recording import RecordingBackend
 
 import gearshift as gs
+from gearshift.graphs import AdaptiveRunner, Transform
 from gearshift.graphs import adaptive as adaptive_module
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.shm import Kind, Registry
+from gearshift.worker import Client, Profile
 from worker.fake_controller import WAIT, FakeController, wait_until
 
 H = 4
@@ -39,29 +41,29 @@ def call(b: int, s: int) -> dict[str, torch.Tensor]:
     return {"x": torch.randn(b, s, H), "mask": torch.ones(b, s)}
 
 
-def check(prof: gs.Profile, b: int, s: int) -> None:
+def check(prof: Profile, b: int, s: int) -> None:
     tensors = call(b, s)
     torch.testing.assert_close(prof.run(**tensors), model(**tensors))
 
 
 @pytest.fixture
-def prof(client: gs.Client) -> gs.Profile:
+def prof(client: Client) -> Profile:
     return client.profile("decode", DIMS, lazy_start=False)  # start-up gears: test_startup
 
 
 @pytest.fixture
-def runner(prof: gs.Profile) -> Iterator[gs.AdaptiveRunner]:
-    transform = gs.Transform(model, prof.dims, INPUTS)
+def runner(prof: Profile) -> Iterator[AdaptiveRunner]:
+    transform = Transform(model, prof.dims, INPUTS)
     pool = GraphResourcePool(CpuBackend())
-    yield prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=pool))
+    yield prof.attach(AdaptiveRunner(transform, call(1, 1), pool=pool))
 
 
-def applied(fake: FakeController, client: gs.Client) -> int:
+def applied(fake: FakeController, client: Client) -> int:
     return fake.registry.slots()[client.slot].applied_version
 
 
 def test_requests_never_capture_the_swap_thread_warms_up(
-    fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
+    fake: FakeController, client: Client, prof: Profile, runner: AdaptiveRunner
 ) -> None:
     check(prof, 3, 9)
     assert runner.stats["captures"] == 0 and runner.stats["eager"] == 1 and runner.ready() == []
@@ -84,7 +86,7 @@ def test_requests_never_capture_the_swap_thread_warms_up(
     {"BATCHSIZE": [1, 2, 4, 8, 12, 16], "SEQLEN": [4, 8, 12, 16]},
 ], ids=["one dim", "two dims"])
 def test_the_warm_up_has_the_device_capture_the_largest_gears_first(
-    fake: FakeController, client: gs.Client, added: dict[str, list[int]]
+    fake: FakeController, client: Client, added: dict[str, list[int]]
 ) -> None:
     """What the device is asked to capture, in order, by a real runner on the cpu backend:
     the largest variant first and none before one that covers it (>= on every dim), in a
@@ -94,8 +96,8 @@ def test_the_warm_up_has_the_device_capture_the_largest_gears_first(
             "SEQLEN": gs.Dim(gears=[4, 8, 16], max=16)}
     prof = client.profile("wide", dims, lazy_start=False)
     backend = RecordingBackend()
-    transform = gs.Transform(model, prof.dims, INPUTS)
-    prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=GraphResourcePool(backend)))
+    transform = Transform(model, prof.dims, INPUTS)
+    prof.attach(AdaptiveRunner(transform, call(1, 1), pool=GraphResourcePool(backend)))
 
     def captured_largest_first(count: int) -> None:
         order = [shape[:2] for shape in backend.captured]
@@ -116,7 +118,7 @@ def test_the_warm_up_has_the_device_capture_the_largest_gears_first(
 
 
 def test_an_added_gear_runs_on_the_next_larger_one_until_warmed_up(
-    fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
+    fake: FakeController, client: Client, prof: Profile, runner: AdaptiveRunner
 ) -> None:
     client._tick()
     version = fake.publish({"decode": {"BATCHSIZE": [2, 3, 4, 8], "SEQLEN": [8, 16]}})
@@ -131,7 +133,7 @@ def test_an_added_gear_runs_on_the_next_larger_one_until_warmed_up(
 
 
 def test_a_removed_gear_is_released_after_the_requests_started_before(
-    fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
+    fake: FakeController, client: Client, prof: Profile, runner: AdaptiveRunner
 ) -> None:
     client._tick()
     graphs = len(runner.pool)
@@ -151,7 +153,7 @@ def test_a_removed_gear_is_released_after_the_requests_started_before(
 
 
 def test_a_gear_added_back_during_its_grace_is_kept(
-    fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
+    fake: FakeController, client: Client, prof: Profile, runner: AdaptiveRunner
 ) -> None:
     client._tick()
     with prof.request(BATCHSIZE=4, SEQLEN=8):
@@ -165,11 +167,11 @@ def test_a_gear_added_back_during_its_grace_is_kept(
 
 def test_grace_holds_across_threads(fake: FakeController, namespace: str) -> None:
     """A request thread inside `request()` while the swap thread adopts a removal."""
-    with gs.Client(Registry.attach(namespace), 0, register_timeout=0) as client:
+    with Client(Registry.attach(namespace), 0, register_timeout=0) as client:
         prof = client.profile("decode", DIMS, lazy_start=False)
         pool = GraphResourcePool(CpuBackend())
-        transform = gs.Transform(model, prof.dims, INPUTS)
-        runner = prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=pool))
+        transform = Transform(model, prof.dims, INPUTS)
+        runner = prof.attach(AdaptiveRunner(transform, call(1, 1), pool=pool))
         wait_until(lambda: len(runner.ready()) == 6)
         inside, finish = threading.Event(), threading.Event()
 
@@ -191,7 +193,7 @@ def test_grace_holds_across_threads(fake: FakeController, namespace: str) -> Non
 
 
 def test_the_memory_of_released_graphs_is_in_the_next_reading_the_controller_gets(
-    fake: FakeController, client: gs.Client, prof: gs.Profile
+    fake: FakeController, client: Client, prof: Profile
 ) -> None:
     dev = FakeCuda()
 
@@ -200,9 +202,9 @@ def test_the_memory_of_released_graphs_is_in_the_next_reading_the_controller_get
         h = dev.op(lambda a: torch.tanh(LAYER(a)), x)
         return dev.op(lambda a, m: a * m.unsqueeze(-1), h, mask)
 
-    transform = gs.Transform(on_device, prof.dims, INPUTS, outputs=("B", "S", None))
+    transform = Transform(on_device, prof.dims, INPUTS, outputs=("B", "S", None))
     pool = GraphResourcePool(dev.backend())
-    runner = prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=pool))
+    runner = prof.attach(AdaptiveRunner(transform, call(1, 1), pool=pool))
     client._tick()
     assert len(runner.ready()) == 6 and client.memory == runner.backend.mem_get_info
     runner.backend.collect()  # the warm-ups' cache: what is left is the graphs'
@@ -224,7 +226,7 @@ def test_the_memory_of_released_graphs_is_in_the_next_reading_the_controller_get
 
 
 def test_runner_builds_and_attaches_and_its_backend_reports_memory(
-    fake: FakeController, client: gs.Client, prof: gs.Profile
+    fake: FakeController, client: Client, prof: Profile
 ) -> None:
     with pytest.raises(gs.StateError, match="no runner attached"):
         prof.run(**call(1, 1))
@@ -237,7 +239,7 @@ def test_runner_builds_and_attaches_and_its_backend_reports_memory(
 
 
 def test_the_issue_s_mistakes_are_refused_at_runner_or_run_naming_the_input(
-    client: gs.Client,
+    client: Client,
 ) -> None:
     m = torch.nn.Linear(64, 64)
     p = client.profile("prefill", {"SEQLEN": gs.Dim(max=4096)})
@@ -255,7 +257,7 @@ def test_the_issue_s_mistakes_are_refused_at_runner_or_run_naming_the_input(
 
 
 def test_a_request_checks_its_tensors_once(
-    prof: gs.Profile, runner: gs.AdaptiveRunner, monkeypatch: pytest.MonkeyPatch
+    prof: Profile, runner: AdaptiveRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = []
     check_once = runner.transform.check
@@ -266,11 +268,11 @@ def test_a_request_checks_its_tensors_once(
         prof.run(x=torch.randn(3, 9, H), mask=torch.ones(3, 8))
 
 
-def test_attach_refuses_a_runner_of_other_dims(prof: gs.Profile) -> None:
+def test_attach_refuses_a_runner_of_other_dims(prof: Profile) -> None:
     dims = dict(reversed(DIMS.items()))
-    transform = gs.Transform(model, dims, INPUTS)
+    transform = Transform(model, dims, INPUTS)
     with pytest.raises(gs.ShapeError, match="in this order"):
-        prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=GraphResourcePool(CpuBackend())))
+        prof.attach(AdaptiveRunner(transform, call(1, 1), pool=GraphResourcePool(CpuBackend())))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -286,7 +288,7 @@ def test_cuda_graphs_warm_up_on_the_swap_thread_while_requests_run(
     def cuda_call(b: int, s: int) -> dict[str, torch.Tensor]:
         return {k: v.cuda() for k, v in call(b, s).items()}
 
-    with gs.Client(Registry.attach(namespace), 0, register_timeout=0) as client:
+    with Client(Registry.attach(namespace), 0, register_timeout=0) as client:
         prof = client.profile("decode", DIMS, lazy_start=False)
         runner = prof.runner(cuda_model, inputs=INPUTS, example=cuda_call(1, 1))
 
@@ -302,7 +304,7 @@ def test_cuda_graphs_warm_up_on_the_swap_thread_while_requests_run(
 
 
 def test_gears_released_in_one_tick_give_their_memory_back_in_one_empty_cache(
-    fake: FakeController, client: gs.Client, prof: gs.Profile
+    fake: FakeController, client: Client, prof: Profile
 ) -> None:
     """Two gears removed by one snapshot are released in one tick, with one `empty_cache()`
     (each used to run its own: the allocator's other cached blocks went back twice)."""
@@ -312,8 +314,8 @@ def test_gears_released_in_one_tick_give_their_memory_back_in_one_empty_cache(
     def on_device(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return dev.op(lambda a, m: torch.tanh(LAYER(a)) * m.unsqueeze(-1), x, mask)
 
-    transform = gs.Transform(on_device, prof.dims, INPUTS, outputs=("B", "S", None))
-    runner = prof.attach(gs.AdaptiveRunner(transform, call(1, 1),
+    transform = Transform(on_device, prof.dims, INPUTS, outputs=("B", "S", None))
+    runner = prof.attach(AdaptiveRunner(transform, call(1, 1),
                                            pool=GraphResourcePool(dev.backend())))
     client._tick()
     assert len(runner.ready()) == 6
@@ -326,7 +328,7 @@ def test_gears_released_in_one_tick_give_their_memory_back_in_one_empty_cache(
 
 
 def test_a_run_replays_the_route_it_was_routed_on_and_the_gears_live_in_one_place(
-    fake: FakeController, prof: gs.Profile, runner: gs.AdaptiveRunner,
+    fake: FakeController, prof: Profile, runner: AdaptiveRunner,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One lookup: `Profile.run` hands the runner the Route its router found (the runner

@@ -15,9 +15,10 @@ import torch
 from fakeclock import FakeClock
 
 import gearshift as gs
+from gearshift.graphs import Transform
 from gearshift.graphs.backends import CpuBackend
-from gearshift.graphs.compiled import CompiledRunner
 from gearshift.graphs.pool import GraphResourcePool
+from gearshift.graphs.torchcompile import CompiledRunner
 from gearshift.worker import compile_cache
 
 
@@ -86,7 +87,7 @@ class Releasing(FakeClock):
 
 def make(lock_dir: Path, clock: FakeClock, wait: float = 600.0) -> CompiledRunner:
     dims = {"SEQLEN": gs.Dim(gears=[4], max=8)}
-    transform = gs.Transform(fn, dims, inputs={"x": ("S", None)}, outputs=("S", None))
+    transform = Transform(fn, dims, inputs={"x": ("S", None)}, outputs=("S", None))
     return CompiledRunner(transform, {"x": torch.zeros(1, 2)},
                           pool=GraphResourcePool(CpuBackend()), clock=clock,
                           compile_backend="eager", lock_dir=lock_dir, lock_wait=wait)
@@ -123,7 +124,7 @@ def test_a_shape_another_process_compiles_is_waited_for_then_loaded_at_once(
     fd = held(tmp_path)  # one that never finishes: waited for lock_wait, then compiled here
     try:
         fourth = make(tmp_path, FakeClock(), wait=1.0)
-        with caplog.at_level(logging.WARNING, "gearshift.graphs.compiled"):
+        with caplog.at_level(logging.WARNING, "gearshift.graphs.torchcompile"):
             assert fourth.capture([{"SEQLEN": 4}]) == 1
         assert fourth.compiles[0].waited >= 1.0 and "compiling it here too" in caplog.text
     finally:

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import gearshift as gs
+from gearshift.graphs import CompiledRunner
 from gearshift.shm import Kind
+from gearshift.worker import Client
 from worker.fake_controller import FakeController
 
 DIMS = {"SEQLEN": gs.Dim(gears=[4, 16], max=64, splittable=True)}
@@ -21,14 +23,14 @@ def fn(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_one_call_runs_the_function_on_compiled_gears_and_reports_their_cost(
-    fake: FakeController, client: gs.Client
+    fake: FakeController, client: Client
 ) -> None:
     model = gs.compile(fn, DIMS, INPUTS, client=client, backend="eager", lazy_start=False)
     assert model.runner is None and model.profile.name == "fn"
     x = torch.randn(3, 8)
     torch.testing.assert_close(model(x), fn(x))  # before any compile: eager
     runner = model.runner
-    assert isinstance(runner, gs.CompiledRunner) and runner.stats["eager"] == 1
+    assert isinstance(runner, CompiledRunner) and runner.stats["eager"] == 1
     fake.serve()
     client._tick()  # the swap thread compiles both gears, then reports them
     assert runner.ready() == [(4,), (16,)] and runner.stats["compiles"] == 2
@@ -71,7 +73,7 @@ def test_the_namespace_comes_from_the_environment_and_one_client_is_shared(
         again.close()
 
 
-def test_twin_models_get_profiles_of_their_own(fake: FakeController, client: gs.Client) -> None:
+def test_twin_models_get_profiles_of_their_own(fake: FakeController, client: Client) -> None:
     """Two models of one class (a draft and a target) each keep their own profile and runner:
     the second's profile is named `Linear.2`, so `status` tells them apart; an explicit name
     another function holds is refused (before: one profile, and `c1(x)` gave `c2`'s output)."""

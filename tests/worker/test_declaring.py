@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import gearshift as gs
-from gearshift.worker import declaring
+from gearshift.worker import Group, declaring
 
 B = {"B": gs.Dim(max=64)}
 
@@ -26,20 +26,20 @@ def test_the_world_is_read_only_from_an_initialized_torch_distributed(
     assert declaring.world() is None
     dist.is_initialized = lambda: True
     dist.get_rank, dist.get_world_size = (lambda: 1), (lambda: 4)
-    assert gs.group("tp") == gs.Group("tp", 1, 4)
-    assert gs.group("tp", rank=3, size=8) == gs.Group("tp", 3, 8)  # explicit arguments win
+    assert gs.group("tp") == Group("tp", 1, 4)
+    assert gs.group("tp", rank=3, size=8) == Group("tp", 3, 8)  # explicit arguments win
 
 
 def test_a_grouped_profile_registers_with_a_controller_that_knows_groups(namespace: str) -> None:
     with gs.connect(namespace, embedded=True) as client:
-        prof = client.profile("decode", B, group=gs.Group("tp", 0, 2))
-        assert prof.registered and prof.group == gs.Group("tp", 0, 2)
+        prof = client.profile("decode", B, group=Group("tp", 0, 2))
+        assert prof.registered and prof.group == Group("tp", 0, 2)
         with pytest.raises(gs.ProfileMismatch, match="is of"):
-            client.profile("decode", B, group=gs.Group("tp", 1, 2))
+            client.profile("decode", B, group=Group("tp", 1, 2))
         plain = client.profile("plain", B)  # a profile of no group: as before
         assert plain.registered and plain.group is None
 
 
 def test_a_controller_that_does_not_echo_the_group_is_refused(fake, client) -> None:
     with pytest.raises(gs.GroupError, match="predates groups"):
-        client.profile("decode", B, group=gs.Group("tp", 0, 2))
+        client.profile("decode", B, group=Group("tp", 0, 2))

@@ -12,6 +12,7 @@ import pytest
 import gearshift as gs
 from gearshift.shm import EventRing, names, segment
 from gearshift.tools.stress import faults
+from gearshift.worker import Client
 from worker.fake_controller import FakeController, ServingClock
 
 DIMS = {"SEQLEN": gs.Dim(max=4096)}
@@ -30,7 +31,7 @@ def test_a_worker_with_no_room_for_its_ring_serves_unrecorded_says_so_once_and_t
     monkeypatch.setattr(EventRing, "create", staticmethod(create_if_room))
     clock = ServingClock(fake.serve)
     with caplog.at_level(logging.WARNING, "gearshift"):
-        client = gs.Client(fake.namespace, 0, clock=clock, background=False)
+        client = Client(fake.namespace, 0, clock=clock, background=False)
         prof = client.profile("prefill", DIMS)
         for size in range(1, 101):
             prof.route(SEQLEN=size)
@@ -67,7 +68,7 @@ def test_a_registration_refused_for_want_of_room_serves_the_initial_gears_and_is
 
     monkeypatch.setattr(fake, "register", register_if_room)
     clock = ServingClock(fake.serve)
-    client = gs.Client(fake.namespace, 0, clock=clock, background=False)
+    client = Client(fake.namespace, 0, clock=clock, background=False)
     try:
         with caplog.at_level(logging.WARNING, "gearshift"):
             prof = client.profile("prefill", DIMS)  # no exception: refused for now

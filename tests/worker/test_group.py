@@ -11,6 +11,7 @@ from fakeclock import FakeClock
 
 import gearshift as gs
 from gearshift import protocol
+from gearshift.worker import Group
 from gearshift.worker.group import REPORT_SECONDS, GroupRank, Maintenance
 
 
@@ -58,10 +59,10 @@ class Region:
                           "reported": reported}})
 
 
-TP0 = gs.Group("tp", 0, 2)
+TP0 = Group("tp", 0, 2)
 
 
-def _rank(held: set | tuple = (), gears: tuple = (8, 16, 32), group: gs.Group | None = TP0
+def _rank(held: set | tuple = (), gears: tuple = (8, 16, 32), group: Group | None = TP0
           ) -> tuple[GroupRank, Region, Runner, list[dict], list[dict]]:
     sent: list[dict] = []
     requests: list[dict] = []

@@ -8,10 +8,11 @@ import itertools
 from collections.abc import Iterable
 
 import pytest
+from fakeclock import FakeClock
 
 import gearshift as gs
 from gearshift.errors import StateError
-from gearshift.worker import lifecycle
+from gearshift.worker import Client, lifecycle, warmup
 from gearshift.worker.lifecycle import (
     ATTACHED,
     CAPTURING,
@@ -29,6 +30,7 @@ from gearshift.worker.lifecycle import (
 )
 from worker.fake_controller import FakeController, wait_until
 from worker.test_startup import WantingRunner
+from worker.test_warmup import ScriptedRunner
 
 
 def reachable(table: Table, start: str, through: Iterable[str] | None = None) -> set[str]:
@@ -62,6 +64,38 @@ def test_an_event_a_state_does_not_list_raises_and_moves_nothing() -> None:
         machine.advance("attach")
     assert machine.state == CLOSED
     assert reachable(CLIENT, CLOSED) == set()  # closed is the end
+
+
+def test_machines_store_only_what_does_not_rest_and_refuse_an_event_out_of_order() -> None:
+    graphs = lifecycle.Machines(GRAPH, (RELEASED, WANTED))
+    with pytest.raises(StateError, match="'capture' in state 'released'"):
+        graphs.advance((1,), "capture")  # the gears in use do not hold it: never captured
+    assert graphs.advance((1,), "capture", WANTED) == CAPTURING
+    with pytest.raises(StateError, match="'capture' in state 'capturing'"):
+        graphs.advance((1,), "capture", WANTED)  # the stored state wins over the resting one
+    assert graphs.state((1,)) == CAPTURING
+    graphs.advance((1,), "captured")
+    assert graphs.keys(READY) == [(1,)]
+    graphs.advance((1,), "release")
+    assert graphs.keys(READY) == [] and graphs.state((1,), WANTED) == WANTED  # at rest again
+
+
+def test_the_warm_up_moves_the_graph_states_it_holds_and_refuses_one_out_of_order() -> None:
+    """The states `WarmUp.state` reports are the ones its steps moved through the table (held
+    in `graphs`): a capture that failed is failed until a retry, a graph the runner released
+    leaves ready at the next step that says so; an event out of order is refused."""
+    dims = {"B": gs.Dim(gears=[2, 4], max=8)}
+    warm, runner = warmup.WarmUp("p", dims, False, FakeClock()), ScriptedRunner(dims)
+    gears, in_use = {"B": (2, 4)}, object()
+    runner.fail = {(2,)}
+    warm.step(runner, in_use, gears, 0)
+    assert [warm.state(gears, v) for v in [(2,), (4,), (8,)]] == [FAILED, READY, RELEASED]
+    with pytest.raises(StateError, match="'captured' in state 'ready'"):
+        warm.graphs.advance((4,), "captured")
+    assert warm.state(gears, (4,)) == READY
+    released = runner.release("B", 4)
+    warm.step(runner, in_use, {"B": (2,)}, released)
+    assert warm.state({"B": (2,)}, (4,)) == RELEASED
 
 
 def moves(table: Table, seen: list[str], transient: Iterable[str] = ()) -> None:
@@ -107,7 +141,7 @@ def test_a_client_moves_as_its_table_says(namespace: str, monkeypatch: pytest.Mo
     client.close()  # idempotent: no event
 
 
-def test_a_variants_graph_moves_as_its_table_says(client: gs.Client, fake: FakeController) -> None:
+def test_a_variants_graph_moves_as_its_table_says(client: Client, fake: FakeController) -> None:
     """Observed between swap-thread rounds (`WarmUp.state`): deferred (wanted), captured at
     once, wanted by a request, failed, retried, released; a gear dropped and added back."""
     dims = {"B": gs.Dim(gears=[1, 2, 4, 8], max=16)}
@@ -117,7 +151,7 @@ def test_a_variants_graph_moves_as_its_table_says(client: gs.Client, fake: FakeC
     history: list[dict[tuple[int, ...], str]] = []
 
     def observe() -> None:
-        history.append({v: prof._warmup.state(runner, prof.gears, v) for v in variants})
+        history.append({v: prof._warmup.state(prof.gears, v) for v in variants})
 
     def tick() -> None:
         client._tick()

@@ -12,8 +12,10 @@ import pytest
 from fakeclock import FakeClock
 
 import gearshift as gs
+from gearshift.graphs import AdaptiveRunner, Transform
 from gearshift.graphs.measure import GraphCost
 from gearshift.shm import Kind, Registry, ring
+from gearshift.worker import Client
 from gearshift.worker import measured as measured_module
 from gearshift.worker.measured import Measured
 from worker.fake_controller import FakeController
@@ -61,7 +63,7 @@ class MeasuringRunner:
 def test_reports_wait_for_the_registration_then_go_one_record_per_dim(
     fake: FakeController,
 ) -> None:
-    client = gs.Client(Registry.attach(fake.namespace), 0, clock=FakeClock(),
+    client = Client(Registry.attach(fake.namespace), 0, clock=FakeClock(),
                        background=False, register_timeout=0)
     try:
         # posted; the fake controller has not answered
@@ -87,7 +89,7 @@ def test_reports_wait_for_the_registration_then_go_one_record_per_dim(
 
 
 def test_a_failing_report_stops_neither_the_warm_up_nor_requests(
-    fake: FakeController, client: gs.Client, caplog: pytest.LogCaptureFixture
+    fake: FakeController, client: Client, caplog: pytest.LogCaptureFixture
 ) -> None:
     prof = client.profile("decode", DIMS, lazy_start=False)
     runner = prof.attach(MeasuringRunner(DIMS))
@@ -170,13 +172,13 @@ def test_a_workers_buffers_reach_the_controllers_memory_bound(namespace: str, tm
     0.5 % of the device's memory as the worker reads it."""
     import torch
 
+    from gearshift.controller import PolicyConfig
     from gearshift.controller.config import ControllerConfig
     from gearshift.controller.controller import Controller
     from gearshift.core import memory
     from gearshift.core.costs import Line
     from gearshift.graphs.backends import CpuBackend
     from gearshift.graphs.pool import GraphResourcePool
-    from gearshift.operator import PolicyConfig
     from worker.fake_controller import ServingClock
 
     h, dims = 4, {"SEQLEN": gs.Dim(gears=[8, 16], max=64)}
@@ -185,10 +187,10 @@ def test_a_workers_buffers_reach_the_controllers_memory_bound(namespace: str, tm
     controller = Controller.open(config, PolicyConfig(), clock=clock)
     clock.serve = controller.step
     try:
-        with gs.Client(Registry.attach(namespace), 0, clock=clock, background=False) as client:
+        with Client(Registry.attach(namespace), 0, clock=clock, background=False) as client:
             prof = client.profile("p", dims, lazy_start=False)
-            transform = gs.Transform(torch.tanh, prof.dims, {"x": ("S", None)})
-            prof.attach(gs.AdaptiveRunner(transform, {"x": torch.zeros(1, h)},
+            transform = Transform(torch.tanh, prof.dims, {"x": ("S", None)})
+            prof.attach(AdaptiveRunner(transform, {"x": torch.zeros(1, h)},
                                           pool=GraphResourcePool(CpuBackend())))
             client._tick()  # captures 8 and 16, reports them and the buffers
             controller.step()

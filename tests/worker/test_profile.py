@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import gearshift as gs
 from gearshift.core.dims import chunks_for
 from gearshift.shm import Kind
+from gearshift.worker import Client, Profile, Route
 from worker.fake_controller import FakeController
 
 DIMS = {
@@ -25,11 +26,11 @@ DIMS = {
 
 
 @pytest.fixture
-def prof(client: gs.Client) -> gs.Profile:
+def prof(client: Client) -> Profile:
     return client.profile("decode", DIMS)
 
 
-def test_route_plans_the_smallest_gear_and_splits_over_the_largest(prof: gs.Profile) -> None:
+def test_route_plans_the_smallest_gear_and_splits_over_the_largest(prof: Profile) -> None:
     assert prof.gears == {
         "BATCHSIZE": (1, 2, 4, 8, 16, 32, 64),
         "SEQLEN": tuple(1 << k for k in range(14)),
@@ -43,14 +44,14 @@ def test_route_plans_the_smallest_gear_and_splits_over_the_largest(prof: gs.Prof
     assert prof.route(BATCHSIZE=np.int64(64), SEQLEN=1).chunks["BATCHSIZE"] == (64,)
 
 
-def test_dims_with_large_gears_route_by_bisection(client: gs.Client) -> None:
+def test_dims_with_large_gears_route_by_bisection(client: Client) -> None:
     prof = client.profile("long", {"SEQLEN": gs.Dim(gears=[1000, 200_000], max=1 << 20)})
     assert prof.route(SEQLEN=150_000).chunks == {"SEQLEN": (200_000,)}
     assert prof.route(SEQLEN=1000).chunks == {"SEQLEN": (1000,)}
     assert prof.route(SEQLEN=999_999).eager
 
 
-def test_routing_tables_give_a_collection_nothing_to_walk(prof: gs.Profile) -> None:
+def test_routing_tables_give_a_collection_nothing_to_walk(prof: Profile) -> None:
     # a collection walks every tracked container, inside whichever request sets it off: no
     # routing structure may hold one reference per raw value (8193 for SEQLEN here)
     tracked = [obj for row in prof._in_use.table for obj in row if gc.is_tracked(obj)]
@@ -59,7 +60,7 @@ def test_routing_tables_give_a_collection_nothing_to_walk(prof: gs.Profile) -> N
 
 
 def test_route_records_one_event_per_request(
-    fake: FakeController, client: gs.Client, prof: gs.Profile
+    fake: FakeController, client: Client, prof: Profile
 ) -> None:
     fake.drain(client.slot)
     prof.route(BATCHSIZE=13, SEQLEN=700)
@@ -77,7 +78,7 @@ def test_route_records_one_event_per_request(
 
 
 def test_non_splittable_overflow_runs_eager_and_is_recorded_so(
-    fake: FakeController, client: gs.Client
+    fake: FakeController, client: Client
 ) -> None:
     prof = client.profile("prefill", {"SEQLEN": gs.Dim(gears=[16, 64], max=100)})
     route = prof.route(SEQLEN=80)
@@ -100,7 +101,7 @@ def test_non_splittable_overflow_runs_eager_and_is_recorded_so(
     ],
 )
 def test_bad_shapes_are_clear_errors_and_record_nothing(
-    fake: FakeController, client: gs.Client, prof: gs.Profile, sizes: dict, message: str
+    fake: FakeController, client: Client, prof: Profile, sizes: dict, message: str
 ) -> None:
     fake.drain(client.slot)
     with pytest.raises(gs.ShapeError, match=message):
@@ -112,7 +113,7 @@ def test_bad_shapes_are_clear_errors_and_record_nothing(
 
 
 def test_a_new_snapshot_is_adopted_on_the_next_route(
-    fake: FakeController, client: gs.Client, prof: gs.Profile
+    fake: FakeController, client: Client, prof: Profile
 ) -> None:
     before = prof.version
     version = fake.publish({"decode": {"BATCHSIZE": [8, 24, 64], "SEQLEN": [512, 8192]}})
@@ -127,7 +128,7 @@ def test_a_new_snapshot_is_adopted_on_the_next_route(
 
 
 def test_snapshots_without_valid_gears_for_the_profile_keep_its_gears(
-    fake: FakeController, prof: gs.Profile
+    fake: FakeController, prof: Profile
 ) -> None:
     gears = prof.gears
     for payload in (
@@ -146,14 +147,14 @@ def test_snapshots_without_valid_gears_for_the_profile_keep_its_gears(
     [5, {"profiles": []}, {"profiles": {"decode": None}}, {"profiles": {"decode": {"gears": [1]}}}],
 )
 def test_malformed_snapshots_never_reach_the_request_path(
-    fake: FakeController, prof: gs.Profile, payload: object
+    fake: FakeController, prof: Profile, payload: object
 ) -> None:
     gears = prof.gears
     version = fake.region.publish(payload)
     assert prof.route(BATCHSIZE=3, SEQLEN=3).version == version and prof.gears == gears
 
 
-def test_profile_dims_are_validated(client: gs.Client) -> None:
+def test_profile_dims_are_validated(client: Client) -> None:
     with pytest.raises(gs.ShapeError, match="1 to 4 dims"):
         client.profile("none", {})
     with pytest.raises(gs.ShapeError, match="1 to 4 dims"):
@@ -166,7 +167,7 @@ def test_profile_dims_are_validated(client: gs.Client) -> None:
         client.profile("huge", {"B": gs.Dim(max=1 << 63)})
 
 
-def test_the_same_name_gives_the_same_profile(client: gs.Client, prof: gs.Profile) -> None:
+def test_the_same_name_gives_the_same_profile(client: Client, prof: Profile) -> None:
     assert client.profile("decode", dict(DIMS)) is prof
     with pytest.raises(gs.ProfileMismatch, match="other dims") as e:
         client.profile("decode", {"BATCHSIZE": gs.Dim()})
@@ -175,7 +176,7 @@ def test_the_same_name_gives_the_same_profile(client: gs.Client, prof: gs.Profil
 
 
 def test_gears_sorted_or_de_duplicated_are_logged_once(
-    client: gs.Client, caplog: pytest.LogCaptureFixture
+    client: Client, caplog: pytest.LogCaptureFixture
 ) -> None:
     dims = {"SEQLEN": gs.Dim(gears=[8, 2, 2], max=16), "BATCHSIZE": gs.Dim(gears=[1, 4])}
     with caplog.at_level(logging.WARNING, "gearshift"):
@@ -215,7 +216,7 @@ def _outcome(route, fake: FakeController, slot: int, sizes: dict) -> tuple:
 )
 @given(sizes=_sizes | st.fixed_dictionaries({"B": _size, "S": _size}))
 def test_route_plans_records_and_fails_by_the_dims_rules(
-    fake: FakeController, client: gs.Client, sizes: dict
+    fake: FakeController, client: Client, sizes: dict
 ) -> None:
     prof = client.profile("small", SMALL)
     result, events = _outcome(prof.route, fake, client.slot, sizes)
@@ -233,13 +234,13 @@ def test_route_plans_records_and_fails_by_the_dims_rules(
     assert events == [([int(sizes["B"]), int(sizes["S"]), 0, 0], [*counts, 0, 0], kind)]
 
 
-def test_every_gear_combination_of_three_dims_routes_to_its_own_gears(client: gs.Client) -> None:
+def test_every_gear_combination_of_three_dims_routes_to_its_own_gears(client: Client) -> None:
     # gear counts 3, 2, 4: each dim's gear position is its own digit of the Routes' key
     dims = {
         "A": gs.Dim(gears=[2, 4, 8]), "B": gs.Dim(gears=[3, 9]), "C": gs.Dim(gears=[1, 2, 5, 7])
     }
     prof = client.profile("three", dims)
-    shared: dict[tuple, gs.Route] = {}
+    shared: dict[tuple, Route] = {}
     for sizes in itertools.product(range(1, 9), range(1, 10), range(1, 8)):
         named = dict(zip(dims, sizes, strict=True))
         route = prof.route(**named)
@@ -250,7 +251,7 @@ def test_every_gear_combination_of_three_dims_routes_to_its_own_gears(client: gs
 
 
 def test_routes_of_one_gear_combination_are_shared_and_read_only(
-    fake: FakeController, prof: gs.Profile
+    fake: FakeController, prof: Profile
 ) -> None:
     route = prof.route(BATCHSIZE=13, SEQLEN=700)
     assert prof.route(BATCHSIZE=9, SEQLEN=513) is route
@@ -270,7 +271,7 @@ def test_routes_of_one_gear_combination_are_shared_and_read_only(
 
 @pytest.mark.parametrize("names", [("seq-len", "class"), ("_B", "S"), ("\ufb01", "S")])
 def test_dims_named_unlike_parameters_route(
-    fake: FakeController, client: gs.Client, names: tuple[str, str]
+    fake: FakeController, client: Client, names: tuple[str, str]
 ) -> None:
     # "\ufb01" (the fi ligature) is an identifier that Python would normalise to "fi"
     prof = client.profile("odd", {names[0]: gs.Dim(gears=[4, 8]), names[1]: gs.Dim()})
@@ -281,13 +282,13 @@ def test_dims_named_unlike_parameters_route(
     assert fake.drain(client.slot)["values"][:, :2].tolist() == [[3, 5]]
 
 
-def test_route_takes_keywords_only(prof: gs.Profile) -> None:
+def test_route_takes_keywords_only(prof: Profile) -> None:
     with pytest.raises(TypeError):
         prof.route(13, 700)  # type: ignore[misc]
 
 
 def test_snapshot_gears_in_another_dim_order_are_recorded_in_the_profile_order(
-    fake: FakeController, client: gs.Client, prof: gs.Profile
+    fake: FakeController, client: Client, prof: Profile
 ) -> None:
     fake.publish({"decode": {"SEQLEN": [512, 8192], "BATCHSIZE": [8, 64]}})
     assert prof.route(BATCHSIZE=72, SEQLEN=700).chunks == {
@@ -304,7 +305,7 @@ def test_snapshot_gears_in_another_dim_order_are_recorded_in_the_profile_order(
 
 
 def test_request_threads_routing_at_once_lose_no_event(
-    fake: FakeController, client: gs.Client, prof: gs.Profile
+    fake: FakeController, client: Client, prof: Profile
 ) -> None:
     fake.drain(client.slot)
     threads, calls = 4, 3000  # 12000 events: the default ring holds them all

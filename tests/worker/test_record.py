@@ -19,6 +19,7 @@ import gearshift as gs
 from gearshift.controller import status
 from gearshift.export import engines
 from gearshift.shm import Kind, Registry
+from gearshift.worker import Client, Profile
 from worker.fake_controller import FakeController
 
 WAIT = 20.0
@@ -29,12 +30,12 @@ DIMS = {
 
 
 @pytest.fixture
-def prof(client: gs.Client) -> gs.Profile:
+def prof(client: Client) -> Profile:
     return client.profile("decode", DIMS)
 
 
 def test_record_writes_the_raw_shape_with_no_gear_and_no_route(
-    fake: FakeController, client: gs.Client, prof: gs.Profile
+    fake: FakeController, client: Client, prof: Profile
 ) -> None:
     fake.drain(client.slot)
     assert prof.record(BATCHSIZE=13, SEQLEN=700) is None
@@ -62,10 +63,10 @@ def test_record_writes_the_raw_shape_with_no_gear_and_no_route(
     ],
 )
 def test_bad_shapes_raise_as_route_does_and_record_nothing(
-    fake: FakeController, client: gs.Client, prof: gs.Profile, sizes: dict, message: str
+    fake: FakeController, client: Client, prof: Profile, sizes: dict, message: str
 ) -> None:
     fake.drain(client.slot)
-    for record in (prof.record, lambda **s: gs.Profile.record(prof, **s)):
+    for record in (prof.record, lambda **s: Profile.record(prof, **s)):
         with pytest.raises(gs.ShapeError, match=message):
             record(**sizes)
         with pytest.raises(gs.ShapeError, match=message):
@@ -81,7 +82,7 @@ _size = st.one_of(st.integers(-2, 300), st.booleans(), st.floats(0, 300), st.non
 )
 @given(sizes=st.dictionaries(st.sampled_from(["B", "S", "X"]), _size, max_size=3))
 def test_record_records_valid_sizes_and_refuses_others_recording_nothing(
-    fake: FakeController, client: gs.Client, sizes: dict
+    fake: FakeController, client: Client, sizes: dict
 ) -> None:
     dims = {"B": gs.Dim(max=256), "S": gs.Dim(min=2, max=100)}
     prof = client.profile("small", dims)
@@ -100,7 +101,7 @@ def test_record_records_valid_sizes_and_refuses_others_recording_nothing(
     assert events["kind"].tolist() == [Kind.RECORDED] * len(recorded)
 
 
-def test_dims_named_unlike_parameters_record(fake: FakeController, client: gs.Client) -> None:
+def test_dims_named_unlike_parameters_record(fake: FakeController, client: Client) -> None:
     prof = client.profile("odd", {"seq-len": gs.Dim(max=64), "class": gs.Dim()})
     fake.drain(client.slot)
     prof.record(**{"seq-len": 33, "class": 5})
@@ -111,7 +112,7 @@ def test_dims_named_unlike_parameters_record(fake: FakeController, client: gs.Cl
 
 def test_a_full_ring_drops_records_and_recording_goes_on(fake: FakeController) -> None:
     registry = Registry.attach(fake.namespace)
-    with gs.Client(registry, 0, background=False, register_timeout=0, ring_capacity=4) as client:
+    with Client(registry, 0, background=False, register_timeout=0, ring_capacity=4) as client:
         prof = client.profile("decode", DIMS)
         for b in range(1, 7):
             prof.record(BATCHSIZE=b, SEQLEN=3)  # never raises, never blocks

@@ -12,12 +12,13 @@ import pytest
 import gearshift as gs
 from gearshift.core.dims import chunks_for
 from gearshift.shm import Kind
+from gearshift.worker import Client
 from gearshift.worker.routing import MAX_CHUNKS, TABLE_MAX, _positions
 
 HUGE = {"B": gs.Dim(gears=[1, 2, 4, 8, 16, 32, 64], max=1 << 40, splittable=True)}
 
 
-def test_a_split_beyond_the_chunk_bound_runs_eagerly_and_is_counted(client: gs.Client) -> None:
+def test_a_split_beyond_the_chunk_bound_runs_eagerly_and_is_counted(client: Client) -> None:
     prof = client.profile("huge", HUGE)
     client.ring.drain()
     fits = prof.route(B=64 * MAX_CHUNKS)  # the most chunks a record counts
@@ -34,7 +35,7 @@ def test_a_split_beyond_the_chunk_bound_runs_eagerly_and_is_counted(client: gs.C
 
 @pytest.mark.parametrize("top", [TABLE_MAX - 1, TABLE_MAX])  # a table of positions; bisection
 def test_gear_positions_by_table_or_bisection_route_as_chunks_for(
-    client: gs.Client, top: int
+    client: Client, top: int
 ) -> None:
     dims = {
         "A": gs.Dim(gears=[3, 1000, top], min=2, max=1 << 20, splittable=True),

@@ -15,6 +15,7 @@ from fakeclock import FakeClock
 import gearshift as gs
 from gearshift.shm import EventRing, Kind, Registry, SlotState, Snapshot, cleanup, names, segment
 from gearshift.shm.segment import exists
+from gearshift.worker import Client
 from worker.fake_controller import WAIT, FakeController, ServingClock, serve, wait_until
 from worker.procs import DECODE
 
@@ -51,8 +52,8 @@ def test_the_api_example_works_as_written(namespace: str, mp, spawn) -> None:
 
 def test_the_routing_client_never_imports_torch() -> None:
     code = (
-        "import sys, gearshift as gs, gearshift.tools.bench.hotpath\n"
-        "assert gs.connect and gs.Client and gs.Profile and gs.Route\n"
+        "import sys, gearshift as gs, gearshift.worker as gw, gearshift.tools.bench.hotpath\n"
+        "assert gs.connect and gw.Client and gw.Profile and gw.Route and gw.GroupRank\n"
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=WAIT)
@@ -140,7 +141,7 @@ def test_a_client_of_a_dead_controllers_namespace_takes_a_slot_and_does_not_wait
         registry.close()
 
 
-def test_registration_round_trip(fake: FakeController, client: gs.Client) -> None:
+def test_registration_round_trip(fake: FakeController, client: Client) -> None:
     prof = client.profile("decode", DECODE)
     other = client.profile("prefill", {"SEQLEN": gs.Dim(max=4096)})
     assert prof.registered and other.registered and (prof.id, other.id) == (0, 1)
@@ -148,7 +149,7 @@ def test_registration_round_trip(fake: FakeController, client: gs.Client) -> Non
     assert fake.known["decode"] == DECODE
 
 
-def test_profile_mismatch_reaches_the_caller(fake: FakeController, client: gs.Client) -> None:
+def test_profile_mismatch_reaches_the_caller(fake: FakeController, client: Client) -> None:
     fake.known["decode"] = {"BATCHSIZE": gs.Dim(max=16)}  # another worker registered it so
     with pytest.raises(gs.ProfileMismatch, match="other dims"):
         client.profile("decode", DECODE)
@@ -160,7 +161,7 @@ def test_unanswered_registration_serves_initial_gears_then_completes_on_a_tick(
     fake: FakeController, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = FakeClock()  # time passes, nobody answers
-    with gs.Client(Registry.attach(fake.namespace), 0, clock=clock, background=False) as client:
+    with Client(Registry.attach(fake.namespace), 0, clock=clock, background=False) as client:
         prof = client.profile("decode", DECODE)
         assert clock.now() >= client.register_timeout and "no registration reply" in caplog.text
         assert not prof.registered and prof.route(BATCHSIZE=3, SEQLEN=3).gears["BATCHSIZE"] == 4
@@ -176,7 +177,7 @@ def test_ticks_ack_the_applied_version_beat_and_report_memory(
 ) -> None:
     clock = FakeClock()
     registry = Registry.attach(namespace)
-    with gs.Client(registry, 0, clock=clock, memory=lambda: (3, 7), background=False) as client:
+    with Client(registry, 0, clock=clock, memory=lambda: (3, 7), background=False) as client:
         version = fake.publish({"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [8192]}})
         client._tick()
         info = fake.registry.slots()[client.slot]
@@ -197,7 +198,7 @@ def test_a_new_version_is_acked_at_once_not_at_the_next_heartbeat(
     fake: FakeController, namespace: str
 ) -> None:
     clock = FakeClock()
-    with gs.Client(Registry.attach(namespace), 0, clock=clock, background=False) as client:
+    with Client(Registry.attach(namespace), 0, clock=clock, background=False) as client:
         fake.publish({"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [8192]}})
         client._tick()
         clock.advance(client.heartbeat_interval / 4)  # no heartbeat due
@@ -238,7 +239,7 @@ class _Runner:
 
 
 def test_a_version_is_acked_only_once_every_profile_has_warmed_it_up(
-    fake: FakeController, client: gs.Client
+    fake: FakeController, client: Client
 ) -> None:
     dims = {"BATCHSIZE": gs.Dim(gears=[1, 2], max=64), "SEQLEN": gs.Dim(gears=[8], max=64)}
     prof = client.profile("p", dims, lazy_start=False)
@@ -257,7 +258,7 @@ def test_a_version_is_acked_only_once_every_profile_has_warmed_it_up(
 
 def test_a_full_ring_drops_and_counts_events_and_routing_goes_on(fake: FakeController) -> None:
     registry = Registry.attach(fake.namespace)
-    with gs.Client(registry, 0, background=False, register_timeout=0, ring_capacity=4) as client:
+    with Client(registry, 0, background=False, register_timeout=0, ring_capacity=4) as client:
         prof = client.profile("decode", DECODE)
         routes = [prof.route(BATCHSIZE=b, SEQLEN=9) for b in range(1, 7)]
         assert [p.gears["BATCHSIZE"] for p in routes] == [1, 2, 4, 4, 8, 8]
@@ -284,7 +285,7 @@ class _BadRegion:
 )
 def test_a_snapshot_that_fails_to_decode_is_kept_out_and_routing_goes_on(
     fake: FakeController,
-    client: gs.Client,
+    client: Client,
     error: BaseException,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -305,7 +306,7 @@ def test_a_snapshot_that_fails_to_decode_is_kept_out_and_routing_goes_on(
 
 
 def test_a_payload_a_profile_cannot_adopt_is_kept_out_of_it(
-    fake: FakeController, client: gs.Client
+    fake: FakeController, client: Client
 ) -> None:
     class Hostile(dict):
         def __getitem__(self, key: object) -> object:
@@ -320,7 +321,7 @@ def test_a_payload_a_profile_cannot_adopt_is_kept_out_of_it(
 
 
 def test_close_releases_the_slot_and_leaves_the_ring_to_the_controller(
-    fake: FakeController, client: gs.Client
+    fake: FakeController, client: Client
 ) -> None:
     prof = client.profile("decode", DECODE)
     prof.route(BATCHSIZE=1, SEQLEN=1)
@@ -334,7 +335,7 @@ def test_close_releases_the_slot_and_leaves_the_ring_to_the_controller(
 
 def test_the_swap_thread_adopts_snapshots_without_requests(fake: FakeController) -> None:
     registry = Registry.attach(fake.namespace)
-    with gs.Client(registry, 0, register_timeout=0) as client:
+    with Client(registry, 0, register_timeout=0) as client:
         prof = client.profile("decode", DECODE)
         wait_until(lambda: prof.registered, fake.serve)
         version = fake.publish({"decode": {"BATCHSIZE": [8, 64], "SEQLEN": [4096, 8192]}})
@@ -359,9 +360,9 @@ def test_a_worker_whose_ring_cannot_be_created_leaves_no_active_slot(
     clock = ServingClock(fake.serve)
     if error == "other":  # the constructor raises it
         with pytest.raises(OSError, match="ring creation failed"):
-            gs.Client(fake.namespace, 0, clock=clock, background=False)
+            Client(fake.namespace, 0, clock=clock, background=False)
     else:  # serves unrecorded and tries again later
-        client = gs.Client(fake.namespace, 0, clock=clock, background=False)
+        client = Client(fake.namespace, 0, clock=clock, background=False)
         try:
             for _ in range(3):  # the first try and two retries, none between
                 client._tick()

@@ -17,9 +17,10 @@ import pytest
 from fakeclock import FakeClock
 
 import gearshift as gs
+from gearshift.controller import PolicyConfig
 from gearshift.controller.statefile import STATE_FILE
-from gearshift.operator import PolicyConfig
 from gearshift.shm import Registry, cleanup, names
+from gearshift.worker import Client
 from worker import procs
 from worker.fake_controller import WAIT, ServingClock, serve, wait_until
 from worker.procs import DECODE
@@ -41,7 +42,7 @@ def test_controller_killed_then_restarted(
 
     first, registered = start(True, {"decode": {"BATCHSIZE": [4, 64], "SEQLEN": [1024, 8192]}})
     clock = FakeClock()
-    client = gs.Client(
+    client = Client(
         Registry.attach(namespace), 0, clock=clock, background=False, register_timeout=0
     )
     try:
@@ -121,7 +122,7 @@ def test_gears_the_real_controller_learns_reach_the_client(namespace: str, tmp_p
     controller = Controller.open(config, policy, clock=clock)
     clock.serve = controller.step  # the controller answers while the client waits
     try:
-        with gs.Client(Registry.attach(namespace), 0, clock=clock, background=False) as client:
+        with Client(Registry.attach(namespace), 0, clock=clock, background=False) as client:
             prof = client.profile("decode", {"BATCHSIZE": gs.Dim(gears=[1, 64], max=64)})
             assert prof.registered and prof.gears == {"BATCHSIZE": (1, 64)}
             first = prof.version

@@ -11,10 +11,11 @@ from types import SimpleNamespace
 import pytest
 
 import gearshift as gs
+from gearshift.graphs import AdaptiveRunner, Transform
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.shm import Kind
-from gearshift.worker import warmup
+from gearshift.worker import Client, Profile, warmup
 from gearshift.worker.warmup import RETRY_SECONDS, WARM_BATCH, WARM_WALK, StartupGears, defers
 from worker.fake_controller import FakeController
 from worker.test_adoption import DIMS, INPUTS, call, check, model
@@ -24,27 +25,27 @@ LADDER = {"B": gs.Dim(max=64)}  # 1, 2, 4, ..., 64
 WANTING = SimpleNamespace(take_wanted=list)  # a runner that says what requests wanted
 
 
-def attach(prof: gs.Profile) -> gs.AdaptiveRunner:
-    transform = gs.Transform(model, prof.dims, INPUTS)
+def attach(prof: Profile) -> AdaptiveRunner:
+    transform = Transform(model, prof.dims, INPUTS)
     pool = GraphResourcePool(CpuBackend())
-    return prof.attach(gs.AdaptiveRunner(transform, call(1, 1), pool=pool))
+    return prof.attach(AdaptiveRunner(transform, call(1, 1), pool=pool))
 
 
 @pytest.fixture
-def prof(client: gs.Client) -> gs.Profile:
+def prof(client: Client) -> Profile:
     return client.profile("decode", DIMS)
 
 
 @pytest.fixture
-def runner(prof: gs.Profile) -> Iterator[gs.AdaptiveRunner]:
+def runner(prof: Profile) -> Iterator[AdaptiveRunner]:
     yield attach(prof)
 
 
-def applied(fake: FakeController, client: gs.Client) -> int:
+def applied(fake: FakeController, client: Client) -> int:
     return fake.registry.slots()[client.slot].applied_version
 
 
-def measured(fake: FakeController, client: gs.Client) -> set[tuple[int, int]]:
+def measured(fake: FakeController, client: Client) -> set[tuple[int, int]]:
     """(dim index, gear) of the MEASURED records the client wrote since the last drain."""
     drained = fake.drain(client.slot)
     records = drained[drained["kind"] == Kind.MEASURED]
@@ -67,7 +68,7 @@ def test_the_start_up_rules() -> None:
 
 
 def test_a_fresh_profile_captures_only_the_largest_gears_at_once(
-    fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
+    fake: FakeController, client: Client, prof: Profile, runner: AdaptiveRunner
 ) -> None:
     version = fake.publish({"decode": {"BATCHSIZE": [2, 4, 8], "SEQLEN": [8, 16]}})
     client._tick()
@@ -77,7 +78,7 @@ def test_a_fresh_profile_captures_only_the_largest_gears_at_once(
 
 
 def test_a_request_between_start_up_gears_runs_padded_then_gets_its_graph(
-    fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
+    fake: FakeController, client: Client, prof: Profile, runner: AdaptiveRunner
 ) -> None:
     client._tick()
     fake.drain(client.slot)
@@ -93,7 +94,7 @@ def test_a_request_between_start_up_gears_runs_padded_then_gets_its_graph(
 
 
 def test_a_gear_the_controller_adds_is_captured_at_adoption(
-    fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
+    fake: FakeController, client: Client, prof: Profile, runner: AdaptiveRunner
 ) -> None:
     client._tick()
     version = fake.publish({"decode": {"BATCHSIZE": [2, 3, 4, 8], "SEQLEN": [8, 16]}})
@@ -103,7 +104,7 @@ def test_a_gear_the_controller_adds_is_captured_at_adoption(
 
 
 def test_a_start_up_gear_dropped_and_added_back_is_captured_at_adoption(
-    fake: FakeController, client: gs.Client, prof: gs.Profile, runner: gs.AdaptiveRunner
+    fake: FakeController, client: Client, prof: Profile, runner: AdaptiveRunner
 ) -> None:
     client._tick()
     fake.publish({"decode": {"BATCHSIZE": [2, 8], "SEQLEN": [8, 16]}})
@@ -117,7 +118,7 @@ def test_a_start_up_gear_dropped_and_added_back_is_captured_at_adoption(
     assert runner.ready() == [(4, 16)] and prof.settled
 
 
-def test_lazy_start_off_captures_every_start_up_gear_at_once(client: gs.Client) -> None:
+def test_lazy_start_off_captures_every_start_up_gear_at_once(client: Client) -> None:
     prof = client.profile("decode", DIMS, lazy_start=False)
     runner = attach(prof)
     client._tick()
@@ -127,7 +128,7 @@ def test_lazy_start_off_captures_every_start_up_gear_at_once(client: gs.Client) 
 
 
 def test_a_runner_that_cannot_say_what_was_wanted_gets_every_gear_at_once(
-    client: gs.Client,
+    client: Client,
 ) -> None:
     prof = client.profile("p", LADDER)
     runner = prof.attach(ScriptedRunner(LADDER))  # no take_wanted
@@ -151,7 +152,7 @@ class WantingRunner(ScriptedRunner):
 
 
 def test_a_huge_product_is_walked_a_bounded_slice_a_step(
-    client: gs.Client, fake: FakeController
+    client: Client, fake: FakeController
 ) -> None:
     """3 dims x 30 gears: 27,000 variants, all deferred but the largest; each step looks at
     WARM_WALK of them at most, so the swap thread stays responsive (mutation caught: no bound
@@ -166,7 +167,7 @@ def test_a_huge_product_is_walked_a_bounded_slice_a_step(
 
 
 def test_wanted_captures_are_bounded_per_call_and_retried_when_they_fail(
-    client: gs.Client,
+    client: Client,
 ) -> None:
     dims = {"B": gs.Dim(gears=list(range(1, 31)), max=64)}
     prof = client.profile("p", dims)
@@ -187,7 +188,7 @@ def test_wanted_captures_are_bounded_per_call_and_retried_when_they_fail(
 
 
 def test_wanted_variants_are_held_at_most_max_held(
-    client: gs.Client, monkeypatch: pytest.MonkeyPatch
+    client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(warmup, "MAX_HELD", 3)
     prof = client.profile("p", LADDER)
@@ -201,7 +202,7 @@ def test_wanted_variants_are_held_at_most_max_held(
     assert (8,) in runner.captured
 
 
-def test_a_full_device_drops_the_wanted_variants(client: gs.Client) -> None:
+def test_a_full_device_drops_the_wanted_variants(client: Client) -> None:
     prof = client.profile("p", LADDER)
     runner = prof.attach(WantingRunner(LADDER, cap=3))
     settle(client, prof)
@@ -215,7 +216,7 @@ def test_a_full_device_drops_the_wanted_variants(client: gs.Client) -> None:
 
 
 def test_a_start_up_gear_that_becomes_the_largest_is_captured_at_adoption(
-    client: gs.Client, fake: FakeController
+    client: Client, fake: FakeController
 ) -> None:
     prof = client.profile("p", LADDER)
     runner = prof.attach(WantingRunner(LADDER))

@@ -16,8 +16,8 @@ import pytest
 from fakeclock import FakeClock
 
 import gearshift as gs
+from gearshift.worker import Client, Profile, warmup
 from gearshift.worker import profile as profile_module
-from gearshift.worker import warmup
 from gearshift.worker.warmup import RETRY_SECONDS, WARM_BATCH, largest_first
 from worker.fake_controller import FakeController
 
@@ -71,7 +71,7 @@ class ScriptedRunner:
         return None
 
 
-def settle(client: gs.Client, prof: gs.Profile, ticks: int = 10_000) -> int:
+def settle(client: Client, prof: Profile, ticks: int = 10_000) -> int:
     for n in range(1, ticks + 1):
         client._tick()
         if prof.settled:
@@ -89,7 +89,7 @@ def test_largest_first_yields_each_combination_once_after_all_that_cover_it() ->
 
 
 def test_the_warm_up_captures_every_variant_after_all_that_cover_it(
-    client: gs.Client, fake: FakeController
+    client: Client, fake: FakeController
 ) -> None:
     """Largest first, asserted on what the runner is asked: the largest combination first,
     and no variant before one that covers it (>= on every dim), also for a new gear's plan
@@ -114,7 +114,7 @@ def test_the_warm_up_captures_every_variant_after_all_that_cover_it(
     check(runner.asked, 9)
 
 
-def test_a_new_gear_plans_only_its_combinations(client: gs.Client, fake: FakeController) -> None:
+def test_a_new_gear_plans_only_its_combinations(client: Client, fake: FakeController) -> None:
     prof = client.profile("p", DIMS, lazy_start=False)
     runner = prof.attach(ScriptedRunner(DIMS))
     ticks = settle(client, prof)
@@ -138,7 +138,7 @@ def test_a_new_gear_plans_only_its_combinations(client: gs.Client, fake: FakeCon
 
 
 def test_a_failed_capture_is_retried_later_and_counted(
-    client: gs.Client, fake: FakeController
+    client: Client, fake: FakeController
 ) -> None:
     dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=8)}
     prof = client.profile("p", dims, lazy_start=False)
@@ -157,7 +157,7 @@ def test_a_failed_capture_is_retried_later_and_counted(
 
 
 def test_a_capture_that_always_fails_backs_off_1_2_4_s_then_waits_for_new_gears(
-    client: gs.Client, fake: FakeController
+    client: Client, fake: FakeController
 ) -> None:
     """Tried RETRY_ATTEMPTS times, 1, 2 then 4 s apart on the fake clock, then not at all until
     the gears change, then again (mutations caught: `<=` for `<` in the attempts bound, waits
@@ -190,7 +190,7 @@ def test_a_capture_that_always_fails_backs_off_1_2_4_s_then_waits_for_new_gears(
 
 
 def test_a_capture_failing_on_every_retry_is_logged_once_with_its_reason(
-    client: gs.Client, fake: FakeController, caplog: pytest.LogCaptureFixture
+    client: Client, fake: FakeController, caplog: pytest.LogCaptureFixture
 ) -> None:
     class Failing(ScriptedRunner):
         def capture(self, variants: Iterable[Mapping[str, int]]) -> int:
@@ -210,7 +210,7 @@ def test_a_capture_failing_on_every_retry_is_logged_once_with_its_reason(
 
 
 def test_a_full_device_stops_the_plan_once_and_still_settles(
-    client: gs.Client, fake: FakeController, caplog: pytest.LogCaptureFixture
+    client: Client, fake: FakeController, caplog: pytest.LogCaptureFixture
 ) -> None:
     dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8], max=8), "SEQLEN": gs.Dim(gears=[1, 2], max=8)}
     prof = client.profile("p", dims, lazy_start=False)
@@ -228,7 +228,7 @@ def test_a_full_device_stops_the_plan_once_and_still_settles(
 
 
 def test_adopt_builds_the_new_gears_in_use_outside_the_request_lock(
-    client: gs.Client, fake: FakeController, monkeypatch: pytest.MonkeyPatch
+    client: Client, fake: FakeController, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prof = client.profile("p", {"BATCHSIZE": gs.Dim(gears=[1, 2, 4], max=8)})
     built = threading.Event()
@@ -263,7 +263,7 @@ def test_adopt_builds_the_new_gears_in_use_outside_the_request_lock(
 
 
 def test_a_plan_the_cap_stopped_resumes_when_a_release_after_its_grace_makes_room(
-    client: gs.Client, fake: FakeController
+    client: Client, fake: FakeController
 ) -> None:
     dims = {"BATCHSIZE": gs.Dim(gears=[1, 2, 4, 8], max=8), "SEQLEN": gs.Dim(gears=[1, 2], max=8)}
     prof = client.profile("p", dims, lazy_start=False)

@@ -65,7 +65,7 @@ from gearshift.controller.ingest import Batch
 from gearshift.controller.slots import Lag, Slots, Worker
 from gearshift.core.config import PolicyConfig
 from gearshift.core.round import DeviceLedger, ProfileLedger
-from gearshift.core.seed import gear_stats
+from gearshift.core.rules import gear_stats
 from gearshift.errors import GearshiftError, LayoutError, PayloadError
 from gearshift.shm import SlotInfo, SnapshotRegion, names
 

@@ -17,10 +17,11 @@ from typing import Any
 
 from gearshift.errors import ConfigError
 
-POLICY_MODES = ("plan", "seed")
+POLICY_MODES = ("plan", "rules")
+RENAMED_MODES = {"seed": "rules"}  # refused, naming the new value
 MODE_DEFAULTS = {
-    "seed": {"window_seconds": 300.0, "half_life_seconds": 150.0,
-             "update_interval_seconds": 300.0, "check_interval_seconds": 60.0},
+    "rules": {"window_seconds": 300.0, "half_life_seconds": 150.0,
+              "update_interval_seconds": 300.0, "check_interval_seconds": 60.0},
     # The planner reads more history (its placements are exact, so noise is what limits them)
     # and decides every 15 s: a burst or a drift gets its gears within seconds, and a round
     # that changes nothing costs no snapshot.
@@ -42,7 +43,7 @@ class PolicyConfig:
     silent, its reference implementation's.
 
     `policy_mode` "plan" (default) places gears at the padded-work optimum (docs/policy.md);
-    "seed" is the original rules one by one. The `plan_*` keys only apply to "plan";
+    "rules" applies the original rules one by one. The `plan_*` keys only apply to "plan";
     `plan_history_seconds` is the horizon of a second, slower histogram of the same events,
     which the plan reads beside the window's at `plan_history_weight` of its weight. Priced
     (measured costs given), a gear added must save its captures within `plan_payback_seconds`
@@ -85,6 +86,9 @@ class PolicyConfig:
     graph_memory_floor_ratio: float | None = 0.005
 
     def __post_init__(self) -> None:
+        if self.policy_mode in RENAMED_MODES:
+            raise ConfigError("policy_mode", f"{self.policy_mode!r} was renamed"
+                              f" {RENAMED_MODES[self.policy_mode]!r}")
         if self.policy_mode not in POLICY_MODES:
             raise ConfigError("policy_mode",
                               f"{self.policy_mode!r} is not one of {', '.join(POLICY_MODES)}")

@@ -4,7 +4,7 @@ One round per dim, against the window's decayed histogram. Work is the Dim's `wo
 `cost` polynomial: by default the size itself); R, the decayed raw work (sum of weight x
 work(value)), is the unit of every threshold, so a threshold reads as padding points, and
 every placement minimises padded work: elements by default, compute with a quadratic cost.
-The largest gear is kept, as in seed mode: no step evicts or replaces it; only the cover
+The largest gear is kept, as in rules mode: no step evicts or replaces it; only the cover
 rule moves the top of the set, up (the former largest then becomes an ordinary gear).
 
 1. cover: `add_min_samples` events or more over the largest gear add a largest gear at their

@@ -2,8 +2,8 @@
 
 One round per profile: each dim is decided on its own, by the rules of `config.policy_mode`:
 "plan" moves the gears toward the padded-work optimum of the decayed histogram
-(`gearshift.core.planner`), "seed" applies the original rules one by one
-(`gearshift.core.seed`). No clock, I/O, threads or torch; docs/policy.md gives the rules and
+(`gearshift.core.planner`), "rules" applies the original rules one by one
+(`gearshift.core.rules`). No clock, I/O, threads or torch; docs/policy.md gives the rules and
 where they come from.
 """
 
@@ -17,7 +17,7 @@ from gearshift.core.costs import Prices, spent
 from gearshift.core.dims import Dim
 from gearshift.core.gears import Decision, DimGears, GearChange, apply
 from gearshift.core.planner import plan_steps
-from gearshift.core.seed import seed_round
+from gearshift.core.rules import rules_round
 from gearshift.core.stats import Histogram
 
 
@@ -43,7 +43,7 @@ def decide(dims: Mapping[str, Dim], gears: Mapping[str, DimGears],
     """One decision round for one profile; dims are decided independently.
     `history` holds the plan's longer horizon of each dim (`PolicyConfig.history`), which plan
     mode blends into the window's; without it, plan mode reads the window alone. A dim with
-    `prices` is decided priced in plan mode (`planner.plan_steps`); seed mode ignores them.
+    `prices` is decided priced in plan mode (`planner.plan_steps`); rules mode ignores them.
     The bytes headroom is the profile's: each dim gets what the dims before it left.
     A dim whose window holds fewer than `min_window_events` events keeps its gears (no
     addition, eviction or protection) unless memory pressure calls for a round."""
@@ -68,7 +68,7 @@ def decide(dims: Mapping[str, Dim], gears: Mapping[str, DimGears],
                 left = priced.headroom - spent({name: priced}, gears, new_gears)
                 prices = {d: replace(p, headroom=left) for d, p in prices.items()}
         else:
-            out = seed_round(name, dim, state, hist, pressure, note, now, config)
+            out = rules_round(name, dim, state, hist, pressure, note, now, config)
             new_gears[name] = apply(state, out, now, config)
         changes += out
     return Decision(new_gears, tuple(changes))

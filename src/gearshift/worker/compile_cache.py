@@ -4,7 +4,7 @@
 (default `~/.cache/gearshift/<namespace>`) and, inside it, `inductor/` (Inductor's on-disk
 caches: `TORCHINDUCTOR_CACHE_DIR` is set to it unless the environment already names one, which
 is then kept; the default that importing Inductor writes there is no one's choice and is
-replaced) and `locks/` (a lock file per compiled shape, `graphs.compiled`). Every level
+replaced) and `locks/` (a lock file per compiled shape, `graphs.torchcompile`). Every level
 from `gearshift/` down is opened without following a symlink (relative to its parent's
 descriptor) and must be a directory owned by this user that no one else may write: another
 user's files in it could be loaded as compiled code. Anything else raises StateError naming

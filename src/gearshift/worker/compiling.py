@@ -1,15 +1,15 @@
 """`gs.compile`: a function or module on adaptive, compiled gears in one call.
 
 `compile(fn, dims, inputs)` connects to the namespace of the environment (`GEARSHIFT_NAMESPACE`,
-else `default`), makes a profile (named after `fn` unless `name=`) and returns a `Compiled`:
+else `default`), makes a profile (named after `fn` unless `name=`) and returns a `CompiledModel`:
 call it as `fn` (positional arguments bind to `inputs` in their order, keywords by name). Its
 first call gives the example (static sizes and dtypes) unless `example=` did, and attaches a
-`CompiledRunner` (`graphs.compiled`: each gear combination its own static-shape compile,
+`CompiledRunner` (`graphs.torchcompile`: each gear combination its own static-shape compile,
 made by the client's swap thread, never on the request path), its compiles shared by the
 namespace's workers on the node through one cache (`worker.compile_cache`).
 
 The compiles of one process share one client per (namespace, device, embedded), counted: the
-last `Compiled.close()` of a client closes it (a client passed as `client=` is the caller's,
+last `CompiledModel.close()` of a client closes it (a client passed as `client=` is the caller's,
 never closed here).
 
 A profile belongs to one function (`Names`): on one client, a second, different function (a
@@ -17,7 +17,7 @@ draft and a target model of one class) gets a profile of its own, named after it
 suffix (`LlamaForCausalLM.2`, `.3`, ... in the order of the calls, so that workers making them
 in the same order share them and `gearshift status` tells them apart), logged; an explicit
 `name=` that another function holds is refused (ConfigError), since the caller chose it. One
-function compiled twice shares its profile. A name is free again once its last `Compiled` is
+function compiled twice shares its profile. A name is free again once its last `CompiledModel` is
 closed. Why not refuse both: the twin case is the ordinary one (speculative decoding), and a
 derived name was never the caller's choice.
 """
@@ -49,7 +49,7 @@ MAX_TWINS = 64  # suffixes tried for a derived profile name
 
 
 class Names:
-    """Which function holds each profile name of one client (and how many `Compiled` use it):
+    """Which function holds each profile name of one client (and how many `CompiledModel` use it):
     a profile belongs to one function."""
 
     def __init__(self) -> None:
@@ -97,7 +97,7 @@ class Names:
 _names: weakref.WeakKeyDictionary[Client, Names] = weakref.WeakKeyDictionary()
 
 
-class Compiled:
+class CompiledModel:
     """`fn` on the adaptive gears of `profile` (of `client`): call it as `fn`. `runner` is
     None until the first call (or an `example`) attaches it. `close()` lets go of the
     client."""
@@ -163,10 +163,13 @@ def compile(
     group: Group | None = None,
     shared_cache: bool = True,
     **transform_options: Any,
-) -> Compiled:
+) -> CompiledModel:
     """`fn` (a function or module) on adaptive gears of `dims`, each gear combination a
     static-shape `torch.compile(fn, dynamic=False, mode=, options=, backend=)`. `inputs` binds
-    input axes to dims as `Profile.runner`'s do (`transform_options`: `symbols=`, `outputs=`);
+    each input's axes to symbols (`{"x": ("S", None)}`: x's axis 0 is on `SEQLEN`, its axis 1
+    static), as `Profile.runner`'s do: a symbol is a dim's own name, or `B` / `S`, short for
+    `BATCHSIZE` / `SEQLEN` when the profile has that dim (`graphs.transform.DEFAULT_SYMBOLS`;
+    `symbols=` replaces that map; `transform_options`: `symbols=`, `outputs=`, `lengths=`);
     `example` (default: the first call's tensors) gives static sizes and dtypes. The client is
     `client`, else a shared one of `namespace` (default: `GEARSHIFT_NAMESPACE`, else
     `default`) and accelerator `device` (`embedded`: see `connect`). `shared_cache`: the
@@ -185,7 +188,7 @@ def compile(
         profile_name = names_of.claim(fn, name)
         release = _both(functools.partial(names_of.release, profile_name), release)
         profile = client.profile(profile_name, dims, lazy_start=lazy_start, group=group)
-        compiled = Compiled(client, profile, fn, inputs, options, release)
+        compiled = CompiledModel(client, profile, fn, inputs, options, release)
         if example is not None:
             compiled.attach(example)
     except BaseException:

@@ -1,8 +1,8 @@
 """The two lifecycles of the worker side, as transition tables: {(state, event): next state}.
 
 `advance(table, state, event)` is the only way the code moves one of these states (a
-`Machine` holds one under a lock): an event the table does not list for the state raises
-StateError (a bug, never a user's error).
+`Machine` holds one under a lock; `Machines`, one per key, such as a profile's variants): an
+event the table does not list for the state raises StateError (a bug, never a user's error).
 
 A client (`session.Client.state`), from NO_CONTROLLER:
 
@@ -35,13 +35,17 @@ A variant's graph (one gear per dim of a profile; `warmup.WarmUp.state`), from R
     wanted     release   released   a gear of it left the gears in use before its capture
     failed     release   released   ... after a failed capture: it leaves the backoff table
 
-Capturing lasts one call on the swap thread; no other state of a graph is ever skipped.
+Capturing lasts one call on the swap thread; no other state of a graph is ever skipped. The
+warm-up holds these states (`WarmUp.graphs`, a `Machines`) and moves them by these events;
+"wanted" and "released" are its resting states, not stored: a variant it holds no state of
+is wanted while the gears in use hold it, else released (the product of the gears is never
+enumerated).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 
 from gearshift.errors import StateError
 
@@ -95,3 +99,30 @@ class Machine:
     def advance(self, event: str) -> None:
         with self.lock:
             self.state = advance(self.table, self.state, event)
+
+
+class Machines:
+    """The states in `table` of many keys, each moved by `advance` only (one thread: no lock).
+    A key at rest (in `rest`) is not stored, so what rests costs nothing: the caller says
+    which resting state a key not stored is in (default `rest[0]`)."""
+
+    def __init__(self, table: Table, rest: tuple[str, ...]) -> None:
+        self.table, self.rest = table, rest
+        self._states: dict[Hashable, str] = {}
+
+    def state(self, key: Hashable, resting: str | None = None) -> str:
+        return self._states.get(key, resting or self.rest[0])
+
+    def advance(self, key: Hashable, event: str, resting: str | None = None) -> str:
+        """Move `key` by `event` from its state (`resting`, for a key not stored); StateError,
+        moving nothing, if the table has no such transition."""
+        new = advance(self.table, self.state(key, resting), event)
+        if new in self.rest:
+            self._states.pop(key, None)
+        else:
+            self._states[key] = new
+        return new
+
+    def keys(self, state: str) -> list[Hashable]:
+        """The stored keys in `state`."""
+        return [k for k, s in self._states.items() if s == state]

@@ -165,7 +165,7 @@ class Profile(Router):
         static-shape `torch.compile(fn, dynamic=False, mode=, options=, backend=)`, compiled by
         the swap thread; `lock_dir`: its per-shape locks), with the bindings, example,
         options and refusals of `runner()`; attached. Imports torch."""
-        from gearshift.graphs.compiled import CompiledRunner
+        from gearshift.graphs.torchcompile import CompiledRunner
         from gearshift.graphs.transform import Transform
 
         transform = Transform(fn, self.dims, inputs, **transform_options)

@@ -29,8 +29,11 @@ things:
   per reason (the traceback at debug level) and retried after RETRY_SECONDS (1 s, doubling, at
   most 60 s), RETRY_ATTEMPTS times, then not until a new state in use resets its attempts.
 
-A variant's graph follows `lifecycle.GRAPH` (wanted, capturing, ready, failed, released);
-`state` says where one is.
+A variant's graph follows `lifecycle.GRAPH` (wanted, capturing, ready, failed, released),
+held in `graphs` (a `lifecycle.Machines`: capturing, ready and failed stored, moved only by the
+table's events, so that an event out of order raises StateError); `state` says where one is.
+A graph the runner let go (a release after its grace, `released`, or a runner replaced) leaves
+"ready" at the next step, or at its next capture.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from dataclasses import dataclass
 from gearshift.core.dims import Dim, Gears, Variant
 from gearshift.worker import lifecycle
 from gearshift.worker.interfaces import NsClock, Runner
-from gearshift.worker.lifecycle import CAPTURING, FAILED, GRAPH, READY, RELEASED, WANTED
+from gearshift.worker.lifecycle import GRAPH, READY, RELEASED, WANTED
 
 log = logging.getLogger(__name__)
 WARM_BATCH = 8  # variants captured per step: the swap thread stays responsive
@@ -118,8 +121,10 @@ class WarmUp:
         self.name, self.dims, self.clock = name, tuple(dims), clock
         self.startup = StartupGears(dims, lazy)
         self.stats = {"capture_failures": 0, "capture_retries": 0, "graph_limits": 0}
+        self.graphs = lifecycle.Machines(GRAPH, (RELEASED, WANTED))
         self._walk: _Walk | None = None
-        self._backoff: dict[Variant, tuple[int, int]] = {}  # failed: (attempts, due ns)
+        self._runner: Runner | None = None  # the runner of the last step
+        self._backoff: dict[Variant, tuple[int, int]] = {}  # the failed: (attempts, due ns)
         self._failure = ""  # the reason of the last capture failure logged
 
     def settled(self, in_use: object) -> bool:
@@ -127,19 +132,17 @@ class WarmUp:
         walk = self._walk
         return walk is not None and walk.in_use is in_use and walk.done and not self.startup.wanted
 
-    def state(self, runner: Runner, gears: Mapping[str, Gears], variant: Variant) -> str:
+    def state(self, gears: Mapping[str, Gears], variant: Variant) -> str:
         """Where the graph of `variant` is in `lifecycle.GRAPH`, between steps (`gears`: the
-        gears in use)."""
-        if variant in runner.ready():
-            return READY
-        if variant in self._backoff:
-            return FAILED
-        return WANTED if _holds(gears, variant) else RELEASED
+        gears in use; a variant at rest is wanted while they hold it)."""
+        return self.graphs.state(variant, WANTED if _holds(gears, variant) else RELEASED)
 
     def step(self, runner: Runner, in_use: object, gears: Mapping[str, Gears],
              released: int) -> None:
         """Capture the next few variants of `in_use` (its `gears`); `released`: how many graphs
         the releases due before this step freed (room again for a walk a full device stopped)."""
+        if released or runner is not self._runner:
+            self._let_go(runner)
         walk = self._walk
         if walk is None or walk.in_use is not in_use or (released and walk.full):
             walk = self._walk = self._start(runner, in_use, gears, walk)
@@ -149,13 +152,20 @@ class WarmUp:
             self._retry(runner, walk)
             self._capture_wanted(runner, walk)
 
+    def _let_go(self, runner: Runner) -> None:
+        """The ready graphs `runner` no longer holds are released."""
+        self._runner, ready = runner, set(runner.ready())
+        for variant in self.graphs.keys(READY):
+            if variant not in ready:
+                self.graphs.advance(variant, "release")
+
     def _start(self, runner: Runner, in_use: object, gears: Mapping[str, Gears],
                last: _Walk | None) -> _Walk:
         """A new walk, done at once if the `last` one went through the same gears and
         deferred the same; the failed variants the gears in use hold start their attempts
         over, the others leave the backoff table (their gear left)."""
         for variant in [v for v in self._backoff if not _holds(gears, v)]:
-            lifecycle.advance(GRAPH, FAILED, "release")
+            self.graphs.advance(variant, "release")
             del self._backoff[variant]
         self._backoff = dict.fromkeys(self._backoff, (0, 0))
         walk = _Walk(in_use, gears, largest_first(gears), self.startup.deferred(gears, runner))
@@ -219,14 +229,16 @@ class WarmUp:
                 self.name, why, math.prod(map(len, walk.gears.values())), dict(walk.gears))
             return 0
         failed = self._backoff.get(variant)
-        lifecycle.advance(GRAPH, WANTED if failed is None else FAILED, "capture")
+        if self.graphs.state(variant) == READY:  # the runner let it go since the last step
+            self.graphs.advance(variant, "release")
+        self.graphs.advance(variant, "capture", WANTED)
         try:
             done = runner.capture([dict(zip(self.dims, variant, strict=True))])
         except Exception as e:
-            lifecycle.advance(GRAPH, CAPTURING, "failed")
+            self.graphs.advance(variant, "failed")
             self._failed(variant, 1 + (failed or (0, 0))[0], e)
             return 0
-        lifecycle.advance(GRAPH, CAPTURING, "captured")
+        self.graphs.advance(variant, "captured")
         self._backoff.pop(variant, None)
         return done
 

@@ -7,14 +7,14 @@ import os
 
 from click.testing import CliRunner
 
-from gearshift.tools.bench.hotpath import DIMS, SeedRouter, command
+from gearshift.tools.bench.hotpath import DIMS, ReferenceRouter, command
 
 
-def test_the_seed_baseline_records_one_sample_per_dim_in_its_gears_state() -> None:
-    seed = SeedRouter(DIMS)
-    assert seed.route(BATCHSIZE=130, SEQLEN=700) == {"BATCHSIZE": (64, 64, 2), "SEQLEN": (1024,)}
-    assert set(seed._states) == {"BATCHSIZE:64", "SEQLEN:1024"}
-    (sample,) = seed._states["BATCHSIZE:64"].samples
+def test_the_reference_baseline_records_one_sample_per_dim_in_its_gears_state() -> None:
+    ref = ReferenceRouter(DIMS)
+    assert ref.route(BATCHSIZE=130, SEQLEN=700) == {"BATCHSIZE": (64, 64, 2), "SEQLEN": (1024,)}
+    assert set(ref._states) == {"BATCHSIZE:64", "SEQLEN:1024"}
+    (sample,) = ref._states["BATCHSIZE:64"].samples
     assert (sample.raw, sample.pad, sample.split) == (130, 0.0, (130 - 64) / 130)
 
 

@@ -100,7 +100,7 @@ def test_a_figure_over_runs_shows_its_median_and_range_and_its_run_by_run_ratio(
     assert fold_4ki[1] == "9.00 M/s" and fold_4ki[3] == "9.00x"  # no run-by-run ratio: medians
     assert [r[0] for r in rounds] == [
         "decision round, plan mode, 1e4 events in the window",
-        "decision round, seed mode, 1e4 events in the window",
+        "decision round, rules mode, 1e4 events in the window",
         "decision round, plan mode, 1e6 events in the window",
     ]
     assert rounds[2][2] == "reference round, run_once (extrapolated): 1,000 ms"

@@ -1,5 +1,5 @@
 """`gearshift bench simulate`: plan mode on every shipped trace against both power-of-two
-ladders, seed mode at both cadences and the hindsight optimum; the report table."""
+ladders, rules mode at both cadences and the hindsight optimum; the report table."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from gearshift.tools.bench.simulate import command, markdown, pow2_ceil_gears
 from gearshift.tools.trace import Trace, load_trace
 
 # The dims where plan mode misses issue 7's goal (plan / optimum <= 1.25 at the rounded gear
-# count), as docs/benchmarks.md ("Plan mode against pow2, seed mode and the optimum") names them:
+# count), as docs/benchmarks.md ("Plan mode against pow2, rules mode and the optimum") names them:
 # exactly these, no others.
 MISSED = {("azure_conv_batched", "SEQLEN"), ("azure_conv_prefill", "SEQLEN")}
 
@@ -46,7 +46,7 @@ def test_plan_mode_on_every_shipped_trace(monkeypatch: pytest.MonkeyPatch) -> No
             assert best["k"] == round(plan["mean_gears"]) == round(best["mean_gears"])
             # the ladder that ends where plan mode starts pads no more than the one above it
             assert r["pow2"]["padding_overhead"] <= r["pow2_ceil"]["padding_overhead"], where
-            # plan mode pads less than pow2 and than seed mode at either cadence
+            # plan mode pads less than pow2 and than rules mode at either cadence
             pad = plan["padding_overhead"]
             assert pad < r["pow2"]["padding_overhead"], where
             assert pad < min(r["seed"]["padding_overhead"], r["seed_60"]["padding_overhead"])

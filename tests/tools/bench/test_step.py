@@ -40,7 +40,7 @@ def test_bench_reports_every_arm_and_leaves_no_segment() -> None:
                                                for c in ("live", "quiet", "adopting"))):
         assert data[f"{arm}_wall_us"] > 0 and data[f"{arm}_cpu_us"] > 0, arm
     assert len(data["runner_live_minus_static_cpu_us_range"]) == 2
-    # model(x) reaches the replay in three gearshift frames: Compiled.__call__, Profile.run,
+    # model(x) reaches the replay in three gearshift frames: CompiledModel.__call__, Profile.run,
     # AdaptiveRunner.run; profile.run in two
     assert data["compile_gearshift_frames_at_replay"] == 3
     assert data["runner_gearshift_frames_at_replay"] == 2

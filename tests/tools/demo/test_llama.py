@@ -24,6 +24,7 @@ from gearshift.controller import embedded
 from gearshift.controller.config import ControllerConfig
 from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
+from gearshift.graphs import AdaptiveRunner, Transform
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.tools.demo import arm, worker
@@ -44,10 +45,10 @@ def model() -> ll.Llama:
     return ll.Llama(ll.LlamaShape(positions=512, context=16))
 
 
-def runner(model: ll.Llama, profile: str, dims: dict[str, Dim]) -> gs.AdaptiveRunner:
+def runner(model: ll.Llama, profile: str, dims: dict[str, Dim]) -> AdaptiveRunner:
     fn, inputs, example, outputs = ll.bindings(model, profile)
-    transform = gs.Transform(fn, dims, inputs, outputs=outputs)
-    r = gs.AdaptiveRunner(transform, example, pool=GraphResourcePool(CpuBackend()))
+    transform = Transform(fn, dims, inputs, outputs=outputs)
+    r = AdaptiveRunner(transform, example, pool=GraphResourcePool(CpuBackend()))
     gear_dim, = dims
     r.capture([{gear_dim: g} for g in dims[gear_dim].initial_gears])
     return r

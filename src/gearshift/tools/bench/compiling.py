@@ -27,6 +27,7 @@ from typing import Any
 import click
 
 from gearshift.clikit import json_option
+from gearshift.graphs import Transform
 from gearshift.tools.bench.cli import echo_result
 
 WORKER = "from gearshift.tools.bench.compiling import worker; worker()"
@@ -42,15 +43,15 @@ def worker() -> None:
 
     import gearshift as gs
     from gearshift.graphs.backends import CpuBackend
-    from gearshift.graphs.compiled import CompiledRunner
     from gearshift.graphs.pool import GraphResourcePool
+    from gearshift.graphs.torchcompile import CompiledRunner
     from gearshift.tools.demo.block import Model
     from gearshift.tools.demo.workload import WIDTH
 
     gear, lock_dir = int(sys.argv[1]), sys.argv[2] or None
     model = Model()
     dims = {"SEQLEN": gs.Dim(gears=[gear], max=gear)}
-    transform = gs.Transform(model.forward, dims, {"x": ("S", None)}, outputs=("S", None))
+    transform = Transform(model.forward, dims, {"x": ("S", None)}, outputs=("S", None))
     runner = CompiledRunner(transform, {"x": torch.zeros(1, WIDTH)},
                             pool=GraphResourcePool(CpuBackend()), lock_dir=lock_dir)
     print("ready", flush=True)

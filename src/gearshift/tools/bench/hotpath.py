@@ -6,9 +6,9 @@ in a private namespace. Timed in batches, each batch's ring drained untimed afte
 every event is really written; figures are medians of per-call batch means.
 
 Baseline, measured in the same run, interleaved batch by batch: the single-process design
-gearshift replaced (the "seed"): a clone-on-read copy of the gear snapshot per request, the
-same gear lookup, and, under the sample lock, one sample object per dim appended to its gear's
-state.
+gearshift replaced (the reference, torch_npu's, as `bench/reference.py` ports its round): a
+clone-on-read copy of the gear snapshot per request, the same gear lookup, and, under the
+sample lock, one sample object per dim appended to its gear's state.
 
 Where the route's time goes, in the same batches: `Profile.record` (the same checks and one
 ring record, no version check, no lookup) and a call of a function that does nothing with the
@@ -45,7 +45,7 @@ SHAPE = {"BATCHSIZE": (2.5, 1.0), "SEQLEN": (6.0, 1.2)}  # log-normal mean and s
 
 @dataclass
 class GearSample:
-    """The seed's per-event sample of one dim."""
+    """The reference's per-event sample of one dim."""
 
     t: float
     raw: int
@@ -55,14 +55,14 @@ class GearSample:
 
 @dataclass
 class GearRuntimeState:
-    """The seed's per-gear state, keyed "DIM:gear"."""
+    """The reference's per-gear state, keyed "DIM:gear"."""
 
     samples: list[GearSample] = field(default_factory=list)
     last_used: float = 0.0
 
 
-class SeedRouter:
-    """The seed's in-process request path: clone the snapshot, look gears up, and record one
+class ReferenceRouter:
+    """The reference's in-process request path: clone the snapshot, look gears up, and record one
     sample per dim into its gear's state under the sample lock (`record_event`)."""
 
     def __init__(self, dims: dict[str, Dim]) -> None:
@@ -129,7 +129,8 @@ def _version_ns(version: Callable[[], int], calls: int) -> float:
 @json_option()
 def command(batches: int, batch: int, as_json: bool) -> None:
     """Median ns per `route` call, per `record` call, per call doing nothing, per snapshot
-    version check, and per request of the seed's in-process design, measured in the same run."""
+    version check, and per request of the reference's in-process design, measured in the same
+    run."""
     namespace = f"bench-hotpath-{os.getpid()}"
     registry = Registry.create(namespace, slots=1)
     region = SnapshotRegion.create(namespace, 0)
@@ -143,12 +144,12 @@ def command(batches: int, batch: int, as_json: bool) -> None:
         try:
             profile = client.profile("decode", DIMS)
             route, record = profile.route, profile.record
-            seed = SeedRouter(DIMS)
+            reference = ReferenceRouter(DIMS)
             requests = _requests(batch)
             for sizes in requests:  # both designs must plan every request alike
-                assert route(**sizes).chunks == seed.route(**sizes), sizes
+                assert route(**sizes).chunks == reference.route(**sizes), sizes
             ring.drain()
-            seed.drain()
+            reference.drain()
             mine, recorded, calls, theirs, checks = [], [], [], [], []
             for _ in range(batches):
                 mine.append(_batch_ns(route, requests))
@@ -156,8 +157,8 @@ def command(batches: int, batch: int, as_json: bool) -> None:
                 recorded.append(_batch_ns(record, requests))
                 ring.drain()
                 calls.append(_batch_ns(_call, requests))
-                theirs.append(_batch_ns(seed.route, requests))
-                seed.drain()
+                theirs.append(_batch_ns(reference.route, requests))
+                reference.drain()
                 checks.append(_version_ns(client.region.version, batch))
             assert ring.dropped == 0, "the ring overflowed: the timing would flatter route"
         finally:

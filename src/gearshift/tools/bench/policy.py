@@ -1,7 +1,7 @@
 """`gearshift bench policy`: folding events into DimStats, and one decision round vs events.
 
 Traffic: one profile, BATCHSIZE (1..256) and SEQLEN (1..8192) log-normal sizes, spread evenly
-over the plan window. A round (view + decide, plan mode and seed mode) is timed with N/100,
+over the plan window. A round (view + decide, plan mode and rules mode) is timed with N/100,
 N/10 and N events in the window. Baseline, measured in the same run: the reference design
 ported (`reference`: torch_npu's `_adaptive_gears.py`, its sample lists, its `record_event`
 and its whole round, `run_once`), with the same window, at M/10 and M events; its round is
@@ -26,7 +26,7 @@ from gearshift.core.config import PolicyConfig
 from gearshift.core.dims import Dim
 from gearshift.core.gears import starting_gears
 from gearshift.core.policy import decide
-from gearshift.core.seed import gear_stats
+from gearshift.core.rules import gear_stats
 from gearshift.core.stats import DimStats
 from gearshift.tools.bench.cli import echo_result
 from gearshift.tools.bench.reference import ReferenceRuntime, request_metadata
@@ -81,9 +81,9 @@ def _round(stats: dict[str, DimStats], now: float, config: PolicyConfig) -> obje
 
 
 def _seed_config(window: float) -> PolicyConfig:
-    """Seed mode, the reference's rules, on the same window (half-life: half of it, as the
+    """Rules mode, the reference's rules, on the same window (half-life: half of it, as the
     reference derives it)."""
-    return PolicyConfig(policy_mode="seed", window_seconds=window, half_life_seconds=window / 2)
+    return PolicyConfig(policy_mode="rules", window_seconds=window, half_life_seconds=window / 2)
 
 
 def reference(times: np.ndarray, values: dict[str, np.ndarray],
@@ -133,7 +133,7 @@ def _at(n: int) -> str:
               help="Runs of every figure (median and range).")
 @json_option()
 def command(n: int, m: int, batch: int, runs: int, as_json: bool) -> None:
-    """Fold N events per dim into DimStats; time a decision round (plan and seed mode) at
+    """Fold N events per dim into DimStats; time a decision round (plan and rules mode) at
     N/100, N/10 and N events against the reference design's round, ported, at M/10 and M."""
     config = PolicyConfig()
     now = config.window_seconds

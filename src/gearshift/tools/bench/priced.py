@@ -1,5 +1,5 @@
 """The priced part of `gearshift bench simulate`: every shipped trace in device seconds, at
-capture costs of CAPTURE_LEVELS seconds per gear, against pow2, seed mode, today's unpriced
+capture costs of CAPTURE_LEVELS seconds per gear, against pow2, rules mode, today's unpriced
 plan mode and the hindsight-optimal static set at equal mean gears, and at equal graph memory:
 priced mode runs under the default bound (`core.memory.bound`, in the bytes model of
 `memory_model`), against the optimal static set whose graphs fit it (`fitting_optimum`) and
@@ -94,7 +94,7 @@ def bench_priced(trace: Trace, levels: tuple[float, ...] = CAPTURE_LEVELS
     fixed = {
         "pow2": simulate(trace, policy_dims(trace, "pow2", cost=cost), PolicyConfig(),
                          adaptive=False, device=static),
-        "seed": simulate(trace, adaptive, PolicyConfig(policy_mode="seed"), device=once),
+        "seed": simulate(trace, adaptive, PolicyConfig(policy_mode="rules"), device=once),
         "plan": simulate(trace, adaptive, PolicyConfig(), device=once),
     }
     out: dict[str, dict[str, dict]] = {d: {} for d in trace.dims}

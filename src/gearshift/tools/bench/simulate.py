@@ -3,7 +3,7 @@
 Per trace and dim, all replayed here: `pow2`, the power-of-two ladder up to the trace's largest
 value M, and M (where the adaptive modes start: the same top), and `pow2_ceil`, the ladder up
 to the power of two above M (one gear higher, as a server configured in powers of two has it);
-seed mode deciding every 300 s (`seed`, its default) and every 60 s (`seed_60`, the reference
+rules mode deciding every 300 s (key `seed`, its default) and every 60 s (`seed_60`, the reference
 implementation's update interval), `seed_margin` the padding of the stronger of the two over
 plan mode's; plan mode; and the hindsight-optimal static set with as many gears as plan mode
 holds on average, rounded (`optimal.padding_overhead`) and interpolated between the two gear
@@ -12,7 +12,7 @@ optima, what a policy with that mean gear count could pad at best on stationary 
 rounding luck). Every ratio to the optimum is a padding-overhead ratio, plan / optimum (over 1:
 plan pads more): `ratio` at the rounded count (the goal: <= 1.25), `interpolated_ratio`, and
 `held_out_ratio`, both scored on the odd events with the optimum fitted on the even ones (a
-static set chosen in advance from the same traffic); `seed_ratio` is seed mode's (300 s) over
+static set chosen in advance from the same traffic); `seed_ratio` is rules mode's (300 s) over
 the optimum at its own mean gear count.
 """
 
@@ -88,16 +88,16 @@ def pow2_ceil_gears(trace: Trace) -> dict[str, Gears]:
 
 
 def bench_trace(name: str) -> dict[str, dict[str, object]]:
-    """Every dim of one trace: both pow2 ladders, seed mode at 300 and 60 s, plan mode, and
+    """Every dim of one trace: both pow2 ladders, rules mode at 300 and 60 s, plan mode, and
     the optimum at plan's mean gear count."""
     trace = load_trace(name)
     hours = trace.duration / 3600.0
     ceil = policy_dims(trace, "static", gears=pow2_ceil_gears(trace))
-    seed_60 = PolicyConfig(policy_mode="seed", update_interval_seconds=60.0)
+    seed_60 = PolicyConfig(policy_mode="rules", update_interval_seconds=60.0)
     runs = {
         "pow2": simulate(trace, policy_dims(trace, "pow2"), PolicyConfig(), adaptive=False),
         "pow2_ceil": simulate(trace, ceil, PolicyConfig(), adaptive=False),
-        "seed": simulate(trace, policy_dims(trace, "adaptive"), PolicyConfig(policy_mode="seed")),
+        "seed": simulate(trace, policy_dims(trace, "adaptive"), PolicyConfig(policy_mode="rules")),
         "seed_60": simulate(trace, policy_dims(trace, "adaptive"), seed_60),
         "plan": simulate(trace, policy_dims(trace, "adaptive"), PolicyConfig(policy_mode="plan")),
     }
@@ -149,10 +149,10 @@ def markdown(result: dict[str, object]) -> str:
 @click.option("--trace", "names", multiple=True, help="A shipped trace (default: all).")
 @json_option()
 def command(names: tuple[str, ...], as_json: bool) -> None:
-    """Replay the shipped traces under both pow2 ladders, seed mode (every 300 s and 60 s)
+    """Replay the shipped traces under both pow2 ladders, rules mode (every 300 s and 60 s)
     and plan mode; plan's padding against the hindsight optimum at its mean gear count (goal:
     ratio <= 1.25). Then in device seconds at capture costs of 0, 0.05, 0.5 and 5 s per gear:
-    priced plan mode against pow2, seed, unpriced plan and the optimum at equal mean gears;
+    priced plan mode against pow2, rules mode, unpriced plan and the optimum at equal mean gears;
     and at equal graph memory (priced under the default bound, the optimum that fits it)."""
     began = time.perf_counter()
     names = names or shipped_traces()

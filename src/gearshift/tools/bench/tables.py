@@ -74,7 +74,7 @@ def _policy(r: dict[str, Any]) -> list[Row]:
         base = base if base in r else f"{base}_extrapolated"
         label = "reference round, run_once" + (
             " (extrapolated)" if base.endswith("extrapolated") else "")
-        for mode, name in (("", "plan"), ("_seed", "seed")):
+        for mode, name in (("", "plan"), ("_seed", "rules")):
             specs.append((
                 f"decision round, {name} mode, {size} events in the window",
                 f"decide{mode}_ms_at_{size}", "ms", label, base, True,
@@ -193,7 +193,7 @@ def _hotpath(r: dict[str, Any]) -> list[Row]:
                 "Profile.route",
                 "route_ns_median",
                 "ns",
-                "seed's in-process design",
+                "reference's in-process design",
                 "baseline_inprocess_ns_median",
                 True,
             ),
@@ -233,7 +233,7 @@ def _optimal(r: dict[str, Any]) -> list[Row]:
 
 
 def _simulate(r: dict[str, Any]) -> list[Row]:
-    """Per trace and dim: plan mode's padding against both power-of-two ladders and seed mode
+    """Per trace and dim: plan mode's padding against both power-of-two ladders and rules mode
     at both cadences (baseline / plan, against the stronger one), and against the hindsight-
     optimal static set at its mean gear count, rounded and interpolated (plan / optimum)."""
 
@@ -255,7 +255,7 @@ def _simulate(r: dict[str, Any]) -> list[Row]:
                 (f"{where}, plan mode vs pow2", mode(d["plan"]),
                  f"pow2 to M (the start): {pow2:.1%} pad; to 2^k >= M: {ceil:.1%}",
                  f"{pow2 / pad:.2f}x"),
-                (f"{where}, plan mode vs seed mode", f"{pad:.1%} pad",
+                (f"{where}, plan mode vs rules mode", f"{pad:.1%} pad",
                  f"seed, every 300 s: {seed:.1%} pad; every 60 s: {seed_60:.1%}",
                  f"{d['seed_margin']:.2f}x"),
                 (f"{where}, plan mode vs hindsight (plan / optimum)", f"{pad:.1%} pad",

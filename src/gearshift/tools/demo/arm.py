@@ -27,8 +27,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-import gearshift as gs
+from gearshift import worker as gw
 from gearshift.core.dims import Dim, Gears, padded_work
+from gearshift.graphs import AdaptiveRunner, Transform
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.tools.demo import block
@@ -63,7 +64,7 @@ class Counted:
         return getattr(self._local, "tokens", 0)
 
 
-class Runner(gs.AdaptiveRunner):
+class Runner(AdaptiveRunner):
     """An AdaptiveRunner of a `Counted` model that adds up the CPU seconds and the tokens of
     its captures, their runs to time the new graphs included (captures and releases run on
     one thread at a time: the caller's, then the swap thread; requests may run meanwhile):
@@ -107,12 +108,12 @@ def runner_for(model: Model, dims: Mapping[str, Dim]) -> Runner:
 
 
 def binding(fn: Callable[..., Any], model: Model,
-            dims: Mapping[str, Dim]) -> tuple[gs.Transform, dict[str, torch.Tensor]]:
+            dims: Mapping[str, Dim]) -> tuple[Transform, dict[str, torch.Tensor]]:
     """`fn` bound as a runner of `model` binds it, `x` = [*dims, *features]; its example."""
     tail = features(model, dims)
     axes = (*dims, *(None for _ in tail))
     example = {"x": torch.zeros(*(1 for _ in dims), *tail)}
-    return gs.Transform(fn, dims, {"x": axes}, outputs=axes), example
+    return Transform(fn, dims, {"x": axes}, outputs=axes), example
 
 
 def variants(gears: Mapping[str, Gears]) -> list[dict[str, int]]:
@@ -135,7 +136,7 @@ def inputs(model: Model, dims: Mapping[str, Dim],
 # a request's bracket, entered as its padded work per dim and the route its runner replays
 # (None: the runner's own gears, the static arm)
 Route = Callable[[int, dict[str, int]],
-                 AbstractContextManager[tuple[Sequence[int], gs.Route | None]]]
+                 AbstractContextManager[tuple[Sequence[int], gw.Route | None]]]
 
 
 class Lane:
@@ -254,10 +255,10 @@ class _Routed:
 
     __slots__ = ("request", "sizes")
 
-    def __init__(self, request: AbstractContextManager[gs.Route], sizes: dict[str, int]) -> None:
+    def __init__(self, request: AbstractContextManager[gw.Route], sizes: dict[str, int]) -> None:
         self.request, self.sizes = request, sizes
 
-    def __enter__(self) -> tuple[list[int], gs.Route]:
+    def __enter__(self) -> tuple[list[int], gw.Route]:
         plan = self.request.__enter__()
         return [sum(plan.chunks[d]) or n for d, n in self.sizes.items()], plan
 
@@ -287,7 +288,7 @@ class AdaptiveArm(Arm):
     profile (`profiles`: name -> its dims and its rows' sizes) a profile of the client and a
     runner of a model of its own (`make`, `runner`)."""
 
-    def __init__(self, client: gs.Client,
+    def __init__(self, client: gw.Client,
                  profiles: Mapping[str, tuple[Mapping[str, Dim], Mapping[str, np.ndarray]]],
                  which: np.ndarray, local: np.ndarray,
                  report: Callable[[int, int, int], None] = lambda *_: None,
@@ -313,5 +314,5 @@ class AdaptiveArm(Arm):
             time.sleep(SETTLE_POLL)
 
 
-def _routed(profile: gs.Profile) -> Route:
+def _routed(profile: gw.Profile) -> Route:
     return lambda _, request: _Routed(profile.request(**request), request)

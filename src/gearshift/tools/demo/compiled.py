@@ -1,6 +1,6 @@
 """The demo's compile backend (`--backend compile`): each lane's runner compiles its model (torch).
 
-A `CompiledRunner` here is the compile backend's (`graphs.compiled`: each variant its own
+A `CompiledRunner` here is the compile backend's (`graphs.torchcompile`: each variant its own
 static-shape `torch.compile`) of the model's `forward`, its uncounted math: Dynamo would
 trace the token counter of `__call__` (a lock and a count). The tokens are counted outside
 the compiled code instead: each call of a variant's graph adds its static input's tokens to
@@ -28,14 +28,14 @@ from typing import Any
 import torch
 
 from gearshift.core.dims import Dim, Variant
-from gearshift.graphs import compiled
+from gearshift.graphs import torchcompile
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.tools.demo.arm import Model, Runner, binding
 from gearshift.worker import compile_cache
 
 
-class CompiledRunner(Runner, compiled.CompiledRunner):
+class CompiledRunner(Runner, torchcompile.CompiledRunner):
     """A demo `Runner` whose graphs are static-shape compiles of `model.forward`."""
 
     def __init__(self, model: Model, dims: Mapping[str, Dim], backend: str,

@@ -283,7 +283,7 @@ def boundaries() -> tuple[Boundary, ...]:
     long = st.text(min_size=1000, max_size=7000)  # what would not fit a reply, quoted whole
 
     literals = st.sampled_from(["0", "-1", "1", "3", "1e9", "1e300", "inf", "nan", "-inf", "0.001",
-                                "true", '"plan"', '"seed"', '"x"', "[1, 2]", "{a = 1}", "4096",
+                                "true", '"plan"', '"rules"', '"x"', "[1, 2]", "{a = 1}", "4096",
                                 "9223372036854775807", "64", "0.5"])
     toml = st.one_of(st.text(max_size=40), st.builds(
         lambda table, lines: (f"[{table}]\n" if table else "") + "".join(lines),

@@ -31,6 +31,7 @@ from gearshift.controller import status
 from gearshift.controller.footprint import footprint
 from gearshift.shm import Registry, SlotState, cleanup, ring
 from gearshift.tools.stress.target import WALL, Tally, serial
+from gearshift.worker import Client, Profile
 
 MODULE = "gearshift.tools.stress.faults"
 WAIT = 20.0  # seconds: the bound of every wait
@@ -138,7 +139,7 @@ def wait(condition: Callable[[], object], seconds: float = WAIT) -> bool:
     return True
 
 
-def route(prof: gs.Profile, count: int) -> None:
+def route(prof: Profile, count: int) -> None:
     for i in range(count):
         prof.route(SEQLEN=1 + i % 4000)
 
@@ -178,7 +179,7 @@ def _unfill() -> None:
 def worker_b(namespace: str) -> dict:
     """A worker of device 0 with no room for its ring: it serves, unrecorded; once the filler
     is gone it gets its ring at its next try and records."""
-    gs.Client.retry_interval = 0.1
+    Client.retry_interval = 0.1
     with gs.connect(namespace) as client:
         prof = client.profile("prefill", DIMS)
         route(prof, B_ROUTES)
@@ -193,8 +194,8 @@ def worker_c(namespace: str) -> dict:
     """A worker of device 1 (its ring fits): registering needs the device's snapshot region,
     which has no room; it serves on its initial gears, and registers at a later try once the
     filler is gone."""
-    gs.Client.retry_interval = 0.1
-    with gs.Client(namespace, 1, ring_capacity=C_RING) as client:
+    Client.retry_interval = 0.1
+    with Client(namespace, 1, ring_capacity=C_RING) as client:
         prof = client.profile("prefill", DIMS)
         found = {"slot": client.slot, "registered": prof.registered, "routed": 0}
         found["routed"] = sum(prof.route(SEQLEN=64).gears["SEQLEN"] == 64 for _ in range(100))

@@ -75,7 +75,7 @@ PROGRESS_SECONDS = 5.0  # a compile running longer is logged once meanwhile, and
 
 
 @dataclass(frozen=True)
-class Compile:
+class VariantCompile:
     """One variant compiled: its gears (dim -> gear), wall seconds of the compiling call,
     Inductor FX graph cache hits and misses meanwhile, whether it is one full graph, and the
     seconds it first waited for another process compiling the same shape (`lock_dir`)."""
@@ -139,13 +139,13 @@ class CompiledRunner(AdaptiveRunner):
             _refuse_own_graphs(self.backend.kind, compile_backend, mode, options)
         self.fullgraph = True  # until the first graph break
         self.graph_breaks: list[str] = []
-        self.compiles: deque[Compile] = deque(maxlen=MAX_COMPILES)
+        self.compiles: deque[VariantCompile] = deque(maxlen=MAX_COMPILES)
         self._compiled: weakref.WeakValueDictionary[Variant, Callable[..., Any]] = (
             weakref.WeakValueDictionary())
         self.lock_dir, self.lock_wait = lock_dir, lock_wait
         self.closed = False
         self.progress_after = PROGRESS_SECONDS  # a longer compile: logged once meanwhile
-        self._waited = 0.0  # by the capture under way, for its Compile record
+        self._waited = 0.0  # by the capture under way, for its VariantCompile record
         self.stats.update(compiles=0, compile_seconds=0.0, compile_cache_hits=0,
                           compile_cache_misses=0, graph_breaks=0, compile_wait_seconds=0.0)
 
@@ -281,8 +281,8 @@ class CompiledRunner(AdaptiveRunner):
         if seconds >= self.progress_after:
             log.info("compiled %s in %.1f s", what, seconds)
         hit, miss = (a - b for a, b in zip(_fxgraph_counts(), (hits, misses), strict=True))
-        self.compiles.append(Compile(dict(zip(self.names, gears, strict=True)), seconds, hit,
-                                     miss, self.fullgraph, self._waited))
+        self.compiles.append(VariantCompile(dict(zip(self.names, gears, strict=True)), seconds,
+                                            hit, miss, self.fullgraph, self._waited))
         self._compiled[gears] = fn
         with self._count_lock:
             s = self.stats

@@ -16,10 +16,11 @@ import torch
 
 import gearshift as gs
 from gearshift.errors import ConfigError
+from gearshift.graphs import Transform
 from gearshift.graphs import device as device_module
 from gearshift.graphs.backends import CpuBackend
-from gearshift.graphs.compiled import CompiledRunner
 from gearshift.graphs.pool import GraphResourcePool
+from gearshift.graphs.torchcompile import CompiledRunner
 from graphs.fake_device import FakeCuda
 
 H = 4
@@ -76,7 +77,7 @@ def fake(request: pytest.FixtureRequest) -> Iterator[tuple[FakeCuda, Any]]:
 
 def make(backend: Any, **options: Any) -> CompiledRunner:
     dims = {"SEQLEN": gs.Dim(gears=[4, 16], max=64, splittable=True)}
-    transform = gs.Transform(block, dims, inputs={"x": ("S", None)}, outputs=("S", None))
+    transform = Transform(block, dims, inputs={"x": ("S", None)}, outputs=("S", None))
     options.setdefault("compile_backend", "eager")
     return CompiledRunner(transform, {"x": torch.zeros(1, H)}, pool=GraphResourcePool(backend),
                           **options)

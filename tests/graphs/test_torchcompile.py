@@ -14,9 +14,10 @@ import torch
 from forked import reap
 
 import gearshift as gs
+from gearshift.graphs import Transform
 from gearshift.graphs.backends import CpuBackend
-from gearshift.graphs.compiled import CompiledRunner
 from gearshift.graphs.pool import GraphResourcePool
+from gearshift.graphs.torchcompile import CompiledRunner
 
 H = 4
 TOLERANCE = 1e-5  # absolute and relative, float32: Inductor may reorder a reduction
@@ -30,7 +31,7 @@ def block(x: torch.Tensor) -> torch.Tensor:
 
 def make(fn: object = block, gears: tuple[int, ...] = (4, 16), **options: object) -> CompiledRunner:
     dims = {"SEQLEN": gs.Dim(gears=list(gears), max=64, splittable=True)}
-    transform = gs.Transform(fn, dims, inputs={"x": ("S", None)}, outputs=("S", None))
+    transform = Transform(fn, dims, inputs={"x": ("S", None)}, outputs=("S", None))
     return CompiledRunner(transform, {"x": torch.zeros(1, H)},
                           pool=GraphResourcePool(CpuBackend()), **options)
 
@@ -89,7 +90,7 @@ def broken(x: torch.Tensor) -> torch.Tensor:
 
 def test_a_graph_break_is_reported_and_compiled_around(caplog: pytest.LogCaptureFixture) -> None:
     runner = make(broken, gears=(4, 8), compile_backend="eager")
-    with caplog.at_level(logging.WARNING, "gearshift.graphs.compiled"):
+    with caplog.at_level(logging.WARNING, "gearshift.graphs.torchcompile"):
         assert runner.capture([{"SEQLEN": 8}, {"SEQLEN": 4}]) == 2
     assert runner.graph_breaks and not runner.fullgraph
     assert runner.stats["graph_breaks"] >= 1
@@ -178,7 +179,7 @@ def test_a_python_side_effect_runs_eagerly_instead_of_failing_a_request(
     fullgraph raised FailOnRecompileLimitHit into the 5th request (plain torch.compile serves
     it). Now the compile finds it and the runner runs it eagerly, counting every request."""
     runner = make(counted, gears=(4, 8), compile_backend="eager")
-    with caplog.at_level(logging.WARNING, "gearshift.graphs.compiled"):
+    with caplog.at_level(logging.WARNING, "gearshift.graphs.torchcompile"):
         assert runner.capture([{"SEQLEN": 8}, {"SEQLEN": 4}]) == 0
     assert runner.refused is not None and "changes Python state" in runner.refused
     assert any("Keep such state outside fn" in r.getMessage() for r in caplog.records)
@@ -203,7 +204,7 @@ def test_a_long_compile_is_logged_once_with_its_shape_and_seconds(
 
     runner = make(elementwise, gears=(4, 8), compile_backend=slow)
     runner.progress_after = 0.1
-    with caplog.at_level(logging.INFO, "gearshift.graphs.compiled"):
+    with caplog.at_level(logging.INFO, "gearshift.graphs.torchcompile"):
         assert runner.capture([{"SEQLEN": 8}]) == 1
     lines = [r.getMessage() for r in caplog.records]
     (still,) = [line for line in lines if line.startswith("compiling ")]

@@ -1,4 +1,4 @@
-"""Seed mode: the per-gear statistics and the rules of the original policy, one by one.
+"""Rules mode: the per-gear statistics and the rules of the original policy, one by one.
 
 Per dim, against the gears at the start of the round: at most one eviction (zero-use first,
 then the lowest score, blocked and protected when the replacement loss is too high), then
@@ -114,9 +114,9 @@ def _aligned(dim: Dim, median: float) -> int | None:
     return dim.aligned(math.ceil(median)) if math.isfinite(median) else None
 
 
-def seed_round(name: str, dim: Dim, state: DimGears, hist: Histogram, pressure: bool,
+def rules_round(name: str, dim: Dim, state: DimGears, hist: Histogram, pressure: bool,
                 note: str, now: float, config: PolicyConfig) -> list[GearChange]:
-    """Seed mode on one dim: one eviction, then additions within the memory budget."""
+    """Rules mode on one dim: one eviction, then additions within the memory budget."""
     table = gear_stats(state.gears, hist, dim, config)
     out = _eviction(name, state, table, now, config)
     evicted = [c.gear for c in out if c.action == "evict"]
