@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -38,6 +39,13 @@ def compile_allowance(compiles: int, workers: int, cores: int | None = None) -> 
     compiled, side by side on those cores."""
     cores = cores or len(os.sched_getaffinity(0))
     return compiles * COMPILE_SECONDS * max(1, math.ceil(workers / cores))
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (an instance's process group meets there)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _worker(conn: Connection, index: int, *shared: Any) -> None:
