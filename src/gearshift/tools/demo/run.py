@@ -96,7 +96,7 @@ class Demo:
         self.origin = self.ctx.Value("d", 0.0)  # the adaptive arm's start (TraceClock)
         ports = tuple(free_port() for _ in range(workers)) if tp > 1 else ()  # an instance's
         self.processes = WorkerProcesses(self.ctx, (self.progress, self.queues, self.origin,
-                                                    (tp, ports)))
+                                                    (tp, ports)), tp)
         self.controller: EmbeddedController | None = None
 
     def run(self) -> dict[str, Any]:
