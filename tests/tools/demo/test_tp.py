@@ -19,7 +19,7 @@ from gearshift.tools.demo.lockstep import TOLERANCE
 from gearshift.tools.demo.table import table
 from gearshift.tools.demo.tp import tp_refusal
 
-from .test_cli import WAIT, assert_all_gone
+from .test_cli import ADAPTIVE, RESULT, RUN, WAIT, assert_all_gone
 from .test_cli import demo as demo_process
 from .test_llama import small_source
 
@@ -41,6 +41,19 @@ def test_tp_must_divide_the_heads_the_kv_heads_and_the_mlp_width() -> None:
 def test_a_bad_tp_is_refused_naming_the_option(args: list[str], said: str) -> None:
     out = CliRunner().invoke(main, ["demo", *args])
     assert out.exit_code == EXIT_USAGE and said in out.output, out.output
+
+
+def test_the_table_names_the_instances_and_the_checks_outside_gearshift() -> None:
+    check = {"steps": 2433, "differed": 0, "checked": 305, "mismatched": 0, "worst_error": 3e-7}
+    result = {**RESULT, "tp": 2, "workers": 2, "adaptive": {**ADAPTIVE, "lockstep": check},
+              "static": {**RUN, "lockstep": {**check, "worst_error": 2e-7}}}
+    text = table(result)
+    assert "2 instances of 2 tensor-parallel ranks" in text
+    lines = {line.split("  ")[0]: line.split() for line in text.splitlines()}
+    assert lines["tensor-parallel steps: gears differed"][-4:] == ["2,433:", "0", "2,433:", "0"]
+    checked = next(x for x in text.splitlines() if "outputs checked" in x).split()
+    assert checked[-8:] == ["305:", "0", "/", "3e-07", "305:", "0", "/", "2e-07"]
+    assert "tensor-parallel" not in table(RESULT) and "4 workers" in table(RESULT)  # --tp 1
 
 
 def test_tensor_parallel_llama_demo_agrees_on_every_step_and_matches_the_reference(
