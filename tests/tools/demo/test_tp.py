@@ -5,6 +5,9 @@ the driver's outputs checked against the unsharded model; and the refusals of a 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -13,13 +16,13 @@ from click.testing import CliRunner
 pytest.importorskip("transformers")
 
 from gearshift.cli import main
-from gearshift.clikit import EXIT_USAGE
+from gearshift.clikit import EXIT_ERROR, EXIT_USAGE
 from gearshift.tools.demo.llama import LlamaShape
 from gearshift.tools.demo.lockstep import TOLERANCE
 from gearshift.tools.demo.table import table
 from gearshift.tools.demo.tp import tp_refusal
 
-from .test_cli import ADAPTIVE, RESULT, RUN, WAIT, assert_all_gone
+from .test_cli import ADAPTIVE, RESULT, RUN, WAIT, assert_all_gone, session_processes
 from .test_cli import demo as demo_process
 from .test_llama import small_source
 
@@ -81,4 +84,23 @@ def test_tensor_parallel_llama_demo_agrees_on_every_step_and_matches_the_referen
     text = table(result)
     assert "1 instance of 2 tensor-parallel ranks" in text
     assert "tensor-parallel steps: gears differed" in text
+    assert_all_gone(proc, namespace)
+
+
+def test_a_rank_that_dies_ends_the_run_with_an_error_naming_it_and_leaves_nothing(
+    namespace: str
+) -> None:
+    proc = demo_process(namespace, "--model", "llama", "--tp", "2", "--workers", "1",
+                        "--seconds", "30")
+    assert proc.stderr is not None
+    deadline = time.monotonic() + WAIT
+    while "adaptive" not in proc.stderr.readline():  # both arms are running
+        assert time.monotonic() < deadline and proc.poll() is None
+    ranks = [pid for pid in session_processes(proc.pid) if pid != proc.pid and "spawn_main" in
+             Path(f"/proc/{pid}/cmdline").read_text()]
+    assert len(ranks) == 2, ranks  # the instance's two ranks (not the resource tracker)
+    os.kill(ranks[-1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == EXIT_ERROR, err
+    assert "error: demo worker" in err and "of instance 0)" in err, err
     assert_all_gone(proc, namespace)
