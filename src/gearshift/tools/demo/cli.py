@@ -136,6 +136,13 @@ def demo(
     timeline, each subsampled by the same k. The table then gives each profile's figures
     against static gears, and the figures over both. A source works with the block too.
 
+    --tp N (with --model llama) makes each worker an instance of N processes, the ranks of
+    one gloo process group, each running its shard of the Llama (heads split, all-reduces
+    inside each gear's function); rank 0 broadcasts each step's row, and in the adaptive arm
+    its plan and the captures and releases every rank runs in lockstep (a grouped profile and
+    `GroupRank` per rank). The table adds the steps whose gears differed across ranks
+    (all-gathered outside gearshift) and the outputs checked against the unsharded model.
+
     --backend compile makes each gear of both arms a static-shape torch.compile of the model
     (Inductor by default: `gs.compile`'s backend), compiled where graphs are captured. Both
     arms and every worker share one compile cache of the demo's own, with a lock per shape:
