@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 
 from gearshift.core.dims import Dim
-from gearshift.tools.demo.figures import overall, progress, run_figures, split, spreads
+from gearshift.tools.demo.figures import (
+    instances,
+    lockstep,
+    overall,
+    progress,
+    run_figures,
+    split,
+    spreads,
+)
 from gearshift.tools.demo.workload import Cost, Workload
 
 SEQ = Workload("p", {"SEQLEN": Dim(max=16)}, {"SEQLEN": np.array([16, 5])},
@@ -96,3 +104,23 @@ def test_progress_adds_up_the_workers() -> None:
     p = progress("adaptive", 1.5, [3, 30, 40, 2, 10, 20], 9, {"SEQLEN": 4}, 7)
     assert (p.done, p.total, p.version, p.gears) == (5, 9, 7, {"SEQLEN": 4})
     assert p.padding == pytest.approx(60 / 40 - 1)
+
+
+def test_an_instance_counts_its_drivers_requests_once_and_every_ranks_cpu() -> None:
+    driver, follower = lane(3, 30, 40, busy=1.0, cpu=0.5, capture_cpu=0.2), \
+        lane(3, 30, 40, busy=1.5, cpu=0.7, capture_cpu=0.3)
+    reports = [{"p": driver}, {"p": follower}, {"p": driver}, {"p": follower}]
+    assert instances(reports, 1) == reports
+    two = instances(reports, 2)
+    assert len(two) == 2 and two[0] == two[1]
+    one = two[0]["p"]
+    assert (one["requests"], one["useful"], one["padded"], one["busy_seconds"]) == (3, 30, 40, 1.0)
+    assert one["busy_cpu"] == pytest.approx(1.2) and one["capture_cpu"] == pytest.approx(0.5)
+
+
+def test_lockstep_counts_add_up_over_slices_and_keep_the_worst_error() -> None:
+    slices = [{"steps": 5, "differed": 0, "checked": 1, "mismatched": 0, "worst_error": 1e-7},
+              {"steps": 7, "differed": 1, "checked": 2, "mismatched": 1, "worst_error": 3e-2}]
+    assert lockstep(slices) == {"steps": 12, "differed": 1, "checked": 3, "mismatched": 1,
+                                "worst_error": 3e-2}
+    assert lockstep([])["worst_error"] == 0.0

@@ -75,3 +75,23 @@ def test_the_demo_allows_for_every_variant_it_may_compile_and_nothing_with_eager
     assert demo("inductor")._allowance({"p": {"A": (1, 2), "B": (1, 2, 3)}}) == \
         compile_allowance(6, 2)  # a variant is one gear per dim
     assert demo(None)._allowance(gears) == 0.0
+
+
+@pytest.mark.parametrize(("ranks", "named"), [
+    (1, "demo worker 3 failed during slice"),
+    (2, "demo worker 3 (rank 1 of instance 1) failed during slice"),
+])
+def test_a_failing_worker_is_named_with_its_rank_and_instance(ranks: int, named: str) -> None:
+    workers = WorkerProcesses(multiprocessing.get_context("spawn"), (), ranks)
+    pairs = [multiprocessing.Pipe() for _ in range(4)]
+    workers.conns = [ours for ours, _ in pairs]
+    for i, (_, theirs) in enumerate(pairs):
+        theirs.send(("error", "GroupError: boom") if i == 3 else ("slice", {}))
+    try:
+        with pytest.raises(GearshiftError, match="GroupError: boom") as e:
+            workers.collect(range(4), "slice", float("inf"))
+        assert named in str(e.value)
+    finally:
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()

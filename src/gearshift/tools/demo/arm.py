@@ -125,10 +125,12 @@ def pairs(dims: Mapping[str, Dim], sizes: Sequence[int]) -> int:
     return math.prod(sizes) * (sizes[-1] if SEQ in dims else 1)
 
 
-def inputs(model: Model, dims: Mapping[str, Dim],
-           rows: Sequence[Sequence[int]]) -> list[dict[str, torch.Tensor]]:
-    """Each row's input: the leading `row` block of one random tensor."""
-    source = torch.randn(*np.max(rows, axis=0).tolist(), *features(model, dims))
+def inputs(model: Model, dims: Mapping[str, Dim], rows: Sequence[Sequence[int]],
+           seed: int | None = None) -> list[dict[str, torch.Tensor]]:
+    """Each row's input: the leading `row` block of one random tensor (drawn from `seed`,
+    else from torch's global generator)."""
+    g = None if seed is None else torch.Generator().manual_seed(seed)
+    source = torch.randn(*np.max(rows, axis=0).tolist(), *features(model, dims), generator=g)
     return [{"x": source[tuple(slice(0, n) for n in row)]} for row in rows]
 
 
@@ -149,6 +151,7 @@ class Lane:
         self.names = list(sizes)
         self.rows = list(zip(*(v.tolist() for v in sizes.values()), strict=True))
         self.inputs = inputs(model, runner.transform.dims, self.rows)
+        self.output: Any = None  # the last request's
         runner.capture(variants(runner.gears))
         self._base = self._counters()
         # a compiled runner's compiles before the arm starts (calibration's, the initial gears')
@@ -156,6 +159,10 @@ class Lane:
             {k: v for k, v in self._base.items() if k in COMPILE_KEYS}
             if "compiles" in self._base else None)
         self._clear()
+
+    def call(self, tensors: dict[str, torch.Tensor], route: Any) -> Any:
+        """Run one request on the runner along `route` (what the lane's `route` entered as)."""
+        return self.runner.run(tensors, None, route)
 
     def _counters(self) -> dict[str, Any]:
         r = self.runner
@@ -172,7 +179,7 @@ class Lane:
         row, dims = self.rows[i], self.runner.transform.dims
         began, cpu = time.monotonic(), time.thread_time()
         with self.route(i, dict(zip(self.names, row, strict=True))) as (work, route):
-            self.runner.run(self.inputs[i], None, route)
+            self.output = self.call(self.inputs[i], route)
         self.busy += time.monotonic() - began
         self.busy_cpu += time.thread_time() - cpu
         self.raw = [a + b for a, b in zip(self.raw, row, strict=True)]
@@ -229,12 +236,12 @@ class Arm:
         it); the slice's figures: its times and each lane's (`profiles`)."""
         parent = os.getppid()
         began, cpu, thread = time.monotonic(), process_cpu(), time.thread_time()
-        while (j := take(end)) < end:
+        while (j := self.next(take, end)) < end:
             if os.getppid() != parent:
                 raise SystemExit("the demo process is gone")
             self.ready()
             lane, i = self.order[j]
-            useful, padded = lane.run(i)
+            useful, padded = self.run(lane, i, j)
             self.done, self.useful, self.padded = (self.done + 1, self.useful + useful,
                                                    self.padded + padded)
             self.report(self.done, self.useful, self.padded)
@@ -246,6 +253,14 @@ class Arm:
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "profiles": self.figures(),
         }
+
+    def next(self, take: Callable[[int], int], end: int) -> int:
+        """The next merged row to run, `end` when the slice is done (here: `take(end)`)."""
+        return take(end)
+
+    def run(self, lane: Lane, i: int, j: int) -> tuple[int, int]:
+        """Run `lane`'s row i (merged row j); its useful and padded tokens."""
+        return lane.run(i)
 
 
 class _Routed:
@@ -275,12 +290,13 @@ def _static_route(runner: Runner, sizes: Mapping[str, np.ndarray]) -> Route:
 
 def static_arm(lanes: Mapping[str, tuple[Model, Runner, Mapping[str, np.ndarray]]],
                which: np.ndarray, local: np.ndarray,
-               report: Callable[[int, int, int], None] = lambda *_: None) -> Arm:
-    """The arm on each runner's initial gears, kept (`lanes`: profile -> model, runner, its
-    rows' sizes): no client, no controller."""
+               report: Callable[[int, int, int], None] = lambda *_: None,
+               arm: Callable[..., Arm] = Arm) -> Arm:
+    """The arm (an `arm(lanes, which, local, report)`) on each runner's initial gears, kept
+    (`lanes`: profile -> model, runner, its rows' sizes): no client, no controller."""
     made = {p: Lane(model, runner, _static_route(runner, sizes), sizes)
             for p, (model, runner, sizes) in lanes.items()}
-    return Arm(made, which, local, report)
+    return arm(made, which, local, report)
 
 
 class AdaptiveArm(Arm):

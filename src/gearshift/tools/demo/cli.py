@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
@@ -16,6 +15,7 @@ from gearshift.clikit import EXIT_ERROR, EXIT_USAGE, json_option, namespace_opti
 from gearshift.configfile import load_policy_config
 from gearshift.errors import ConfigError, GearshiftError
 from gearshift.tools.demo.mix import Mix, load_mix
+from gearshift.tools.demo.table import table
 from gearshift.tools.demo.workload import DEFAULT_TRACE, LLAMA_TRACE
 
 EXIT_INTERRUPTED = 130  # the shell's code for a run ended by SIGINT
@@ -75,6 +75,14 @@ EXIT_INTERRUPTED = 130  # the shell's code for a run ended by SIGINT
     help="With --backend compile: torch.compile's backend (eager: Dynamo only, fast to"
     " compile, no faster to run; for checks).",
 )
+@click.option(
+    "--tp",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Tensor parallel: each worker an instance of TP processes, ranks of one gloo group,"
+    " each running its shard of the Llama (--model llama; TP divides its heads).",
+)
 @namespace_option("Shared-memory namespace of its controller [default: demo-<pid>].")
 @click.option(
     "--set",
@@ -92,6 +100,7 @@ def demo(
     model: str,
     backend: str,
     compile_backend: str,
+    tp: int,
     namespace: str | None,
     overrides: tuple[str, ...],
     as_json: bool,
@@ -127,6 +136,13 @@ def demo(
     timeline, each subsampled by the same k. The table then gives each profile's figures
     against static gears, and the figures over both. A source works with the block too.
 
+    --tp N (with --model llama) makes each worker an instance of N processes, the ranks of
+    one gloo process group, each running its shard of the Llama (heads split, all-reduces
+    inside each gear's function); rank 0 broadcasts each step's row, and in the adaptive arm
+    its plan and the captures and releases every rank runs in lockstep (a grouped profile and
+    `GroupRank` per rank). The table adds the steps whose gears differed across ranks
+    (all-gathered outside gearshift) and the outputs checked against the unsharded model.
+
     --backend compile makes each gear of both arms a static-shape torch.compile of the model
     (Inductor by default: `gs.compile`'s backend), compiled where graphs are captured. Both
     arms and every worker share one compile cache of the demo's own, with a lock per shape:
@@ -144,11 +160,13 @@ def demo(
         _fail(EXIT_ERROR, str(e))
     if model == "llama":
         _check_llama(mix)
+    if tp > 1:
+        _check_tp(tp, model, backend)
     from gearshift.tools.demo.run import Demo  # the controller: not needed for --help
 
     progress = _Progress(sys.stderr)
     run = Demo(mix, workers, seconds, namespace or f"demo-{os.getpid()}", policy, progress,
-               model, compile_backend if backend == "compile" else None)
+               model, compile_backend if backend == "compile" else None, tp)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         result = run.run()
@@ -172,6 +190,17 @@ def _check_llama(mix: Mix) -> None:
         if dims not in (["SEQLEN"], ["BATCHSIZE"]):
             _fail(EXIT_USAGE, f"--model llama runs a SEQLEN or a BATCHSIZE trace, or a source of"
                   f" both; {w.trace} has {dims}")
+
+
+def _check_tp(tp: int, model: str, backend: str) -> None:
+    """A usage error unless `--tp` can run: the Llama, eager graphs, TP dividing its heads."""
+    if model != "llama" or backend != "graphs":
+        _fail(EXIT_USAGE, f"--tp {tp} runs --model llama with --backend graphs only")
+    from gearshift.tools.demo.tp import tp_refusal  # torch: only when asked
+
+    why = tp_refusal(tp)
+    if why is not None:
+        _fail(EXIT_USAGE, why)
 
 
 def _interrupt(signum: int, frame: object) -> NoReturn:
@@ -217,167 +246,3 @@ class _Progress:
             self.stream.write("\n")
             self.open = False
         self.due = None
-
-
-def _si(x: float) -> str:
-    return f"{x / 1e6:.2f} M" if x >= 1e6 else f"{x / 1e3:.1f} k"
-
-
-def table(r: dict[str, Any]) -> str:
-    """The side-by-side table of `Demo.run()`'s result: per profile when it has more than one,
-    then over every profile."""
-    profiles = r.get("profiles") or {}
-    traces = ""
-    if len(profiles) > 1:
-        traces = " (" + ", ".join(f"{p}: {f['trace']}" for p, f in profiles.items()) + \
-            ", one timeline)"
-    lines = [
-        f"gearshift demo: {r['trace']}{traces}, {r['requests']:,} requests (1 row in "
-        f"{r['stride']:.3g} of {r['rows']:,}), {r['workers']} workers; time compressed "
-        f"{r['time_compression']:.0f}x (policy windows and intervals x{r['stride']:.3g}, divided "
-        f"by it: decision rounds {r['round_interval']:.0f} s of trace apart or more); "
-        f"{r['seconds']:.0f} s in all",
-        f"model: {r['model']['about']}",
-    ]
-    if len(profiles) > 1:
-        for p, f in profiles.items():
-            dims = ", ".join(f["adaptive"]["dims"])
-            lines += ["", f"profile {p} ({dims}): {f['trace']}, {f['requests']:,} requests",
-                      *_arms(f, dims=True, device=False)]
-        lines += ["", "every profile", *_arms(r, dims=False, device=True)]
-    else:
-        lines += _arms(r, dims=True, device=True)
-    return "\n".join(lines + _measured(r))
-
-
-def _measured(r: dict[str, Any]) -> list[str]:
-    """One plain sentence on what the workers measured and what it decided; the figures
-    (fitted curves, the priced decisions' reasons) are --json's."""
-    graphs = sum(c["measurements"] for f in (r.get("profiles") or {}).values()
-                 for c in (f.get("adaptive", {}).get("measured_costs") or {}).values())
-    if not graphs:
-        return []
-    a = r["adaptive"]
-    adds, priced = a.get("adds", 0), a.get("priced_adds", 0)
-    decided = (f"{priced} of the {adds} gears added went in because the time they save pays "
-               f"for capturing them" if priced
-               else f"none of the {adds} gears added was decided on those timings")
-    return ["", f"The workers timed the {graphs} graphs they captured; {decided}"
-                f"{_held(a.get('graph_bytes'))} (--json has the details)."]
-
-
-def _held(held: dict[str, Any] | None) -> str:
-    """The priced graphs' bytes (with their static buffers, where reported) against the
-    bound, as a clause (nothing without them)."""
-    if not held or (not held["held"] and held["bound"] is None):
-        return ""
-    bound = ("no bound" if held["bound"] is None
-             else f"a {held['bound'] / 2**20:,.1f} MiB bound")
-    buffers = held.get("buffers") or 0.0
-    with_buffers = f" (buffers {buffers / 2**20:,.1f} MiB of it)" if buffers > 0 else ""
-    return f"; its graphs hold {held['held'] / 2**20:,.1f} MiB{with_buffers} against {bound}"
-
-
-def _arms(r: dict[str, Any], dims: bool, device: bool) -> list[str]:
-    """The rows of `r`'s two arms (per dim if `dims`; the device's and the controller's if
-    `device`), and its speedups."""
-    a, s = r["adaptive"], r["static"]
-
-    def row(name: str, fmt: Callable[[dict[str, Any]], str]) -> tuple[str, str, str]:
-        return name, fmt(a), fmt(s)
-
-    rows = [
-        row("wall time, captures included", lambda x: f"{x['seconds']:.1f} s"),
-        row("useful tokens per second", lambda x: _si(x["useful_tokens_per_second"])),
-        row("useful tokens per CPU second", lambda x: _si(x["useful_tokens_per_cpu_second"])),
-        row("padding overhead (tokens)", lambda x: f"{x['padding_overhead']:.1%}"),
-    ]
-    for d in a["dims"] if dims else ():
-        rows += [
-            row(f"  {d} padding", lambda x, d=d: f"{x['dims'][d]['padding_overhead']:.1%}"),
-            row(f"  {d} gears, mean / final",
-                lambda x, d=d: f"{x['dims'][d]['mean_gears']:.1f} / "
-                f"{len(x['dims'][d]['final_gears'])}"),
-        ]
-    rows += [
-        row("padding overhead (model compute)", lambda x: f"{x['compute_overhead']:.1%}"),
-        row("computed tokens / useful: replays", lambda x: _share(x, "replayed_tokens")),
-        row("  captures", lambda x: _share(x, "captured_tokens")),
-        row(
-            "CPU s: workers / controller",
-            lambda x: f"{x['worker_cpu_seconds']:.1f} / {x['controller_cpu_seconds']:.1f}",
-        ),
-        row("  workers' captures", lambda x: f"{x['capture_cpu_seconds']:.1f}"),
-        row("  captures' share of workers' CPU", lambda x: f"{x['capture_share']:.1%}"),
-        row("adds / evictions", lambda x: f"{x['adds']} / {x['evictions']}"),
-        row("  adds priced in measured seconds", lambda x: f"{x['priced_adds']}"),
-        row("graph captures (new gears)", lambda x: f"{x['captures']:,}"),
-        row("eager runs (no graph ready)", lambda x: f"{x['eager']:,}"),
-    ]
-    if "compile" in a:
-        rows += _compile_rows(row)
-    if device:
-        rows += [
-            row(
-                "snapshot version",
-                lambda x: f"v{x['snapshot_version']}" if x["snapshot_version"] else "-",
-            ),
-            row("decision rounds", lambda x: _rounds(x["decision_rounds"])),
-            row("propagation lag (trace time), mean (n)", lambda x: _lag(x["propagation_lag"])),
-            row("peak memory per worker", lambda x: f"{x['worker_peak_rss_mb']:.0f} MB"),
-            row("demo process CPU s (not counted)", lambda x: f"{x['demo_cpu_seconds']:.1f}"),
-        ]
-    width = max(len(name) for name, *_ in rows) + 2
-    lines = ["", f"{'':{width}}{'adaptive':>14}{'static':>16}"]
-    lines += [f"{name:{width}}{x:>14}{y:>16}" for name, x, y in rows]
-    return [
-        *lines,
-        "",
-        f"speedup (useful tokens per second, adaptive / static): {r['speedup']:.2f}x"
-        + _slices(r.get("speedup_slices")),
-        f"per CPU second (workers and controller; robust to other load): {r['cpu_speedup']:.2f}x"
-        + _slices(r.get("cpu_speedup_slices")),
-        f"compute-bound ceiling (model cost of the padded work, static / adaptive): "
-        f"{r['compute_ratio']:.2f}x",
-    ]
-
-
-def _compile_rows(row: Callable[..., tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-    """The compile backend's rows: compiles before the arm ran and during it."""
-
-    def compiles(part: str) -> Callable[[dict[str, Any]], str]:
-        def fmt(x: dict[str, Any]) -> str:
-            c = x["compile"][part]
-            return (f"{c['compiles']} / {c['compile_cache_misses']} / "
-                    f"{c['compile_cache_hits']}")
-        return fmt
-
-    return [
-        row("compiles: all / cold / cache hits", lambda x: ""),
-        row("  before the run (initial gears)", compiles("startup")),
-        row("  during the run (new gears)", compiles("run")),
-        row("compile wall s: before / during",
-            lambda x: f"{x['compile']['startup']['compile_seconds']:.1f} / "
-            f"{x['compile']['run']['compile_seconds']:.1f}"),
-    ]
-
-
-def _slices(spread: dict[str, Any] | None) -> str:
-    """`; over N interleaved slices: median M (min-max)`, or nothing without slices (a slice
-    holds a profile's requests in both arms, or it has no ratio)."""
-    if not spread or spread["median"] is None:
-        return ""
-    return (f"; over {len(spread['slices'])} interleaved slices: median {spread['median']:.2f}x "
-            f"({spread['min']:.2f}-{spread['max']:.2f})")
-
-
-def _share(x: dict[str, Any], key: str) -> str:
-    return f"{x[key] / x['useful_tokens']:.3f}"
-
-
-def _rounds(rounds: dict[str, int] | None) -> str:
-    return f"{rounds['count']}" if rounds else "-"
-
-
-def _lag(lag: dict[str, float] | None) -> str:
-    return f"{lag['mean_ms']:.0f} ms ({lag['count']})" if lag else "-"

@@ -142,6 +142,31 @@ def compile_figures(results: list[dict[str, Any]]) -> dict[str, dict[str, float]
             "run": {k: sum(r[k] for r in results) for k in COMPILE_KEYS}}
 
 
+RANK_SUMMED = ("busy_cpu", "capture_cpu")  # a lane's figures summed over an instance's ranks
+
+
+def instances(reports: list[dict[str, dict[str, Any]]], ranks: int
+              ) -> list[dict[str, dict[str, Any]]]:
+    """Workers' lane reports (`arm.Lane.figures` per profile, worker by worker) per instance of
+    `ranks` consecutive workers (tensor parallel): its driver's, every rank's CPU seconds
+    (RANK_SUMMED) added up, so that an instance's requests count once and its ranks' CPU all."""
+    if ranks == 1:
+        return reports
+    return [{p: {**lane, **{k: sum(r[p][k] for r in reports[at:at + ranks])
+                            for k in RANK_SUMMED}}
+             for p, lane in reports[at].items()} for at in range(0, len(reports), ranks)]
+
+
+def lockstep(checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The drivers' lockstep counts (`lockstep.Lockstep.figures`, every slice's) added up:
+    steps, steps whose gears differed across ranks, outputs checked against the unsharded
+    model, those beyond its tolerance, the worst relative error."""
+    out: dict[str, Any] = {k: sum(c[k] for c in checks)
+                           for k in ("steps", "differed", "checked", "mismatched")}
+    out["worst_error"] = max((c["worst_error"] for c in checks), default=0.0)
+    return out
+
+
 SUMMED = ("requests", "useful_tokens", "padded_tokens", "model_seconds", "useful_model_seconds",
           "replayed_tokens", "captured_tokens", "capture_cpu_seconds", "adds", "evictions",
           "captures", "replays", "eager", "priced_adds")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -40,6 +41,13 @@ def compile_allowance(compiles: int, workers: int, cores: int | None = None) -> 
     return compiles * COMPILE_SECONDS * max(1, math.ceil(workers / cores))
 
 
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (an instance's process group meets there)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _worker(conn: Connection, index: int, *shared: Any) -> None:
     from gearshift.tools.demo import worker  # torch is imported in the workers only
 
@@ -48,10 +56,10 @@ def _worker(conn: Connection, index: int, *shared: Any) -> None:
 
 class WorkerProcesses:
     """The workers of one demo; `shared` are the arguments every worker gets after its index
-    (the run's shared arrays and values)."""
+    (the run's shared arrays and values); `ranks`: an instance's workers (tensor parallel)."""
 
-    def __init__(self, ctx: SpawnContext, shared: tuple[Any, ...]) -> None:
-        self.ctx, self.shared = ctx, shared
+    def __init__(self, ctx: SpawnContext, shared: tuple[Any, ...], ranks: int = 1) -> None:
+        self.ctx, self.shared, self.ranks = ctx, shared, ranks
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
 
@@ -107,9 +115,9 @@ class WorkerProcesses:
                 try:
                     kind, value = conn.recv()
                 except EOFError:
-                    raise GearshiftError(f"demo worker {i} died during {command}") from None
+                    raise GearshiftError(f"{self.name(i)} died during {command}") from None
                 if kind == "error":
-                    raise GearshiftError(f"demo worker {i} failed during {command}:\n{value}")
+                    raise GearshiftError(f"{self.name(i)} failed during {command}:\n{value}")
                 assert kind == command, (kind, command)
                 replies[i] = value
             if time.monotonic() > deadline:
@@ -117,6 +125,12 @@ class WorkerProcesses:
             if tick is not None:
                 tick()
         return [replies[i] for i in workers]
+
+    def name(self, i: int) -> str:
+        """Worker i as errors name it (with its instance and rank, tensor parallel)."""
+        if self.ranks == 1:
+            return f"demo worker {i}"
+        return f"demo worker {i} (rank {i % self.ranks} of instance {i // self.ranks})"
 
     def end(self) -> None:
         """Ask every worker to exit, then terminate, then kill those left; close the pipes."""

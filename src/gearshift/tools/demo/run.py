@@ -38,6 +38,8 @@ from gearshift.shm import cleanup
 from gearshift.tools.demo.clock import TraceClock
 from gearshift.tools.demo.figures import (
     Report,
+    instances,
+    lockstep,
     overall,
     progress,
     propagation_lag,
@@ -46,7 +48,12 @@ from gearshift.tools.demo.figures import (
     spreads,
 )
 from gearshift.tools.demo.mix import Mix, paced, slice_ends, stride_for
-from gearshift.tools.demo.processes import READY_TIMEOUT, WorkerProcesses, compile_allowance
+from gearshift.tools.demo.processes import (
+    READY_TIMEOUT,
+    WorkerProcesses,
+    compile_allowance,
+    free_port,
+)
 from gearshift.tools.demo.watch import GearWatch
 from gearshift.tools.demo.workload import HEADS, MODEL, WIDTH, Cost
 
@@ -76,16 +83,20 @@ class Demo:
         report: Report,
         model: str = "block",
         compile: str | None = None,
+        tp: int = 1,
     ) -> None:
         self.full, self.workers, self.seconds = mix, workers, seconds
+        self.tp, self.procs = tp, workers * tp  # ranks an instance, worker processes
         self.model = model  # worker.model_for's name
         self.compile = compile  # the Dynamo backend of the compile backend; None: eager graphs
         self.namespace, self.policy, self.report = namespace, policy, report
         self.ctx = multiprocessing.get_context("spawn")
-        self.progress = self.ctx.RawArray("q", 3 * len(ARMS) * workers)
+        self.progress = self.ctx.RawArray("q", 3 * len(ARMS) * self.procs)
         self.queues = tuple(self.ctx.Value("q", 0) for _ in ARMS)  # each arm's next row
         self.origin = self.ctx.Value("d", 0.0)  # the adaptive arm's start (TraceClock)
-        self.processes = WorkerProcesses(self.ctx, (self.progress, self.queues, self.origin))
+        ports = tuple(free_port() for _ in range(workers)) if tp > 1 else ()  # an instance's
+        self.processes = WorkerProcesses(self.ctx, (self.progress, self.queues, self.origin,
+                                                    (tp, ports)), tp)
         self.controller: EmbeddedController | None = None
 
     def run(self) -> dict[str, Any]:
@@ -93,8 +104,8 @@ class Demo:
         with ExitStack() as stack:
             state_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="gearshift-demo"))
             stack.callback(self._cleanup)  # before the state directory goes
-            self.processes.start(self.workers)
-            every = range(self.workers)
+            self.processes.start(self.procs)
+            every = range(self.procs)
             about = {"width": WIDTH, "heads": HEADS, "about": MODEL}
             if self.compile is not None:  # both arms', every worker's: one cache of its own
                 cache = (self.compile, self.namespace, os.path.join(state_dir, "compile"))
@@ -110,7 +121,7 @@ class Demo:
             left = self.seconds - (time.monotonic() - began) * (self.compile is None)
             count = int(np.clip(round(left * RUN_SHARE / SLICE_SECONDS), *SLICES))
             budget = max(1.0, (left - count * SETTLE_WAIT) * RUN_SHARE)
-            parallel = min(self.workers, len(os.sched_getaffinity(0)))
+            parallel = min(self.workers, len(os.sched_getaffinity(0)) / self.tp)
             mix = self.full.every(stride_for(self.full, costs, budget, parallel))
             factor = mix.duration / budget
             times = mix.times / factor
@@ -137,6 +148,7 @@ class Demo:
             "backend": "compile" if self.compile else "graphs",
             "compile_backend": self.compile,
             "workers": self.workers,
+            "tp": self.tp,
             "rows": mix.rows,
             "stride": mix.stride,
             "requests": mix.events,
@@ -158,16 +170,17 @@ class Demo:
     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         """Both arms over the merged rows, slice by slice: each arm's figures over every
         profile, with the speedups and their spreads, and the same per profile."""
-        every, names = range(self.workers), mix.names
+        every, names = range(self.procs), mix.names
         gears = {p: {d: dim.initial_gears for d, dim in w.dims.items()}
                  for p, w in mix.profiles.items()}
-        rounds = dict(self.controller.controller.rounds) if self.controller else None
+        rounds = {"count": self._round_count()} if self.controller else None
         self.origin.value = time.monotonic()  # the TraceClock starts: still while static runs
         watches = {p: GearWatch(self.namespace, gears[p], 0.0, p) for p in names}  # adaptive s
         # per arm, per slice: wall seconds, workers' and controller's CPU, the lanes' reports
         done: dict[str, list[tuple[float, float, float, dict[str, list[Any]]]]] = {
             arm: [] for arm in ARMS}
         demo, rss = dict.fromkeys(ARMS, 0.0), dict.fromkeys(ARMS, 0.0)
+        checks: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}  # tensor parallel
         began = time.monotonic()
         elapsed = 0.0  # adaptive seconds so far: the watches' clock
         try:
@@ -180,7 +193,8 @@ class Demo:
                     shift = elapsed - time.monotonic() if arm == "adaptive" else None
                     replies = self._slice(arm, end, mix, watches, shift, gears, began)
                     wall = max(r["ended"] for r in replies) - min(r["began"] for r in replies)
-                    reports = [r["profiles"] for r in replies]
+                    reports = instances([r["profiles"] for r in replies], self.tp)
+                    checks[arm] += [r["lockstep"] for r in replies[::self.tp] if "lockstep" in r]
                     if arm == "adaptive":
                         time.sleep(SETTLE_WAIT)  # the controller folds the slice and decides
                         settled = self.processes.ask(
@@ -188,10 +202,12 @@ class Demo:
                                 {p: w.gears for p, w in watches.items()}))
                         wall += max(s["seconds"] for s in settled)
                         work = sum(r["cpu"] for r in replies) + sum(s["cpu"] for s in settled)
-                        reports += [s["profiles"] for s in settled]
+                        reports += instances([s["profiles"] for s in settled], self.tp)
                         elapsed += wall
                         for watch in watches.values():
                             watch.poll(elapsed)
+                    elif self.tp > 1:  # its processes: gloo's threads run the collectives
+                        work = sum(r["cpu"] for r in replies)
                     else:  # its request threads; the adaptive client's swap threads apart
                         work = sum(r["thread_cpu"] for r in replies)
                         outside[0] += sum(r["cpu"] - r["thread_cpu"] for r in replies)
@@ -220,6 +236,8 @@ class Demo:
                 profiles[p]["adaptive"]["measured_costs"] = dims
             if held is not None:
                 arms["adaptive"]["graph_bytes"] = held
+            for arm in ARMS if self.tp > 1 else ():
+                arms[arm]["lockstep"] = lockstep(checks[arm])
             return arms, profiles
         finally:
             for watch in watches.values():
@@ -264,8 +282,8 @@ class Demo:
         """One arm's slice up to merged row `end`, in every worker; their replies. The adaptive
         arm's slice polls `watches` at CLOCK_MONOTONIC + `shift` (adaptive seconds)."""
         self.processes.send("slice", arm, end)
-        every = range(self.workers)
-        at = ARMS.index(arm) * 3 * self.workers
+        every = range(self.procs)
+        at = ARMS.index(arm) * 3 * self.procs
         next_report = 0.0
 
         def tick() -> None:
@@ -276,7 +294,7 @@ class Demo:
                     watch.poll(now + shift)
             if now >= next_report:
                 next_report = now + REPORT_SECONDS
-                counts = self.progress[at : at + 3 * self.workers]
+                counts = self.progress[at : at + 3 * self.procs]
                 seen = {p: w.gears for p, w in watches.items()} if shift is not None else gears
                 version = next(iter(watches.values())).version if shift is not None else None
                 self.report(progress(arm, now - began, counts, mix.events, _counts(seen),
@@ -304,7 +322,12 @@ class Demo:
         on the trace clock, are no cost: the controller's CPU seconds are)."""
         if before is None or self.controller is None:
             return None
-        return {"count": self.controller.controller.rounds["count"] - before["count"]}
+        return {"count": self._round_count() - before["count"]}
+
+    def _round_count(self) -> int:
+        """The controller's decision rounds so far: its devices' and its groups' (--tp)."""
+        c = self.controller.controller  # type: ignore[union-attr]
+        return c.rounds["count"] + c.group_rounds.rounds
 
     # cleanup
 

@@ -25,6 +25,14 @@ An error replies `("error", traceback)`. Progress goes to the shared array `prog
 [requests done, useful tokens, padded tokens] of the arm, every profile's, cumulative, at
 `3 * (index + arm * workers)`.
 
+Tensor parallel (`tp` ranks > 1, the Llama only): this worker is one rank of an instance; the
+"model" command joins the instance's gloo group and makes every model this rank's shard
+(`tp.ShardedLlama`; the driver, rank 0, keeps the unsharded model to check outputs), and the
+arms are `lockstep`'s: the driver takes the rows and broadcasts them, the adaptive arm's
+profiles are grouped (the group `demo-instance-I`, a device per rank: the worker's index) and
+its runners driven by `GroupRank`s; only the driver reports progress. Every rank gets every
+command; the ranks' collectives follow from running the same commands in the same order.
+
 SIGINT is ignored (inherited from the demo process, which handles Ctrl-C); SIGTERM exits
 through the `finally` blocks, so the client releases its slot; a worker whose parent is gone
 stops at its next request.
@@ -40,6 +48,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
+from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -110,9 +119,11 @@ def _settle(arm: AdaptiveArm) -> dict[str, Any]:
 
 
 def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
-         origin: Any) -> None:
+         origin: Any, tp: tuple[int, Sequence[int]] = (1, ())) -> None:
     """The worker's command loop (module docstring); `queues` are the arms' row counters and
-    `origin` the adaptive arm's start (shared `Value`s: `TraceClock`)."""
+    `origin` the adaptive arm's start (shared `Value`s: `TraceClock`); `tp`: the ranks of an
+    instance and each instance's port (tensor parallel: this worker is rank `index % ranks`
+    of instance `index // ranks`, `lockstep`)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     torch.set_num_threads(1)  # N workers share the cores: one thread each
     make: Callable[[], Model] = block.Model
@@ -121,6 +132,9 @@ def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
     arms: dict[str, Arm] = {}
     stack = ExitStack()
     workers = len(progress) // (3 * len(ARMS))
+    ranks, ports = tp
+    instance, rank = divmod(index, ranks)
+    step: Any = None  # tensor parallel: this rank's `lockstep.Lockstep`
 
     def static_runner(profile: str, dims: Mapping[str, Dim]) -> tuple[Model, Runner]:
         if profile not in kept:
@@ -130,6 +144,8 @@ def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
 
     def reporter(arm: str) -> Callable[[int, int, int], None]:
         at = 3 * (index + ARMS.index(arm) * workers)
+        if rank:  # an instance's progress is its driver's
+            return lambda *_: None
 
         def report(*figures: int) -> None:
             progress[at : at + 3] = figures
@@ -142,16 +158,36 @@ def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
     def prepare(namespace: str, profiles: Mapping[str, tuple[Any, Any, Any]],
                 which: np.ndarray, local: np.ndarray, times: np.ndarray) -> None:
         lanes = {p: (*static_runner(p, dims), sizes) for p, (dims, _, sizes) in profiles.items()}
-        arms["static"] = static_arm(lanes, which, local, reporter("static"))
         clock = TraceClock(times, origin, queues[ARMS.index("adaptive")])
-        client = stack.enter_context(gs.connect(namespace, clock=clock, memory=lambda: MEMORY))
         priced = {p: (dims, sizes) for p, (_, dims, sizes) in profiles.items()}
-        arms["adaptive"] = AdaptiveArm(client, priced, which, local, reporter("adaptive"), make,
-                                       runner)
+        if step is None:
+            arms["static"] = static_arm(lanes, which, local, reporter("static"))
+            client = stack.enter_context(gs.connect(namespace, clock=clock,
+                                                    memory=lambda: MEMORY))
+            arms["adaptive"] = AdaptiveArm(client, priced, which, local, reporter("adaptive"),
+                                           make, runner)
+            return
+        from gearshift.tools.demo import lockstep
+
+        arms["static"] = static_arm(lanes, which, local, reporter("static"),
+                                    partial(lockstep.LockstepArm, step=step))
+        client = stack.enter_context(gs.connect(namespace, device=index, clock=clock,
+                                                memory=lambda: MEMORY))  # a device per rank
+        arms["adaptive"] = lockstep.GroupedArm(client, priced, which, local,
+                                               reporter("adaptive"), make, runner, step=step,
+                                               name=f"demo-instance-{instance}")
+        arms["adaptive"].settle()  # the initial gears usable before the run
 
     def choose(name: str, compile: tuple[str, str, str] | None = None) -> dict[str, Any]:
-        nonlocal make, runner  # ("model", ...): before any other command
+        nonlocal make, runner, step  # ("model", ...): before any other command
         make, about = model_for(name)
+        if ranks > 1:  # the Llama, sharded (the command line refused other models)
+            from gearshift.tools.demo import lockstep, tp
+
+            comms = tp.join(rank, ranks, ports[instance])
+            stack.callback(tp.leave)
+            step = lockstep.Lockstep(comms, make() if rank == 0 else None)  # the unsharded
+            make = partial(tp.ShardedLlama, rank, ranks, comms.model)
         if compile is not None:
             from gearshift.tools.demo import compiled
 
