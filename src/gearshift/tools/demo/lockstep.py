@@ -41,6 +41,7 @@ import gearshift as gs
 from gearshift.core.dims import Dim
 from gearshift.tools.demo.arm import Arm, Lane, Model, Runner, inputs, runner_for
 from gearshift.tools.demo.tp import Communicators, gathered
+from gearshift.worker import Client, GroupRank, Maintenance
 
 TICK, DONE = -1, -2  # a message with no row: maintenance only; the end of a settle
 CHECK_EVERY = 8  # merged rows: the driver checks rows 0, 8, 16, ... against the reference
@@ -142,7 +143,7 @@ class LockstepArm(Arm):
 class GroupedLane(Lane):
     """A lane whose requests run through a `GroupRank` on the carried variant."""
 
-    group: gs.GroupRank
+    group: GroupRank
 
     def call(self, tensors: dict[str, torch.Tensor], route: Any) -> Any:
         return self.group.replay(route, tensors)
@@ -153,14 +154,14 @@ class GroupedArm(LockstepArm):
     sizes) a grouped profile of `client` (group `name`, this rank of the instance) and a
     `GroupRank` of a runner of a model of its own (`make`, `runner`)."""
 
-    def __init__(self, client: gs.Client,
+    def __init__(self, client: Client,
                  profiles: Mapping[str, tuple[Mapping[str, Dim], Mapping[str, np.ndarray]]],
                  which: np.ndarray, local: np.ndarray,
                  report: Callable[[int, int, int], None], make: Callable[[], Model],
                  runner: Callable[[Model, Mapping[str, Dim]], Runner] = runner_for, *,
                  step: Lockstep, name: str) -> None:
         self.client, self.carried = client, None
-        self.groups: dict[str, gs.GroupRank] = {}
+        self.groups: dict[str, GroupRank] = {}
         group = gs.group(name, step.comms.rank, step.comms.size)
         lanes = {}
         for p, (dims, sizes) in profiles.items():
@@ -168,7 +169,7 @@ class GroupedArm(LockstepArm):
             profile = client.profile(p, dims, lazy_start=False, group=group)
             r = runner(model, dims)
             lanes[p] = lane = GroupedLane(model, r, self._route, sizes)  # initial gears
-            lane.group = self.groups[p] = gs.GroupRank(client, profile, r)
+            lane.group = self.groups[p] = GroupRank(client, profile, r)
         self.profile_of = {id(lane): p for p, lane in lanes.items()}
         super().__init__(lanes, which, local, report, step=step)
 
@@ -193,7 +194,7 @@ class GroupedArm(LockstepArm):
         self.carried = message[1]
         for p, ints in (message[2] or {}).items():
             group = self.groups[p]
-            group.maintain(gs.Maintenance.of(ints, len(group.dims)))
+            group.maintain(Maintenance.of(ints, len(group.dims)))
 
     def settle(self) -> None:
         """Every rank: step boundaries without rows until the driver sees every gear in use
