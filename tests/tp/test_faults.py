@@ -23,7 +23,7 @@ def test_a_restarted_rank_catches_up_with_the_group_before_it_routes_again(
     mp: BaseContext, namespace: str, tmp_path: Path
 ) -> None:
     with controller(namespace, tmp_path, *SETTINGS):
-        out = run_ranks(mp, ranks.grouped, 2, (11, STEPS, namespace, 0.01, 0.0, FAULT, -1),
+        out = run_ranks(mp, ranks.grouped, 2, (ranks.Run(namespace, STEPS, restart=FAULT),),
                         deadline=DEADLINE)
     driver, restarted = lockstep(out, 2, STEPS, TOLERANCE)
     assert driver["resets"] >= 1, driver  # every rank dropped its graphs and recaptured
@@ -34,9 +34,9 @@ def test_the_group_keeps_in_lockstep_across_a_controller_killed_and_restarted(
     mp: BaseContext, namespace: str, tmp_path: Path
 ) -> None:
     with controller(namespace, tmp_path, *SETTINGS) as restart:
-        out = run_ranks(mp, ranks.grouped, 2, (11, STEPS, namespace, 0.01, 0.0, -1, FAULT),
+        out = run_ranks(mp, ranks.grouped, 2, (ranks.Run(namespace, STEPS, crash=FAULT),),
                         deadline=DEADLINE,
-                        react=lambda report: report[0] == "crash" and restart())
+                        react=lambda report, _: report[0] == "crash" and restart())
     assert out.of("crash")
     stats = lockstep(out, 2, STEPS, TOLERANCE)
     for one in stats:
