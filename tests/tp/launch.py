@@ -17,6 +17,7 @@ from pathlib import Path
 from gearshift.shm import cleanup, names, segment
 
 START_SECONDS = 20.0  # the controller's start
+QUIET_SECONDS = 0.2
 
 
 @dataclass
@@ -54,7 +55,10 @@ class Ranks:
         self.procs[rank].start()
 
     def kill(self, rank: int) -> None:
-        """SIGKILL rank `rank`'s process and reap it."""
+        """SIGKILL rank `rank`'s process and reap it. It must be idle (waiting to be killed):
+        one killed while its queue's feeder thread holds the queue's lock would leave every
+        other rank's reports stuck behind it, so it is given QUIET_SECONDS to let go first."""
+        time.sleep(QUIET_SECONDS)
         self.procs[rank].kill()
         self.procs[rank].join(10)
 

@@ -147,9 +147,9 @@ class Run:
     ("crash", 0, step) (the test kills the controller and starts another); at step `kill` the
     last rank reports ("kill", rank, step) and waits to be killed (the test SIGKILLs it and
     starts a `replacement` process), and the ranks re-form their communicator on port
-    `reform`; the last rank's capture number `fail` (0: its first) raises after running (its
+    `reform`; the last rank's first capture at step `fail` or later raises after running (its
     collectives issued like every rank's, its graph dropped) and it reports ("failed", rank,
-    step, variant). -1: never."""
+    step, gears). -1: never."""
 
     namespace: str
     steps: int = 0
@@ -213,13 +213,14 @@ def grouped(rank: int, size: int, port: int, run: Run, results) -> None:
             return block.forward(x, mine, None if alone[0] else dist.group.WORLD)
 
         client = group = None
+        at = [-1, False]  # the step being served, whether a capture failed (`run.fail`)
         if run.replacement:
-            client, group = _member(run, rank, size, fn, results)
+            client, group = _member(run, rank, size, fn, results, at)
             _rejoin(group)
             alone[0] = False
         check, engine = _join(rank, size, run.reform if run.replacement else port)
         if client is None:
-            client, group = _member(run, rank, size, fn, results)
+            client, group = _member(run, rank, size, fn, results, at)
         tally, reformed = Tally(), run.replacement
         rng, began = random.Random(run.seed), time.monotonic()
         sizes = traffic(run.seed, run.steps) if run.steps else []
@@ -229,7 +230,7 @@ def grouped(rank: int, size: int, port: int, run: Run, results) -> None:
                     if step + 1 == run.restart and rank == size - 1:
                         client.close()
                         alone[0] = True
-                        client, group = _member(run, rank, size, fn, results)
+                        client, group = _member(run, rank, size, fn, results, at)
                         alone[0] = False
                         _rejoin(group)
                     if step + 1 == run.restart:
@@ -244,12 +245,12 @@ def grouped(rank: int, size: int, port: int, run: Run, results) -> None:
                     if rank == 0:
                         said = [_drive(group, run, step + 1, sizes, rng, t0 - began)]
                     dist.broadcast_object_list(said, src=0, group=engine)
-                    at, n, carried, maintenance = said[0]
+                    at[0], n, carried, maintenance = said[0]
                     if n < 0:
                         break
-                    _step(rank, size, run, client, group, check, full, tally, at, n,
+                    _step(rank, size, run, client, group, check, full, tally, at[0], n,
                           carried, maintenance, results)
-                    step = at
+                    step = at[0]
                     tally.steps += 1
                     tally.slowest = max(tally.slowest, time.monotonic() - t0)
                     time.sleep(run.pause)
@@ -326,26 +327,28 @@ def _rejoin(group: GroupRank) -> None:
     raise RuntimeError(f"the replaced rank was not caught up in {REJOIN_SECONDS} s")
 
 
-def _member(run: Run, rank: int, size: int, fn: Callable[..., torch.Tensor], results
-            ) -> tuple[Client, GroupRank]:
+def _member(run: Run, rank: int, size: int, fn: Callable[..., torch.Tensor], results,
+            at: list) -> tuple[Client, GroupRank]:
     """A client of `run.namespace` for device `rank`, its grouped profile and a `GroupRank`
-    of a new runner of `fn` (the last rank's captures slowed or failed as `run` says)."""
+    of a new runner of `fn` (the last rank's captures slowed or failed as `run` says, `at`:
+    the step being served and whether a capture failed)."""
     client = gs.connect(run.namespace, device=rank)
-    prof = client.profile("tp", {"SEQLEN": gs.Dim(max=MAX_TOKENS)}, group=gs.group("tp"))
+    declared = gs.group("tp", rank, size) if run.replacement else gs.group("tp")  # before
+    prof = client.profile("tp", {"SEQLEN": gs.Dim(max=MAX_TOKENS)}, group=declared)  # init
     example = {"x": torch.zeros(MAX_TOKENS, block.HIDDEN, dtype=block.DTYPE)}
     runner = AdaptiveRunner(Transform(fn, prof.dims, {"x": ("S", None)}, outputs=("S", None)),
                             example, replays=0)
     if rank == size - 1 and (run.slow or run.fail >= 0):
-        capture, count = runner.capture, [0]
+        capture = runner.capture
 
         def hooked(variants: list) -> int:
             time.sleep(run.slow)
             done = capture(variants)
-            count[0] += 1
-            if count[0] - 1 == run.fail:  # after its collectives: the others' are matched
+            if 0 <= run.fail <= at[0] and not at[1]:  # after its collectives: all matched
+                at[1] = True
                 for v in variants:
                     runner.release("SEQLEN", v["SEQLEN"])
-                results.put(("failed", rank, count[0], [v["SEQLEN"] for v in variants]))
+                results.put(("failed", rank, at[0], [v["SEQLEN"] for v in variants]))
                 raise RuntimeError("injected: out of memory while capturing")
             return done
 

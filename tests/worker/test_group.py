@@ -199,3 +199,15 @@ def test_a_restarted_controller_counting_replaced_ranks_anew_makes_no_reset() ->
     assert rank.boundary() is None
     region.usable(8, 16, 32, reported=True, replaced=0)  # a new controller counts from 0
     assert rank.boundary() is None and rank.stats["resets"] == 0
+
+
+def test_a_capture_that_raises_is_left_out_and_the_step_goes_on() -> None:
+    rank, _, runner, sent, _ = _rank()
+
+    def out_of_memory(variants) -> int:
+        raise RuntimeError("out of memory while capturing")  # a backend's, not gearshift's
+
+    runner.capture = out_of_memory
+    rank.maintain(Maintenance(((32,),), ()))
+    assert rank.stats["capture_failures"] == 1 and runner.held == set()
+    assert sent[-1] == protocol.holds_message(3, [])  # it reports that it lacks it

@@ -33,7 +33,7 @@ from typing import Any
 
 from gearshift import protocol
 from gearshift.core.group import Group, Variant
-from gearshift.errors import GearshiftError, GroupError, PayloadError, ShapeError
+from gearshift.errors import GroupError, PayloadError, ShapeError
 from gearshift.worker.interfaces import Runner
 from gearshift.worker.profile import Profile
 from gearshift.worker.session import Client
@@ -190,8 +190,13 @@ class GroupRank:
 
     def maintain(self, maintenance: Maintenance) -> None:
         """Release, then capture, what `maintenance` says, on this (the engine's) thread, then
-        report what this rank holds. A capture that fails is logged and left out: the rank
-        does not hold it, so it never becomes usable."""
+        report what this rank holds. A capture that fails (any exception) is logged and left
+        out: the rank does not hold it, so it never becomes usable, and the others keep theirs
+        unrouted (the driver does not announce it again while it holds it) until it leaves
+        the group's gears and every rank releases it together. A failure is survivable only
+        where the failing rank issued the collectives the others did (a failure after the
+        capture ran); one that skips them leaves the communicator out of step, which the
+        engine's collective timeout reports."""
         if maintenance.reset:
             for gear in sorted({v[0] for v in self.runner.ready()}):
                 self.stats["released"] += self.runner.release(self.dims[0], gear)
@@ -205,7 +210,7 @@ class GroupRank:
             try:
                 self.stats["captured"] += self.runner.capture([dict(zip(self.dims, variant,
                                                                         strict=True))])
-            except GearshiftError as e:
+            except Exception as e:  # a backend's too (out of memory): the rank lacks it
                 self.stats["capture_failures"] += 1
                 log.warning("group %r rank %d: capturing %s failed: %s", self.group.name,
                             self.group.rank, variant, e)
