@@ -109,24 +109,24 @@ def controller(namespace: str, state: Path, *settings: str
     """`gearshift serve` on `namespace` with `settings` (KEY=VALUE), started; yields
     `restart()`, which kills the running one (SIGKILL, as a crash) and starts another on the
     same state dir. The last is stopped, and every segment of the namespace removed, at the
-    end."""
+    end. Its log goes to `state`/controller.log (a pipe nobody reads would fill and stall it)."""
     cmd = [sys.executable, "-m", "gearshift", "serve", "-n", namespace, "--state-dir",
            str(state), "--set", "scan_interval_seconds=0.05"]
     for s in settings:
         cmd += ["--set", s]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]
+    log = (state / "controller.log").open("a")
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)]
 
     def restart() -> subprocess.Popen:
         procs[-1].kill()
         procs[-1].wait()
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True))
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log))
         return procs[-1]
 
     try:
         end = time.monotonic() + START_SECONDS
         while not segment.exists(names.status(namespace)):
-            assert procs[0].poll() is None, procs[0].stderr.read()
+            assert procs[0].poll() is None, (state / "controller.log").read_text()
             assert time.monotonic() < end, "the controller did not start"
             time.sleep(0.02)
         yield restart
@@ -139,7 +139,7 @@ def controller(namespace: str, state: Path, *settings: str
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            proc.stderr.close()
+        log.close()
         cleanup(namespace)
 
 
