@@ -17,6 +17,8 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gearshift.clock import MonotonicClock
 from gearshift.controller import status, view
 from tp import ranks
@@ -81,11 +83,12 @@ def test_a_rank_killed_and_replaced_catches_up_with_the_group_before_it_routes_a
     assert replacement["captured"] > 0 and replacement["late"] > 0, replacement  # routed again
 
 
+@pytest.mark.parametrize("step", [1, FAULT])  # 1: before the group had any usable gear
 def test_a_rank_whose_gearshift_side_is_replaced_catches_up_with_the_group(
-    mp: BaseContext, namespace: str, tmp_path: Path
+    step: int, mp: BaseContext, namespace: str, tmp_path: Path
 ) -> None:
     with controller(namespace, tmp_path, *SETTINGS):
-        out = run_ranks(mp, ranks.grouped, 2, (ranks.Run(namespace, STEPS, restart=FAULT),),
+        out = run_ranks(mp, ranks.grouped, 2, (ranks.Run(namespace, STEPS, restart=step),),
                         deadline=DEADLINE)
     driver, restarted = lockstep(out, 2, STEPS, TOLERANCE)
     assert driver["resets"] >= 1, driver  # every rank dropped its graphs and recaptured
