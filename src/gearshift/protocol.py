@@ -32,9 +32,11 @@ Snapshot payload (controller -> every worker of one device, its snapshot region)
 
 `changes` are the last round's decisions of that profile (for status views). The payload
 carries no version: the region's seqlock version is the snapshot version. A grouped profile's
-entry adds `"group": {"name": GROUP, "size": N, "usable": [[g, ...], ...], "reported": B}`:
-the variants every rank of the group holds (`core.group.usable`), and whether every rank has
-reported (a usable set that lost what the driver holds, with every report in: a rank lacks it).
+entry adds `"group": {"name": GROUP, "size": N, "usable": [[g, ...], ...], "reported": B,
+"replaced": R}`: the variants every rank of the group holds (`core.group.usable`), whether
+every rank has reported (a usable set that lost what the driver holds, with every report in: a
+rank lacks it), and how many times a rank was declared by another worker than the one that
+held it (it grows when a rank's process is replaced: the driver resets the group).
 
 Ring records: `Kind.SHAPE` / `Kind.EAGER` / `Kind.RECORDED` (`record()`: only recorded) with
 `profile` = P, `values` = raw sizes in dim
@@ -183,6 +185,17 @@ def profile_reported(payload: Any, name: str) -> bool:
         return payload["profiles"][name]["group"]["reported"] is True
     except (AttributeError, KeyError, TypeError):
         return False
+
+
+def profile_replaced(payload: Any, name: str) -> int | None:
+    """How many times a rank of grouped profile `name` was declared by another worker than
+    the one that held it (as the publishing controller counted), in a snapshot payload; None
+    when it is absent or malformed."""
+    try:
+        replaced = payload["profiles"][name]["group"]["replaced"]
+    except (AttributeError, KeyError, TypeError):
+        return None
+    return replaced if isinstance(replaced, int) and not isinstance(replaced, bool) else None
 
 
 def profile_gears(payload: Any, name: str) -> dict[str, Gears] | None:

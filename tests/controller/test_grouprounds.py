@@ -153,7 +153,7 @@ def test_status_names_each_group_its_ranks_and_the_missing_one(namespace: str,
         (entry,) = controller.status_document(clock.now())["groups"]
         assert entry == {"group": "tp", "profile": "trace", "size": 2,
                          "ranks": [[1, rank1.slot, entry["ranks"][0][2], 1, True]],
-                         "missing": [0], "recorder": 1, "usable": 0}
+                         "missing": [0], "recorder": 1, "usable": 0, "lacking": []}
     finally:
         rank1.close()
         controller.close()

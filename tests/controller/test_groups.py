@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gearshift.controller.groups import Groups, Member
+from gearshift.controller.groups import Groups, Member, lacking
 from gearshift.core.dims import Dim
 from gearshift.core.group import Group
 from gearshift.errors import ProfileMismatch
@@ -68,14 +68,16 @@ def test_the_snapshots_say_when_every_rank_has_reported_even_if_nothing_became_u
     _join(groups, 0)
     _join(groups, 1)
     assert groups.views(0)["decode"] == {"name": "tp", "size": 2, "usable": [],
-                                         "reported": False}
+                                         "reported": False, "replaced": 0}
     assert groups.hold(10, "decode", frozenset({(8,), (16,)})) is None  # nothing changed yet
     assert groups.hold(11, "decode", frozenset({(8,)})) == [0, 1]
     assert groups.views(1)["decode"] == {"name": "tp", "size": 2, "usable": [(8,)],
-                                         "reported": True}
+                                         "reported": True, "replaced": 0}
+    assert lacking(groups.profiles[("tp", "decode")]) == {1: [(16,)]}  # a failed capture
     dead.add(11)
     _join(groups, 1, slot=21)  # rank 1's new process: holds nothing until it reports
     assert groups.views(0)["decode"]["reported"] is False
     assert groups.views(0)["decode"]["usable"] == []
+    assert groups.views(0)["decode"]["replaced"] == 1  # the driver resets the group
     assert groups.hold(21, "decode", frozenset()) == [0, 1]  # usable still empty: published
     assert groups.views(0)["decode"]["reported"] is True

@@ -89,13 +89,14 @@ def test_status_lists_each_group_its_ranks_the_missing_one_its_recorder_and_usab
         {"group": "tp", "profile": "decode", "size": 2, "missing": [1], "recorder": 0,
          "ranks": [[0, 3, 900, 0, True], [1, 4, 901, 1, False]], "usable": 3},
         {"group": "tp2", "profile": "prefill", "size": 4, "missing": [], "recorder": 0,
-         "ranks": [[r, r, 800 + r, r, True] for r in range(4)], "usable": 5},
+         "ranks": [[r, r, 800 + r, r, True] for r in range(4)], "usable": 5,
+         "lacking": [[3, [[64], [48]]]]},  # a capture that failed on rank 3
         {"group": "bad", "ranks": "not a list"},  # from shared memory: left out
     ]
     text = render(view)
     assert ("group 'tp' (profile decode): 2 ranks, present 0; MISSING rank 1 (decided no "
             "more); recorder rank 0; 3 usable") in " ".join(text.split())
     assert ("group 'tp2' (profile prefill): 4 ranks, present 0, 1, 2, 3; recorder rank 0; "
-            "5 usable") in " ".join(text.split())
+            "5 usable; rank 3 lacks 64, 48") in " ".join(text.split())
     assert "'bad'" not in text
     assert all(len(line) <= 80 for line in text.splitlines())

@@ -51,19 +51,20 @@ class Region:
     def read(self):
         return SimpleNamespace(version=self.v, payload=self.payload)
 
-    def usable(self, *gears: int, reported: bool = False) -> None:
+    def usable(self, *gears: int, reported: bool = False, replaced: int = 0) -> None:
         self.v += 1
         self.payload = protocol.snapshot_payload(
             0, {"p": {"S": (8, 16, 32)}},
             groups={"p": {"name": "tp", "size": 2, "usable": [(g,) for g in gears],
-                          "reported": reported}})
+                          "reported": reported, "replaced": replaced}})
 
 
 TP0 = Group("tp", 0, 2)
 
 
-def _rank(held: set | tuple = (), gears: tuple = (8, 16, 32), group: Group | None = TP0
-          ) -> tuple[GroupRank, Region, Runner, list[dict], list[dict]]:
+def _rank(held: set | tuple = (), gears: tuple = (8, 16, 32), group: Group | None = TP0,
+          started: bool = True) -> tuple[GroupRank, Region, Runner, list[dict], list[dict]]:
+    """A driver's GroupRank on fakes; `started`: past its first boundary (which resets)."""
     sent: list[dict] = []
     requests: list[dict] = []
 
@@ -77,7 +78,10 @@ def _rank(held: set | tuple = (), gears: tuple = (8, 16, 32), group: Group | Non
     client = SimpleNamespace(region=Region(), clock=FakeClock(0.0),
                              _registrations=SimpleNamespace(send=lambda m: sent.append(m) or True))
     runner = Runner(set(held))
-    return GroupRank(client, profile, runner), client.region, runner, sent, requests
+    rank = GroupRank(client, profile, runner)
+    if started:
+        rank._first = rank._rejoined = False
+    return rank, client.region, runner, sent, requests
 
 
 def test_a_maintenance_rides_as_ints_and_a_garbled_one_is_refused() -> None:
@@ -169,3 +173,42 @@ def test_a_restarted_controller_before_every_report_is_in_makes_no_reset() -> No
     rank.usable()
     region.usable()  # a new controller: no report yet
     assert rank.boundary() is None and rank.stats["resets"] == 0
+
+
+def test_a_new_driver_resets_the_group_at_its_first_boundary_uncounted() -> None:
+    rank, _, runner, _, _ = _rank(held={(8,)}, started=False)  # followers may hold graphs
+    m = rank.boundary()  # and probes of a replaced driver
+    assert m == Maintenance(((32,), (16,)), (), reset=True) and rank.stats["resets"] == 0
+    rank.maintain(m)
+    assert runner.held == {(32,), (16,)} and rank.boundary() == Maintenance(((8,),), ())
+
+
+def test_a_rank_replaced_before_anything_was_usable_resets_the_group() -> None:
+    rank, region, runner, _, _ = _rank(held={(32,)})  # captured, never seen usable
+    region.usable(reported=True)  # every rank reported, 32 not (yet) usable
+    assert rank.boundary() == Maintenance(((16,), (8,)), ())  # no reset: reports may lag
+    region.usable(reported=True, replaced=1)  # a rank's process was replaced meanwhile
+    m = rank.boundary()  # it lacks 32 and the probes: every rank drops all and recaptures
+    assert m == Maintenance(((32,), (16,)), (), reset=True) and rank.stats["resets"] == 1
+    rank.maintain(m)
+    assert runner.held == {(32,), (16,)} and rank.boundary() == Maintenance(((8,),), ())
+
+
+def test_a_restarted_controller_counting_replaced_ranks_anew_makes_no_reset() -> None:
+    rank, region, _, _, _ = _rank(held={(8,), (16,), (32,)})
+    region.usable(8, 16, 32, reported=True, replaced=2)
+    assert rank.boundary() is None
+    region.usable(8, 16, 32, reported=True, replaced=0)  # a new controller counts from 0
+    assert rank.boundary() is None and rank.stats["resets"] == 0
+
+
+def test_a_capture_that_raises_is_left_out_and_the_step_goes_on() -> None:
+    rank, _, runner, sent, _ = _rank()
+
+    def out_of_memory(variants) -> int:
+        raise RuntimeError("out of memory while capturing")  # a backend's, not gearshift's
+
+    runner.capture = out_of_memory
+    rank.maintain(Maintenance(((32,),), ()))
+    assert rank.stats["capture_failures"] == 1 and runner.held == set()
+    assert sent[-1] == protocol.holds_message(3, [])  # it reports that it lacks it

@@ -18,13 +18,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from gearshift.controller.groups import Groups
+from gearshift.controller.groups import Groups, lacking
 from gearshift.core.config import PolicyConfig
 from gearshift.core.group import decide_group, usable
 from gearshift.core.memory import PriceBook
 from gearshift.core.round import DeviceLedger, Round
 
 Key = tuple[str, str]  # (group name, profile name)
+MAX_LACKING = 8  # variants a rank lacks, named in the status document
 
 
 class GroupRounds:
@@ -86,8 +87,9 @@ class GroupRounds:
 
     def status(self) -> list[dict[str, Any]]:
         """Per grouped profile, for the status document: its group, size, ranks (rank, slot,
-        pid, device, alive), the ranks missing (no live worker), its recorder, whether it is
-        degraded, and how many variants are usable."""
+        pid, device, alive), the ranks missing (no live worker), its recorder, how many
+        variants are usable, and per rank that lacks some variant another rank holds, those
+        variants (`lacking`: [[rank, [variant, ...]], ...], MAX_LACKING a rank)."""
         out = []
         for (group, name), members in sorted(self.groups.profiles.items()):
             key = (group, name)
@@ -99,7 +101,9 @@ class GroupRounds:
                           for r, m in sorted(members.ranks.items())],
                 "missing": self.groups.missing(key),
                 "recorder": next((r for r, m in live.items() if m == recorder), None),
-                "usable": len(usable(members.holds, members.size))})
+                "usable": len(usable(members.holds, members.size)),
+                "lacking": [[r, [list(v) for v in vs[:MAX_LACKING]]]
+                            for r, vs in lacking(members).items()]})
         return out
 
     def _align(self, name: str, recorder: int, devices: list[int], now: float) -> None:

@@ -40,6 +40,7 @@ class Members:
     dims: dict[str, Dim]
     ranks: dict[int, Member] = field(default_factory=dict)
     holds: dict[int, frozenset[Variant]] = field(default_factory=dict)  # last report per rank
+    replaced: int = 0  # ranks declared by another worker than the one that held them
 
 
 class Groups:
@@ -107,6 +108,7 @@ class Groups:
         before = _published(members)
         if members.ranks.get(group.rank) != member:  # a new process holds nothing yet
             members.holds.pop(group.rank, None)
+            members.replaced += group.rank in members.ranks
         members.ranks[group.rank] = member
         if _published(members) == before:
             return []
@@ -130,19 +132,30 @@ class Groups:
 
     def views(self, device: int) -> dict[str, dict[str, Any]]:
         """Per grouped profile a live rank of `device` holds: its group's name, size, usable
-        variants (sorted) and whether every rank has reported (`reported`: an empty usable set
-        with every report in means some rank lacks what the others hold, a restarted rank),
-        as the device's snapshot carries them."""
+        variants (sorted), whether every rank has reported (`reported`: an empty usable set
+        with every report in means some rank lacks what the others hold, a restarted rank)
+        and how many times a rank was declared by another worker (`replaced`: the driver
+        resets the group when it grows, whatever was usable), as the device's snapshot
+        carries them."""
         out = {}
         for (group, name), members in self.profiles.items():
             if any(m.device == device for m in self.live((group, name)).values()):
                 out[name] = {"name": group, "size": members.size,
                              "usable": sorted(usable(members.holds, members.size)),
-                             "reported": _published(members)[1]}
+                             "reported": _published(members)[1], "replaced": members.replaced}
         return out
 
 
-def _published(members: Members) -> tuple[frozenset[Variant], bool]:
-    """What a snapshot carries of `members`: its usable set and whether every rank reported."""
+def lacking(members: Members) -> dict[int, list[Variant]]:
+    """Per rank that has reported, the variants some other rank holds and it lacks (sorted;
+    a capture that failed there, or a rank whose process was replaced)."""
+    held = frozenset().union(*members.holds.values())
+    out = {r: sorted(held - h) for r, h in sorted(members.holds.items())}
+    return {r: v for r, v in out.items() if v}
+
+
+def _published(members: Members) -> tuple[frozenset[Variant], bool, int]:
+    """What a snapshot carries of `members`: its usable set, whether every rank reported and
+    how many ranks were replaced."""
     return (usable(members.holds, members.size),
-            all(r in members.holds for r in range(members.size)))
+            all(r in members.holds for r in range(members.size)), members.replaced)

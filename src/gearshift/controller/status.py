@@ -23,7 +23,8 @@ NaN-free floats only:
                                           "padding", "samples", "history_samples",
                                           "cost", "costs"}]}]}],
      "groups": [{"group", "profile", "size", "ranks": [[rank, slot, pid, device, alive], ...],
-                 "missing": [rank, ...], "recorder", "usable"}]}
+                 "missing": [rank, ...], "recorder", "usable",
+                 "lacking": [[rank, [variant, ...]], ...]}]}
 
 `hit_rate` and `avg_pad` are per gear (decayed, as the policy sees them); `padding` is the
 decayed mean pad ratio of the dim's requests; `samples` the events in the window,
@@ -38,7 +39,9 @@ the buffers' part of "held" (0 where unreported);
 `groups` are the groups of ranks (docs/architecture.md, "Tensor parallel";
 `GroupRounds.status`, added by the controller): a group's `missing` ranks have no live worker
 (the group is decided no more until they are back), its `recorder` is the rank whose
-statistics it is decided on, `usable` the count of variants every rank holds;
+statistics it is decided on, `usable` the count of variants every rank holds, `lacking` per
+rank the variants (a gear per dim) some other rank holds and it lacks (a capture that failed
+there: never routed; a replaced rank until the group recaptures);
 `measured` counts the measurement records kept (`unknown` and
 `invalid` count the refused ones with the samples). A restarted
 controller reads the last document to map the live workers' profile ids again before they

@@ -251,7 +251,8 @@ def render(view: dict[str, Any], *, verbose: bool = False, width: int = 80) -> s
 
 def _group(g: object) -> str | None:
     """One grouped profile of the status document's `groups` in one line: its name, size, the
-    ranks present (a live worker), those missing, its recorder and its usable count; None
+    ranks present (a live worker), those missing, its recorder, its usable count and the
+    variants a rank lacks that another holds (never routed: a failed capture); None
     when the entry is malformed (the document is read from shared memory)."""
     try:
         ranks = sorted(int(r[0]) for r in g["ranks"] if r[4] is True)
@@ -259,14 +260,16 @@ def _group(g: object) -> str | None:
         name, profile = str(g["group"])[:64], str(g["profile"])[:64]
         size, usable = int(g["size"]), int(g["usable"])
         recorder = g["recorder"]
-    except (KeyError, TypeError, ValueError, IndexError):
+        lacks = [f"rank {int(r)} lacks {', '.join('x'.join(str(int(x)) for x in v) for v in vs)}"
+                 for r, vs in g.get("lacking") or ()]
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError):
         return None
     present = ", ".join(map(str, ranks)) or "none"
     lost = (f"; MISSING rank{'s' if len(missing) > 1 else ''} "
             f"{', '.join(map(str, missing))} (decided no more)" if missing else "")
     who = f"rank {recorder}" if isinstance(recorder, int) else "none"
     return (f"group {name!r} (profile {profile}): {size} ranks, present {present}{lost}; "
-            f"recorder {who}; {usable} usable")
+            f"recorder {who}; {usable} usable" + "".join(f"; {x}" for x in lacks[:8]))
 
 
 def _fleet(f: dict[str, Any]) -> str:

@@ -33,7 +33,7 @@ from typing import Any
 
 from gearshift import protocol
 from gearshift.core.group import Group, Variant
-from gearshift.errors import GearshiftError, GroupError, PayloadError, ShapeError
+from gearshift.errors import GroupError, PayloadError, ShapeError
 from gearshift.worker.interfaces import Runner
 from gearshift.worker.profile import Profile
 from gearshift.worker.session import Client
@@ -102,6 +102,11 @@ class GroupRank:
         self._unreported = True
         self._reported_ns = 0  # when the last report was sent
         self._seen, self._usable, self._reported = -1, frozenset(), False
+        self._replaced: int | None = None  # the snapshot's count of replaced ranks, last seen
+        # a rank's process is new: the count grew since the last boundary, or this driver is
+        # new (its first boundary: followers may hold graphs and probes of a driver replaced)
+        self._rejoined = True
+        self._first = True
         self._confirmed: set[Variant] = set()  # held, and seen usable since their capture
         self._releasing: frozenset[tuple[int, int]] = frozenset()  # announced, not yet run
 
@@ -122,6 +127,11 @@ class GroupRank:
             self._seen, self._usable = version, usable or frozenset()
             self._reported = snap is not None and protocol.profile_reported(
                 snap.payload, self.profile.name)
+            replaced = protocol.profile_replaced(snap.payload, self.profile.name) if (
+                snap is not None) else None
+            if replaced is not None:  # fewer: a restarted controller counts anew
+                self._rejoined |= self._replaced is not None and replaced > self._replaced
+                self._replaced = replaced
         held = self._usable & frozenset(self.runner.ready())
         self._confirmed |= held
         if self._releasing:
@@ -142,19 +152,27 @@ class GroupRank:
         longer in use, and up to `per_boundary` variants of the profile's gears in use that it
         does not hold (largest first); None when there is nothing.
 
-        When some rank lacks what this one holds (every rank has reported and a variant that
-        was usable since this rank captured it is usable no more: a rank's process was
-        replaced), every rank releases all it holds and the group recaptures its gears
-        together, largest first: a rank that kept its graph would skip the warm-up and capture
-        the others run, and their collectives would not match."""
+        When a rank's process was replaced (the snapshot's count of replaced ranks grew), or
+        some rank lacks what this one holds (every rank has reported and a variant that was
+        usable since this rank captured it is usable no more), every rank releases all it holds
+        and forgets its padding probes, and the group recaptures its gears together, largest
+        first: a rank that kept a graph, or the record that a gear passed its probe, would skip
+        a warm-up, capture or probe the new rank runs, and their collectives would not match.
+        This holds whatever was usable: a rank replaced before anything was usable lacks the
+        graphs and probes the others kept as much as one replaced later. A driver's first
+        boundary resets too (the driver may be the rank replaced; at a group's start it drops
+        nothing), and is not counted in `stats["resets"]`."""
         self.usable()  # reads the group's snapshot
         gears = self.profile.gears
         held = set(self.runner.ready())
-        lost = self._reported and bool((self._confirmed & held) - self._usable)
-        if lost:
-            log.warning("group %r: a rank lacks gears this driver holds; every rank recaptures "
-                        "the group's gears", self.group.name)
+        lost = self._rejoined or (self._reported and bool((self._confirmed & held) - self._usable))
+        self._rejoined = False
+        if lost and not self._first:
+            log.warning("group %r: a rank is new or lacks gears this driver holds; every rank "
+                        "recaptures the group's gears", self.group.name)
             self.stats["resets"] += 1
+        self._first = False
+        if lost:
             releases, held = [], set()
         else:
             releases = sorted({(i, v[i]) for v in held for i, d in enumerate(self.dims)
@@ -172,8 +190,13 @@ class GroupRank:
 
     def maintain(self, maintenance: Maintenance) -> None:
         """Release, then capture, what `maintenance` says, on this (the engine's) thread, then
-        report what this rank holds. A capture that fails is logged and left out: the rank
-        does not hold it, so it never becomes usable."""
+        report what this rank holds. A capture that fails (any exception) is logged and left
+        out: the rank does not hold it, so it never becomes usable, and the others keep theirs
+        unrouted (the driver does not announce it again while it holds it) until it leaves
+        the group's gears and every rank releases it together. A failure is survivable only
+        where the failing rank issued the collectives the others did (a failure after the
+        capture ran); one that skips them leaves the communicator out of step, which the
+        engine's collective timeout reports."""
         if maintenance.reset:
             for gear in sorted({v[0] for v in self.runner.ready()}):
                 self.stats["released"] += self.runner.release(self.dims[0], gear)
@@ -187,7 +210,7 @@ class GroupRank:
             try:
                 self.stats["captured"] += self.runner.capture([dict(zip(self.dims, variant,
                                                                         strict=True))])
-            except GearshiftError as e:
+            except Exception as e:  # a backend's too (out of memory): the rank lacks it
                 self.stats["capture_failures"] += 1
                 log.warning("group %r rank %d: capturing %s failed: %s", self.group.name,
                             self.group.rank, variant, e)
