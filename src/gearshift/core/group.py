@@ -121,11 +121,13 @@ GEAR_TIMELINE: dict[tuple[str, str], str] = {
     ("decided", "adopt"): "adopted",  # a rank adopts v
     ("adopted", "announce"): "capturing",  # the driver announces its capture
     ("capturing", "capture"): "held",  # every rank captures it between two steps
+    ("capturing", "fail"): "partial",  # a rank's capture fails: held on the others only
+    ("partial", "remove"): "retiring",  # never usable; released together when it leaves
     ("held", "report"): "usable",  # every rank's report holds it
     ("usable", "read"): "routed",  # the driver reads the snapshot that makes it usable
     ("routed", "remove"): "retiring",  # a round removes it and the driver adopts that version
     ("retiring", "release"): "released",  # the driver announces its release
-    **{(state, "reset"): "adopted" for state in ("held", "usable", "routed")},  # a rank lacks
+    **{(state, "reset"): "adopted" for state in ("held", "partial", "usable", "routed")},  # a rank lacks
     ("retiring", "reset"): "released",  # it: every rank drops every graph at one boundary
 }
 
