@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 
 class CaptureGuard:
@@ -28,6 +29,14 @@ class CaptureGuard:
     def shared(self) -> contextlib.AbstractContextManager[None]:
         return self._section
 
+    def holding(self, lock: threading.Lock,
+                order: Any = None) -> contextlib.AbstractContextManager[None]:
+        """A shared section that then takes `lock` and, with an `order` (`workspaces.Order`),
+        runs inside `order.inside()`: a runner's replay section, entered and left as one
+        context manager (the request path's: one enter and one exit, not three). Nests in
+        other shared sections of the thread; not in itself (`lock` does not)."""
+        return _Shared(self, lock, order)
+
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
         if getattr(self._local, "depth", 0):
@@ -46,34 +55,56 @@ class CaptureGuard:
 
 
 class _Shared:
-    """`CaptureGuard.shared()`: a plain context manager (the request path takes it per run),
-    nesting per thread; its first level takes the condition's lock directly (the request
-    path's cost) and waits on the condition only while a recording is underway or waiting."""
+    """`CaptureGuard.shared()` (and `holding`, with a lock and an order taken after it): a
+    plain context manager (the request path takes it per run), nesting per thread; its first
+    level takes the condition's lock directly (the request path's cost) and waits on the
+    condition only while a recording is underway or waiting."""
 
-    __slots__ = ("guard",)
+    __slots__ = ("guard", "inner", "lock", "order")
 
-    def __init__(self, guard: CaptureGuard) -> None:
-        self.guard = guard
+    def __init__(self, guard: CaptureGuard, lock: threading.Lock | None = None,
+                 order: Any = None) -> None:
+        self.guard, self.lock, self.order = guard, lock, order
+        self.inner: Any = None  # the order's block underway (written under `lock`)
 
     def __enter__(self) -> None:
         g = self.guard
         local = g._local
         depth = getattr(local, "depth", 0)
         local.depth = depth + 1
-        if depth:
+        if not depth:
+            mutex = g._mutex
+            mutex.acquire()
+            try:
+                if g._capturing or g._waiting:
+                    g.blocked += 1
+                    g._cond.wait_for(lambda: not (g._capturing or g._waiting))
+                    g.blocked -= 1
+                g._shared += 1
+            finally:
+                mutex.release()
+        lock = self.lock
+        if lock is None:
             return
-        mutex = g._mutex
-        mutex.acquire()
-        try:
-            if g._capturing or g._waiting:
-                g.blocked += 1
-                g._cond.wait_for(lambda: not (g._capturing or g._waiting))
-                g.blocked -= 1
-            g._shared += 1
-        finally:
-            mutex.release()
+        lock.acquire()
+        if self.order is not None:
+            try:
+                inner = self.order.inside()
+                inner.__enter__()
+            except BaseException:
+                self.__exit__(None, None, None)  # no inner: the lock, then the window
+                raise
+            self.inner = inner
 
     def __exit__(self, *exc: object) -> None:
+        lock = self.lock
+        if lock is not None:
+            inner, self.inner = self.inner, None
+            try:
+                if inner is not None:
+                    inner.__exit__(*exc)
+            finally:
+                lock.release()
         g = self.guard
         local = g._local
         local.depth = depth = local.depth - 1
