@@ -3,6 +3,7 @@ sections run together and nest on a thread, and neither side starves the other."
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -148,9 +149,59 @@ def test_a_holding_section_whose_order_fails_leaves_nothing_held() -> None:
             raise AssertionError("entered")  # pragma: no cover
     except RuntimeError as e:
         assert "no stream" in str(e)
-    assert not lock.locked() and guard._shared == 0
+    assert not lock.locked() and not guard._holders
     with guard.exclusive():  # neither the window nor the lock is left held
         pass
     with guard.holding(lock):  # no order: the lock alone, after the window
         assert lock.locked()
     assert not lock.locked()
+
+
+def test_recordings_and_shared_sections_never_overlap_under_thread_switches() -> None:
+    """The lock-free common case (a thread's id added to `_holders`, then the flags read)
+    against recordings, with the interpreter switching threads as often as it can: no
+    recording ever sees a shared section underway, nor a section a recording."""
+    guard = CaptureGuard()
+    state = {"shared": 0, "recording": False, "sections": 0, "recordings": 0}
+    count = threading.Lock()
+    bad: list[str] = []
+    stop = threading.Event()
+
+    def sections() -> None:
+        while not stop.is_set():
+            with guard.shared():
+                with count:
+                    state["shared"] += 1
+                    state["sections"] += 1
+                    if state["recording"]:
+                        bad.append("a section inside a recording")
+                with guard.shared():  # nested, as a user's outside_capture() around a run
+                    pass
+                with count:
+                    state["shared"] -= 1
+
+    def recordings() -> None:
+        while not stop.is_set():
+            with guard.exclusive():
+                with count:
+                    state["recording"] = True
+                    state["recordings"] += 1
+                    if state["shared"]:
+                        bad.append("a recording while a section ran")
+                time.sleep(0)
+                with count:
+                    state["recording"] = False
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [started(sections) for _ in range(3)] + [started(recordings)]
+        time.sleep(0.5)
+        stop.set()
+        for t in threads:
+            t.join(WAIT)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not bad, bad[:3]
+    assert state["sections"] > 10 and state["recordings"] > 10
+    assert not guard._holders and guard.blocked == 0 and not guard._waiting
