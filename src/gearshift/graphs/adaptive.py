@@ -374,12 +374,10 @@ class AdaptiveRunner:
 
     def _graph_fn(self, gears: Variant, inputs: dict[str, torch.Tensor],
                   lengths: dict[str, torch.Tensor]) -> Callable[[], Any]:
-        """What the graph of `gears` records: `fn` on the static views `inputs` and `lengths`
-        (a subclass may prepare more, e.g. compile it; that time counts as the capture's)."""
-        return functools.partial(self._body, inputs, lengths)
-
-    def _body(self, inputs: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor]) -> Any:
-        return self.transform.fn(**inputs, **self._unbound, **lengths)
+        """What the graph of `gears` records: `fn` on the static views `inputs`, the unbound
+        inputs' buffers and `lengths` (a subclass may prepare more, e.g. compile it; that time
+        counts as the capture's). One partial: a cpu graph calls it at each replay."""
+        return functools.partial(self.transform.fn, **inputs, **self._unbound, **lengths)
 
     def _check_graph(self, gears: Variant, captured: _Captured) -> str | None:
         """Why the new graph of `gears` fails the padding probe (`Prober.check`), or None."""
