@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gearshift as gs
-from gearshift.graphs import AdaptiveRunner, Transform
+from gearshift.graphs import AdaptiveRunner, Transform, grad
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.graphs.torchcompile import CompiledRunner
@@ -79,3 +79,17 @@ def test_eager_and_replayed_outputs_alike_carry_no_grad_fn() -> None:
         runner.run({"x": wanting})
     with torch.no_grad():  # not recording: nothing is lost
         torch.testing.assert_close(runner.run({"x": wanting}), fn(wanting))
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_the_mode_block_sets_the_mode_and_restores_the_caller_s(inference: bool) -> None:
+    """`grad.mode`: the transform's mode inside, the caller's after, from every caller's mode
+    (a caller in the mode already gets a block that changes nothing)."""
+    callers = [torch.enable_grad, torch.no_grad, torch.inference_mode]
+    for caller in callers:
+        with caller():
+            before = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+            with grad.mode(inference):
+                assert torch.is_inference_mode_enabled() is inference
+                assert not torch.is_grad_enabled()
+            assert (torch.is_grad_enabled(), torch.is_inference_mode_enabled()) == before

@@ -222,3 +222,19 @@ def test_a_meta_tensor_is_a_clear_gearshift_error() -> None:
     t = Transform(lambda x: x * 2, {"SEQLEN": gs.Dim(max=64)}, inputs={"x": ("S", None)})
     with pytest.raises(gs.ShapeError, match="x is on the meta device"):
         AdaptiveRunner(t, {"x": torch.zeros(3, 4, device="meta")})
+
+
+def test_check_gives_the_sizes_in_dim_order_and_refuses_inputs_that_want_grad() -> None:
+    """`check`'s one pass: sizes keyed in the profile's dim order whatever order the inputs
+    bind them in; an input that requires grad refused while grad is on, accepted off."""
+    def swapped(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return x * mask.t().unsqueeze(-1)
+
+    t = Transform(swapped, dims2(False), inputs={"mask": ("S", "B"), "x": ("B", "S", None)})
+    x, mask = torch.ones(2, 3, H), torch.ones(3, 2)
+    assert list(t.check({"mask": mask, "x": x}).items()) == [("BATCHSIZE", 2), ("SEQLEN", 3)]
+    wanting = {"mask": mask, "x": x.requires_grad_()}
+    with pytest.raises(gs.ShapeError, match=r"x require\(s\) grad"):
+        t.check(wanting)
+    with torch.no_grad():
+        assert t.check(wanting) == {"BATCHSIZE": 2, "SEQLEN": 3}

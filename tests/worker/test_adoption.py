@@ -268,6 +268,39 @@ def test_a_request_checks_its_tensors_once(
         prof.run(x=torch.randn(3, 9, H), mask=torch.ones(3, 8))
 
 
+def test_a_run_is_counted_in_flight_on_its_gears_until_it_returns_or_raises(
+    fake: FakeController, client: Client, prof: Profile, runner: AdaptiveRunner,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Profile.run`'s bracket (inlined `_enter`/`_leave`): the run counts itself on the gears
+    in use while its runner runs, uncounts itself when it returns or raises, and wakes the swap
+    thread when it was the last on gears replaced meanwhile (their grace is over)."""
+    client._tick()
+    woken: list[int] = []
+    monkeypatch.setattr(client, "_wake", lambda: woken.append(1))
+    seen: list[int] = []
+    replayed = runner.run
+
+    def run(tensors: dict[str, torch.Tensor], sizes: dict[str, int], route: object) -> object:
+        old = prof._in_use
+        seen.append(old.active)
+        if len(seen) == 1:  # a new snapshot adopted while this run is in flight
+            fake.publish({"decode": {"BATCHSIZE": [2, 8], "SEQLEN": [8, 16]}})
+            client._refresh()
+            assert prof._in_use is not old and old.active == 1
+        if len(seen) == 3:
+            raise RuntimeError("fn failed")
+        return replayed(tensors, sizes, route)
+
+    monkeypatch.setattr(runner, "run", run)
+    check(prof, 3, 9)
+    assert seen == [1] and woken == [1]  # its gears drained: the swap thread woken once
+    check(prof, 3, 9)
+    with pytest.raises(RuntimeError, match="fn failed"):
+        check(prof, 3, 9)
+    assert seen == [1, 1, 1] and prof._in_use.active == 0 and woken == [1]
+
+
 def test_attach_refuses_a_runner_of_other_dims(prof: Profile) -> None:
     dims = dict(reversed(DIMS.items()))
     transform = Transform(model, dims, INPUTS)

@@ -127,8 +127,9 @@ GEAR_TIMELINE: dict[tuple[str, str], str] = {
     ("usable", "read"): "routed",  # the driver reads the snapshot that makes it usable
     ("routed", "remove"): "retiring",  # a round removes it and the driver adopts that version
     ("retiring", "release"): "released",  # the driver announces its release
-    **{(state, "reset"): "adopted" for state in ("held", "partial", "usable", "routed")},  # a rank lacks
-    ("retiring", "reset"): "released",  # it: every rank drops every graph at one boundary
+    # a rank was replaced or lacks it: every rank drops every graph at one boundary
+    **{(state, "reset"): "adopted" for state in ("held", "partial", "usable", "routed")},
+    ("retiring", "reset"): "released",
 }
 
 

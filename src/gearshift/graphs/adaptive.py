@@ -41,23 +41,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import is_inference_mode_enabled
 from torch.utils._pytree import tree_unflatten
 
 from gearshift.clock import Clock
 from gearshift.core.dims import Gears, Route, Variant, gear_for
 from gearshift.errors import ShapeError
-from gearshift.graphs import forks, spans
+from gearshift.graphs import forks, plans, spans
 from gearshift.graphs.backends import Graph, backend_for
 from gearshift.graphs.buffers import StaticBuffers
-from gearshift.graphs.device import GUARD, outside_capture
+from gearshift.graphs.device import GUARD
 from gearshift.graphs.measure import GraphCost, Meter, replays_for
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.graphs.probe import Prober
 from gearshift.graphs.transform import Chunk, Tiling, Transform
-from gearshift.graphs.workspaces import ordered
 
 log = logging.getLogger(__name__)
-_WINDOW = GUARD.shared()  # the capture window's shared section (one object, reentrant)
 MAX_WANTED = 4096  # variants wanted by requests kept until taken (once full, no more kept)
 
 
@@ -115,6 +114,9 @@ class AdaptiveRunner:
         self._count_lock = threading.Lock()  # eager counts, outside `_lock`
         self._capture_lock = threading.Lock()
         self._spans = spans.OneChunk(self.names)  # the chunk of each one-chunk call
+        self._plans = plans.Plans()  # its copies on a ready variant, under `_lock`
+        # a replay's section: the capture window, `_lock`, the device's order of streams
+        self._section = GUARD.holding(self._lock, getattr(self.backend, "order", None))
         self._restage = False  # the survivors of a release need smaller buffers
         self._prober.check_eagerly(self.gears)
         forks.track(self)
@@ -123,6 +125,7 @@ class AdaptiveRunner:
         """In a forked child (`graphs.forks`): fresh locks (a parent's thread may hold them)."""
         self._lock, self._count_lock = threading.Lock(), threading.Lock()
         self._capture_lock = threading.Lock()
+        self._section = GUARD.holding(self._lock, getattr(self.backend, "order", None))
 
     def ready(self) -> list[Variant]:
         return sorted(self._variants)
@@ -158,6 +161,7 @@ class AdaptiveRunner:
                     break
                 with self._lock:
                     self._variants = {**self._variants, gears: captured}
+                    self._plans.clear()  # none keeps an old capture's buffers alive
                     self.stats["captures"] += 1
                 done += 1
         return done
@@ -207,14 +211,8 @@ class AdaptiveRunner:
             log.warning("%s; every call runs eagerly on its unpadded inputs from now on", why)
             return None
         captured = dataclasses.replace(captured, key=self.pool.register(graph))
-        self._measure(gears, graph, began, ended, leaves)
+        self.meter.keep(at, self.meter.cost(graph, began, ended, leaves))  # before any request
         return captured
-
-    def _measure(self, gears: Variant, graph: Graph, began: float | None, ended: float | None,
-                 outputs: list[torch.Tensor]) -> None:
-        """Time `graph`'s replays (before any request runs it) and keep its cost."""
-        self.meter.keep(dict(zip(self.names, gears, strict=True)),
-                        self.meter.cost(graph, began, ended, outputs))
 
     def run(self, tensors: Mapping[str, torch.Tensor], sizes: Mapping[str, int] | None = None,
             route: Route | None = None) -> Any:
@@ -223,40 +221,56 @@ class AdaptiveRunner:
         chunks to run, as a router found them (`Profile.run`; or another process's router of
         the same profile); without one, the chunks of `sizes` on `gears`. A call of one chunk
         per dim (`route.variant`) whose graph is ready, the common case, is one lookup under
-        the lock, its rows copied in, one replay and its rows copied out. Graphs and eager
-        chunks alike run under the transform's grad mode (`Transform.mode`: no grad_fn)."""
+        the lock, its plan's copies in (`graphs.plans`), one replay and its copies out, in the
+        caller's grad mode when its inference mode is the transform's (nothing to record: the
+        graph's outputs require no grad, nor may inputs while grad is on, `grad.refuse_grad`);
+        every other call under the transform's grad mode (`Transform.mode`: no grad_fn)."""
         t = self.transform
-        sizes = t.check(tensors) if sizes is None else sizes  # the caller's mode
-        with t.mode():  # inline, not a call: the replay's frames are few (bench step)
-            self._staged.check(tensors)
-            if self.refused is not None:
-                self._count_eager()
-                return t.call(tensors, sizes)
-            variant = self._variant_of(sizes) if route is None else route.variant
-            if variant is not None:
-                at = (variant, tuple(map(sizes.__getitem__, self.names)))
-                chunk = self._spans[at]
-                with _WINDOW, self._lock, ordered(self.backend):  # the window, then the buffers
-                    captured = self._variants.get(variant)
-                    if captured is not None:
-                        for name, buffer in self._unbound.items():
-                            buffer.copy_(tensors[name])
-                        t.fill(captured.inputs, tensors, chunk)
-                        for name, dim in t.lengths.items():
-                            captured.lengths[name].fill_(chunk[dim].size)
-                        captured.graph.replay()
-                        self.stats["replays"] += 1
-                        leaves = t.cut(captured.leaves, chunk, copy=True)
-                        return tree_unflatten(leaves, captured.spec)
-                tiling: Tiling | None = Tiling({d: (s,) for d, s in chunk.items()})
-            elif route is None:
-                tiling = t.tile(sizes, self.gears)
-            else:
-                tiling = spans.tiling(route.chunks, sizes)
-            if tiling is None:
-                self._count_eager()
-                return t.call(tensors, sizes)
-            return self._run_tiles(tensors, tiling)
+        sizes = t.check(tensors) if sizes is None else sizes
+        self._staged.check(tensors)
+        variant = self._variant_of(sizes) if route is None else route.variant
+        if (variant is not None and self.refused is None
+                and t.inference == is_inference_mode_enabled()):
+            at = (variant, tuple(map(sizes.__getitem__, self.names)))
+            with self._section:  # the capture window, the lock, the device's order
+                captured = self._variants.get(variant)
+                if captured is not None:
+                    plan = self._plans.get(at)
+                    if plan is None or plan.captured is not captured:
+                        plan = self._plans.keep(at, plans.plan(t, captured, self._spans[at],
+                                                               self._unbound))
+                    for view, value in plan.pads:
+                        view.fill_(value)
+                    for name, view in plan.into:
+                        view.copy_(tensors[name])
+                    for view, size in plan.lengths:
+                        view.fill_(size)
+                    captured.graph.replay()
+                    self.stats["replays"] += 1
+                    if plan.alone:
+                        return plan.out[0].clone()
+                    return tree_unflatten([v.clone() for v in plan.out], captured.spec)
+        with t.mode():
+            return self._run_other(tensors, sizes, variant, route)
+
+    def _run_other(self, tensors: Mapping[str, torch.Tensor], sizes: Mapping[str, int],
+                   variant: Variant | None, route: Route | None) -> Any:
+        """`run`'s other calls, under the transform's grad mode: eager, or `_run_tiles`."""
+        t = self.transform
+        if self.refused is not None:
+            self._count_eager()
+            return t.call(tensors, sizes)
+        if variant is not None:
+            chunk = self._spans[(variant, tuple(map(sizes.__getitem__, self.names)))]
+            tiling: Tiling | None = Tiling({d: (s,) for d, s in chunk.items()})
+        elif route is None:
+            tiling = t.tile(sizes, self.gears)
+        else:
+            tiling = spans.tiling(route.chunks, sizes)
+        if tiling is None:
+            self._count_eager()
+            return t.call(tensors, sizes)
+        return self._run_tiles(tensors, tiling)
 
     def _variant_of(self, sizes: Mapping[str, int]) -> Variant | None:
         """The variant of a call of `sizes` on `gears` when it is one chunk per dim, else None."""
@@ -272,12 +286,14 @@ class AdaptiveRunner:
         parts: list[Any] = [None] * len(chunks)
         ready = [self._ready(variant, want=True) is not None for _, variant in chunks]
         if any(ready):  # the capture window before the lock (a thread in it may run this)
-            with outside_capture(), self._lock, ordered(self.backend):
+            with self._section:
                 for name, buffer in self._unbound.items():
                     buffer.copy_(tensors[name])
                 for i, (chunk, variant) in enumerate(chunks):
-                    if ready[i]:
-                        parts[i] = self._replay(tensors, chunk, variant)
+                    captured = self._ready(variant) if ready[i] else None
+                    if captured is not None:  # else it went meanwhile
+                        self.stats["replays"] += 1
+                        parts[i] = plans.replay(t, captured, tensors, chunk), captured.spec
         for i, (chunk, _) in enumerate(chunks):
             if parts[i] is None:  # no graph covers it (or it went meanwhile): outside the lock
                 self._count_eager()
@@ -285,27 +301,6 @@ class AdaptiveRunner:
                 parts[i] = t.cut(leaves, chunk), spec
         leaves = t.join([p for p, _ in parts], tiling)
         return tree_unflatten(leaves, parts[0][1])
-
-    def _replay(
-        self, tensors: Mapping[str, torch.Tensor], chunk: Chunk, variant: Variant
-    ) -> tuple[list[torch.Tensor], Any] | None:
-        """One chunk replayed, its output leaves cut back (copies: the next replay rewrites the
-        graph's) and their spec; None if no ready variant covers it. Under `_lock`."""
-        captured = self._ready(variant)
-        if captured is None:
-            return None
-        self.stats["replays"] += 1
-        return self._replay_on(captured, tensors, chunk), captured.spec
-
-    def _replay_on(self, captured: _Captured, tensors: Mapping[str, torch.Tensor],
-                   chunk: Chunk) -> list[torch.Tensor]:
-        """`chunk` padded into `captured`'s inputs, replayed, its output leaves copied out."""
-        t = self.transform
-        t.fill(captured.inputs, tensors, chunk)
-        for name, dim in t.lengths.items():
-            captured.lengths[name].fill_(chunk[dim].size)
-        captured.graph.replay()
-        return t.cut(captured.leaves, chunk, copy=True)
 
     def _count_eager(self) -> None:
         with self._count_lock:
@@ -325,6 +320,7 @@ class AdaptiveRunner:
         with self._lock:
             gone = [c.key for g, c in self._variants.items() if g[i] == gear]
             self._variants = {g: c for g, c in self._variants.items() if g[i] != gear}
+            self._plans.clear()
         released = self.pool.remove_by_keys(gone)
         if any(map(operator.lt, self._needed(), self._staged.caps)):
             self._restage = True
@@ -351,6 +347,7 @@ class AdaptiveRunner:
                 break
             with self._lock:
                 self._variants = {**self._variants, gears: captured}
+                self._plans.clear()
                 self.stats["captures"] += 1
             self.pool.remove_by_keys([old])
 
@@ -377,22 +374,20 @@ class AdaptiveRunner:
 
     def _graph_fn(self, gears: Variant, inputs: dict[str, torch.Tensor],
                   lengths: dict[str, torch.Tensor]) -> Callable[[], Any]:
-        """What the graph of `gears` records: `fn` on the static views `inputs` and `lengths`
-        (a subclass may prepare more, e.g. compile it; that time counts as the capture's)."""
-        return functools.partial(self._body, inputs, lengths)
-
-    def _body(self, inputs: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor]) -> Any:
-        return self.transform.fn(**inputs, **self._unbound, **lengths)
+        """What the graph of `gears` records: `fn` on the static views `inputs`, the unbound
+        inputs' buffers and `lengths` (a subclass may prepare more, e.g. compile it; that time
+        counts as the capture's). One partial: a cpu graph calls it at each replay."""
+        return functools.partial(self.transform.fn, **inputs, **self._unbound, **lengths)
 
     def _check_graph(self, gears: Variant, captured: _Captured) -> str | None:
         """Why the new graph of `gears` fails the padding probe (`Prober.check`), or None."""
 
         @torch.no_grad()
         def replay(chunk: Chunk, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-            with outside_capture(), self._lock, ordered(self.backend):  # the buffers: requests' too
+            with self._section:  # the buffers: requests' too
                 for name, buffer in self._unbound.items():
                     buffer.copy_(tensors[name])
-                return self._replay_on(captured, tensors, chunk)
+                return plans.replay(self.transform, captured, tensors, chunk)
 
         return self._prober.check(gears, replay)
 

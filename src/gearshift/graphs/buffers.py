@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
+from typing import NoReturn
 
 import torch
 
@@ -41,6 +42,9 @@ class StaticBuffers:
             if size is not None
         ]
         self.dtypes = {n: example[n].dtype for n in transform.inputs}
+        self._checks = tuple(  # per input: its dtype and (axis, size) of its static axes
+            (n, dtype, tuple((axis, size) for m, axis, size in self.static if m == n))
+            for n, dtype in self.dtypes.items())
         self.caps = caps
         self.buffers = self.allocate(caps)
 
@@ -82,7 +86,20 @@ class StaticBuffers:
         return views
 
     def check(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Static axes and dtypes as the example's: ShapeError naming the input otherwise."""
+        """Static axes and dtypes as the example's: ShapeError naming the input otherwise
+        (`_refuse`). One pass over the inputs (`_checks`)."""
+        for name, dtype, static in self._checks:
+            t = tensors[name]
+            if t.dtype != dtype:
+                self._refuse(tensors)
+            if static:
+                shape = t.shape
+                for axis, size in static:
+                    if shape[axis] != size:
+                        self._refuse(tensors)
+
+    def _refuse(self, tensors: Mapping[str, torch.Tensor]) -> NoReturn:
+        """The ShapeError of a call `check` found wrong: dtypes first, then static axes."""
         for name, dtype in self.dtypes.items():
             if tensors[name].dtype != dtype:
                 raise ShapeError(
@@ -95,3 +112,4 @@ class StaticBuffers:
                     f"{name} axis {axis} is {tensors[name].shape[axis]}; the graphs were built"
                     f" for {size}"
                 )
+        raise AssertionError("check refused a call _refuse finds right")  # pragma: no cover

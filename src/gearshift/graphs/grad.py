@@ -19,10 +19,17 @@ import torch
 
 from gearshift.errors import ShapeError
 
+_ALREADY = contextlib.nullcontext()  # reentrant and stateless: one for every caller
+
 
 def mode(inference: bool) -> contextlib.AbstractContextManager[Any]:
-    """torch.inference_mode if `inference`, else no_grad outside inference mode."""
-    return torch.inference_mode() if inference else _NoGrad()
+    """torch.inference_mode if `inference`, else no_grad outside inference mode; a block that
+    changes nothing when the caller is in that mode already (a serving loop's usual case)."""
+    if inference:
+        return _ALREADY if torch.is_inference_mode_enabled() else torch.inference_mode()
+    if torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+        return _NoGrad()
+    return _ALREADY
 
 
 class _NoGrad:

@@ -29,6 +29,7 @@ from gearshift.errors import ShapeError
 from gearshift.graphs.state import NoStateWrites, reached
 
 Axes = tuple[str | None, ...]  # per tensor axis: the dim it carries, or None (static)
+TRACE_SIZES = (3, 5, 7, 11, 13, 17, 19, 23)  # distinct, > 1: no 0/1 specialisation, no aliasing
 RTOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 TF32_RTOL = 5e-3  # float32 when matmuls may run in TF32 (a 10-bit mantissa)
 
@@ -110,6 +111,37 @@ def trace(fn: Callable[..., Any], fakes: Mapping[str, torch.Tensor]) -> tuple[li
             raise NotTensor(i, val)
         leaves.append(Leaf(_sizes(val), reads[node] | written.get(root(node), frozenset())))
     return leaves, shapes
+
+
+def fakes(dims: Mapping[str, Dim], inputs: Mapping[str, Axes], lengths: Mapping[str, str],
+          tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fake inputs for `trace` in a new symbolic shape environment, shaped as `tensors`: each
+    bound axis a symbol (sizes distinct per dim), and each lengths input (name -> dim) an
+    int64 tensor of shape (1,) on the first bound input's device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    sizes = {d: min(max(s, spec.min), spec.max)
+             for (d, spec), s in zip(dims.items(), TRACE_SIZES, strict=False)}
+    out = {}
+    for name, axes in inputs.items():
+        t = tensors[name]
+        example = t.new_zeros(
+            [n if d is None else sizes[d] for d, n in zip(axes, t.shape, strict=True)])
+        dynamic = [DimDynamic.STATIC if d is None else DimDynamic.DYNAMIC for d in axes]
+        context = StatelessSymbolicContext(dynamic_sizes=dynamic)
+        out[name] = mode.from_tensor(example, symbolic_context=context)
+    device = next(tensors[n].device for n, axes in inputs.items() if any(axes))
+    static = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC])
+    for name, dim in lengths.items():
+        size = torch.tensor([sizes[dim]], device=device)
+        out[name] = mode.from_tensor(size, symbolic_context=static)
+    return out
 
 
 def axes_of(fn: Callable[..., Any], inputs: Mapping[str, Axes], leaves: Sequence[Leaf],

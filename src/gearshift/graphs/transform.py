@@ -36,7 +36,7 @@ import inspect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -49,7 +49,6 @@ from gearshift.graphs.state import StateWrite
 
 Chunk = dict[str, "Span"]
 DEFAULT_SYMBOLS = {"B": "BATCHSIZE", "S": "SEQLEN"}
-_TRACE_SIZES = (3, 5, 7, 11, 13, 17, 19, 23)  # distinct, > 1: no 0/1 specialisation, no aliasing
 
 
 @dataclass(frozen=True)
@@ -119,6 +118,12 @@ class Transform:
             self.outputs = [self._resolve(a, f"outputs[{i}]") for i, a in enumerate(declared)]
         self._traced = False
         self.inference = False  # the first call ran under torch.inference_mode (`mode`)
+        self._checks = tuple(  # per input: its rank and (axis, dim, min, max) of bound axes
+            (n, len(axes), tuple((i, d, self.dims[d].min, self.dims[d].max)
+                                 for i, d in enumerate(axes) if d is not None))
+            for n, axes in self.inputs.items())
+        first = list(dict.fromkeys(d for axes in self.inputs.values() for d in axes if d))
+        self._in_order = first == list(self.dims)  # check's sizes come in dim order
         self._check_signature()
 
     def _check_signature(self) -> None:
@@ -155,8 +160,33 @@ class Transform:
         return tuple(None if a is None else self.symbols[a] for a in axes)
 
     def check(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
-        """The raw size of every dim; ShapeError naming the tensor and axis on any mismatch.
-        The first call also finds the output axes (symbolic trace) unless declared."""
+        """The raw size of every dim; ShapeError naming the tensor and axis on any mismatch
+        (`_refuse`). The first call also finds the output axes (symbolic trace) unless
+        declared. One pass over the inputs' precomputed bound axes and bounds (`_checks`)."""
+        if tensors.keys() != self.inputs.keys():
+            self._refuse(tensors)
+        sizes: dict[str, int] = {}
+        wanting = False  # an input requires grad
+        for name, rank, bound in self._checks:
+            t = tensors[name]
+            if not isinstance(t, torch.Tensor) or t.is_meta or t.dim() != rank:
+                self._refuse(tensors)
+            wanting = wanting or t.requires_grad
+            shape = t.shape
+            for axis, dim, low, high in bound:
+                size = shape[axis]
+                if sizes.setdefault(dim, size) != size or size < low or size > high:
+                    self._refuse(tensors)
+        if wanting:
+            grad.refuse_grad(tensors)
+        if not self._traced:
+            self.inference = torch.is_inference_mode_enabled()
+            self.outputs = self._padding_checked(tensors)
+            self._traced = True
+        return sizes if self._in_order else {dim: sizes[dim] for dim in self.dims}
+
+    def _refuse(self, tensors: Mapping[str, torch.Tensor]) -> NoReturn:
+        """The ShapeError of a call `check` found wrong, naming the tensor and axis."""
         if tensors.keys() != self.inputs.keys():
             raise ShapeError(f"expected inputs {sorted(self.inputs)}, got {sorted(tensors)}")
         sizes: dict[str, int] = {}
@@ -187,12 +217,7 @@ class Transform:
                     raise ShapeError(
                         f"{name} axis {axis}: {dim}={size} is outside [{spec.min}, {spec.max}]"
                     )
-        grad.refuse_grad(tensors)
-        if not self._traced:
-            self.inference = torch.is_inference_mode_enabled()
-            self.outputs = self._padding_checked(tensors)
-            self._traced = True
-        return {dim: sizes[dim] for dim in self.dims}
+        raise AssertionError("check refused a call _refuse finds right")  # pragma: no cover
 
     def mode(self) -> contextlib.AbstractContextManager[None]:
         """The grad mode every run of fn is made under, on any thread (`grad.mode`)."""
@@ -366,32 +391,5 @@ class Transform:
         return found
 
     def _fakes(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Fake inputs in a new symbolic shape environment: each bound axis a symbol (sizes
-        distinct per dim), lengths inputs included."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.symbolic_shapes import (
-            DimDynamic,
-            ShapeEnv,
-            StatelessSymbolicContext,
-        )
-
-        mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
-        sizes = {
-            d: min(max(s, spec.min), spec.max)
-            for (d, spec), s in zip(self.dims.items(), _TRACE_SIZES, strict=False)
-        }
-        fakes = {}
-        for name, axes in self.inputs.items():
-            t = tensors[name]
-            example = t.new_zeros(
-                [n if d is None else sizes[d] for d, n in zip(axes, t.shape, strict=True)]
-            )
-            dynamic = [DimDynamic.STATIC if d is None else DimDynamic.DYNAMIC for d in axes]
-            context = StatelessSymbolicContext(dynamic_sizes=dynamic)
-            fakes[name] = mode.from_tensor(example, symbolic_context=context)
-        device = tensors[self.bound[0]].device
-        static = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC])
-        for name, size in self.real(sizes, device).items():
-            fakes[name] = mode.from_tensor(size, symbolic_context=static)
-        return fakes
-
+        """Fake inputs of the trace (`padding.fakes`), lengths inputs included."""
+        return padding.fakes(self.dims, self.inputs, self.lengths, tensors)

@@ -117,9 +117,10 @@ class CompiledModel:
             raise ShapeError(f"{self.profile.name}: {len(args)} positional inputs, expected at"
                              f" most {len(self._names)} {list(self._names)}")
         tensors = dict(zip(self._names, args, strict=False))
-        if twice := tensors.keys() & kwargs.keys():
-            raise ShapeError(f"{self.profile.name}: inputs {sorted(twice)} given twice")
-        tensors.update(kwargs)
+        if kwargs:  # positional only (a model's usual call): nothing to merge
+            if twice := tensors.keys() & kwargs.keys():
+                raise ShapeError(f"{self.profile.name}: inputs {sorted(twice)} given twice")
+            tensors.update(kwargs)
         if self.runner is None:
             self.attach(tensors)
         return self.profile.run(**tensors)

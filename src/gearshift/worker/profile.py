@@ -173,17 +173,30 @@ class Profile(Router):
                                           compile_backend=backend, lock_dir=lock_dir))
 
     def run(self, /, **tensors: Any) -> Any:
-        """`fn(**tensors)` through the attached runner, bracketed (as `request`), routed and
-        recorded once: the runner replays the Route found here, on the gears in use."""
+        """`fn(**tensors)` through the attached runner, bracketed (as `request`: `_enter` and
+        `_leave`, inlined), routed and recorded once: the runner replays the Route found here,
+        on the gears in use."""
         runner = self._runner
         if runner is None:
             raise StateError(f"{self.name}: no runner attached (Profile.runner or attach)")
         sizes = runner.transform.check(tensors)
-        in_use = self._enter()
+        host, lock = self._host, self._lock  # `_enter`, inlined (the step's calls are few)
+        if host.region.version() != host._seen:
+            host._refresh()
+        lock.acquire()
+        in_use = self._in_use
+        in_use.active += 1
+        lock.release()
         try:
             return runner.run(tensors, sizes, self._route(in_use, sizes))
         finally:
-            self._leave(in_use)
+            lock = self._lock  # `_leave`, inlined
+            lock.acquire()
+            in_use.active -= 1
+            drained = not in_use.active and in_use is not self._in_use
+            lock.release()
+            if drained:
+                host._wake()
 
     # adoption (swap, then _maintain on the swap thread)
 

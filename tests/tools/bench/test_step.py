@@ -45,6 +45,10 @@ def test_bench_reports_every_arm_and_leaves_no_segment() -> None:
     assert data["compile_gearshift_frames_at_replay"] == 3
     assert data["runner_gearshift_frames_at_replay"] == 2
     assert 0 < data["runner_gearshift_calls_per_step"] < data["compile_gearshift_calls_per_step"]
+    # the common step's calls: Profile.run, Transform.check, the snapshot's version, the route
+    # and its ring write, AdaptiveRunner.run, StaticBuffers.check, the replay section's enter
+    # and exit, the replay (24 before copy plans, the one-pass checks and one graph partial)
+    assert data["runner_gearshift_calls_per_step"] <= 11  # 10 when written
     assert 0 <= data["idle_swap_thread_cpu_per_s"] < 1
     assert 0 <= data["idle_controller_cpu_per_s"] < 1
     assert not [n for n in os.listdir("/dev/shm") if f"bench-step-{os.getpid()}" in n]

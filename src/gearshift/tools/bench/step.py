@@ -182,8 +182,11 @@ def _calls(call: Callable[[torch.Tensor], Any], x: torch.Tensor) -> tuple[int, i
     gearshift frames on the stack when the graph replays (the replay's own left out)."""
     calls, frames = 0, []
 
+    def path(code: Any) -> str:
+        return code.co_filename.replace(os.sep, "/")
+
     def ours(code: Any) -> bool:
-        name = code.co_filename.replace(os.sep, "/")
+        name = path(code)
         return "/gearshift/" in name and "/gearshift/tools/" not in name
 
     def count(frame: Any, event: str, arg: Any) -> None:
@@ -192,8 +195,8 @@ def _calls(call: Callable[[torch.Tensor], Any], x: torch.Tensor) -> tuple[int, i
             return
         calls += 1
         if frame.f_code.co_name == "replay" and not frames:
-            up, n = frame.f_back, 0
-            while up is not None:
+            up, n = frame.f_back, 0  # up to the bench's own frame (not `gearshift`'s CLI's)
+            while up is not None and "/gearshift/tools/" not in path(up.f_code):
                 n += ours(up.f_code)
                 up = up.f_back
             frames.append(n)
