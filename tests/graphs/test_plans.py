@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gearshift as gs
-from gearshift.graphs import plans
+from gearshift.graphs import AdaptiveRunner, Transform, plans
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
 
@@ -18,9 +18,9 @@ def twice(x: torch.Tensor) -> torch.Tensor:
     return x * 2.0
 
 
-def runner(gears: list[int], pad: float = 0.0) -> gs.AdaptiveRunner:
+def runner(gears: list[int], pad: float = 0.0) -> AdaptiveRunner:
     dims = {"BATCHSIZE": gs.Dim(gears=gears, max=16, pad_value=pad)}
-    r = gs.AdaptiveRunner(gs.Transform(twice, dims, inputs={"x": ("B", None)}),
+    r = AdaptiveRunner(Transform(twice, dims, inputs={"x": ("B", None)}),
                           {"x": torch.zeros(1, H)}, pool=GraphResourcePool(CpuBackend()))
     r.capture([{"BATCHSIZE": g} for g in gears])
     return r
@@ -83,8 +83,8 @@ def test_two_dims_and_a_structure_of_outputs_replay_as_eager() -> None:
     """Pads on two axes (the corner takes the last axis' pad value), outputs cut on both."""
     dims = {"BATCHSIZE": gs.Dim(gears=[2, 4], max=8, pad_value=5.0),
             "SEQLEN": gs.Dim(gears=[8], max=8, pad_value=-3.0)}
-    r = gs.AdaptiveRunner(
-        gs.Transform(pair, dims, inputs={"x": ("B", "S", None), "mask": ("B", "S")}),
+    r = AdaptiveRunner(
+        Transform(pair, dims, inputs={"x": ("B", "S", None), "mask": ("B", "S")}),
         {"x": torch.zeros(1, 1, H), "mask": torch.zeros(1, 1)},
         pool=GraphResourcePool(CpuBackend()))
     r.capture([{"BATCHSIZE": 4, "SEQLEN": 8}, {"BATCHSIZE": 2, "SEQLEN": 8}])
