@@ -18,7 +18,7 @@ from gearshift.worker import interfaces
 MODEL_AUTHOR = {"compile", "connect", "Dim", "group", "outside_capture"}
 PIECES = {  # an engine's pieces and their packages
          "AdaptiveRunner": "gearshift.graphs", "CompiledRunner": "gearshift.graphs",
-         "GraphResourcePool": "gearshift.graphs", "GraphRunner": "gearshift.graphs",
+         "GraphResourcePool": "gearshift.graphs",
          "Transform": "gearshift.graphs", "Client": "gearshift.worker",
          "CompiledModel": "gearshift.worker", "Group": "gearshift.worker",
          "GroupRank": "gearshift.worker", "Maintenance": "gearshift.worker",
@@ -60,6 +60,16 @@ def test_a_renamed_name_is_refused_with_its_new_name(old: str) -> None:
     with pytest.raises(AttributeError, match=pointer):
         getattr(importlib.import_module(package), name)
     with pytest.raises(ImportError, match=pointer):
+        exec(f"from {package} import {name}", {})
+
+
+@pytest.mark.parametrize("old", ["gearshift.GraphRunner", "gearshift.graphs.GraphRunner",
+                                 "gearshift.graphs.runner"])
+def test_the_removed_graph_runner_is_refused_with_what_does_its_work(old: str) -> None:
+    package, _, name = old.rpartition(".")
+    with pytest.raises(AttributeError, match=r"removed .only tests used it.*AdaptiveRunner"):
+        getattr(importlib.import_module(package), name)
+    with pytest.raises(ImportError, match=r"removed .only tests used it.*AdaptiveRunner"):
         exec(f"from {package} import {name}", {})
 
 

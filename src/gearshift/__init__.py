@@ -38,7 +38,9 @@ _LAZY = {
 }
 _MOVED = {
     **moved_to("gearshift", ["AdaptiveRunner", "CompiledRunner", "GraphResourcePool",
-                             "GraphRunner", "Transform"], "gearshift.graphs"),
+                             "Transform"], "gearshift.graphs"),
+    "GraphRunner": "gearshift.GraphRunner was removed (only tests used it): a"
+                   " gearshift.graphs.AdaptiveRunner of a Transform with one dim does what it did",
     **moved_to("gearshift", ["Client", "Group", "GroupRank", "Maintenance", "Profile", "Route"],
                "gearshift.worker"),
     "Compiled": "gearshift.Compiled was renamed gearshift.worker.CompiledModel",

@@ -16,7 +16,7 @@ from shm import stream_procs
 from shm.procs import WAIT, Spawn
 
 import gearshift as gs
-from gearshift.graphs import AdaptiveRunner, GraphRunner, Transform, device, streams
+from gearshift.graphs import AdaptiveRunner, Transform, device, streams
 from gearshift.graphs.backends import (
     CUDA_HOOKS,
     NPU_LIMIT,
@@ -231,14 +231,7 @@ def test_npu_refuses_task_queue_level_2_and_a_torch_npu_without_graphs(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_cuda_graph_runner_matches_eager() -> None:
-    layer = torch.nn.Linear(8, 8).cuda()
-    runner = GraphRunner(lambda x: torch.relu(layer(x)), [1, 4, 16], hidden=8, device="cuda")
-    runner.capture()
-    for bs in (3, 16, 1, 4):
-        x = torch.randn(bs, 8, device="cuda")
-        torch.testing.assert_close(runner.run(x), torch.relu(layer(x)))
-    assert runner.stats["replays"] == 4
+def test_cuda_reports_its_memory() -> None:
     free, total = get_backend("cuda").mem_get_info()
     assert 0 < free <= total
 
