@@ -4,7 +4,8 @@ An engine's pieces, imported on first use (`gearshift.graphs.X`): `AdaptiveRunne
 function on adaptive gears, one graph per variant), `CompiledRunner` (the same, each variant
 its own `torch.compile`), `Transform` (padding a call to its variant and recovering the
 outputs) and `GraphResourcePool` (a device's graphs and their limits). Lazy, so that the
-torch-free modules here (`streams`) stay torch-free. The controller, the core and the shared-memory layer never import these modules.
+torch-free modules here (`streams`) stay torch-free. The controller, the core and the
+shared-memory layer never import these modules.
 """
 
 from gearshift.lazy import exports
