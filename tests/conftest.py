@@ -1,5 +1,9 @@
 """Shared fixtures: unique shared-memory namespaces, bounded child processes, a private state
-directory, and session-wide checks that nothing is left in /dev/shm or the user's state."""
+directory, and session-wide checks that nothing is left in /dev/shm or the user's state.
+
+Torch's kernels run on one thread in the suite and in every process it starts (OMP_NUM_THREADS,
+set here before anything imports torch, unless already set): the tests' tensors are small, and
+on a 2-core machine shared with child processes an OpenMP team waits on a descheduled thread."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 PREFIX = f"gstest{os.getpid()}x"
 JOIN_TIMEOUT = 30.0
 _counter = itertools.count()

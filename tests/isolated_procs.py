@@ -59,10 +59,11 @@ def beating_slot(namespace: str, device: int = 0, events: int = 0, beat: bool = 
 
 def client(namespace: str) -> None:
     """A real worker (`gs.connect`): one profile, routing on "route N"; "close" closes it
-    (its `leave` runs) and exits; reports "attached SLOT" once attached."""
+    (its `leave` runs) and exits; reports "attached SLOT" once attached. It does not wait for
+    the profile's registration (the tests' controllers may never answer it)."""
     import gearshift as gs
 
-    with gs.connect(namespace) as c:
+    with gs.connect(namespace, register_timeout=0) as c:
         prof = c.profile("prefill", {"SEQLEN": gs.Dim(max=4096)})
         deadline = time.monotonic() + WAIT
         while c.slot is None and time.monotonic() < deadline:

@@ -148,10 +148,12 @@ def test_a_worker_of_another_pid_namespace_is_kept_while_it_beats_and_reclaimed_
     controller: Controller, clock: FakeClock
 ) -> None:
     child = Isolated(f"beating_slot({controller.config.namespace!r}, events=3)")
+    observer = Registry.attach(controller.config.namespace)  # reads its beats, judges nothing
     try:
-        child.expect("claimed")
+        slot = int(child.expect("claimed").split()[1])
         for _ in range(3 * int(LEASE)):  # fake seconds past the lease; it beats meanwhile
-            time.sleep(0.15)
+            last = observer.slots()[slot].heartbeat_ns
+            _wait(lambda last=last: observer.slots()[slot].heartbeat_ns != last, "its next beat")
             clock.advance(1.0)
             controller.step()
         (info,) = [w.info for w in controller.workers.values()]
@@ -165,6 +167,7 @@ def test_a_worker_of_another_pid_namespace_is_kept_while_it_beats_and_reclaimed_
         assert controller.counts["reclaimed_workers"] == 1  # within the lease of its last beat
         assert controller.counts["consumed"] == 3  # its ring drained before the reclaim
     finally:
+        observer.close()
         child.kill()
 
 

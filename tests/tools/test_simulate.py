@@ -289,7 +289,7 @@ def test_graph_bytes_are_held_per_segment_on_every_worker() -> None:
 
 
 def test_the_default_bound_holds_priced_graphs_to_the_start_up_bytes_plus_the_slack() -> None:
-    trace = slice_of("azure_code_prefill", 20)
+    trace = slice_of("azure_code_prefill", 10)
     dims = policy_dims(trace, "adaptive", cost=device_costs(trace))
     bytes_ = {"SEQLEN": Line(2e6, 8e4)}
     runs = {ratio: simulate(trace, dims, PolicyConfig(graph_memory_budget_ratio=ratio),
@@ -303,7 +303,7 @@ def test_the_default_bound_holds_priced_graphs_to_the_start_up_bytes_plus_the_sl
 
 
 def test_modelled_buffers_count_once_at_the_largest_gear_and_leave_more_room() -> None:
-    trace = slice_of("azure_code_prefill", 20)
+    trace = slice_of("azure_code_prefill", 10)
     dims = policy_dims(trace, "adaptive", cost=device_costs(trace))
     per_token = {"SEQLEN": Line(0.0, 8e4)}
     runs = [simulate(trace, dims, PolicyConfig(),

@@ -189,16 +189,17 @@ def test_help_documents_the_defaults() -> None:
     assert "Default: yes for BATCHSIZE" in text and "power-of-two ladder" in text
 
 
-def test_cost_prices_the_padding_the_policy_and_the_report_count() -> None:
-    code, out, _ = run("azure_conv_prefill", "--cost", "SEQLEN=0,1,0.001", "--json")
+def test_cost_prices_the_padding_the_policy_and_the_report_count(tmp_path: Path) -> None:
+    trace = _slice(tmp_path, "azure_conv_prefill", 3000)  # about ten minutes
+    code, out, _ = run(trace, "--cost", "SEQLEN=0,1,0.001", "--json")
     assert code == EXIT_OK
     priced = json.loads(out)["dims"]["SEQLEN"]
-    plain = json.loads(run("azure_conv_prefill", "--json")[1])["dims"]["SEQLEN"]
+    plain = json.loads(run(trace, "--json")[1])["dims"]["SEQLEN"]
     assert plain["cost_overhead"] == pytest.approx(plain["padding_overhead"])
     assert priced["cost_overhead"] > priced["padding_overhead"]  # long requests pad dearer
     assert priced["final_gears"] != plain["final_gears"]
-    table = run("azure_conv_prefill", "--cost", "SEQLEN=0,1,0.001")[1]
-    assert "cost pad" in table.splitlines()[1] and "cost pad" not in run("azure_conv_prefill")[1]
+    table = run(trace, "--cost", "SEQLEN=0,1,0.001")[1]
+    assert "cost pad" in table.splitlines()[1] and "cost pad" not in run(trace)[1]
 
 
 def _slice(tmp_path: Path, name: str, events: int) -> str:
@@ -305,8 +306,9 @@ def test_plot_labels_every_gear_and_marks_segments_without_requests(tmp_path: Pa
     assert len(many) <= 25 and many[0] == 1 and many[-1] == 4096
 
 
-def test_graph_bytes_and_budget_are_reported_and_checked() -> None:
-    args = ("azure_code_prefill", "--cost", "SEQLEN=6.85e-3,3.25e-5,5.3e-10",
+def test_graph_bytes_and_budget_are_reported_and_checked(tmp_path: Path) -> None:
+    trace = _slice(tmp_path, "azure_code_prefill", 1500)  # about ten minutes
+    args = (trace, "--cost", "SEQLEN=6.85e-3,3.25e-5,5.3e-10",
             "--capture-seconds", "0.05", "--graph-bytes", "SEQLEN=2e6,8e4")
     code, out, _ = run(*args, "--graph-budget", "2e9", "--json")
     assert code == EXIT_OK
@@ -333,9 +335,10 @@ def test_graph_bytes_and_budget_are_reported_and_checked() -> None:
         assert code == EXIT_USAGE and bad[0] in err
 
 
-def test_a_group_of_ranks_counts_each_step_once_and_decides_as_one_device() -> None:
-    code, alone, _ = run("azure_code_prefill", "--json")
-    code2, group, _ = run("azure_code_prefill", "--json", "--ranks", "4")
+def test_a_group_of_ranks_counts_each_step_once_and_decides_as_one_device(tmp_path: Path) -> None:
+    trace = _slice(tmp_path, "azure_code_prefill", 1500)  # about ten minutes
+    code, alone, _ = run(trace, "--json")
+    code2, group, _ = run(trace, "--json", "--ranks", "4")
     assert code == code2 == EXIT_OK
     alone_, group_ = json.loads(alone), json.loads(group)
     assert alone_["updates"] > 0 and alone_["decisions"] == group_["decisions"]

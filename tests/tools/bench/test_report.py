@@ -71,7 +71,8 @@ def test_every_registered_benchmark_has_a_table() -> None:
         ("optimal", optimal, ["--values", "300", "--baseline-values", "100"], 2),
         ("hotpath", hotpath, ["--batches", "5", "--batch", "20"], 2),
         ("snapshot", snapshot, [], 2),
-        ("synthetic", synthetic, ["--seeds", "1", "--family", "uniform", "--family", "spikes"], 6),
+        ("synthetic", synthetic,
+         ["--seeds", "1", "--family", "zipf batch", "--family", "step batch"], 6),
     ],
 )
 def test_tables_read_what_the_benchmarks_print(

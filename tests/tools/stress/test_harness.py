@@ -1,4 +1,4 @@
-"""A small chaos run (4 workers, 15 s) keeps every invariant, and leaves no process or segment.
+"""A small chaos run (4 workers, 8 s) keeps every invariant, and leaves no process or segment.
 
 It is real processes on a loaded 2-core machine, with other tests running, so it asserts what no
 load can excuse: counts (events lost, torn snapshots, versions routed unpublished, kills,
@@ -20,7 +20,7 @@ from .procs import processes_naming, shm_entries
 
 
 def test_a_chaos_run_keeps_every_invariant(namespace: str) -> None:
-    report = run(StressConfig(workers=4, seconds=15, chaos=True, namespace=namespace))
+    report = run(StressConfig(workers=4, seconds=8, chaos=True, namespace=namespace))
     details = report.details
     assert report.worker_kills >= 2 and report.controller_kills >= 2
     assert report.events_consumed > 0 and details["controller_dead_seconds"] > 0
