@@ -141,6 +141,31 @@ def test_a_dead_workers_slot_is_reclaimed_only_after_its_ring_was_drained(
     assert registry.slots()[info.slot].generation == 2
 
 
+def test_a_reclaimed_slot_reads_free_only_once_its_rings_memory_is_unmapped(
+    namespace: str, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tmpfs object's pages are freed when its last mapping goes, not at unlink: a slot
+    that read FREE while the reclaimer still mapped the unlinked ring promised room that was
+    not there yet (a worker taking the slot could fail to create its ring; under load the
+    full-/dev/shm test saw a registration succeed where none had room)."""
+    slot = registry.claim_slot(0)
+    ring = EventRing.create(namespace, slot, 8)
+    registry.release_slot(slot)
+    mapped_when_freed: list[bool] = []
+    set_slot = registry._set_slot
+
+    def watching(slot_: int, offset: int, value: int) -> None:
+        if offset == control.STATE and value == SlotState.FREE:
+            mapped_when_freed.append(not ring.segment.mm.closed)
+        set_slot(slot_, offset, value)
+
+    monkeypatch.setattr(registry, "_set_slot", watching)
+    registry.reclaim(slot, ring)
+    ring.close()  # the reclaimer's own close after it: a no-op now
+    assert mapped_when_freed == [False]
+    assert registry.slots()[slot].state == SlotState.FREE
+
+
 def test_a_worker_dead_before_creating_its_ring_is_reclaimed_without_one(
     registry: Registry,
 ) -> None:

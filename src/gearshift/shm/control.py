@@ -297,7 +297,8 @@ class Registry(Leadership):
         return [judge(slot, row, self.watch, now) for slot, row in enumerate(rows)]
 
     def reclaim(self, slot: int, ring: EventRing | None) -> None:
-        """Free a reclaimable slot and unlink its ring, which must be attached and drained.
+        """Free a reclaimable slot, and unlink and close its ring, which must be attached and
+        drained (the slot reads FREE only once the ring's memory is given back).
 
         Pass `ring=None` only if the worker died before creating its ring (an object of
         another user under its name is no ring of ours). NamespaceBusy if the worker is alive,
@@ -317,6 +318,7 @@ class Registry(Leadership):
                 if ring.pending():
                     raise NamespaceBusy(f"{name} still holds {ring.pending()} events: drain it")
                 ring.unlink()
+                ring.close()  # a tmpfs object's pages go with its last mapping: FREE means room
             self._set_slot(slot, IDENT, 0)
             self._set_slot(slot, STATE, SlotState.FREE)
 

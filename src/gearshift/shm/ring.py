@@ -272,8 +272,10 @@ class EventRing:
         return self._words[_DROPPED]
 
     def close(self) -> None:
-        """Unmap the ring; a producer thread's later `write` returns False."""
+        """Unmap the ring (again: nothing); a producer thread's later `write` returns False."""
         with self._lock:
+            if self._closed:
+                return
             self._closed, self._limit = True, 0  # the next write goes to `_room`
             del self._records  # a numpy view: it must go before the mapping can close
             self.segment.close()
