@@ -120,7 +120,7 @@ def test_a_group_rides_in_the_registration_and_none_is_absent() -> None:
 
 def test_a_rank_s_holdings_and_the_usable_set_ride_in_their_messages() -> None:
     msg = protocol.holds_message(3, [(8, 64), (16, 64)])
-    assert protocol.parse_holds(msg, 2) == (3, frozenset({(8, 64), (16, 64)}))
+    assert protocol.parse_holds(msg, 2) == (3, frozenset({(8, 64), (16, 64)}), (0, 0))
     for bad in ({**msg, "variants": [[8]]}, {**msg, "variants": [[8, 0]]},
                 {**msg, "variants": [[8, True]]}, {**msg, "profile": -1},
                 {**msg, "variants": [[1, 1]] * (protocol.MAX_HELD + 1)}):
@@ -138,5 +138,30 @@ def test_a_rank_s_holdings_and_the_usable_set_ride_in_their_messages() -> None:
     assert protocol.profile_reported(payload, "decode")
     payload["profiles"]["decode"]["group"]["reported"] = 1  # only True is true
     assert not protocol.profile_reported(payload, "decode")
+
+
+def test_a_report_carries_its_rank_s_epoch_and_count_bounded_and_an_older_one_reads_as_0() -> None:
+    msg = protocol.holds_message(3, [(8,)], 7, 12)
+    assert protocol.parse_holds(msg, 1) == (3, frozenset({(8,)}), (7, 12))
+    top = protocol.MAX_MARK
+    assert protocol.parse_holds({**msg, "epoch": top, "count": top}, 1)[2] == (top, top)
+    old = {k: v for k, v in msg.items() if k not in ("epoch", "count")}  # an older worker's
+    assert protocol.parse_holds(old, 1)[2] == (0, 0)  # no driver's epoch is 0: never usable
+    for key in ("epoch", "count"):
+        for bad in (-1, top + 1, True, 1.0, "7", None, [7]):
+            with pytest.raises(PayloadError, match="epoch and count"):
+                protocol.parse_holds({**msg, key: bad}, 1)
+
+
+def test_the_usable_set_s_epoch_and_least_count_are_read_validated() -> None:
+    group = {"name": "tp", "size": 2, "usable": [(8,)], "at": [7, 12]}
+    payload = protocol.snapshot_payload(0, {"decode": {"B": (8,)}}, groups={"decode": group})
+    assert protocol.profile_usable_at(payload, "decode") == (7, 12)
+    assert protocol.profile_usable_at(payload, "plain") is None
+    for bad in (None, [7], [7, 12, 1], [-1, 3], [7, True], [7, 1.5], "7,12", [7, 2**63]):
+        payload["profiles"]["decode"]["group"]["at"] = bad
+        assert protocol.profile_usable_at(payload, "decode") is None
+    del payload["profiles"]["decode"]["group"]["at"]  # an older controller's: nothing usable
+    assert protocol.profile_usable_at(payload, "decode") is None
     assert not protocol.profile_reported(payload, "plain")
     assert not protocol.profile_reported(None, "decode")

@@ -21,9 +21,12 @@ ungrouped. The mailbox carries msgpack maps, so neither key changes a shared-mem
 
 What a rank holds (worker -> controller, the slot's request mailbox; no reply), after each
 change of the graphs it has captured of a grouped profile: `{"op": "holds", "profile": P,
-"variants": [[g, ...], ...]}`, every variant (a gear per dim, in record order) it holds, at most
-MAX_HELD. The controller keeps each rank's last report; a rank's restarted process holds nothing
-until it reports.
+"variants": [[g, ...], ...], "epoch": E, "count": C}`, every variant (a gear per dim, in record
+order) it holds, at most MAX_HELD, and the rank's epoch (that of the last reset maintenance it
+ran, 0 before any) and count of maintenances since (`worker.group.Maintenance`), each in [0,
+MAX_MARK]; a report without them (an older worker) reads as epoch 0, count 0, which no driver's
+epoch matches. The controller keeps each rank's last report; a rank's restarted process holds
+nothing until it reports.
 
 Snapshot payload (controller -> every worker of one device, its snapshot region):
 
@@ -33,7 +36,9 @@ Snapshot payload (controller -> every worker of one device, its snapshot region)
 `changes` are the last round's decisions of that profile (for status views). The payload
 carries no version: the region's seqlock version is the snapshot version. A grouped profile's
 entry adds `"group": {"name": GROUP, "size": N, "usable": [[g, ...], ...], "reported": B,
-"replaced": R}`: the variants every rank of the group holds (`core.group.usable`), whether
+"replaced": R, "at": [E, C] or null}`: the variants every rank of the group holds
+(`core.group.usable`), the epoch of every rank's last report and the least count among them
+(`core.group.usable_at`; null when the epochs differ or a rank has not reported), whether
 every rank has reported (a usable set that lost what the driver holds, with every report in: a
 rank lacks it), and how many times a rank was declared by another worker than the one that
 held it (it grows when a rank's process is replaced: the driver resets the group).
@@ -59,6 +64,7 @@ from gearshift.errors import GroupError, PayloadError, ShapeError
 
 MAX_PROFILE_ID = 0xFFFF
 MAX_HELD = 512  # variants one report of what a rank holds may name (fits a default mailbox)
+MAX_MARK = 2**63 - 1  # the largest epoch or count a report or a maintenance may carry
 _DIM_FIELDS = {f.name for f in dataclasses.fields(Dim)}
 
 
@@ -145,14 +151,23 @@ def snapshot_payload(device: int, gears: Mapping[str, Mapping[str, Gears]],
     return out
 
 
-def holds_message(profile: int, variants: Iterable[Sequence[int]]) -> dict[str, Any]:
-    """A rank's report of the variants of profile id `profile` it holds."""
-    return {"op": "holds", "profile": profile, "variants": [list(v) for v in variants]}
+def holds_message(profile: int, variants: Iterable[Sequence[int]], epoch: int = 0,
+                  count: int = 0) -> dict[str, Any]:
+    """A rank's report of the variants of profile id `profile` it holds, in `epoch` after
+    `count` maintenances."""
+    return {"op": "holds", "profile": profile, "variants": [list(v) for v in variants],
+            "epoch": epoch, "count": count}
 
 
-def parse_holds(msg: Mapping[str, Any], ndim: int) -> tuple[int, frozenset[tuple[int, ...]]]:
-    """(profile id, variants) of a report of what a rank holds, each variant `ndim` gears;
-    PayloadError when it is malformed or names more than MAX_HELD."""
+def _mark(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_MARK
+
+
+def parse_holds(msg: Mapping[str, Any], ndim: int
+                ) -> tuple[int, frozenset[tuple[int, ...]], tuple[int, int]]:
+    """(profile id, variants, (epoch, count)) of a report of what a rank holds, each variant
+    `ndim` gears, (0, 0) when it carries no epoch and count (an older worker); PayloadError
+    when it is malformed or names more than MAX_HELD."""
     profile, variants = msg.get("profile"), msg.get("variants")
     if isinstance(profile, bool) or not isinstance(profile, int) or not (
             0 <= profile <= MAX_PROFILE_ID):
@@ -165,7 +180,11 @@ def parse_holds(msg: Mapping[str, Any], ndim: int) -> tuple[int, frozenset[tuple
                 isinstance(g, int) and not isinstance(g, bool) and 0 < g < 2**63 for g in v)):
             raise PayloadError(f"a variant is {ndim} positive gears, got {brief(v)}")
         held.add(tuple(v))
-    return profile, frozenset(held)
+    mark = (msg.get("epoch", 0), msg.get("count", 0))
+    if not all(map(_mark, mark)):
+        raise PayloadError(f"epoch and count must be integers in [0, {MAX_MARK}], got "
+                           f"{brief(list(mark))}")
+    return profile, frozenset(held), mark
 
 
 def profile_usable(payload: Any, name: str) -> frozenset[tuple[int, ...]] | None:
@@ -176,6 +195,18 @@ def profile_usable(payload: Any, name: str) -> frozenset[tuple[int, ...]] | None
         return frozenset(tuple(int(g) for g in v) for v in usable)
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
+
+
+def profile_usable_at(payload: Any, name: str) -> tuple[int, int] | None:
+    """(epoch, least count) of the reports behind grouped profile `name`'s usable set, in a
+    snapshot payload; None when the ranks' epochs differ, or it is absent or malformed."""
+    try:
+        at = payload["profiles"][name]["group"]["at"]
+    except (AttributeError, KeyError, TypeError):
+        return None
+    if isinstance(at, list) and len(at) == 2 and all(map(_mark, at)):
+        return at[0], at[1]
+    return None
 
 
 def profile_reported(payload: Any, name: str) -> bool:

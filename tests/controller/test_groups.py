@@ -68,11 +68,11 @@ def test_the_snapshots_say_when_every_rank_has_reported_even_if_nothing_became_u
     _join(groups, 0)
     _join(groups, 1)
     assert groups.views(0)["decode"] == {"name": "tp", "size": 2, "usable": [],
-                                         "reported": False, "replaced": 0}
+                                         "reported": False, "replaced": 0, "at": None}
     assert groups.hold(10, "decode", frozenset({(8,), (16,)})) is None  # nothing changed yet
     assert groups.hold(11, "decode", frozenset({(8,)})) == [0, 1]
     assert groups.views(1)["decode"] == {"name": "tp", "size": 2, "usable": [(8,)],
-                                         "reported": True, "replaced": 0}
+                                         "reported": True, "replaced": 0, "at": [0, 0]}
     assert lacking(groups.profiles[("tp", "decode")]) == {1: [(16,)]}  # a failed capture
     dead.add(11)
     _join(groups, 1, slot=21)  # rank 1's new process: holds nothing until it reports
@@ -81,3 +81,25 @@ def test_the_snapshots_say_when_every_rank_has_reported_even_if_nothing_became_u
     assert groups.views(0)["decode"]["replaced"] == 1  # the driver resets the group
     assert groups.hold(21, "decode", frozenset()) == [0, 1]  # usable still empty: published
     assert groups.views(0)["decode"]["reported"] is True
+
+
+def test_the_usable_set_is_published_with_its_reports_epoch_and_least_count() -> None:
+    dead: set[int] = set()
+    groups = _groups(dead)
+    _join(groups, 0)
+    _join(groups, 1)
+    assert groups.hold(10, "decode", frozenset({(8,)}), (5, 3)) is None  # rank 1 not in yet
+    assert groups.views(0)["decode"]["at"] is None
+    assert groups.hold(11, "decode", frozenset({(8,)}), (5, 2)) == [0, 1]
+    assert groups.views(0)["decode"]["at"] == [5, 2]  # one epoch: the least count
+    assert groups.hold(11, "decode", frozenset({(8,)}), (5, 4)) == [0, 1]  # only `at` moved
+    assert groups.views(0)["decode"]["at"] == [5, 3]
+    assert groups.hold(11, "decode", frozenset({(8,)}), (5, 4)) is None  # nothing changed
+    assert groups.hold(10, "decode", frozenset({(8,)}), (6, 1)) == [0, 1]  # a reset: rank 0 in
+    assert groups.views(0)["decode"]["at"] is None  # mixed epochs: no report counts
+    assert groups.views(0)["decode"]["usable"] == [(8,)]
+    assert groups.hold(11, "decode", frozenset(), (6, 1)) == [0, 1]
+    assert groups.views(0)["decode"]["at"] == [6, 1]
+    dead.add(11)
+    _join(groups, 1, slot=21)  # a new process: its report and its mark are gone
+    assert groups.views(0)["decode"]["at"] is None

@@ -21,6 +21,7 @@ from gearshift.core.group import (
     declare,
     headroom,
     usable,
+    usable_at,
 )
 from gearshift.core.round import DeviceLedger, ProfileLedger, decide_round
 from gearshift.errors import GroupError
@@ -135,3 +136,9 @@ def test_a_gear_walks_the_timeline_and_the_docs_table_is_the_same() -> None:
             re.findall(r"^\| ([a-z, ]+) \| [^|]+ \| ([a-z]+) \|", table, re.M)
             for s in states.split(",")} - {("state", "next state")}
     assert rows == {(s, n) for (s, _), n in GEAR_TIMELINE.items()}
+
+
+def test_the_usable_set_s_mark_is_one_epoch_s_least_count_or_none() -> None:
+    assert usable_at({0: (5, 3), 1: (5, 2)}, 2) == (5, 2)
+    assert usable_at({0: (5, 3), 1: (6, 1)}, 2) is None  # mixed epochs: no report counts
+    assert usable_at({0: (5, 3)}, 2) is None  # a rank has not reported

@@ -51,12 +51,15 @@ class Region:
     def read(self):
         return SimpleNamespace(version=self.v, payload=self.payload)
 
-    def usable(self, *gears: int, reported: bool = False, replaced: int = 0) -> None:
+    def usable(self, *gears: int, reported: bool = False, replaced: int = 0,
+               at: tuple[int, int] | None = (0, 0)) -> None:
+        """Publish `gears` usable; `at`: (epoch, least count) of the reports behind them."""
         self.v += 1
         self.payload = protocol.snapshot_payload(
             0, {"p": {"S": (8, 16, 32)}},
             groups={"p": {"name": "tp", "size": 2, "usable": [(g,) for g in gears],
-                          "reported": reported, "replaced": replaced}})
+                          "reported": reported, "replaced": replaced,
+                          "at": list(at) if at is not None else None}})
 
 
 TP0 = Group("tp", 0, 2)
@@ -89,7 +92,9 @@ def test_a_maintenance_rides_as_ints_and_a_garbled_one_is_refused() -> None:
     assert Maintenance.of(m.carried(), 2) == m
     assert Maintenance.of(list(Maintenance((), ()).carried()), 2) == Maintenance((), ())
     assert Maintenance.of(Maintenance((), (), True).carried(), 2).reset
-    for bad in ((0, 2, 8, 64), (0, 1, 8, 64, 1, 0), (0, 0, 1, 0, 0, 9), (2, 0, 0), ("x",), ()):
+    assert Maintenance.of((2**63 - 1, 0, 0), 2).reset == 2**63 - 1  # an epoch
+    for bad in ((0, 2, 8, 64), (0, 1, 8, 64, 1, 0), (0, 0, 1, 0, 0, 9), (-1, 0, 0), (2**63, 0, 0),
+                ("x",), ()):
         with pytest.raises(gs.GroupError):
             Maintenance.of(bad, 2)
 
@@ -103,7 +108,7 @@ def test_the_driver_announces_captures_largest_first_and_releases_what_left_its_
     assert rank.usable() == {(8,)}  # 4 goes at this boundary: the step after it cannot use it
     rank.maintain(m)
     assert runner.held == {(8,), (16,), (32,)}
-    assert sent[-1] == protocol.holds_message(3, [(8,), (16,), (32,)])
+    assert sent[-1] == protocol.holds_message(3, [(8,), (16,), (32,)], 0, 1)  # 1 maintenance
     assert rank.boundary() is None  # nothing left to do
 
 
@@ -211,4 +216,66 @@ def test_a_capture_that_raises_is_left_out_and_the_step_goes_on() -> None:
     runner.capture = out_of_memory
     rank.maintain(Maintenance(((32,),), ()))
     assert rank.stats["capture_failures"] == 1 and runner.held == set()
-    assert sent[-1] == protocol.holds_message(3, [])  # it reports that it lacks it
+    assert sent[-1] == protocol.holds_message(3, [], 0, 1)  # it reports that it lacks it
+
+
+def test_every_rank_reports_the_epoch_of_its_last_reset_and_the_maintenances_since() -> None:
+    rank, _, _, sent, _ = _rank()
+    rank.maintain(Maintenance((), (), 42))  # a reset: epoch 42, counted from 0
+    assert (sent[-1]["epoch"], sent[-1]["count"]) == (42, 1)
+    rank.maintain(Maintenance(((8,),), ()))
+    assert (sent[-1]["epoch"], sent[-1]["count"]) == (42, 2)
+    rank.maintain(Maintenance((), (), 43))
+    assert (sent[-1]["epoch"], sent[-1]["count"]) == (43, 1)
+
+
+def test_a_driver_s_resets_carry_ever_larger_epochs() -> None:
+    rank, _, _, _, _ = _rank(started=False)
+    first = rank.boundary()
+    assert first is not None and first.reset >= 1
+    rank.maintain(first)
+    rank._rejoined = True  # a rank was replaced
+    second = rank.boundary()
+    assert second is not None and second.reset > first.reset
+
+
+def test_a_stale_report_from_before_a_release_does_not_make_a_failed_recapture_usable() -> None:
+    """Gear 32 is released at one boundary and captured again at a later one, where rank 1's
+    capture fails; the controller still has rank 1's report from before the release (holding
+    32) beside rank 0's after the recapture: 32 is in the published usable set, but the
+    reports' least count is before its recapture, so the driver does not plan it."""
+    rank, region, runner, _, _ = _rank(started=False)
+    m = rank.boundary()  # the driver's first boundary: a reset into a new epoch
+    rank.maintain(m)
+    epoch = m.reset
+    assert runner.held == {(16,), (32,)}
+    region.usable(16, 32, reported=True, at=(epoch, 1))  # both ranks' reports after it
+    assert rank.plan(S=20)[1:] == (32,)
+    rank.profile.gears = {"S": (8, 16)}  # 32 leaves the gear set
+    m = rank.boundary()
+    assert m == Maintenance(((8,),), ((0, 32),))
+    rank.maintain(m)  # count 2: every rank releases 32
+    rank.profile.gears = {"S": (8, 16, 32)}  # and comes back before the reports are read
+    m = rank.boundary()
+    assert m == Maintenance(((32,),), ())
+    rank.maintain(m)  # count 3: rank 1's capture of 32 fails there
+    region.usable(16, 32, reported=True, at=(epoch, 1))  # rank 1's stale report, rank 0's fresh
+    assert rank.plan(S=20)[1:] == (0,)  # not 32: rank 1 would raise GroupError
+    assert rank.plan(S=12)[1:] == (16,)  # captured before every report
+    assert rank.boundary() is None and rank.stats["resets"] == 0  # 32 was never seen usable
+    region.usable(16, reported=True, at=(epoch, 3))  # rank 1's report after the failure
+    assert rank.plan(S=20)[1:] == (0,) and rank.boundary() is None  # partial: unrouted
+    region.usable(8, 16, 32, reported=True, at=(epoch, 3))  # had it succeeded everywhere
+    assert rank.plan(S=20)[1:] == (32,)
+
+
+def test_reports_of_another_epoch_or_of_mixed_epochs_make_nothing_usable() -> None:
+    rank, region, _, _, _ = _rank(started=False)
+    m = rank.boundary()
+    rank.maintain(m)
+    region.usable(16, 32, reported=True, at=(m.reset - 1, 5))  # reports before the reset
+    assert rank.plan(S=5)[1:] == (0,)
+    region.usable(16, 32, reported=True, at=None)  # mixed epochs
+    assert rank.plan(S=5)[1:] == (0,)
+    region.usable(16, 32, reported=True, at=(m.reset, 1))
+    assert rank.plan(S=5)[1:] == (16,)

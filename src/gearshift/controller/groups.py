@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gearshift.core.dims import Dim
-from gearshift.core.group import Group, Variant, usable
+from gearshift.core.group import Group, Variant, usable, usable_at
 from gearshift.errors import ProfileMismatch
 
 
@@ -40,6 +40,7 @@ class Members:
     dims: dict[str, Dim]
     ranks: dict[int, Member] = field(default_factory=dict)
     holds: dict[int, frozenset[Variant]] = field(default_factory=dict)  # last report per rank
+    marks: dict[int, tuple[int, int]] = field(default_factory=dict)  # its (epoch, count)
     replaced: int = 0  # ranks declared by another worker than the one that held them
 
 
@@ -108,16 +109,19 @@ class Groups:
         before = _published(members)
         if members.ranks.get(group.rank) != member:  # a new process holds nothing yet
             members.holds.pop(group.rank, None)
+            members.marks.pop(group.rank, None)
             members.replaced += group.rank in members.ranks
         members.ranks[group.rank] = member
         if _published(members) == before:
             return []
         return sorted({m.device for m in members.ranks.values()})
 
-    def hold(self, slot: int, profile: str, variants: frozenset[Variant]) -> list[int] | None:
-        """Record that `slot`'s worker holds `variants` of `profile` (its rank's last report);
-        returns the group's member devices when what their snapshots carry of it changed (the
-        usable set, whether every rank has reported), else None (also when
+    def hold(self, slot: int, profile: str, variants: frozenset[Variant],
+             mark: tuple[int, int] = (0, 0)) -> list[int] | None:
+        """Record that `slot`'s worker holds `variants` of `profile` (its rank's last report,
+        made in epoch `mark[0]` after `mark[1]` maintenances); returns the group's member
+        devices when what their snapshots carry of it changed (the usable set, its `at`,
+        whether every rank has reported), else None (also when
         `slot` holds no rank of a grouped `profile`)."""
         for (_, name), members in self.profiles.items():
             rank = next((r for r, m in members.ranks.items() if m.slot == slot), None)
@@ -125,6 +129,7 @@ class Groups:
                 continue
             before = _published(members)
             members.holds[rank] = variants
+            members.marks[rank] = mark
             if _published(members) == before:
                 return None
             return sorted({m.device for m in members.ranks.values()})
@@ -133,16 +138,19 @@ class Groups:
     def views(self, device: int) -> dict[str, dict[str, Any]]:
         """Per grouped profile a live rank of `device` holds: its group's name, size, usable
         variants (sorted), whether every rank has reported (`reported`: an empty usable set
-        with every report in means some rank lacks what the others hold, a restarted rank)
-        and how many times a rank was declared by another worker (`replaced`: the driver
-        resets the group when it grows, whatever was usable), as the device's snapshot
-        carries them."""
+        with every report in means some rank lacks what the others hold, a restarted rank),
+        how many times a rank was declared by another worker (`replaced`: the driver resets
+        the group when it grows, whatever was usable), and `at`: [epoch, least count] of the
+        ranks' last reports when all are of one epoch, else None (the driver routes a gear
+        only when `at` is of its epoch and at or past the count that captured it), as the
+        device's snapshot carries them."""
         out = {}
         for (group, name), members in self.profiles.items():
             if any(m.device == device for m in self.live((group, name)).values()):
                 out[name] = {"name": group, "size": members.size,
                              "usable": sorted(usable(members.holds, members.size)),
-                             "reported": _published(members)[1], "replaced": members.replaced}
+                             "reported": _published(members)[1], "replaced": members.replaced,
+                             "at": _published(members)[3]}
         return out
 
 
@@ -154,8 +162,11 @@ def lacking(members: Members) -> dict[int, list[Variant]]:
     return {r: v for r, v in out.items() if v}
 
 
-def _published(members: Members) -> tuple[frozenset[Variant], bool, int]:
-    """What a snapshot carries of `members`: its usable set, whether every rank reported and
-    how many ranks were replaced."""
+def _published(members: Members
+               ) -> tuple[frozenset[Variant], bool, int, list[int] | None]:
+    """What a snapshot carries of `members`: its usable set, whether every rank reported, how
+    many ranks were replaced and the reports' [epoch, least count] (None: epochs differ)."""
+    at = usable_at(members.marks, members.size)
     return (usable(members.holds, members.size),
-            all(r in members.holds for r in range(members.size)), members.replaced)
+            all(r in members.holds for r in range(members.size)), members.replaced,
+            list(at) if at is not None else None)

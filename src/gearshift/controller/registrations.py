@@ -289,11 +289,11 @@ class Registrations:
             dims = self.dims_of(w.info.device, name) if w is not None and name else None
             if dims is None:
                 raise PayloadError(f"profile id {brief(local)} is not registered by slot {slot}")
-            _, variants = parse_holds(message, len(dims))
+            _, variants, mark = parse_holds(message, len(dims))
         except PayloadError as e:
             _warn(slot, now, "slot %d: report of what it holds ignored: %s", slot, e)
             return []
-        changed = self.groups.hold(slot, name, variants)
+        changed = self.groups.hold(slot, name, variants, mark)
         return [Publish(d) for d in changed or ()]
 
     def _add(self, slot: int, device: int, request: Request, now: float) -> list[Effect]:

@@ -114,6 +114,15 @@ def usable(holds: Mapping[int, frozenset[Variant]], size: int) -> frozenset[Vari
     return frozenset.intersection(*(holds[r] for r in range(size)))
 
 
+def usable_at(marks: Mapping[int, tuple[int, int]], size: int) -> tuple[int, int] | None:
+    """(epoch, least count) of the `size` ranks' last reports (`marks`: per rank, its epoch and
+    count of maintenances) when all have reported in one epoch, else None: a report counts
+    toward a usable gear only when it was made after the maintenance that captured it."""
+    if any(r not in marks for r in range(size)) or len({marks[r][0] for r in range(size)}) != 1:
+        return None
+    return marks[0][0], min(marks[r][1] for r in range(size))
+
+
 # One gear's lifecycle in a group: (state, event) -> next state. Who acts on each event is in
 # docs/architecture.md, "A group's gear: the timeline" (the same table).
 GEAR_TIMELINE: dict[tuple[str, str], str] = {

@@ -17,7 +17,8 @@ The plan is a pure function of the sizes and the variants usable at the driver (
 reported holding, as the group's snapshot says, and what the driver holds now); `replay` runs
 exactly the carried variant or raises GroupError before running anything when this rank does not
 hold it. A grouped request runs on one variant or eagerly, never cut into chunks. After each
-maintenance a rank reports what it holds to the controller (`protocol.holds_message`, sent
+maintenance a rank reports what it holds, with its epoch and count of maintenances (the
+`Maintenance` docstring), to the controller (`protocol.holds_message`, sent
 again on later calls until the mailbox takes it, and every REPORT_SECONDS). Not thread-safe:
 one engine thread per rank calls it.
 """
@@ -47,17 +48,20 @@ REPORT_SECONDS = 5.0  # what a rank holds is sent again this often (a restarted 
 
 @dataclass(frozen=True)
 class Maintenance:
-    """What every rank runs at one step boundary, in this order: when `reset`, it drops every
-    graph it holds and forgets which gears passed the padding probe (a rank lacked what the
-    others held: every rank starts again from the same state); then `releases` ((dim index,
-    gear): every variant of that gear); then `captures` (variants)."""
+    """What every rank runs at one step boundary, in this order: when `reset` (an epoch, > 0;
+    0: no reset), it drops every graph it holds and forgets which gears passed the padding
+    probe (a rank lacked what the others held: every rank starts again from the same state)
+    and enters epoch `reset`; then `releases` ((dim index, gear): every variant of that gear);
+    then `captures` (variants). Every rank counts the maintenances it ran since its epoch's
+    reset (the same broadcast on every rank: the counts agree) and reports (epoch, count)
+    with what it holds."""
 
     captures: tuple[Variant, ...]
     releases: tuple[tuple[int, int], ...]
-    reset: bool = False
+    reset: int = 0
 
     def carried(self) -> tuple[int, ...]:
-        """As ints: reset (0 or 1), the count of captures, their gears, the count of
+        """As ints: reset (the epoch, or 0), the count of captures, their gears, the count of
         releases, their pairs."""
         return (int(self.reset), len(self.captures), *(g for v in self.captures for g in v),
                 len(self.releases), *(x for r in self.releases for x in r))
@@ -73,13 +77,13 @@ class Maintenance:
             m = int(ints[at])
             releases = tuple((int(ints[at + 1 + 2 * i]), int(ints[at + 2 + 2 * i]))
                              for i in range(m))
-            if at + 1 + 2 * m != len(ints) or any(len(v) != ndim for v in captures) or (
-                    reset not in (0, 1)):
+            if at + 1 + 2 * m != len(ints) or any(len(v) != ndim for v in captures) or not (
+                    0 <= reset <= protocol.MAX_MARK):
                 raise IndexError
         except (IndexError, TypeError, ValueError):
-            raise GroupError(f"not a carried maintenance of {ndim} dims: {list(ints)[:20]}"
-                             ) from None
-        return cls(captures, releases, bool(reset))
+            raise GroupError(f"not a carried maintenance of {ndim} dims (reset: an epoch in "
+                             f"[0, {protocol.MAX_MARK}]): {list(ints)[:20]}") from None
+        return cls(captures, releases, reset)
 
 
 class GroupRank:
@@ -108,6 +112,9 @@ class GroupRank:
         self._rejoined = True
         self._first = True
         self._confirmed: set[Variant] = set()  # held, and seen usable since their capture
+        self._epoch, self._count = 0, 0  # the last reset's epoch, the maintenances since
+        self._captured: dict[Variant, int] = {}  # the count that captured each, this epoch
+        self._at: tuple[int, int] | None = None  # the snapshot's (epoch, least count)
         self._releasing: frozenset[tuple[int, int]] = frozenset()  # announced, not yet run
 
     # the driver
@@ -115,7 +122,11 @@ class GroupRank:
     def usable(self) -> frozenset[Variant]:
         """The variants the driver may plan: the group's usable set (its snapshot) that this
         rank still holds, less those the last announced boundary releases (the step it plans
-        runs after that boundary)."""
+        runs after that boundary), and only those that every rank's report shows held after
+        their last capture: the snapshot's `at` (every rank's last report of this epoch, the
+        least count among them) is of this rank's epoch and at or past the count of the
+        maintenance that captured them. A rank's report from before a release would otherwise
+        list a gear it failed to capture again."""
         region = self.client.region
         version = region.version()
         if version != self._seen:
@@ -125,6 +136,8 @@ class GroupRank:
                 snap = None
             usable = protocol.profile_usable(snap.payload, self.profile.name) if snap else None
             self._seen, self._usable = version, usable or frozenset()
+            self._at = protocol.profile_usable_at(snap.payload, self.profile.name) if (
+                snap is not None) else None
             self._reported = snap is not None and protocol.profile_reported(
                 snap.payload, self.profile.name)
             replaced = protocol.profile_replaced(snap.payload, self.profile.name) if (
@@ -133,6 +146,11 @@ class GroupRank:
                 self._rejoined |= self._replaced is not None and replaced > self._replaced
                 self._replaced = replaced
         held = self._usable & frozenset(self.runner.ready())
+        at = self._at
+        if at is None or at[0] != self._epoch:
+            held = frozenset()
+        else:
+            held = frozenset(v for v in held if self._captured.get(v, 0) <= at[1])
         self._confirmed |= held
         if self._releasing:
             held = frozenset(v for v in held if not any((i, g) in self._releasing
@@ -161,7 +179,10 @@ class GroupRank:
         This holds whatever was usable: a rank replaced before anything was usable lacks the
         graphs and probes the others kept as much as one replaced later. A driver's first
         boundary resets too (the driver may be the rank replaced; at a group's start it drops
-        nothing), and is not counted in `stats["resets"]`."""
+        nothing), and is not counted in `stats["resets"]`. A reset carries a new epoch: above
+        this rank's last and at least its clock's now in ns (a monotonic clock is system-wide:
+        a replaced driver's epochs exceed its predecessor's), so a report of an earlier epoch
+        never counts in this one."""
         self.usable()  # reads the group's snapshot
         gears = self.profile.gears
         held = set(self.runner.ready())
@@ -172,6 +193,7 @@ class GroupRank:
                         "recaptures the group's gears", self.group.name)
             self.stats["resets"] += 1
         self._first = False
+        epoch = max(self._epoch + 1, self.client.clock.now_ns()) if lost else 0
         if lost:
             releases, held = [], set()
         else:
@@ -183,7 +205,7 @@ class GroupRank:
         if lost:
             self._releasing = frozenset((i, v[i]) for v in self.runner.ready()
                                         for i in range(len(self.dims)))
-        return Maintenance(tuple(wanted), tuple(releases), lost) if (
+        return Maintenance(tuple(wanted), tuple(releases), epoch) if (
             wanted or releases or lost) else None
 
     # every rank
@@ -196,13 +218,17 @@ class GroupRank:
         the group's gears and every rank releases it together. A failure is survivable only
         where the failing rank issued the collectives the others did (a failure after the
         capture ran); one that skips them leaves the communicator out of step, which the
-        engine's collective timeout reports."""
+        engine's collective timeout reports. A reset enters its epoch, counted from 0; every
+        maintenance counts one, and what it captures is marked with that count."""
         if maintenance.reset:
+            self._epoch, self._count = maintenance.reset, 0
+            self._captured.clear()
             for gear in sorted({v[0] for v in self.runner.ready()}):
                 self.stats["released"] += self.runner.release(self.dims[0], gear)
             forget = getattr(self.runner, "forget_probes", None)
             if forget is not None:
                 forget()
+        self._count += 1
         for dim, gear in maintenance.releases:
             self.stats["released"] += self.runner.release(self.dims[dim], gear)
         self._confirmed &= set(self.runner.ready())
@@ -215,6 +241,7 @@ class GroupRank:
                 log.warning("group %r rank %d: capturing %s failed: %s", self.group.name,
                             self.group.rank, variant, e)
             self._confirmed.discard(variant)
+            self._captured[variant] = self._count
         self._releasing = frozenset()
         self._unreported = True
         self.report()
@@ -260,5 +287,6 @@ class GroupRank:
         if not self._unreported and now - self._reported_ns < REPORT_SECONDS * 1e9:
             return
         held = sorted(self.runner.ready(), key=lambda v: (math.prod(v), v))[:protocol.MAX_HELD]
-        if self.client._registrations.send(protocol.holds_message(self.profile.id, held)):
+        message = protocol.holds_message(self.profile.id, held, self._epoch, self._count)
+        if self.client._registrations.send(message):
             self._unreported, self._reported_ns = False, now
