@@ -112,6 +112,35 @@ def test_the_driver_announces_captures_largest_first_and_releases_what_left_its_
     assert rank.boundary() is None  # nothing left to do
 
 
+def test_a_capture_that_failed_on_the_driver_is_not_announced_again_and_is_released_later(
+) -> None:
+    """Before: the driver, lacking a variant whose capture failed on it, announced it again at
+    every boundary; the others, holding it, skip a capture of what they hold, so the driver
+    alone ran its warm-up's and capture's collectives (a hang until the engine's timeout). It
+    is now left out until it leaves the gears, and then released on every rank together."""
+    rank, _, runner, _, _ = _rank(held={(8,), (16,)})
+    capture = runner.capture
+
+    def failing(variants) -> int:
+        if any(v["S"] == 32 for v in variants):
+            raise RuntimeError("out of memory")
+        return capture(variants)
+
+    runner.capture = failing
+    m = rank.boundary()
+    assert m == Maintenance(((32,),), ())
+    rank.maintain(m)
+    assert rank.stats["capture_failures"] == 1 and (32,) not in runner.held
+    assert rank.boundary() is None  # not announced again while 32 is in the gears
+    rank.profile.gears = {"S": (8, 16)}
+    m = rank.boundary()
+    assert m == Maintenance((), ((0, 32),))  # the others' 32 goes with the gear set
+    rank.maintain(m)
+    runner.capture = capture
+    rank.profile.gears = {"S": (8, 16, 32)}
+    assert rank.boundary() == Maintenance(((32,),), ())  # a new decision: every rank again
+
+
 def test_the_plan_is_the_smallest_usable_variant_covering_the_sizes_or_eager() -> None:
     rank, region, _, _, _ = _rank(held={(8,), (16,), (32,)})
     assert rank.plan(S=5) == (0, 0)  # nothing usable yet: eager

@@ -114,6 +114,7 @@ class GroupRank:
         self._confirmed: set[Variant] = set()  # held, and seen usable since their capture
         self._epoch, self._count = 0, 0  # the last reset's epoch, the maintenances since
         self._captured: dict[Variant, int] = {}  # the count that captured each, this epoch
+        self._failed: set[Variant] = set()  # its capture failed here: not announced again
         self._at: tuple[int, int] | None = None  # the snapshot's (epoch, least count)
         self._releasing: frozenset[tuple[int, int]] = frozenset()  # announced, not yet run
 
@@ -196,10 +197,11 @@ class GroupRank:
         epoch = max(self._epoch + 1, self.client.clock.now_ns()) if lost else 0
         if lost:
             releases, held = [], set()
-        else:
-            releases = sorted({(i, v[i]) for v in held for i, d in enumerate(self.dims)
-                               if v[i] not in gears[d]})
-        wanted = sorted((v for v in product(*(gears[d] for d in self.dims)) if v not in held),
+        else:  # what failed here may be held by the others: released with the group's gears
+            releases = sorted({(i, v[i]) for v in held | self._failed
+                               for i, d in enumerate(self.dims) if v[i] not in gears[d]})
+        wanted = sorted((v for v in product(*(gears[d] for d in self.dims))
+                         if v not in held and (lost or v not in self._failed)),
                         key=lambda v: (math.prod(v), v), reverse=True)[:self.per_boundary]
         self._releasing = frozenset(releases)
         if lost:
@@ -214,8 +216,11 @@ class GroupRank:
         """Release, then capture, what `maintenance` says, on this (the engine's) thread, then
         report what this rank holds. A capture that fails (any exception) is logged and left
         out: the rank does not hold it, so it never becomes usable, and the others keep theirs
-        unrouted (the driver does not announce it again while it holds it) until it leaves
-        the group's gears and every rank releases it together. A failure is survivable only
+        unrouted until it leaves the group's gears and every rank releases it together. It is
+        not announced again meanwhile: not while the driver holds it, nor when the failure was
+        the driver's own (the others, holding it, would skip the capture and leave the driver
+        alone in its collectives); the release that comes when it leaves the gears is
+        announced from the driver's failures too. A failure is survivable only
         where the failing rank issued the collectives the others did (a failure after the
         capture ran); one that skips them leaves the communicator out of step, which the
         engine's collective timeout reports. A reset enters its epoch, counted from 0; every
@@ -223,6 +228,7 @@ class GroupRank:
         if maintenance.reset:
             self._epoch, self._count = maintenance.reset, 0
             self._captured.clear()
+            self._failed.clear()
             for gear in sorted({v[0] for v in self.runner.ready()}):
                 self.stats["released"] += self.runner.release(self.dims[0], gear)
             forget = getattr(self.runner, "forget_probes", None)
@@ -231,6 +237,7 @@ class GroupRank:
         self._count += 1
         for dim, gear in maintenance.releases:
             self.stats["released"] += self.runner.release(self.dims[dim], gear)
+            self._failed = {v for v in self._failed if v[dim] != gear}
         self._confirmed &= set(self.runner.ready())
         for variant in maintenance.captures:
             try:
@@ -238,6 +245,7 @@ class GroupRank:
                                                                         strict=True))])
             except Exception as e:  # a backend's too (out of memory): the rank lacks it
                 self.stats["capture_failures"] += 1
+                self._failed.add(variant)
                 log.warning("group %r rank %d: capturing %s failed: %s", self.group.name,
                             self.group.rank, variant, e)
             self._confirmed.discard(variant)
