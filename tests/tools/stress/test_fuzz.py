@@ -33,3 +33,14 @@ def test_a_failure_is_counted_and_described_never_raised() -> None:
     tally.fail("stalls", "step took 150 ms")
     assert (tally.stalls, tally.clean, tally.failures) == (1, False, ["stalls: step took 150 ms"])
     assert "stalls" in fuzz.table({"x": tally})
+
+
+def test_a_valid_config_with_too_few_slots_for_the_harness_is_refused_not_a_crash() -> None:
+    """Before: a generated config with `slots = 1` (valid) let the live client take the only
+    slot, and the harness's hostile worker's claim (NamespaceBusy) was counted as a crash,
+    a flake of the fuzz suite whenever hypothesis drew it."""
+    from gearshift.tools.stress.boundaries import _toml
+
+    tally = Tally()
+    _toml("[controller]\nslots = 1\n", tally)
+    assert tally.clean and tally.refused == 1, tally.failures

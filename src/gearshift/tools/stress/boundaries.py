@@ -21,6 +21,7 @@ from gearshift.shm import EVENT_DTYPE, control, mailbox, ring, snapshot
 from gearshift.tools.simulate import policy_dims, simulate
 from gearshift.tools.stress.target import (
     DIMS,
+    LIVE_SLOTS,
     POLICY,
     STALL_SECONDS,
     WALL,
@@ -217,6 +218,9 @@ def _toml(text: str, tally: Tally) -> None:
         except Exception as e:
             tally.fail("crashes", f"load_configs: {type(e).__name__}: {e}")
             return
+    if config.slots < LIVE_SLOTS:  # valid, but the harness's live client and hostile worker
+        tally.refused += 1  # need a slot each: all slots held is the namespace's right answer
+        return
     with live(tally, policy=policy, config=config) as lv:
         if lv is not None:
             lv.run()

@@ -54,6 +54,7 @@ POLICY = PolicyConfig(window_seconds=4.0, half_life_seconds=2.0, slice_seconds=0
                       update_interval_seconds=0.2, check_interval_seconds=0.1,
                       recent_use_protect_seconds=0.5)
 REFUSALS = (StateError, ConfigError)  # a bad file, refused at open: not a crash
+LIVE_SLOTS = 2  # a Live's worker slots: its client's and its hostile worker's
 WALL = MonotonicClock()
 serial = itertools.count()  # namespaces of this process
 
