@@ -20,7 +20,7 @@ import gearshift
 ROOT = Path(gearshift.__file__).parent
 LAYERS = {  # group -> rank; a module's group is the longest prefix that names one
     "gearshift.errors": 0, "gearshift.clock": 0, "gearshift.clikit": 0, "gearshift.environment": 0,
-    "gearshift.afterfork": 0, "gearshift.lazy": 0,
+    "gearshift.afterfork": 0, "gearshift.lazy": 0, "gearshift.threads": 0,
     "gearshift.core": 1,
     "gearshift.protocol": 2, "gearshift.shm": 2, "gearshift.configfile": 2, "gearshift.export": 2,
     "gearshift.controller": 3, "gearshift.graphs": 3,

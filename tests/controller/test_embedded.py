@@ -22,7 +22,8 @@ import gearshift as gs
 client = gs.connect(sys.argv[1], embedded=True)
 client.profile("p", {"SEQLEN": gs.Dim(max=64)}).route(SEQLEN=3)
 print("ready", flush=True)
-time.sleep(60)
+for _ in range(600):  # short sleeps: a SIGTERM taken between the check for signals before a
+    time.sleep(0.1)  # call and the call's sleep is handled when that sleep ends (CPython)
 """
 
 HOLDER = """

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from gearshift import threads
 from gearshift.clock import Clock
 from gearshift.core.config import PolicyConfig
 from gearshift.core.costs import Prices
@@ -87,7 +88,7 @@ class Decider:
         thread = threading.Thread(target=self._decide, args=(decided, snapshot, prices, prior),
                                   name=f"gearshift-round-{device}", daemon=True)
         self._running[device] = (thread, decided)
-        thread.start()
+        threads.start(thread)
 
     def finished(self, ledgers: Mapping[int, DeviceLedger]) -> list[Decided]:
         """The rounds decided since the last call on their device's gears as they are in

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from gearshift import environment
+from gearshift import environment, threads
 from gearshift.controller.config import ControllerConfig
 from gearshift.core.config import PolicyConfig
 from gearshift.errors import ControllerRunning, GearshiftError, StateError
@@ -67,7 +67,7 @@ class EmbeddedController(Generic[L]):
         self._sigterm = _install()
         self._thread = threading.Thread(target=self._run, name="gearshift-controller",
                                         daemon=True)
-        self._thread.start()
+        threads.start(self._thread)
 
     def _run(self) -> None:
         try:

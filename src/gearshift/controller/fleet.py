@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gearshift import threads
 from gearshift.clock import Clock
 from gearshift.controller.costbook import CostBook
 from gearshift.controller.fleetcodec import Entry, Generation, encode
@@ -147,7 +148,7 @@ class Fleet:
     def _begin(self, now: float, publish: bool, read: bool = True) -> None:
         entries = self._snapshot() if publish else []
         self._job = _Sync(self, now, self.wall.now(), entries if publish else None, read)
-        self._job.start()
+        threads.start(self._job)
 
     def _finish(self, wait: float) -> None:
         job = self._job

@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gearshift import threads
 from gearshift.clock import Clock
 from gearshift.controller import statedir, stateformat
 from gearshift.controller.costbook import CostBook
@@ -225,7 +226,7 @@ class Saver:
         self.changed, self._began, self._measured = False, now, measured
         self._grouped = grouped
         self._pending = _Write(self.directory, tree, self.clock)
-        self._pending.start()
+        threads.start(self._pending)
         self.loop_seconds.append(self.clock.now() - began)
 
     def wait(self) -> None:

@@ -58,6 +58,7 @@ from typing import Any
 
 import torch
 
+from gearshift import threads
 from gearshift.clock import Clock, MonotonicClock
 from gearshift.core.dims import Variant
 from gearshift.errors import ConfigError
@@ -265,7 +266,7 @@ class CompiledRunner(AdaptiveRunner):
         what = self._described(gears, tensors)
         timer = threading.Timer(self.progress_after, self._still, (what, began))
         timer.daemon = True
-        timer.start()
+        threads.start(timer)
         fn = None
         try:
             if self.fullgraph:

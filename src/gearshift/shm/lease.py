@@ -29,6 +29,8 @@ import os
 import threading
 from collections.abc import Callable, Hashable
 
+from gearshift import threads
+
 log = logging.getLogger(__name__)
 BEAT = 1.0  # seconds: the longest a participant waits between two beats
 LEASE = 5.0  # seconds without a beat after which a participant of another realm is dead
@@ -79,7 +81,7 @@ class Renewer:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="gearshift-lease",
                                                 daemon=True)
-                self._thread.start()
+                threads.start(self._thread)
 
     def remove(self, key: Hashable) -> None:
         with self._lock:

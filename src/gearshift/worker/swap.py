@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from gearshift import threads
+
 IDLE_INTERVALS = 10  # an idle tick's wait, in intervals (20 Hz -> 2 Hz at the default 50 ms)
 
 
@@ -28,7 +30,7 @@ class SwapThread:
     def start(self) -> None:
         if self.background and self.thread is None and not self._stop.is_set():
             self.thread = threading.Thread(target=self._run, name="gearshift-swap", daemon=True)
-            self.thread.start()
+            threads.start(self.thread)
 
     def wake(self) -> None:
         self._wake.set()
