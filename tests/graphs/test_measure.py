@@ -47,14 +47,27 @@ def test_a_cpu_graph_is_measured_in_the_clock_and_its_outputs_not_the_shared_inp
     assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16}]) == 2
     (first, a), (second, b) = r.take_measurements()
     assert (first, second) == ({"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16})
-    assert a.capture_seconds == pytest.approx(0.02)  # one run of fn, and its timed replay
-    assert a.replay_seconds == pytest.approx(0.01)  # one timed replay (CPU_REPLAYS)
+    # one run of fn, and the padding probe's: an eager run and the padded replay, timed
+    assert a.capture_seconds == pytest.approx(0.03)
+    assert a.replay_seconds == pytest.approx(0.01)  # the probe's replay (CPU_REPLAYS: one)
     # what each graph alone holds: its output, float32; its input is a view of the static
     # buffer both graphs share (sized by the largest), which no graph's bytes count
     assert a.graph_bytes == 4 * 16 * H * 4
     assert b.graph_bytes == 2 * 16 * H * 4
     assert r.take_measurements() == []  # taken once
     assert r.stats["replays"] == 0  # timed replays are not requests' replays
+
+
+def test_a_cpu_graph_whose_gears_were_probed_before_times_a_replay_of_its_own() -> None:
+    clock = FakeClock()
+    r = runner(CpuBackend(), clock)
+    assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}]) == 1
+    r.take_measurements()
+    r.release("BATCHSIZE", 4)
+    assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}]) == 1  # no probe: it passed before
+    ((_, cost),) = r.take_measurements()
+    assert cost.capture_seconds == pytest.approx(0.02)  # one run of fn, one timed replay
+    assert cost.replay_seconds == pytest.approx(0.01)
 
 
 def test_a_cpu_graph_is_timed_in_cpu_seconds_by_default_a_device_graph_on_the_wall() -> None:
@@ -79,8 +92,9 @@ def test_a_device_graph_counts_its_warm_up_and_its_pool() -> None:
     r = runner(backend, clock, fake.op)
     assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}]) == 1
     ((_, cost),) = r.take_measurements()
-    # two warm-up runs and the recording; the timed replays run no Python here
-    assert cost.capture_seconds == pytest.approx(0.03)
+    # two warm-up runs, the recording and the probe's eager run; the replays (the probe's,
+    # the timed ones) run no Python here
+    assert cost.capture_seconds == pytest.approx(0.04)
     assert cost.replay_seconds == 0.0  # a replay runs the recorded kernels, not fn's Python
     (pool,) = fake.graph_pools()  # the graph's own
     # its pool (outputs included), not its input view of the shared static buffer
@@ -100,10 +114,10 @@ def test_replays_zero_measures_nothing_and_a_failed_replay_keeps_the_graph() -> 
 
         def synchronize(self) -> None:
             self.calls += 1
-            if self.calls == 3:  # the first timed replay's
+            if self.calls == 3:  # the first timed replay's, after the probe's
                 raise RuntimeError("device lost")
 
-    r = runner(Flaky(), clock)
+    r = runner(Flaky(), clock, replays=2)
     assert r.capture([{"BATCHSIZE": 2, "SEQLEN": 16}]) == 1 and r.ready() == [(2, 16)]
     assert r.take_measurements() == [] and r.meter.failures == 1
     x = torch.randn(2, 10, H)

@@ -191,12 +191,13 @@ class AdaptiveRunner:
                    for n, d in self.transform.lengths.items()}
         began = self.meter.now()
         graph = None
+        timed: list[float] | None = [] if self.meter.reuses_probe else None
         try:
             graph = self.backend.graph(self._graph_fn(gears, inputs, lengths))
             leaves, spec = self.transform.leaves(graph.capture())
-            ended = self.meter.now()
             captured = _Captured(inputs, graph, leaves, spec, lengths, -1)
-            why = self._check_graph(gears, captured)
+            why = self._check_graph(gears, captured, timed)
+            ended = self.meter.now()  # the probe is part of what adding the graph costs
         except BaseException:
             with self._count_lock:
                 self.stats["capture_failures"] += 1
@@ -211,7 +212,7 @@ class AdaptiveRunner:
             log.warning("%s; every call runs eagerly on its unpadded inputs from now on", why)
             return None
         captured = dataclasses.replace(captured, key=self.pool.register(graph))
-        self.meter.keep(at, self.meter.cost(graph, began, ended, leaves))  # before any request
+        self.meter.keep(at, self.meter.cost(graph, began, ended, leaves, timed or ()))
         return captured
 
     def run(self, tensors: Mapping[str, torch.Tensor], sizes: Mapping[str, int] | None = None,
@@ -379,15 +380,21 @@ class AdaptiveRunner:
         counts as the capture's). One partial: a cpu graph calls it at each replay."""
         return functools.partial(self.transform.fn, **inputs, **self._unbound, **lengths)
 
-    def _check_graph(self, gears: Variant, captured: _Captured) -> str | None:
-        """Why the new graph of `gears` fails the padding probe (`Prober.check`), or None."""
+    def _check_graph(self, gears: Variant, captured: _Captured,
+                     timed: list[float] | None = None) -> str | None:
+        """Why the new graph of `gears` fails the padding probe (`Prober.check`), or None;
+        the probe's replay, timed on the meter's clock, is appended to `timed` if given."""
 
         @torch.no_grad()
         def replay(chunk: Chunk, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
             with self._section:  # the buffers: requests' too
                 for name, buffer in self._unbound.items():
                     buffer.copy_(tensors[name])
-                return plans.replay(self.transform, captured, tensors, chunk)
+                start = self.meter.clock.now() if timed is not None else 0.0
+                out = plans.replay(self.transform, captured, tensors, chunk)
+                if timed is not None:
+                    timed.append(self.meter.clock.now() - start)
+                return out
 
         return self._prober.check(gears, replay)
 

@@ -2,7 +2,8 @@
 
 A graph's cost (`GraphCost`) is what `core.costs.Measurement` holds for each of its gears:
 - capture seconds: what adding the graph took its worker: `graph.capture()` (its warm-up runs
-  and the recording) between two synchronizes of the backend, so the device's work is in it on
+  and the recording) and the runner's padding probe (an eager run and a padded replay,
+  `graphs.probe`) between two synchronizes of the backend, so the device's work is in it on
   cuda and npu, and the timed replays below (on the cpu one replay is as long as the capture);
 - graph bytes: what the graph alone holds: on cuda and npu what the allocator reserved for
   its own pool while recording (`DeviceGraph.pool_bytes`: its intermediates, outputs and
@@ -13,7 +14,9 @@ A graph's cost (`GraphCost`) is what `core.costs.Measurement` holds for each of 
   own stream, after the replays before it: `DeviceGraph.timed_replay`), made before the graph
   serves any request (its outputs are its own; it reads the shared static inputs only):
   REPLAYS on a device, CPU_REPLAYS on the cpu, where a replay re-runs the function and so
-  costs a capture.
+  costs a capture; there the probe's padded replay, timed, counts as one (`reuses_probe`: a
+  replay of the whole gear, its copies in and out beside it are small), so a probed graph
+  runs no replay of its own.
 
 Seconds are the meter's clock (`clock_for`): on a device the monotonic clock, on the cpu the
 measuring thread's CPU time, so that what other processes run meanwhile does not bend the
@@ -26,7 +29,7 @@ from __future__ import annotations
 import logging
 import statistics
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +75,7 @@ class Meter:
 
     def __init__(self, backend: Any, clock: Clock | None = None, replays: int = REPLAYS) -> None:
         self.backend, self.clock, self.replays = backend, clock or clock_for(backend), replays
+        self.reuses_probe = _on_cpu(backend)  # the probe's replay is timed as one (docstring)
         self.failures = 0
         self._kept: deque[tuple[dict[str, int], GraphCost]] = deque(maxlen=MAX_KEPT)
 
@@ -98,15 +102,16 @@ class Meter:
         return self.clock.now()
 
     def cost(self, graph: Any, began: float | None, ended: float | None,
-             outputs: Iterable[Any]) -> GraphCost | None:
+             outputs: Iterable[Any], probed: Sequence[float] = ()) -> GraphCost | None:
         """The cost of `graph`, captured from `began` to `ended` (None: untimed), its bytes
-        (its pool's, else those of its `outputs`) and its replays timed now; None if
-        unmeasured."""
+        (its pool's, else those of its `outputs`) and its replays: those timed between `began`
+        and `ended` (`probed`: the probe's) and as many more timed now as make `replays`;
+        None if unmeasured."""
         if began is None or ended is None or self.replays < 1:
             return None
-        times = []
+        times: list[float] = []
         try:
-            for _ in range(self.replays):
+            for _ in range(self.replays - len(probed)):
                 timed = getattr(graph, "timed_replay", None)  # a device graph's: its stream's
                 if timed is not None:  # syncs, not the device's (others' queued work)
                     times.append(timed(self.clock))
@@ -125,7 +130,7 @@ class Meter:
         held = getattr(graph, "pool_bytes", None)  # the outputs are in the pool already
         nbytes = static_bytes(outputs) if held is None else held
         return GraphCost(max(ended - began, 0.0) + max(sum(times), 0.0), max(int(nbytes), 0),
-                         max(statistics.median(times), 0.0))
+                         max(statistics.median([*probed, *times]), 0.0))
 
     def _failed(self, what: str, error: Exception) -> None:
         self.failures += 1

@@ -52,3 +52,20 @@ def test_bench_reports_every_arm_and_leaves_no_segment() -> None:
     assert 0 <= data["idle_swap_thread_cpu_per_s"] < 1
     assert 0 <= data["idle_controller_cpu_per_s"] < 1
     assert not [n for n in os.listdir("/dev/shm") if f"bench-step-{os.getpid()}" in n]
+
+
+def test_cold_runs_a_models_step_between_steps_and_times_each_step_apart() -> None:
+    from gearshift.tools.bench.step import Between, _batch
+
+    between, calls = Between(), []
+    steps = [torch.zeros(1, 16)] * 3
+    inner = between.model.forward
+    between.model.forward = lambda x: calls.append("model") or inner(x)  # type: ignore[method-assign]
+    wall, cpu, thread = _batch(lambda x: calls.append("step"), steps, between)
+    assert calls == ["model", "step"] * 3  # the model's step before each timed step
+    assert wall > 0 and 0 <= thread <= cpu + 1e6
+    result = CliRunner().invoke(command, ["--batches", "1", "--batch", "5", "--idle-seconds",
+                                          "0.1", "--cold", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["cold"] is True and data["runner_live_cpu_us"] > 0

@@ -28,6 +28,20 @@ def test_then_reads_the_time_of_the_last_row_taken() -> None:
         seen.append(clock.now())
     assert seen == [100.0, 100.0, 100.5, 100.5, 102.0, 102.0]
     assert clock.now_ns() == 102_000_000_000
+    stamps = []
+    for taken in range(6):  # the request path's stamps: the same times, in ns
+        queue.value = taken
+        stamps.append(clock.now_ns())
+    assert stamps == [round(t * 1e9) for t in seen]
+
+
+def test_stamps_wall_time_in_ns_until_the_run_starts_then_trace_time() -> None:
+    origin, queue = SimpleNamespace(value=0.0), SimpleNamespace(value=1)
+    clock = TraceClock(np.array([0.25, 1.0]), origin, queue)
+    before = time.monotonic_ns()
+    assert before <= clock.now_ns() <= time.monotonic_ns()
+    origin.value = 50.0  # the run starts
+    assert clock.now_ns() == 50_250_000_000
 
 
 def test_reads_shared_values_without_their_locks() -> None:

@@ -17,6 +17,11 @@ arms, interleaved batch by batch in one run:
   re-adopting the snapshot (`Client._refresh(force=True)`: the same gears, a new epoch, its
   routes made again) every ADOPT_SECONDS, far more often than a controller publishes.
 
+`--cold` runs a model's step between any two timed steps (`Between`: the forward of a stack of
+small torch modules, whose Python and kernels evict the caches as a decode loop's model does)
+and times each step apart, leaving that step out: the path as a serving loop runs it, cold,
+where each of its Python calls and its memory touched costs more than in a hot loop.
+
 Per arm and step: wall and CPU microseconds (the process's, every thread: request, swap and
 adopting threads) and the request thread's CPU; per gearshift arm its difference to its static
 arm, batch by batch, as median and range; then, with no request, the CPU seconds per second of
@@ -88,6 +93,24 @@ class StaticDispatcher:
         self.x[bs:b].zero_()
         graph.replay()
         return graph.outputs[:bs].clone()
+
+
+class Between:
+    """The model's step `--cold` runs between two timed steps: LAYERS blocks of Linear,
+    LayerNorm and GELU modules on 8 rows of 64 features (a small decoder's many module calls
+    and small kernels), untimed."""
+
+    LAYERS = 24
+
+    def __init__(self) -> None:
+        blocks = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64),
+                                      torch.nn.GELU()) for _ in range(self.LAYERS)]
+        self.model = torch.nn.Sequential(*blocks).eval()
+        self.x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        self.model(self.x)
 
 
 def _cpu_ns(pid: int) -> int:
@@ -166,15 +189,25 @@ class _Bench:
             self.controller.wait()
 
 
-def _batch(call: Callable[[torch.Tensor], Any],
-           inputs: list[torch.Tensor]) -> tuple[float, float, float]:
-    """Per step: wall, process CPU, request thread CPU (ns)."""
-    t0, p0, w0 = time.thread_time_ns(), time.process_time_ns(), time.perf_counter_ns()
-    for x in inputs:
-        call(x)
-    w1, p1, t1 = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
+def _batch(call: Callable[[torch.Tensor], Any], inputs: list[torch.Tensor],
+           between: Between | None = None) -> tuple[float, float, float]:
+    """Per step: wall, process CPU, request thread CPU (ns); with `between`, that model's step
+    runs before each step, untimed (each step is timed apart)."""
     n = len(inputs)
-    return (w1 - w0) / n, (p1 - p0) / n, (t1 - t0) / n
+    if between is None:
+        t0, p0, w0 = time.thread_time_ns(), time.process_time_ns(), time.perf_counter_ns()
+        for x in inputs:
+            call(x)
+        w1, p1, t1 = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
+        return (w1 - w0) / n, (p1 - p0) / n, (t1 - t0) / n
+    wall = cpu = thread = 0
+    for x in inputs:
+        between()
+        t0, p0, w0 = time.thread_time_ns(), time.process_time_ns(), time.perf_counter_ns()
+        call(x)
+        w1, p1, t1 = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
+        wall, cpu, thread = wall + w1 - w0, cpu + p1 - p0, thread + t1 - t0
+    return wall / n, cpu / n, thread / n
 
 
 def _calls(call: Callable[[torch.Tensor], Any], x: torch.Tensor) -> tuple[int, int]:
@@ -218,7 +251,7 @@ def _wait_ready(runners: list[Any], bench: _Bench) -> None:
         time.sleep(0.05)
 
 
-def run(batches: int, batch: int, idle_seconds: float) -> dict[str, Any]:
+def run(batches: int, batch: int, idle_seconds: float, cold: bool = False) -> dict[str, Any]:
     """The benchmark (see the module); its figures by name."""
     from gearshift.worker.compiling import compile as gs_compile
 
@@ -255,7 +288,8 @@ def run(batches: int, batch: int, idle_seconds: float) -> dict[str, Any]:
                 want = fn(x)
                 for name, call in calls.items():
                     assert torch.equal(call(x), want), name
-            out = _arms(bench, calls, inputs, batches)
+            out = _arms(bench, calls, inputs, batches, Between() if cold else None)
+            out["cold"] = cold
             for name in ("runner", "compile"):
                 n, frames = _calls(calls[name], inputs[0])
                 out[f"{name}_gearshift_calls_per_step"] = n
@@ -271,22 +305,22 @@ def run(batches: int, batch: int, idle_seconds: float) -> dict[str, Any]:
 
 
 def _arms(bench: _Bench, calls: dict[str, Callable[[torch.Tensor], Any]],
-          inputs: list[torch.Tensor], batches: int) -> dict[str, Any]:
+          inputs: list[torch.Tensor], batches: int, between: Between | None) -> dict[str, Any]:
     arms = ["static", "static_compiled",
             *(f"{p}_{c}" for c in CONDITIONS for p in PROFILES)]
     samples: dict[str, list[tuple[float, float, float]]] = {a: [] for a in arms}
     for _ in range(batches):
         bench.live(False)
         for name in ("static", "static_compiled"):
-            samples[name].append(_batch(calls[name], inputs))
+            samples[name].append(_batch(calls[name], inputs, between))
         for p in PROFILES:
-            samples[f"{p}_quiet"].append(_batch(calls[p], inputs))
+            samples[f"{p}_quiet"].append(_batch(calls[p], inputs, between))
         bench.live(True)
         for p in PROFILES:
-            samples[f"{p}_live"].append(_batch(calls[p], inputs))
+            samples[f"{p}_live"].append(_batch(calls[p], inputs, between))
         with bench.adoptions():
             for p in PROFILES:
-                samples[f"{p}_adopting"].append(_batch(calls[p], inputs))
+                samples[f"{p}_adopting"].append(_batch(calls[p], inputs, between))
     out: dict[str, Any] = {"steps_per_batch": len(inputs), "batches": batches}
     for arm in arms:
         wall, cpu, thread = zip(*samples[arm], strict=True)
@@ -318,10 +352,12 @@ def _idle(bench: _Bench, seconds: float) -> dict[str, float]:
 @click.option("--batch", default=200, show_default=True, help="Steps per batch.")
 @click.option("--idle-seconds", default=5.0, show_default=True,
               help="Seconds the idle swap thread and controller are measured.")
+@click.option("--cold", is_flag=True,
+              help="Run a model's step between any two timed steps, untimed (cold caches).")
 @json_option()
-def command(batches: int, batch: int, idle_seconds: float, as_json: bool) -> None:
+def command(batches: int, batch: int, idle_seconds: float, cold: bool, as_json: bool) -> None:
     """Per step, wall and CPU microseconds of `model(x)` (`gs.compile`) and `profile.run`
     with a live, a stopped and an adopting controller and swap thread, against a static
     dispatcher on the same graphs in the same run; the idle swap thread's and controller's
-    CPU per second."""
-    echo_result(run(batches, batch, idle_seconds), as_json)
+    CPU per second. --cold: with a model's step between steps, as a serving loop runs them."""
+    echo_result(run(batches, batch, idle_seconds, cold), as_json)

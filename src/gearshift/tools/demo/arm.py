@@ -7,9 +7,10 @@ runner's counts; a compiled runner's compiles before the arm started, `startup`,
 report only) and starts anew, so captures made between slices (`AdaptiveArm.settle`) count
 in the next report. An `Arm` replays the merged rows (`mix.Mix`) a slice at a time: row j on
 lane `which[j]`, that lane's row `local[j]`. The static arm (`static_arm`) keeps the runners'
-initial gears, with no client; the adaptive arm (`AdaptiveArm`) routes every request through
-its profile on a client of the controller, and waits before it until the gears of a new
-snapshot are captured (why: docs/tools.md), a wait its lanes' request times leave out.
+initial gears, with no client; the adaptive arm (`AdaptiveArm`) runs every request through
+its profile on a client of the controller (`Profile.run`: routed, recorded, replayed), and
+waits before it until the gears of a new snapshot are captured (why: docs/tools.md), a wait
+its lanes' request times leave out.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from gearshift.tools.demo.figures import COMPILE_KEYS
 from gearshift.tools.demo.workload import SEQ
 
 SETTLE_POLL = 0.001  # seconds between looks at whether the swap thread has captured new gears
+MAX_KEPT = 65536  # padded work kept per adaptive lane, by snapshot version and raw sizes
 
 
 class Model(Protocol):
@@ -135,8 +137,8 @@ def inputs(model: Model, dims: Mapping[str, Dim], rows: Sequence[Sequence[int]],
 
 
 # route(i, request) brackets the run of the lane's row i, entered as its padded work per dim
-# a request's bracket, entered as its padded work per dim and the route its runner replays
-# (None: the runner's own gears, the static arm)
+# and the route its runner replays (None: the runner routes; the static arm's and the
+# adaptive arm's, whose profile routes)
 Route = Callable[[int, dict[str, int]],
                  AbstractContextManager[tuple[Sequence[int], gw.Route | None]]]
 
@@ -263,22 +265,14 @@ class Arm:
         return lane.run(i)
 
 
-class _Routed:
-    """The adaptive run's bracket of one request (`Profile.request`), entered as its padded
-    work per dim (its chunks' gears summed, the raw size when eager) and its route, which the
-    runner replays as is (one lookup, as `Profile.run`'s)."""
+class AdaptiveLane(Lane):
+    """A lane whose requests run through its profile's `Profile.run` (routed, recorded and
+    replayed in one call, as a serving loop's step); `route` gives the padded work."""
 
-    __slots__ = ("request", "sizes")
+    profile: gw.Profile
 
-    def __init__(self, request: AbstractContextManager[gw.Route], sizes: dict[str, int]) -> None:
-        self.request, self.sizes = request, sizes
-
-    def __enter__(self) -> tuple[list[int], gw.Route]:
-        plan = self.request.__enter__()
-        return [sum(plan.chunks[d]) or n for d, n in self.sizes.items()], plan
-
-    def __exit__(self, *exc: Any) -> None:
-        self.request.__exit__(*exc)
+    def call(self, tensors: dict[str, torch.Tensor], route: Any) -> Any:
+        return self.profile.run(**tensors)
 
 
 def _static_route(runner: Runner, sizes: Mapping[str, np.ndarray]) -> Route:
@@ -311,24 +305,47 @@ class AdaptiveArm(Arm):
                  make: Callable[[], Model] = block.Model,
                  runner: Callable[[Model, Mapping[str, Dim]], Runner] = runner_for) -> None:
         self.client, self.profiles = client, {}
+        self._settled = -1  # the snapshot version the last `settle` adopted (-1: none yet)
         lanes = {}
         for name, (dims, sizes) in profiles.items():
             model = make()
             # Start-up gears captured at once, as the static arm's: the arms differ in gears only
             self.profiles[name] = profile = client.profile(name, dims, lazy_start=False)
             attached = profile.attach(runner(model, dims))
-            lanes[name] = Lane(model, attached, _routed(profile), sizes)
+            lanes[name] = lane = AdaptiveLane(model, attached, _worked(profile), sizes)
+            lane.profile = profile
         super().__init__(lanes, which, local, report)
 
     def ready(self) -> None:
-        self.settle()  # a new snapshot's gears are captured before the request
+        """A new snapshot's gears are captured before the request: one read of the version
+        when none was published since the last `settle`."""
+        if self.client.region.version() != self._settled:
+            self.settle()
 
     def settle(self) -> None:
         """Adopt the newest snapshot and wait until every profile's gears are captured."""
+        self._settled = self.client.region.version()
         self.client._refresh()
         while not all(p.settled for p in self.profiles.values()):
             time.sleep(SETTLE_POLL)
 
 
-def _routed(profile: gw.Profile) -> Route:
-    return lambda _, request: _Routed(profile.request(**request), request)
+def _worked(profile: gw.Profile) -> Route:
+    """A request's padded work per dim on the profile's gears in use (captured before it:
+    `AdaptiveArm.ready`), counted as the static arm counts its own (`padded_work`), kept per
+    snapshot version and raw sizes."""
+    kept: dict[tuple[int, ...], tuple[list[int], None]] = {}
+    dims = profile.dims
+
+    def route(_: int, request: dict[str, int]) -> AbstractContextManager[Any]:
+        key = (profile.version, *request.values())
+        found = kept.get(key)
+        if found is None:
+            if len(kept) >= MAX_KEPT:
+                kept.clear()
+            gears = profile.gears
+            found = kept[key] = ([int(padded_work(gears[d], np.array(n), dims[d].splittable))
+                                  for d, n in request.items()], None)
+        return nullcontext(found)
+
+    return route

@@ -26,7 +26,9 @@ class TraceClock:
     def __init__(self, times: np.ndarray, origin: Any, queue: Any) -> None:
         assert len(times) and np.all(np.diff(times) >= 0), "trace times, non-decreasing"
         self.times = times.tolist()
+        self._times_ns = np.round(times * 1e9).astype(np.int64).tolist()  # every request's
         self.origin, self.queue = _unlocked(origin), _unlocked(queue)
+        self._origin_ns = 0  # origin.value in ns, once read set
 
     def now(self) -> float:
         origin = self.origin.value
@@ -36,7 +38,17 @@ class TraceClock:
         return origin + self.times[taken - 1]
 
     def now_ns(self) -> int:
-        return round(self.now() * 1e9)
+        """`now` in ns (the request path's: one read of each value, no float)."""
+        origin = self._origin_ns or self._set_origin()
+        if not origin:
+            return time.monotonic_ns()
+        taken = self.queue.value
+        times = self._times_ns
+        return origin + times[taken - 1 if 0 < taken <= len(times) else (0 if taken < 1 else -1)]
+
+    def _set_origin(self) -> int:
+        self._origin_ns = round(self.origin.value * 1e9)  # set once, never changed after
+        return self._origin_ns
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
