@@ -47,9 +47,10 @@ def test_a_cpu_graph_is_measured_in_the_clock_and_its_outputs_not_the_shared_inp
     assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16}]) == 2
     (first, a), (second, b) = r.take_measurements()
     assert (first, second) == ({"BATCHSIZE": 4, "SEQLEN": 16}, {"BATCHSIZE": 2, "SEQLEN": 16})
-    # one run of fn, and the padding probe's: an eager run and the padded replay, timed
-    assert a.capture_seconds == pytest.approx(0.03)
-    assert a.replay_seconds == pytest.approx(0.01)  # the probe's replay (CPU_REPLAYS: one)
+    # two runs of fn: the capture's, on the padding probe's padded input (the probe's padded
+    # run, timed as the replay), and the probe's eager run; no replay of its own
+    assert a.capture_seconds == pytest.approx(0.02)
+    assert a.replay_seconds == pytest.approx(0.01)  # the capture's run (CPU_REPLAYS: one)
     # what each graph alone holds: its output, float32; its input is a view of the static
     # buffer both graphs share (sized by the largest), which no graph's bytes count
     assert a.graph_bytes == 4 * 16 * H * 4
@@ -58,7 +59,7 @@ def test_a_cpu_graph_is_measured_in_the_clock_and_its_outputs_not_the_shared_inp
     assert r.stats["replays"] == 0  # timed replays are not requests' replays
 
 
-def test_a_cpu_graph_whose_gears_were_probed_before_times_a_replay_of_its_own() -> None:
+def test_a_cpu_graph_whose_gears_were_probed_before_times_its_capture_as_the_replay() -> None:
     clock = FakeClock()
     r = runner(CpuBackend(), clock)
     assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}]) == 1
@@ -66,8 +67,8 @@ def test_a_cpu_graph_whose_gears_were_probed_before_times_a_replay_of_its_own() 
     r.release("BATCHSIZE", 4)
     assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}]) == 1  # no probe: it passed before
     ((_, cost),) = r.take_measurements()
-    assert cost.capture_seconds == pytest.approx(0.02)  # one run of fn, one timed replay
-    assert cost.replay_seconds == pytest.approx(0.01)
+    assert cost.capture_seconds == pytest.approx(0.01)  # one run of fn: the capture's
+    assert cost.replay_seconds == pytest.approx(0.01)  # timed as the replay
 
 
 def test_a_cpu_graph_is_timed_in_cpu_seconds_by_default_a_device_graph_on_the_wall() -> None:
@@ -157,3 +158,40 @@ def test_a_cuda_graph_is_measured_on_the_device() -> None:
         assert 0 < c.replay_seconds < c.capture_seconds < 60
         assert c.graph_bytes > 0 and c.graph_bytes % (2 << 20) == 0  # its pool's segments
     r.release("SEQLEN", 16)
+
+
+def test_a_cpu_capture_runs_fn_on_the_probe_and_the_probe_replays_nothing() -> None:
+    clock, shapes = FakeClock(), []
+
+    @torch.no_grad()
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        shapes.append(tuple(x.shape))
+        return torch.tanh(x)
+
+    transform = Transform(fn, DIMS, INPUTS, outputs=("B", "S", None))
+    r = AdaptiveRunner(transform, {"x": torch.zeros(1, 1, H)},
+                       pool=GraphResourcePool(CpuBackend()), clock=clock)
+    shapes.clear()  # the eager check at construction
+    assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}]) == 1
+    # the capture's run, padded to the gear, then the probe's eager run on its real rows
+    assert shapes[0] == (4, 16, H) and len(shapes) == 2 and shapes[1] < (4, 16, H)
+    x = torch.randn(3, 9, H)
+    torch.testing.assert_close(r.run({"x": x}), torch.tanh(x))  # the graph serves requests
+    shapes.clear()
+    r.release("BATCHSIZE", 4)
+    assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}]) == 1 and shapes == [(4, 16, H)]
+
+
+def test_a_capture_on_the_probe_refuses_a_function_that_padding_changes() -> None:
+    @torch.no_grad()
+    def mixes(x: torch.Tensor) -> torch.Tensor:  # from 8 rows, every row sees the batch's
+        if x.shape[0] < 8:  # mean, which padding rows change (the start-up check's gear: 4)
+            return x * 2.0
+        return x + x.mean(dim=0, keepdim=True)
+
+    transform = Transform(mixes, {"BATCHSIZE": gs.Dim(gears=[1, 4], max=8)}, {"x": ("B", None)},
+                          outputs=("B", None))
+    r = AdaptiveRunner(transform, {"x": torch.zeros(1, H)}, pool=GraphResourcePool(CpuBackend()))
+    assert r.capture([{"BATCHSIZE": 8}]) == 0 and "padding changes" in (r.refused or "")
+    x = torch.randn(5, H)
+    torch.testing.assert_close(r.run({"x": x}), mixes(x))  # eager, on the unpadded rows

@@ -23,7 +23,8 @@ measured there (`graphs.measure`) before any request replays it, its cost kept (
 
 The padding contract (`graphs.padding`, `graphs.probe`): beyond the transform's refusals, a random
 probe of about half a gear's rows, padded, must give what it gives unpadded: run eagerly at
-construction (PaddingError), and replayed on the first graph of each gear. A graph that fails is
+construction (PaddingError), and replayed on the first graph of each gear (on the cpu, where a
+capture runs the function once, that run is on the probe: `folds_probe`). A graph that fails is
 dropped and every call runs eagerly, unpadded, from then on (`refused`, logged once). Lengths inputs
 (`lengths=`) are buffers of each graph, set to a chunk's real sizes.
 """
@@ -79,6 +80,10 @@ class AdaptiveRunner:
     the backend; `clock` times the measurements, `replays` of each graph timed (default: the
     backend's, `measure.replays_for`; 0: none measured).
     """
+
+    # On the cpu a capture runs fn once, as a replay: on the probe's input when one is due
+    # (`_capture_run`). Not where a capture does more that requests must not wait for.
+    folds_probe = True
 
     def __init__(
         self,
@@ -191,12 +196,16 @@ class AdaptiveRunner:
                    for n, d in self.transform.lengths.items()}
         began = self.meter.now()
         graph = None
-        timed: list[float] | None = [] if self.meter.reuses_probe else None
+        timed: list[float] | None = [] if self.meter.runs_fn else None
         try:
             graph = self.backend.graph(self._graph_fn(gears, inputs, lengths))
-            leaves, spec = self.transform.leaves(graph.capture())
+            ran = None  # the probe's result, when the capture's run was the probe's
+            if timed is not None and self.folds_probe:
+                leaves, spec, ran = self._capture_run(graph, gears, inputs, lengths, timed)
+            else:
+                leaves, spec = self.transform.leaves(graph.capture())
             captured = _Captured(inputs, graph, leaves, spec, lengths, -1)
-            why = self._check_graph(gears, captured, timed)
+            why = self._check_graph(gears, captured, timed, ran)
             ended = self.meter.now()  # the probe is part of what adding the graph costs
         except BaseException:
             with self._count_lock:
@@ -214,6 +223,32 @@ class AdaptiveRunner:
         captured = dataclasses.replace(captured, key=self.pool.register(graph))
         self.meter.keep(at, self.meter.cost(graph, began, ended, leaves, timed or ()))
         return captured
+
+    def _capture_run(self, graph: Any, gears: Variant, inputs: dict[str, torch.Tensor],
+                     lengths: dict[str, torch.Tensor], timed: list[float]
+                     ) -> tuple[list[torch.Tensor], Any, list[torch.Tensor] | None]:
+        """A cpu graph's capture, one run of fn, timed as a replay (appended to `timed`): on
+        the padding probe's padded input when a probe is due, under the replay section (the
+        buffers are requests' too), so that its result, cut back (the third value), is what
+        the probe compares, and no replay is run for it; else on whatever the buffers hold."""
+        clock, probe = self.meter.clock, self._prober.due(gears)
+        if probe is None:
+            start = clock.now()
+            out = graph.capture()
+            timed.append(clock.now() - start)
+            return (*self.transform.leaves(out), None)
+        chunk, tensors = probe
+        with self._section:
+            for name, buffer in self._unbound.items():
+                buffer.copy_(tensors[name])
+            self.transform.fill(inputs, tensors, chunk)
+            for name, dim in self.transform.lengths.items():
+                lengths[name].fill_(chunk[dim].size)
+            start = clock.now()
+            out = graph.capture()
+            timed.append(clock.now() - start)
+            leaves, spec = self.transform.leaves(out)
+            return leaves, spec, self.transform.cut(leaves, chunk, copy=True)
 
     def run(self, tensors: Mapping[str, torch.Tensor], sizes: Mapping[str, int] | None = None,
             route: Route | None = None) -> Any:
@@ -380,13 +415,16 @@ class AdaptiveRunner:
         counts as the capture's). One partial: a cpu graph calls it at each replay."""
         return functools.partial(self.transform.fn, **inputs, **self._unbound, **lengths)
 
-    def _check_graph(self, gears: Variant, captured: _Captured,
-                     timed: list[float] | None = None) -> str | None:
+    def _check_graph(self, gears: Variant, captured: _Captured, timed: list[float] | None = None,
+                     ran: list[torch.Tensor] | None = None) -> str | None:
         """Why the new graph of `gears` fails the padding probe (`Prober.check`), or None;
-        the probe's replay, timed on the meter's clock, is appended to `timed` if given."""
+        the probe's replay, timed on the meter's clock, is appended to `timed` if given; `ran`:
+        the probe's result already (`_capture_run`), and no replay."""
 
         @torch.no_grad()
         def replay(chunk: Chunk, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+            if ran is not None:
+                return ran
             with self._section:  # the buffers: requests' too
                 for name, buffer in self._unbound.items():
                     buffer.copy_(tensors[name])

@@ -14,9 +14,9 @@ A graph's cost (`GraphCost`) is what `core.costs.Measurement` holds for each of 
   own stream, after the replays before it: `DeviceGraph.timed_replay`), made before the graph
   serves any request (its outputs are its own; it reads the shared static inputs only):
   REPLAYS on a device, CPU_REPLAYS on the cpu, where a replay re-runs the function and so
-  costs a capture; there the probe's padded replay, timed, counts as one (`reuses_probe`: a
-  replay of the whole gear, its copies in and out beside it are small), so a probed graph
-  runs no replay of its own.
+  costs a capture; there a run of the whole gear that adding the graph made anyway counts as
+  one (`runs_fn`: the capture's run, `graphs.adaptive`; a compiled runner's probe replay), so
+  a cpu graph runs no replay of its own.
 
 Seconds are the meter's clock (`clock_for`): on a device the monotonic clock, on the cpu the
 measuring thread's CPU time, so that what other processes run meanwhile does not bend the
@@ -75,7 +75,7 @@ class Meter:
 
     def __init__(self, backend: Any, clock: Clock | None = None, replays: int = REPLAYS) -> None:
         self.backend, self.clock, self.replays = backend, clock or clock_for(backend), replays
-        self.reuses_probe = _on_cpu(backend)  # the probe's replay is timed as one (docstring)
+        self.runs_fn = _on_cpu(backend)  # a capture or a replay runs fn, timed as one (above)
         self.failures = 0
         self._kept: deque[tuple[dict[str, int], GraphCost]] = deque(maxlen=MAX_KEPT)
 
@@ -105,8 +105,8 @@ class Meter:
              outputs: Iterable[Any], probed: Sequence[float] = ()) -> GraphCost | None:
         """The cost of `graph`, captured from `began` to `ended` (None: untimed), its bytes
         (its pool's, else those of its `outputs`) and its replays: those timed between `began`
-        and `ended` (`probed`: the probe's) and as many more timed now as make `replays`;
-        None if unmeasured."""
+        and `ended` (`probed`: runs of the whole gear, `runs_fn`) and as many more timed now as
+        make `replays`; None if unmeasured."""
         if began is None or ended is None or self.replays < 1:
             return None
         times: list[float] = []

@@ -81,6 +81,13 @@ class Prober:
                                padding.unsplit(t.fn, {d: sizes[d] for d in split},
                                                {d: at[d][0] for d in split}, diff))
 
+    def due(self, gears: Sequence[int]) -> tuple[Chunk, dict[str, torch.Tensor]] | None:
+        """The probe `check` would run on the graph of `gears` (`probe`), None when it runs
+        none: nothing padded, or every gear passed before."""
+        if all(g in self.checked[d] for d, g in zip(self.names, gears, strict=True)):
+            return None
+        return self.probe(gears)
+
     def check(self, gears: Sequence[int], replay: Replay) -> str | None:
         """Why the graph of `gears`, run by `replay` on a padded probe, does not give (cut
         back) what fn gives on the probe unpadded; None when it does, when nothing is padded

@@ -117,6 +117,8 @@ class CompiledRunner(AdaptiveRunner):
     (waiting at most `lock_wait` seconds, then compiling anyway). `stats` adds compiles,
     compile seconds, FX graph cache hits and misses, graph breaks, and seconds waited."""
 
+    folds_probe = False  # a capture compiles, which no request may wait for (the replay section)
+
     def __init__(
         self,
         transform: Transform,
