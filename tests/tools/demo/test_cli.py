@@ -33,6 +33,7 @@ FIGURES = {
     "replayed_tokens",
     "captured_tokens",
     "worker_cpu_seconds",
+    "request_cpu_seconds",
     "capture_cpu_seconds",
     "controller_cpu_seconds",
     "demo_cpu_seconds",
@@ -131,6 +132,9 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
         assert len(spread["slices"]) == result["slices"] >= 2
         assert spread["min"] <= spread["median"] <= spread["max"] and spread["min"] > 0
     assert static["worker_cpu_seconds"] > 0 and static["controller_cpu_seconds"] == 0
+    # the request threads' CPU inside requests: part of the workers' (the static arm's: all)
+    for arm in (static, adaptive):
+        assert 0 < arm["request_cpu_seconds"] <= arm["worker_cpu_seconds"] * 1.001 + 1e-3
     assert_all_gone(proc, namespace)
 
 
@@ -205,6 +209,7 @@ RUN = {
     "replayed_tokens": 1500,
     "captured_tokens": 0,
     "worker_cpu_seconds": 19.0,
+    "request_cpu_seconds": 17.0,
     "capture_cpu_seconds": 0.0,
     "controller_cpu_seconds": 0.0,
     "demo_cpu_seconds": 0.1,

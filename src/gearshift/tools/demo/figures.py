@@ -113,6 +113,7 @@ def run_figures(
         "worker_cpu_seconds": worker_cpu,
         "controller_cpu_seconds": controller_cpu,
         "useful_tokens_per_cpu_second": useful / (worker_cpu + controller_cpu),
+        "request_cpu_seconds": total("busy_cpu"),
         "capture_cpu_seconds": total("capture_cpu"),
         "worker_peak_rss_mb": peak_rss_mb,
         "dims": dims,
@@ -168,8 +169,8 @@ def lockstep(checks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 SUMMED = ("requests", "useful_tokens", "padded_tokens", "model_seconds", "useful_model_seconds",
-          "replayed_tokens", "captured_tokens", "capture_cpu_seconds", "adds", "evictions",
-          "captures", "replays", "eager", "priced_adds")
+          "replayed_tokens", "captured_tokens", "request_cpu_seconds", "capture_cpu_seconds",
+          "adds", "evictions", "captures", "replays", "eager", "priced_adds")
 
 
 def overall(profiles: dict[str, dict[str, Any]], seconds: float, worker_cpu: float,
