@@ -159,39 +159,3 @@ def test_a_cuda_graph_is_measured_on_the_device() -> None:
         assert c.graph_bytes > 0 and c.graph_bytes % (2 << 20) == 0  # its pool's segments
     r.release("SEQLEN", 16)
 
-
-def test_a_cpu_capture_runs_fn_on_the_probe_and_the_probe_replays_nothing() -> None:
-    clock, shapes = FakeClock(), []
-
-    @torch.no_grad()
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        shapes.append(tuple(x.shape))
-        return torch.tanh(x)
-
-    transform = Transform(fn, DIMS, INPUTS, outputs=("B", "S", None))
-    r = AdaptiveRunner(transform, {"x": torch.zeros(1, 1, H)},
-                       pool=GraphResourcePool(CpuBackend()), clock=clock)
-    shapes.clear()  # the eager check at construction
-    assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}]) == 1
-    # the capture's run, padded to the gear, then the probe's eager run on its real rows
-    assert shapes[0] == (4, 16, H) and len(shapes) == 2 and shapes[1] < (4, 16, H)
-    x = torch.randn(3, 9, H)
-    torch.testing.assert_close(r.run({"x": x}), torch.tanh(x))  # the graph serves requests
-    shapes.clear()
-    r.release("BATCHSIZE", 4)
-    assert r.capture([{"BATCHSIZE": 4, "SEQLEN": 16}]) == 1 and shapes == [(4, 16, H)]
-
-
-def test_a_capture_on_the_probe_refuses_a_function_that_padding_changes() -> None:
-    @torch.no_grad()
-    def mixes(x: torch.Tensor) -> torch.Tensor:  # from 8 rows, every row sees the batch's
-        if x.shape[0] < 8:  # mean, which padding rows change (the start-up check's gear: 4)
-            return x * 2.0
-        return x + x.mean(dim=0, keepdim=True)
-
-    transform = Transform(mixes, {"BATCHSIZE": gs.Dim(gears=[1, 4], max=8)}, {"x": ("B", None)},
-                          outputs=("B", None))
-    r = AdaptiveRunner(transform, {"x": torch.zeros(1, H)}, pool=GraphResourcePool(CpuBackend()))
-    assert r.capture([{"BATCHSIZE": 8}]) == 0 and "padding changes" in (r.refused or "")
-    x = torch.randn(5, H)
-    torch.testing.assert_close(r.run({"x": x}), mixes(x))  # eager, on the unpadded rows

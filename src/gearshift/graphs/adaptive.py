@@ -7,7 +7,7 @@ largest gears; a capture beyond them allocates larger ones for the variants capt
 gears need smaller buffers marks them for re-staging: the next `capture` call (the warm-up thread)
 allocates the smaller buffers and recaptures the survivors on them one at a time, each swapped in
 and its old graph released at once, so the old buffers go with the last of them. A graph is tracked
-in one place, its variant's `_Captured` in `_variants` (copy-on-write under `_lock`), with the key
+in one place, its variant's `Captured` in `_variants` (copy-on-write under `_lock`), with the key
 the device's GraphResourcePool released it by.
 
 The request path never captures: it runs the chunks of its `Route` (`core.dims`, as the profile's
@@ -31,14 +31,12 @@ dropped and every call runs eagerly, unpadded, from then on (`refused`, logged o
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
 import operator
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,29 +47,20 @@ from gearshift.clock import Clock
 from gearshift.core.dims import Gears, Route, Variant, gear_for
 from gearshift.errors import ShapeError
 from gearshift.graphs import forks, plans, spans
-from gearshift.graphs.backends import Graph, backend_for
+from gearshift.graphs.backends import backend_for
 from gearshift.graphs.buffers import StaticBuffers
+from gearshift.graphs.capturing import Captured, Capturing
 from gearshift.graphs.device import GUARD
 from gearshift.graphs.measure import GraphCost, Meter, replays_for
 from gearshift.graphs.pool import GraphResourcePool
 from gearshift.graphs.probe import Prober
-from gearshift.graphs.transform import Chunk, Tiling, Transform
+from gearshift.graphs.transform import Tiling, Transform
 
 log = logging.getLogger(__name__)
 MAX_WANTED = 4096  # variants wanted by requests kept until taken (once full, no more kept)
 
 
-@dataclass(frozen=True)
-class _Captured:
-    inputs: dict[str, torch.Tensor]  # views of the static buffers at the variant's gears
-    graph: Graph
-    leaves: list[torch.Tensor]  # the graph's outputs, checked at capture, rewritten by replays
-    spec: Any  # their pytree structure
-    lengths: dict[str, torch.Tensor]  # its own lengths inputs, set before each replay
-    key: int  # its key in the pool (`GraphResourcePool.register`), by which it is released
-
-
-class AdaptiveRunner:
+class AdaptiveRunner(Capturing):
     """Graphs of one transform's function, one per captured variant.
 
     `gears` (dim -> sorted gears) is what calls are tiled on; replace it whole
@@ -80,10 +69,6 @@ class AdaptiveRunner:
     the backend; `clock` times the measurements, `replays` of each graph timed (default: the
     backend's, `measure.replays_for`; 0: none measured).
     """
-
-    # On the cpu a capture runs fn once, as a replay: on the probe's input when one is due
-    # (`_capture_run`). Not where a capture does more that requests must not wait for.
-    folds_probe = True
 
     def __init__(
         self,
@@ -114,7 +99,7 @@ class AdaptiveRunner:
         self._prober = Prober(transform, example)
         self._staged = StaticBuffers(transform, example,
                                      tuple(g[-1] for g in self.gears.values()), self.device)
-        self._variants: dict[Variant, _Captured] = {}  # copy-on-write, under _lock
+        self._variants: dict[Variant, Captured] = {}  # copy-on-write, under _lock
         self._lock = threading.Lock()  # replays: the buffers, the graphs' outputs
         self._count_lock = threading.Lock()  # eager counts, outside `_lock`
         self._capture_lock = threading.Lock()
@@ -187,68 +172,6 @@ class AdaptiveRunner:
         since the last call, first wanted first; some may be ready by now."""
         wanted, self._wanted = self._wanted, {}
         return list(wanted.copy())  # one C call: a request may still be adding to it
-
-    def _capture(self, gears: Variant) -> _Captured | None:
-        """One variant's graph, measured; None if it failed the padding check (`refused`)."""
-        inputs = self._staged.views(gears)
-        at = dict(zip(self.names, gears, strict=True))
-        lengths = {n: torch.tensor([at[d]], device=self.device)
-                   for n, d in self.transform.lengths.items()}
-        began = self.meter.now()
-        graph = None
-        timed: list[float] | None = [] if self.meter.runs_fn else None
-        try:
-            graph = self.backend.graph(self._graph_fn(gears, inputs, lengths))
-            ran = None  # the probe's result, when the capture's run was the probe's
-            if timed is not None and self.folds_probe:
-                leaves, spec, ran = self._capture_run(graph, gears, inputs, lengths, timed)
-            else:
-                leaves, spec = self.transform.leaves(graph.capture())
-            captured = _Captured(inputs, graph, leaves, spec, lengths, -1)
-            why = self._check_graph(gears, captured, timed, ran)
-            ended = self.meter.now()  # the probe is part of what adding the graph costs
-        except BaseException:
-            with self._count_lock:
-                self.stats["capture_failures"] += 1
-            if graph is not None:
-                graph.reset()  # a captured graph of unexpected outputs holds memory too
-            self.backend.collect()
-            raise
-        if why is not None:
-            graph.reset()
-            self.backend.collect()
-            self.refused = why
-            log.warning("%s; every call runs eagerly on its unpadded inputs from now on", why)
-            return None
-        captured = dataclasses.replace(captured, key=self.pool.register(graph))
-        self.meter.keep(at, self.meter.cost(graph, began, ended, leaves, timed or ()))
-        return captured
-
-    def _capture_run(self, graph: Any, gears: Variant, inputs: dict[str, torch.Tensor],
-                     lengths: dict[str, torch.Tensor], timed: list[float]
-                     ) -> tuple[list[torch.Tensor], Any, list[torch.Tensor] | None]:
-        """A cpu graph's capture, one run of fn, timed as a replay (appended to `timed`): on
-        the padding probe's padded input when a probe is due, under the replay section (the
-        buffers are requests' too), so that its result, cut back (the third value), is what
-        the probe compares, and no replay is run for it; else on whatever the buffers hold."""
-        clock, probe = self.meter.clock, self._prober.due(gears)
-        if probe is None:
-            start = clock.now()
-            out = graph.capture()
-            timed.append(clock.now() - start)
-            return (*self.transform.leaves(out), None)
-        chunk, tensors = probe
-        with self._section:
-            for name, buffer in self._unbound.items():
-                buffer.copy_(tensors[name])
-            self.transform.fill(inputs, tensors, chunk)
-            for name, dim in self.transform.lengths.items():
-                lengths[name].fill_(chunk[dim].size)
-            start = clock.now()
-            out = graph.capture()
-            timed.append(clock.now() - start)
-            leaves, spec = self.transform.leaves(out)
-            return leaves, spec, self.transform.cut(leaves, chunk, copy=True)
 
     def run(self, tensors: Mapping[str, torch.Tensor], sizes: Mapping[str, int] | None = None,
             route: Route | None = None) -> Any:
@@ -387,7 +310,7 @@ class AdaptiveRunner:
                 self.stats["captures"] += 1
             self.pool.remove_by_keys([old])
 
-    def _ready(self, gears: Variant, want: bool = False) -> _Captured | None:
+    def _ready(self, gears: Variant, want: bool = False) -> Captured | None:
         """The graph of `gears`, else of the smallest ready variant covering it, else None;
         `want`: remember `gears` as wanted when it is not ready itself (the request path)."""
         variants = self._variants
@@ -414,25 +337,3 @@ class AdaptiveRunner:
         inputs' buffers and `lengths` (a subclass may prepare more, e.g. compile it; that time
         counts as the capture's). One partial: a cpu graph calls it at each replay."""
         return functools.partial(self.transform.fn, **inputs, **self._unbound, **lengths)
-
-    def _check_graph(self, gears: Variant, captured: _Captured, timed: list[float] | None = None,
-                     ran: list[torch.Tensor] | None = None) -> str | None:
-        """Why the new graph of `gears` fails the padding probe (`Prober.check`), or None;
-        the probe's replay, timed on the meter's clock, is appended to `timed` if given; `ran`:
-        the probe's result already (`_capture_run`), and no replay."""
-
-        @torch.no_grad()
-        def replay(chunk: Chunk, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-            if ran is not None:
-                return ran
-            with self._section:  # the buffers: requests' too
-                for name, buffer in self._unbound.items():
-                    buffer.copy_(tensors[name])
-                start = self.meter.clock.now() if timed is not None else 0.0
-                out = plans.replay(self.transform, captured, tensors, chunk)
-                if timed is not None:
-                    timed.append(self.meter.clock.now() - start)
-                return out
-
-        return self._prober.check(gears, replay)
-

@@ -4,7 +4,7 @@ A call of one chunk per dim on a ready variant (the request path's common case) 
 rows into the leading rows of the variant's static inputs, fills the rest of each bound axis
 with its dim's pad value, sets the variant's lengths inputs to its real sizes, replays, and
 copies the real rows of every output out. Which views of the static tensors those are depends
-only on the variant's `_Captured` and the call's sizes, so a `Plan` holds them, made by the
+only on the variant's `Captured` and the call's sizes, so a `Plan` holds them, made by the
 first call of those sizes and kept (`Plans`, at most MAX_PLANS; once full, cleared) for every
 later one: the step runs no `narrow` and no loop over axes. A plan belongs to the captured
 variant it was made for (`Plan.captured`, checked by identity at each use), so a variant

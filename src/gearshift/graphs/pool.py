@@ -1,7 +1,7 @@
 """Graph lifetime: one opaque key per graph resource of a device.
 
 `register` keeps a resource and returns its key, which its owner keeps beside the graph (the
-adaptive runner: in the graph's `_Captured`, the one structure that tracks it).
+adaptive runner: in the graph's `Captured` (`graphs.capturing`), the one structure that tracks it).
 `remove_by_keys` is idempotent: a key given twice is released once; it resets the graphs after
 a device synchronize, then gives their memory back to the device once
 (`Backend.collect`), all outside any capture (`device.GUARD`). A device may cap its
