@@ -1,4 +1,5 @@
-"""Hindsight-optimal gears: the Monge divide-and-conquer DP against brute force."""
+"""Hindsight-optimal gears: the Monge divide-and-conquer DP (and its dense layer, for few
+values) against brute force."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gearshift.core import optimal
 from gearshift.core.dims import Dim, padded_work
 from gearshift.core.optimal import optimal_gears, optimal_sets
 
@@ -153,3 +155,22 @@ def test_a_per_gear_penalty_is_minimised_exactly(values: list[int], k: int, mu: 
     assert gears[-1] == top and len(gears) <= k
     assert cost(gears, v, w) + mu * sum(gears) == pytest.approx(best, rel=1e-9, abs=1e-9)
     assert plans.costs[-1] == pytest.approx(best, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 255, 300])
+def test_the_dense_layer_gives_the_divide_and_conquers_values_and_argmins(n: int) -> None:
+    # the DP's own inputs (prefix sums of weights and of weighted costs, a convex cost, a
+    # per-gear penalty), layer after layer: the same floats, the same leftmost argmins
+    rng = np.random.default_rng(n)
+    gears = np.unique(rng.integers(1, 20 * n + 2, size=n))
+    w = rng.random(gears.size) * 10
+    work = 1e-3 + 7e-6 * gears + 5e-9 * gears.astype(float) ** 2
+    g, p = np.r_[0.0, work], np.r_[0.0, 1e-4 * gears]
+    W, S = np.r_[0.0, np.cumsum(w)], np.r_[0.0, np.cumsum(w * work)]
+    prev = g * W - S + p
+    prev[0] = 0.0
+    for _ in range(6):
+        cur, arg = optimal._layer(prev, g, W, S, p)
+        dense, dense_arg = optimal._layer_dense(prev, g, W, S, p)
+        assert np.array_equal(cur, dense) and np.array_equal(arg, dense_arg)
+        prev = cur

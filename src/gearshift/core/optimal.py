@@ -11,7 +11,9 @@ problem is a partition of the sorted candidate gears into K runs. With prefix
 sums W (weight) and S (weight x value), a run (i, j] served by gear g_j costs
 g_j (W_j - W_i) - (S_j - S_i); this cost is Monge, so the argmin of each DP
 layer is monotone and divide and conquer finds it in O(n log n) per layer,
-vectorised by recursion level: O(K n log n) for n distinct values.
+vectorised by recursion level: O(K n log n) for n distinct values. Up to DENSE_MAX values a
+layer is instead one pass over every (i, j) pair: O(n^2) work in a few numpy calls, where
+the divide and conquer's calls per level cost more than the work (decode's batch sizes).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gearshift.core.dims import Gears
+
+DENSE_MAX = 256  # values up to which a DP layer is one pass over every pair (`_layer_dense`)
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,9 @@ def optimal_sets(
     costs = np.empty(k)
     costs[0] = cost[n] + S[n]
     back = np.zeros((k, n + 1), dtype=np.int64)
+    solve = _layer_dense if n <= DENSE_MAX else _layer
     for layer in range(1, k):
-        cost, back[layer] = _layer(cost, g, W, S, p)
+        cost, back[layer] = solve(cost, g, W, S, p)
         costs[layer] = cost[n] + S[n]
         if penalty is not None and costs[layer] >= costs[layer - 1]:
             # the best cost of exactly c gears is convex in c (the runs' cost is Monge): once
@@ -136,4 +141,19 @@ def _layer(
             np.concatenate((olo[left], at[right])),
             np.concatenate((at[left], ohi[right])),
         )
+    return cur, arg
+
+
+def _layer_dense(
+    prev: np.ndarray, g: np.ndarray, W: np.ndarray, S: np.ndarray, p: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`_layer` over every pair i < j at once (the same sums in the same order, so the same
+    values), with the leftmost argmin of each column."""
+    n = g.size - 1
+    val = prev[:, None] + g[None, :] * (W[None, :] - W[:, None]) - (S[None, :] - S[:, None]) \
+        + p[None, :]
+    val[np.tri(n + 1, dtype=bool)] = np.inf  # i >= j: no run
+    arg = val.argmin(axis=0)  # the first minimum: the leftmost
+    cur = val[arg, np.arange(n + 1)]
+    cur[0], arg[0] = 0.0, 0
     return cur, arg
