@@ -25,7 +25,7 @@ import numpy as np
 
 from gearshift.core.dims import Gears
 
-DENSE_MAX = 256  # values up to which a DP layer is one pass over every pair (`_layer_dense`)
+DENSE_MAX = 192  # values up to which a DP layer is one pass over every pair (`_layer_dense`)
 
 
 @dataclass(frozen=True)
