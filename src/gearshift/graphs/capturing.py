@@ -33,6 +33,8 @@ from gearshift.graphs.pool import GraphResourcePool
 from gearshift.graphs.probe import Prober
 from gearshift.graphs.transform import Chunk, Transform
 
+# a probe the capture ran (its chunk and inputs, `Prober.due`) and its result, cut back
+Ran = tuple[tuple[Chunk, dict[str, torch.Tensor]], list[torch.Tensor]]
 log = logging.getLogger("gearshift.graphs.adaptive")  # the runner's log: a refusal is its
 
 
@@ -110,11 +112,12 @@ class Capturing:
 
     def _capture_run(self, graph: Any, gears: Variant, inputs: dict[str, torch.Tensor],
                      lengths: dict[str, torch.Tensor], timed: list[float]
-                     ) -> tuple[list[torch.Tensor], Any, list[torch.Tensor] | None]:
+                     ) -> tuple[list[torch.Tensor], Any, Ran | None]:
         """A cpu graph's capture, one run of fn, timed as a replay (appended to `timed`): on
         the padding probe's padded input when a probe is due, under the replay section (the
-        buffers are requests' too), so that its result, cut back (the third value), is what
-        the probe compares, and no replay is run for it; else on whatever the buffers hold."""
+        buffers are requests' too), so that its result, cut back, is what the probe compares
+        (the third value: the probe and that result), and no replay is run for it; else on
+        whatever the buffers hold."""
         clock, probe = self.meter.clock, self._prober.due(gears)
         if probe is None:
             start = clock.now()
@@ -132,18 +135,18 @@ class Capturing:
             out = graph.capture()
             timed.append(clock.now() - start)
             leaves, spec = self.transform.leaves(out)
-            return leaves, spec, self.transform.cut(leaves, chunk, copy=True)
+            return leaves, spec, (probe, self.transform.cut(leaves, chunk, copy=True))
 
     def _check_graph(self, gears: Variant, captured: Captured, timed: list[float] | None = None,
-                     ran: list[torch.Tensor] | None = None) -> str | None:
+                     ran: Ran | None = None) -> str | None:
         """Why the new graph of `gears` fails the padding probe (`Prober.check`), or None;
         the probe's replay, timed on the meter's clock, is appended to `timed` if given; `ran`:
-        the probe's result already (`_capture_run`), and no replay."""
+        the probe and its result already (`_capture_run`), and no replay."""
 
         @torch.no_grad()
         def replay(chunk: Chunk, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
             if ran is not None:
-                return ran
+                return ran[1]
             with self._section:  # the buffers: requests' too
                 for name, buffer in self._unbound.items():
                     buffer.copy_(tensors[name])
@@ -153,5 +156,5 @@ class Capturing:
                     timed.append(self.meter.clock.now() - start)
                 return out
 
-        return self._prober.check(gears, replay)
+        return self._prober.check(gears, replay, None if ran is None else ran[0])
 

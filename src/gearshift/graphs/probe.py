@@ -88,21 +88,23 @@ class Prober:
             return None
         return self.probe(gears)
 
-    def check(self, gears: Sequence[int], replay: Replay) -> str | None:
-        """Why the graph of `gears`, run by `replay` on a padded probe, does not give (cut
-        back) what fn gives on the probe unpadded; None when it does, when nothing is padded
-        or when every gear of it passed before."""
+    def check(self, gears: Sequence[int], replay: Replay,
+              probe: tuple[Chunk, dict[str, torch.Tensor]] | None = None) -> str | None:
+        """Why the graph of `gears`, run by `replay` on a padded probe (`probe`: the one `due`
+        gave, else made here), does not give (cut back) what fn gives on the probe unpadded;
+        None when it does, when nothing is padded or when every gear of it passed before."""
         if all(g in self.checked[d] for d, g in zip(self.names, gears, strict=True)):
             return None
-        why = self._compare(gears, replay)
+        why = self._compare(gears, replay, probe)
         if why is None:
             for d, g in zip(self.names, gears, strict=True):
                 self.checked[d].add(g)
         return why
 
     @torch.no_grad()
-    def _compare(self, gears: Sequence[int], padded: Replay) -> str | None:
-        probe = self.probe(gears)
+    def _compare(self, gears: Sequence[int], padded: Replay,
+                 probe: tuple[Chunk, dict[str, torch.Tensor]] | None = None) -> str | None:
+        probe = self.probe(gears) if probe is None else probe
         if probe is None:
             return None
         chunk, tensors = probe
