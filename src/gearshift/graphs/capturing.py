@@ -157,4 +157,3 @@ class Capturing:
                 return out
 
         return self._prober.check(gears, replay, None if ran is None else ran[0])
-

@@ -15,7 +15,7 @@ A graph's cost (`GraphCost`) is what `core.costs.Measurement` holds for each of 
   serves any request (its outputs are its own; it reads the shared static inputs only):
   REPLAYS on a device, CPU_REPLAYS on the cpu, where a replay re-runs the function and so
   costs a capture; there a run of the whole gear that adding the graph made anyway counts as
-  one (`runs_fn`: the capture's run, `graphs.adaptive`; a compiled runner's probe replay), so
+  one (`runs_fn`: the capture's run, `graphs.capturing`; a compiled runner's probe replay), so
   a cpu graph runs no replay of its own.
 
 Seconds are the meter's clock (`clock_for`): on a device the monotonic clock, on the cpu the

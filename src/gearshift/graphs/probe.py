@@ -84,16 +84,17 @@ class Prober:
     def due(self, gears: Sequence[int]) -> tuple[Chunk, dict[str, torch.Tensor]] | None:
         """The probe `check` would run on the graph of `gears` (`probe`), None when it runs
         none: nothing padded, or every gear passed before."""
-        if all(g in self.checked[d] for d, g in zip(self.names, gears, strict=True)):
-            return None
-        return self.probe(gears)
+        return None if self._passed(gears) else self.probe(gears)
+
+    def _passed(self, gears: Sequence[int]) -> bool:
+        return all(g in self.checked[d] for d, g in zip(self.names, gears, strict=True))
 
     def check(self, gears: Sequence[int], replay: Replay,
               probe: tuple[Chunk, dict[str, torch.Tensor]] | None = None) -> str | None:
         """Why the graph of `gears`, run by `replay` on a padded probe (`probe`: the one `due`
         gave, else made here), does not give (cut back) what fn gives on the probe unpadded;
         None when it does, when nothing is padded or when every gear of it passed before."""
-        if all(g in self.checked[d] for d, g in zip(self.names, gears, strict=True)):
+        if self._passed(gears):
             return None
         why = self._compare(gears, replay, probe)
         if why is None:
