@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import os
-import signal
-
 import torch
-from forked import reap
+from forked import in_child
 
 import gearshift.graphs.forks  # noqa: F401  (the hook)
 
@@ -21,19 +18,6 @@ def test_the_childs_inductor_thread_pool_runs_its_tasks() -> None:
     with torch._inductor.config.patch(compile_threads=2):
         AsyncCompile.pool.cache_clear()
         assert AsyncCompile.pool().submit(int, 1).result(10) == 1  # a thread, idle after
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                signal.alarm(20)
-                os.write(write, str(AsyncCompile.pool().submit(int, 2).result(10)).encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write)
-        status = reap(pid, 30)
-        found = os.read(read, 10).decode()
-        os.close(read)
+        status, found = in_child(lambda: str(AsyncCompile.pool().submit(int, 2).result(10)), 30)
         AsyncCompile.pool.cache_clear()
     assert found == "2", status

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from forked import reap
+from forked import in_child
 
 import gearshift as gs
 from gearshift.graphs import Transform
@@ -119,7 +119,6 @@ def test_a_child_forked_while_the_parent_compiles_can_compile_and_close() -> Non
     lock (and Dynamo's compile lock) held by a thread it does not have. It must compile its own
     gears and close at once (before: no compile ever, and `close` waited 600 s)."""
     import os
-    import signal
     import threading
     import time
 
@@ -138,25 +137,16 @@ def test_a_child_forked_while_the_parent_compiles_can_compile_and_close() -> Non
     compiling.start()
     try:
         assert started.wait(30)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report what it could do, never return into pytest
-            code = 1
-            try:
-                signal.alarm(20)
-                done = runner.capture([{"SEQLEN": 4}])
-                began = time.monotonic()
-                closed = runner.close(timeout=5.0)
-                x = torch.randn(3, H)
-                same = bool(torch.allclose(runner.run({"x": x}), elementwise(x)))
-                os.write(write, repr((done, closed, time.monotonic() - began < 2, same)).encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write)
-        status = reap(pid, 40)
-        found = os.read(read, 200).decode()
-        os.close(read)
+
+        def child() -> str:  # what the child could do, reported
+            done = runner.capture([{"SEQLEN": 4}])
+            began = time.monotonic()
+            closed = runner.close(timeout=5.0)
+            x = torch.randn(3, H)
+            same = bool(torch.allclose(runner.run({"x": x}), elementwise(x)))
+            return repr((done, closed, time.monotonic() - began < 2, same))
+
+        status, found = in_child(child, 40)
     finally:
         go.set()
         compiling.join(30)
