@@ -84,7 +84,9 @@ def test_the_count_of_a_thread_leaves_out_the_other_threads() -> None:
     thread = threading.Thread(target=counted, args=(torch.randn(5, 16),))
     thread.start()
     thread.join()
-    assert counted.here() == 3 and m.tokens == 3 + 5
+    assert counted.here() == 3 and counted.tokens == m.tokens == 3 + 5
+    m(torch.randn(2, 16))  # another runner's call of the model: not this one's
+    assert counted.tokens == 3 + 5 and m.tokens == 3 + 5 + 2
 
 
 def static_lanes() -> dict[str, tuple[Model, arm.Runner, dict[str, np.ndarray]]]:
@@ -134,16 +136,24 @@ def test_the_adaptive_arm_routes_every_profile_through_one_client(
     config = ControllerConfig(namespace=namespace, state_dir=str(tmp_path))
     controller = embedded.start(config, PolicyConfig())
     profiles = {"seq": (DIMS, SIZES), "rows": (ROWS, ROW_SIZES)}
+    static = arm.static_arm(static_lanes(), WHICH, LOCAL)
     try:
         with gs.connect(namespace) as client:
-            a = arm.AdaptiveArm(client, profiles, WHICH, LOCAL, make=model)
+            a = arm.AdaptiveArm(client, profiles, WHICH, LOCAL,
+                                model=lambda p: static.lanes[p].model)  # a worker's way
             assert {p.name for p in a.profiles.values()} == {"seq", "rows"}
             take = counter()
             first, second = a.replay(take, 3), a.replay(take, 9)
             a.settle()
             after = a.figures()  # nothing since the last slice: no request, no capture
+            alone = static.replay(counter(), 9)["profiles"]
     finally:
         assert controller.stop()
+    for p, lane in a.lanes.items():  # one model per profile, the same inputs, counted apart
+        assert lane.model is static.lanes[p].model
+        assert all(torch.equal(x["x"], y["x"])
+                   for x, y in zip(lane.inputs, static.lanes[p].inputs, strict=True))
+        assert alone[p]["computed"] == alone[p]["padded"]  # the static runner's tokens only
     lanes = [first["profiles"], second["profiles"]]
     assert sum(f["seq"]["requests"] for f in lanes) == 6
     assert sum(f["rows"]["requests"] for f in lanes) == 3
@@ -151,6 +161,7 @@ def test_the_adaptive_arm_routes_every_profile_through_one_client(
     assert sum(f["seq"]["padded"] for f in lanes) == int(padded_tokens(DIMS, SIZES).sum())
     assert sum(f["rows"]["padded"] for f in lanes) == int(padded_tokens(ROWS, ROW_SIZES).sum())
     assert all(f[p]["captures"] == f[p]["eager"] == 0 for f in lanes for p in f)
+    assert all(f[p]["computed"] == f[p]["padded"] for f in lanes for p in f)
     assert after["seq"]["requests"] == after["seq"]["captures"] == 0
     assert controller.controller.counts["folded"] >= 9
 

@@ -1,7 +1,9 @@
 """One arm of the comparison in a demo worker: a lane per profile, replaying merged rows (torch).
 
-A `Lane` is one profile of one arm: its own model, a `Runner` of it and its `route`, over the
-profile's rows. `Lane.figures()` gives what the lane did since the last call (requests, tokens,
+A `Lane` is one profile of one arm: the profile's model (in a worker both arms run one model
+per profile, so that they differ in their gears and request path only), a `Runner` of it and
+its `route`, over the profile's rows, on inputs drawn from the profile's seed (the same in
+both arms). `Lane.figures()` gives what the lane did since the last call (requests, tokens,
 pairs, raw and padded sizes per dim, the wall and CPU time of its requests, its captures, its
 runner's counts; a compiled runner's compiles before the arm started, `startup`, in the first
 report only) and starts anew, so captures made between slices (`AdaptiveArm.settle`) count
@@ -52,13 +54,18 @@ class Model(Protocol):
 
 
 class Counted:
-    """`model`, counting the tokens it computes on each thread apart (`here`)."""
+    """`model`, counting the tokens computed through it: on each thread apart (`here`) and
+    in all (`tokens`), whoever else calls the model."""
 
     def __init__(self, model: Model) -> None:
         self.model, self._local = model, threading.local()
+        self.tokens, self._lock = 0, threading.Lock()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        self._local.tokens = self.here() + x.numel() // self.model.width
+        tokens = x.numel() // self.model.width
+        self._local.tokens = self.here() + tokens
+        with self._lock:
+            self.tokens += tokens
         return self.model(x)
 
     def here(self) -> int:
@@ -70,7 +77,8 @@ class Runner(AdaptiveRunner):
     """An AdaptiveRunner of a `Counted` model that adds up the CPU seconds and the tokens of
     its captures, their runs to time the new graphs included (captures and releases run on
     one thread at a time: the caller's, then the swap thread; requests may run meanwhile):
-    its thread's tokens (`here`) and CPU seconds (`cpu`), which `compiled` counts its way."""
+    its thread's tokens (`here`) and CPU seconds (`cpu`), which `compiled` counts its way;
+    `computed()`: every token run through this runner (the model may be another's too)."""
 
     capture_seconds = 0.0
     capture_tokens = 0
@@ -86,6 +94,10 @@ class Runner(AdaptiveRunner):
     def here(self) -> int:
         """Tokens computed on this thread so far."""
         return self.transform.fn.here()
+
+    def computed(self) -> int:
+        """Tokens computed through this runner so far, on every thread."""
+        return self.transform.fn.tokens
 
     def cpu(self) -> float:
         """The CPU seconds that time a capture: this thread's."""
@@ -144,15 +156,15 @@ Route = Callable[[int, dict[str, int]],
 
 
 class Lane:
-    """One profile of an arm over the rows of `sizes` (module docstring); it captures the
-    runner's gears first."""
+    """One profile of an arm over the rows of `sizes` (module docstring), its inputs drawn
+    from `seed` (the same in both arms); it captures the runner's gears first."""
 
     def __init__(self, model: Model, runner: Runner, route: Route,
-                 sizes: Mapping[str, np.ndarray]) -> None:
+                 sizes: Mapping[str, np.ndarray], seed: int | None = None) -> None:
         self.model, self.runner, self.route = model, runner, route
         self.names = list(sizes)
         self.rows = list(zip(*(v.tolist() for v in sizes.values()), strict=True))
-        self.inputs = inputs(model, runner.transform.dims, self.rows)
+        self.inputs = inputs(model, runner.transform.dims, self.rows, seed)
         self.output: Any = None  # the last request's
         runner.capture(variants(runner.gears))
         self._base = self._counters()
@@ -168,7 +180,7 @@ class Lane:
 
     def _counters(self) -> dict[str, Any]:
         r = self.runner
-        return {"computed": self.model.tokens, "capture_cpu": r.capture_seconds,
+        return {"computed": r.computed(), "capture_cpu": r.capture_seconds,
                 "capture_tokens": r.capture_tokens, **r.stats}
 
     def _clear(self) -> None:
@@ -287,32 +299,34 @@ def static_arm(lanes: Mapping[str, tuple[Model, Runner, Mapping[str, np.ndarray]
                report: Callable[[int, int, int], None] = lambda *_: None,
                arm: Callable[..., Arm] = Arm) -> Arm:
     """The arm (an `arm(lanes, which, local, report)`) on each runner's initial gears, kept
-    (`lanes`: profile -> model, runner, its rows' sizes): no client, no controller."""
-    made = {p: Lane(model, runner, _static_route(runner, sizes), sizes)
-            for p, (model, runner, sizes) in lanes.items()}
+    (`lanes`: profile -> model, runner, its rows' sizes): no client, no controller. The k-th
+    profile's inputs are drawn from seed k, as the adaptive arm's."""
+    made = {p: Lane(model, runner, _static_route(runner, sizes), sizes, seed=k)
+            for k, (p, (model, runner, sizes)) in enumerate(lanes.items())}
     return arm(made, which, local, report)
 
 
 class AdaptiveArm(Arm):
     """The arm through `client` (connected to the controller serving its namespace): per
     profile (`profiles`: name -> its dims and its rows' sizes) a profile of the client and a
-    runner of a model of its own (`make`, `runner`)."""
+    runner (`runner`) of the profile's model (`model(name)`: in a worker, the static arm's
+    model of that profile, so that the arms differ in their gears and request path only)."""
 
     def __init__(self, client: gw.Client,
                  profiles: Mapping[str, tuple[Mapping[str, Dim], Mapping[str, np.ndarray]]],
                  which: np.ndarray, local: np.ndarray,
                  report: Callable[[int, int, int], None] = lambda *_: None,
-                 make: Callable[[], Model] = block.Model,
+                 model: Callable[[str], Model] = lambda _: block.Model(),
                  runner: Callable[[Model, Mapping[str, Dim]], Runner] = runner_for) -> None:
         self.client, self.profiles = client, {}
         self._settled = -1  # the snapshot version the last `settle` adopted (-1: none yet)
         lanes = {}
-        for name, (dims, sizes) in profiles.items():
-            model = make()
+        for k, (name, (dims, sizes)) in enumerate(profiles.items()):
+            m = model(name)
             # Start-up gears captured at once, as the static arm's: the arms differ in gears only
             self.profiles[name] = profile = client.profile(name, dims, lazy_start=False)
-            attached = profile.attach(runner(model, dims))
-            lanes[name] = lane = AdaptiveLane(model, attached, _worked(profile), sizes)
+            attached = profile.attach(runner(m, dims))
+            lanes[name] = lane = AdaptiveLane(m, attached, _worked(profile), sizes, seed=k)
             lane.profile = profile
         super().__init__(lanes, which, local, report)
 

@@ -43,11 +43,14 @@ class CompiledRunner(Runner, torchcompile.CompiledRunner):
         transform, example = binding(model.forward, model, dims)  # type: ignore[attr-defined]
         super().__init__(transform, example, pool=GraphResourcePool(CpuBackend()),
                          compile_backend=backend, lock_dir=lock_dir)
-        self.model = model
+        self.model, self.tokens = model, 0
         self._local, self._tokens_lock = threading.local(), threading.Lock()
 
     def here(self) -> int:
         return getattr(self._local, "tokens", 0)
+
+    def computed(self) -> int:
+        return self.tokens
 
     def cpu(self) -> float:
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -56,6 +59,7 @@ class CompiledRunner(Runner, torchcompile.CompiledRunner):
     def _count(self, tokens: int) -> None:
         self._local.tokens = self.here() + tokens
         with self._tokens_lock:
+            self.tokens += tokens
             self.model.tokens += tokens
 
     def _graph_fn(self, gears: Variant, inputs: dict[str, torch.Tensor],

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 import gearshift as gs
 from gearshift.core.dims import Dim
-from gearshift.tools.demo.arm import Arm, Lane, Model, Runner, inputs, runner_for
+from gearshift.tools.demo.arm import Arm, Lane, Model, Runner, runner_for
 from gearshift.tools.demo.tp import Communicators, gathered
 from gearshift.worker import Client, GroupRank, Maintenance
 
@@ -103,10 +103,8 @@ class LockstepArm(Arm):
     def __init__(self, lanes: Mapping[str, Lane], which: np.ndarray, local: np.ndarray,
                  report: Callable[[int, int, int], None] = lambda *_: None, *,
                  step: Lockstep) -> None:
-        super().__init__(lanes, which, local, report)
+        super().__init__(lanes, which, local, report)  # seeded inputs: the same on every rank
         self.step = step
-        for k, lane in enumerate(self.lanes.values()):  # the same inputs on every rank
-            lane.inputs = inputs(lane.model, lane.runner.transform.dims, lane.rows, seed=k)
 
     def plan(self, j: int, end: int) -> Message:
         """The driver's message for merged row j (`end`: none left)."""
@@ -152,23 +150,24 @@ class GroupedLane(Lane):
 class GroupedArm(LockstepArm):
     """The adaptive arm of a rank: per profile (`profiles`: name -> its dims and its rows'
     sizes) a grouped profile of `client` (group `name`, this rank of the instance) and a
-    `GroupRank` of a runner of a model of its own (`make`, `runner`)."""
+    `GroupRank` of a runner (`runner`) of the profile's model (`model(name)`: the static
+    arm's shard of that profile)."""
 
     def __init__(self, client: Client,
                  profiles: Mapping[str, tuple[Mapping[str, Dim], Mapping[str, np.ndarray]]],
                  which: np.ndarray, local: np.ndarray,
-                 report: Callable[[int, int, int], None], make: Callable[[], Model],
+                 report: Callable[[int, int, int], None], model: Callable[[str], Model],
                  runner: Callable[[Model, Mapping[str, Dim]], Runner] = runner_for, *,
                  step: Lockstep, name: str) -> None:
         self.client, self.carried = client, None
         self.groups: dict[str, GroupRank] = {}
         group = gs.group(name, step.comms.rank, step.comms.size)
         lanes = {}
-        for p, (dims, sizes) in profiles.items():
-            model = make()
+        for k, (p, (dims, sizes)) in enumerate(profiles.items()):
+            m = model(p)
             profile = client.profile(p, dims, lazy_start=False, group=group)
-            r = runner(model, dims)
-            lanes[p] = lane = GroupedLane(model, r, self._route, sizes)  # initial gears
+            r = runner(m, dims)
+            lanes[p] = lane = GroupedLane(m, r, self._route, sizes, seed=k)  # initial gears
             lane.group = self.groups[p] = GroupRank(client, profile, r)
         self.profile_of = {id(lane): p for p, lane in lanes.items()}
         super().__init__(lanes, which, local, report, step=step)

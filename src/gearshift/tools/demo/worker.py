@@ -12,9 +12,10 @@ priced, its rows' sizes; `which`, `local`: the merged rows, `mix.Mix`) -> the tw
 same rows (`arm`): the static one on those runners, their gears kept, with no client and no
 controller; the adaptive one through a gearshift client on the `TraceClock` (`times`: the
 merged rows' compressed trace times): each profile (dims priced) routes and records every
-request, an AdaptiveRunner per profile replays graphs of the gears in use, the client's swap
-thread adopts new snapshots and captures their gears. Each arm captures its initial gears; the
-reply is `None`;
+request, an AdaptiveRunner per profile, of the static arm's model of that profile (the arms
+share each model: they differ in gears and request path only), replays graphs of the gears in
+use, the client's swap thread adopts new snapshots and captures their gears. Each arm
+captures its initial gears; the reply is `None`;
 `("slice", arm, end)` -> the arm ("static" or "adaptive") takes the next merged row from its
 shared counter `queues[arm]` until row `end`; the reply is the slice's figures (`Arm.replay`);
 `("settle",)` -> the adaptive arm adopts the newest snapshot and waits until its gears are
@@ -165,7 +166,7 @@ def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
             client = stack.enter_context(gs.connect(namespace, clock=clock,
                                                     memory=lambda: MEMORY))
             arms["adaptive"] = AdaptiveArm(client, priced, which, local, reporter("adaptive"),
-                                           make, runner)
+                                           lambda p: kept[p][0], runner)
             return
         from gearshift.tools.demo import lockstep
 
@@ -174,7 +175,8 @@ def main(conn: Connection, index: int, progress: Any, queues: Sequence[Any],
         client = stack.enter_context(gs.connect(namespace, device=index, clock=clock,
                                                 memory=lambda: MEMORY))  # a device per rank
         arms["adaptive"] = lockstep.GroupedArm(client, priced, which, local,
-                                               reporter("adaptive"), make, runner, step=step,
+                                               reporter("adaptive"), lambda p: kept[p][0],
+                                               runner, step=step,
                                                name=f"demo-instance-{instance}")
         arms["adaptive"].settle()  # the initial gears usable before the run
 
