@@ -81,10 +81,17 @@ def test_the_count_of_a_thread_leaves_out_the_other_threads() -> None:
     m = model()
     counted = arm.Counted(m)
     counted(torch.randn(3, 16))
-    thread = threading.Thread(target=counted, args=(torch.randn(5, 16),))
+    mine, theirs = counted.model_cpu(), []
+
+    def call() -> None:
+        counted(torch.randn(5, 16))
+        theirs.append(counted.model_cpu())
+
+    thread = threading.Thread(target=call)
     thread.start()
     thread.join()
     assert counted.here() == 3 and counted.tokens == m.tokens == 3 + 5
+    assert mine > 0 and theirs[0] > 0 and counted.model_cpu() == mine  # each thread's own
     m(torch.randn(2, 16))  # another runner's call of the model: not this one's
     assert counted.tokens == 3 + 5 and m.tokens == 3 + 5 + 2
 
@@ -125,6 +132,7 @@ def test_the_static_arm_captures_first_then_replays_merged_rows_slice_by_slice()
         assert f["computed"] == f["padded"]
         assert f["captures"] == f["eager"] == f["capture_tokens"] == 0
         assert f["busy_seconds"] > 0 and 0 < f["busy_cpu"] <= f["busy_seconds"] + 1e-3
+        assert 0 < f["model_cpu"] < f["busy_cpu"]  # the model's own, within the request's
     assert sum(f["replays"] for f in seq) == 7  # B 11 runs as 8 + 4: two chunks
     assert second["began"] <= second["ended"] and second["rss_mb"] > 0
     assert 0 < second["thread_cpu"] <= second["cpu"] + 1e-3

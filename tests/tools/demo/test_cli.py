@@ -34,6 +34,7 @@ FIGURES = {
     "captured_tokens",
     "worker_cpu_seconds",
     "request_cpu_seconds",
+    "model_cpu_seconds",
     "capture_cpu_seconds",
     "controller_cpu_seconds",
     "demo_cpu_seconds",
@@ -135,6 +136,8 @@ def test_short_demo_prints_both_runs_and_leaves_nothing(namespace: str) -> None:
     # the request threads' CPU inside requests: part of the workers' (the static arm's: all)
     for arm in (static, adaptive):
         assert 0 < arm["request_cpu_seconds"] <= arm["worker_cpu_seconds"] * 1.001 + 1e-3
+        # of which the model's own: the rest is the request path and the runner's work
+        assert 0 < arm["model_cpu_seconds"] < arm["request_cpu_seconds"]
     assert_all_gone(proc, namespace)
 
 
@@ -210,6 +213,7 @@ RUN = {
     "captured_tokens": 0,
     "worker_cpu_seconds": 19.0,
     "request_cpu_seconds": 17.0,
+    "model_cpu_seconds": 16.0,
     "capture_cpu_seconds": 0.0,
     "controller_cpu_seconds": 0.0,
     "demo_cpu_seconds": 0.1,

@@ -28,10 +28,11 @@ COST = Cost(per_call=0.0, per_token=1.0, per_pair=0.5)
 def lane(requests: int = 0, useful: int = 0, padded: int = 0, useful_pairs: int = 0,
          padded_pairs: int = 0, busy: float = 0.0, cpu: float = 0.0, capture_cpu: float = 0.0,
          dims: dict[str, list[int]] | None = None, captures: int = 0) -> dict:
-    """One lane report (`arm.Lane.figures`)."""
+    """One lane report (`arm.Lane.figures`); its model's CPU is 80 % of its requests'."""
     return {"requests": requests, "useful": useful, "padded": padded,
             "useful_pairs": useful_pairs, "padded_pairs": padded_pairs, "busy_seconds": busy,
-            "busy_cpu": cpu, "dims": dims or {}, "computed": padded, "capture_cpu": capture_cpu,
+            "busy_cpu": cpu, "model_cpu": 0.8 * cpu, "dims": dims or {}, "computed": padded,
+            "capture_cpu": capture_cpu,
             "capture_tokens": 0, "replays": requests, "eager": 0, "captures": captures,
             "capture_failures": 0}
 
@@ -116,6 +117,7 @@ def test_an_instance_counts_its_drivers_requests_once_and_every_ranks_cpu() -> N
     one = two[0]["p"]
     assert (one["requests"], one["useful"], one["padded"], one["busy_seconds"]) == (3, 30, 40, 1.0)
     assert one["busy_cpu"] == pytest.approx(1.2) and one["capture_cpu"] == pytest.approx(0.5)
+    assert one["model_cpu"] == pytest.approx(0.96)  # every rank's model, as its requests
 
 
 def test_lockstep_counts_add_up_over_slices_and_keep_the_worst_error() -> None:

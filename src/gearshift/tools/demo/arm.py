@@ -55,7 +55,8 @@ class Model(Protocol):
 
 class Counted:
     """`model`, counting the tokens computed through it: on each thread apart (`here`) and
-    in all (`tokens`), whoever else calls the model."""
+    in all (`tokens`), whoever else calls the model; and each thread's CPU seconds inside the
+    model (`model_cpu`)."""
 
     def __init__(self, model: Model) -> None:
         self.model, self._local = model, threading.local()
@@ -66,11 +67,20 @@ class Counted:
         self._local.tokens = self.here() + tokens
         with self._lock:
             self.tokens += tokens
-        return self.model(x)
+        local = self._local
+        began = time.thread_time()
+        try:
+            return self.model(x)
+        finally:
+            local.cpu = getattr(local, "cpu", 0.0) + time.thread_time() - began
 
     def here(self) -> int:
         """Tokens computed on this thread so far."""
         return getattr(self._local, "tokens", 0)
+
+    def model_cpu(self) -> float:
+        """This thread's CPU seconds inside the model so far."""
+        return getattr(self._local, "cpu", 0.0)
 
 
 class Runner(AdaptiveRunner):
@@ -98,6 +108,10 @@ class Runner(AdaptiveRunner):
     def computed(self) -> int:
         """Tokens computed through this runner so far, on every thread."""
         return self.transform.fn.tokens
+
+    def model_cpu(self) -> float:
+        """This thread's CPU seconds inside the model so far (its graphs' runs of it)."""
+        return self.transform.fn.model_cpu()
 
     def cpu(self) -> float:
         """The CPU seconds that time a capture: this thread's."""
@@ -186,16 +200,18 @@ class Lane:
     def _clear(self) -> None:
         self.raw, self.work = [0] * len(self.names), [0] * len(self.names)
         self.requests = self.useful = self.padded = self.useful_pairs = self.padded_pairs = 0
-        self.busy = self.busy_cpu = 0.0
+        self.busy = self.busy_cpu = self.model_cpu = 0.0
 
     def run(self, i: int) -> tuple[int, int]:
         """Route and run row i; its useful and padded tokens."""
         row, dims = self.rows[i], self.runner.transform.dims
+        model = self.runner.model_cpu()
         began, cpu = time.monotonic(), time.thread_time()
         with self.route(i, dict(zip(self.names, row, strict=True))) as (work, route):
             self.output = self.call(self.inputs[i], route)
         self.busy += time.monotonic() - began
         self.busy_cpu += time.thread_time() - cpu
+        self.model_cpu += self.runner.model_cpu() - model
         self.raw = [a + b for a, b in zip(self.raw, row, strict=True)]
         self.work = [a + b for a, b in zip(self.work, work, strict=True)]
         useful, padded = math.prod(row), math.prod(work)
@@ -208,7 +224,8 @@ class Lane:
 
     def figures(self) -> dict[str, Any]:
         """What the lane did since the last call: its requests and their wall and CPU seconds
-        (`busy_seconds`, `busy_cpu`), tokens computed, captures and the runner's counts."""
+        (`busy_seconds`, `busy_cpu`; `model_cpu`: of that CPU, the model's own), tokens
+        computed, captures and the runner's counts."""
         now = self._counters()
         out = {
             "requests": self.requests,
@@ -218,6 +235,7 @@ class Lane:
             "padded_pairs": self.padded_pairs,
             "busy_seconds": self.busy,
             "busy_cpu": self.busy_cpu,
+            "model_cpu": self.model_cpu,
             "dims": {d: [r, p] for d, r, p in zip(self.names, self.raw, self.work, strict=True)},
             **{k: v - self._base[k] for k, v in now.items()},
         }

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import resource
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,6 +53,9 @@ class CompiledRunner(Runner, torchcompile.CompiledRunner):
     def computed(self) -> int:
         return self.tokens
 
+    def model_cpu(self) -> float:
+        return getattr(self._local, "cpu", 0.0)
+
     def cpu(self) -> float:
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         return super().cpu() + children.ru_utime + children.ru_stime
@@ -70,7 +74,11 @@ class CompiledRunner(Runner, torchcompile.CompiledRunner):
 
         def counted() -> Any:
             self._count(tokens)
-            return call()
+            local, began = self._local, time.thread_time()
+            try:
+                return call()
+            finally:
+                local.cpu = getattr(local, "cpu", 0.0) + time.thread_time() - began
 
         return counted
 

@@ -114,6 +114,7 @@ def run_figures(
         "controller_cpu_seconds": controller_cpu,
         "useful_tokens_per_cpu_second": useful / (worker_cpu + controller_cpu),
         "request_cpu_seconds": total("busy_cpu"),
+        "model_cpu_seconds": total("model_cpu"),
         "capture_cpu_seconds": total("capture_cpu"),
         "worker_peak_rss_mb": peak_rss_mb,
         "dims": dims,
@@ -143,7 +144,8 @@ def compile_figures(results: list[dict[str, Any]]) -> dict[str, dict[str, float]
             "run": {k: sum(r[k] for r in results) for k in COMPILE_KEYS}}
 
 
-RANK_SUMMED = ("busy_cpu", "capture_cpu")  # a lane's figures summed over an instance's ranks
+# a lane's figures summed over an instance's ranks
+RANK_SUMMED = ("busy_cpu", "model_cpu", "capture_cpu")
 
 
 def instances(reports: list[dict[str, dict[str, Any]]], ranks: int
@@ -169,7 +171,8 @@ def lockstep(checks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 SUMMED = ("requests", "useful_tokens", "padded_tokens", "model_seconds", "useful_model_seconds",
-          "replayed_tokens", "captured_tokens", "request_cpu_seconds", "capture_cpu_seconds",
+          "replayed_tokens", "captured_tokens", "request_cpu_seconds", "model_cpu_seconds",
+          "capture_cpu_seconds",
           "adds", "evictions", "captures", "replays", "eager", "priced_adds")
 
 
