@@ -204,6 +204,7 @@ def test_bad_options_fail_before_starting_anything() -> None:
 
 RUN = {
     "seconds": 10.0,
+    "requests": 500,
     "useful_tokens": 1000,
     "useful_tokens_per_second": 100.0,
     "useful_tokens_per_cpu_second": 50.0,
@@ -313,6 +314,8 @@ def test_table_ends_on_one_plain_sentence_of_what_was_measured_the_figures_in_js
     lines = {line.strip().split("  ")[0]: line.split() for line in text.splitlines()}
     assert lines["adds priced in measured seconds"][-2:] == ["5", "0"]
     assert lines["captures' share of workers' CPU"][-2:] == ["5.8%", "0.0%"]
+    # 16 of 17 CPU s in the model over 500 requests: 32,000 µs a request, 2,000 outside it
+    assert lines["request CPU µs: model / outside it"][-6:] == ["32,000", "/", "2,000"] * 2
     assert text.splitlines()[-2:] == [  # one plain sentence; the figures are --json's
         "", "The workers timed the 12 graphs they captured; 5 of the 7 gears added went in "
         "because the time they save pays for capturing them (--json has the details)."]

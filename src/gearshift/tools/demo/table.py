@@ -103,6 +103,7 @@ def _arms(r: dict[str, Any], dims: bool, device: bool) -> list[str]:
             lambda x: f"{x['worker_cpu_seconds']:.1f} / {x['controller_cpu_seconds']:.1f}",
         ),
         row("  workers' captures", lambda x: f"{x['capture_cpu_seconds']:.1f}"),
+        row("  request CPU µs: model / outside it", _per_request),
         row("  captures' share of workers' CPU", lambda x: f"{x['capture_share']:.1%}"),
         row("adds / evictions", lambda x: f"{x['adds']} / {x['evictions']}"),
         row("  adds priced in measured seconds", lambda x: f"{x['priced_adds']}"),
@@ -177,6 +178,15 @@ def _differed(c: dict[str, Any]) -> str:
 
 def _checked(c: dict[str, Any]) -> str:
     return f"{c['checked']:,}: {c['mismatched']} / {c['worst_error']:.0e}"
+
+
+def _per_request(x: dict[str, Any]) -> str:
+    """A request's CPU µs inside the model and outside it (the request path, the runner)."""
+    n = x["requests"]
+    if not n:
+        return "-"
+    model, request = x["model_cpu_seconds"], x["request_cpu_seconds"]
+    return f"{model / n * 1e6:,.0f} / {(request - model) / n * 1e6:,.0f}"
 
 
 def _share(x: dict[str, Any], key: str) -> str:
