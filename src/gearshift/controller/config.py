@@ -42,7 +42,7 @@ class ControllerConfig:
     metrics_addr: str = "127.0.0.1"  # the metrics endpoint's address: this host only
     slots: int = 64  # worker slots, when this controller creates the namespace
     drain_interval_seconds: float = 0.010  # one loop iteration: mailboxes, rings
-    idle_interval_seconds: float = 0.050  # the longest wait while idle (>= the drain's)
+    idle_interval_seconds: float = 0.100  # the longest wait while idle (>= the drain's)
     drain_max_events: int = 1 << 16  # per ring per iteration; folded in batches of this size
     scan_interval_seconds: float = 0.5  # slot table: new and dead workers, applied versions
     memory_fresh_seconds: float = 10.0  # older memory readings are ignored
