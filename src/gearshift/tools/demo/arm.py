@@ -67,12 +67,7 @@ class Counted:
         self._local.tokens = self.here() + tokens
         with self._lock:
             self.tokens += tokens
-        local = self._local
-        began = time.thread_time()
-        try:
-            return self.model(x)
-        finally:
-            local.cpu = getattr(local, "cpu", 0.0) + time.thread_time() - began
+        return timed(self._local, self.model, x)
 
     def here(self) -> int:
         """Tokens computed on this thread so far."""
@@ -81,6 +76,15 @@ class Counted:
     def model_cpu(self) -> float:
         """This thread's CPU seconds inside the model so far."""
         return getattr(self._local, "cpu", 0.0)
+
+
+def timed(local: threading.local, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, the calling thread's CPU seconds in it added to `local.cpu`."""
+    began = time.thread_time()
+    try:
+        return fn(*args)
+    finally:
+        local.cpu = getattr(local, "cpu", 0.0) + time.thread_time() - began
 
 
 class Runner(AdaptiveRunner):

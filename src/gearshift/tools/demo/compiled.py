@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import resource
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,7 +31,7 @@ from gearshift.core.dims import Dim, Variant
 from gearshift.graphs import torchcompile
 from gearshift.graphs.backends import CpuBackend
 from gearshift.graphs.pool import GraphResourcePool
-from gearshift.tools.demo.arm import Model, Runner, binding
+from gearshift.tools.demo.arm import Model, Runner, binding, timed
 from gearshift.worker import compile_cache
 
 
@@ -74,11 +73,7 @@ class CompiledRunner(Runner, torchcompile.CompiledRunner):
 
         def counted() -> Any:
             self._count(tokens)
-            local, began = self._local, time.thread_time()
-            try:
-                return call()
-            finally:
-                local.cpu = getattr(local, "cpu", 0.0) + time.thread_time() - began
+            return timed(self._local, call)
 
         return counted
 
