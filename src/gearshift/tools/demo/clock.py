@@ -25,20 +25,17 @@ class TraceClock:
 
     def __init__(self, times: np.ndarray, origin: Any, queue: Any) -> None:
         assert len(times) and np.all(np.diff(times) >= 0), "trace times, non-decreasing"
-        self.times = times.tolist()
-        self._times_ns = np.round(times * 1e9).astype(np.int64).tolist()  # every request's
+        self._times_ns = np.round(times * 1e9).astype(np.int64).tolist()
         self.origin, self.queue = _unlocked(origin), _unlocked(queue)
         self._origin_ns = 0  # origin.value in ns, once read set
 
     def now(self) -> float:
-        origin = self.origin.value
-        if not origin:
-            return time.monotonic()
-        taken = min(max(self.queue.value, 1), len(self.times))
-        return origin + self.times[taken - 1]
+        """The clock's time in seconds (`now_ns`)."""
+        return self.now_ns() / 1e9
 
     def now_ns(self) -> int:
-        """`now` in ns (the request path's: one read of each value, no float)."""
+        """The clock's time in ns (the class docstring): the request path's stamp, one read of
+        each value, no float."""
         origin = self._origin_ns or self._set_origin()
         if not origin:
             return time.monotonic_ns()
