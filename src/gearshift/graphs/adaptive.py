@@ -246,8 +246,7 @@ class AdaptiveRunner(Capturing):
         ready = [self._ready(variant, want=True) is not None for _, variant in chunks]
         if any(ready):  # the capture window before the lock (a thread in it may run this)
             with self._section:
-                for name, buffer in self._unbound.items():
-                    buffer.copy_(tensors[name])
+                self._load_unbound(tensors)
                 for i, (chunk, variant) in enumerate(chunks):
                     captured = self._ready(variant) if ready[i] else None
                     if captured is not None:  # else it went meanwhile

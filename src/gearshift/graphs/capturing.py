@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +74,12 @@ class Capturing:
                   lengths: dict[str, torch.Tensor]) -> Callable[[], Any]:
         raise NotImplementedError
 
+    def _load_unbound(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy a call's unbound inputs into their static buffers (under the replay section:
+        every graph reads them)."""
+        for name, buffer in self._unbound.items():
+            buffer.copy_(tensors[name])
+
     def _capture(self, gears: Variant) -> Captured | None:
         """One variant's graph, measured; None if it failed the padding check (`refused`)."""
         inputs = self._staged.views(gears)
@@ -126,8 +132,7 @@ class Capturing:
             return (*self.transform.leaves(out), None)
         chunk, tensors = probe
         with self._section:
-            for name, buffer in self._unbound.items():
-                buffer.copy_(tensors[name])
+            self._load_unbound(tensors)
             self.transform.fill(inputs, tensors, chunk)
             for name, dim in self.transform.lengths.items():
                 lengths[name].fill_(chunk[dim].size)
@@ -148,8 +153,7 @@ class Capturing:
             if ran is not None:
                 return ran[1]
             with self._section:  # the buffers: requests' too
-                for name, buffer in self._unbound.items():
-                    buffer.copy_(tensors[name])
+                self._load_unbound(tensors)
                 start = self.meter.clock.now() if timed is not None else 0.0
                 out = plans.replay(self.transform, captured, tensors, chunk)
                 if timed is not None:

@@ -172,8 +172,8 @@ def lockstep(checks: list[dict[str, Any]]) -> dict[str, Any]:
 
 SUMMED = ("requests", "useful_tokens", "padded_tokens", "model_seconds", "useful_model_seconds",
           "replayed_tokens", "captured_tokens", "request_cpu_seconds", "model_cpu_seconds",
-          "capture_cpu_seconds",
-          "adds", "evictions", "captures", "replays", "eager", "priced_adds")
+          "capture_cpu_seconds", "adds", "evictions", "captures", "replays", "eager",
+          "priced_adds")
 
 
 def overall(profiles: dict[str, dict[str, Any]], seconds: float, worker_cpu: float,
